@@ -1,0 +1,1 @@
+//! The ResourceWatch API types (filled in by the operator issue).

@@ -1,0 +1,1 @@
+//! Leak detection (filled in by the leak-prediction issue).

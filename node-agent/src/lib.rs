@@ -1,0 +1,3 @@
+//! The resourcewatch node agent: loads the kernel pipelines, reads them, and predicts leaks.
+
+pub mod leak;

@@ -1,0 +1,1 @@
+//! The resourcewatch operator (filled in by the operator issue).
