@@ -47,4 +47,61 @@ fn main() {
             });
         assert!(status.success(), "{clang} failed to compile {}", source.display());
     }
+    layout_probe(&manifest, &out);
+}
+
+/// Compiles and runs a host C program that prints the size and offset of every field of
+/// every `struct rw_*` in the shared header, as the C compiler lays them out. The Rust
+/// mirror's test (`shared::tests`) compares itself against that list, so a field added on
+/// one side only, or a padding difference, fails the build's tests.
+fn layout_probe(manifest: &std::path::Path, out: &std::path::Path) {
+    let header = manifest.join("include/resourcewatch.h");
+    let text = std::fs::read_to_string(&header).expect("shared header is readable");
+    let mut body = String::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let line = line.split("/*").next().unwrap_or("").trim();
+        if let Some(rest) = line.strip_prefix("struct ") {
+            if let Some(name) = rest.strip_suffix(" {") {
+                body.push_str(&format!("P(\"{name}\", sizeof(struct {name}), 0);\n"));
+                current = Some(name.to_owned());
+                continue;
+            }
+        }
+        if line.starts_with("};") {
+            current = None;
+            continue;
+        }
+        let Some(st) = &current else { continue };
+        let Some(decl) = line.strip_suffix(';') else { continue };
+        let field = decl.rsplit(|c: char| c.is_whitespace() || c == '*').next().unwrap_or("");
+        let field = field.split('[').next().unwrap_or("");
+        if field.is_empty() {
+            continue;
+        }
+        body.push_str(&format!(
+            "P(\"{st}.{field}\", sizeof(((struct {st} *)0)->{field}), offsetof(struct {st}, {field}));\n"
+        ));
+    }
+    let program = format!(
+        "#include <stdio.h>\n#include <stddef.h>\n#include \"resourcewatch.h\"\n\
+         #define P(n, s, o) printf(\"%s %zu %zu\\n\", n, (size_t)(s), (size_t)(o))\n\
+         int main(void) {{\n{body}return 0;\n}}\n"
+    );
+    let c_file = out.join("layout_probe.c");
+    let exe = out.join("layout_probe");
+    std::fs::write(&c_file, program).expect("OUT_DIR is writable");
+    let cc = env::var("HOST_CC").unwrap_or_else(|_| "cc".to_owned());
+    let status = Command::new(&cc)
+        .arg("-I")
+        .arg(manifest.join("include"))
+        .arg(&c_file)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run the host C compiler `{cc}`: {e}"));
+    assert!(status.success(), "the layout probe did not compile");
+    let output = Command::new(&exe).output().expect("the layout probe runs");
+    assert!(output.status.success(), "the layout probe failed");
+    std::fs::write(out.join("layout.txt"), output.stdout).expect("OUT_DIR is writable");
 }

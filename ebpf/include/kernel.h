@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * The few kernel types the programs read, declared by hand instead of a 130k-line
+ * vmlinux.h. Only the fields we touch are listed; preserve_access_index makes clang emit
+ * CO-RE relocations, so the loader fixes every offset against the running kernel's BTF.
+ */
+#ifndef RESOURCEWATCH_KERNEL_H
+#define RESOURCEWATCH_KERNEL_H
+
+#include <linux/types.h>
+
+typedef __s64 s64;
+typedef __u64 u64;
+typedef _Bool bool;
+
+#pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
+
+typedef struct {
+	int counter;
+} atomic_t;
+
+typedef struct {
+	long counter;
+} atomic_long_t;
+
+struct kernfs_node {
+	u64 id;
+};
+
+struct cgroup {
+	struct kernfs_node *kn;
+};
+
+struct cgroup_subsys_state {
+	struct cgroup *cgroup;
+};
+
+struct css_set {
+	struct cgroup_subsys_state *subsys[12];
+	struct cgroup *dfl_cgrp;
+};
+
+/* Since 6.2 each RSS counter is a percpu_counter; count is what get_mm_counter() reads. */
+struct percpu_counter {
+	s64 count;
+};
+
+struct mm_struct {
+	struct percpu_counter rss_stat[4];
+	struct task_struct *owner;
+};
+
+/* Before 6.2: struct mm_rss_stat { atomic_long_t count[NR_MM_COUNTERS]; }. */
+struct mm_rss_stat {
+	atomic_long_t count[4];
+};
+
+struct mm_struct___pre62 {
+	struct mm_rss_stat rss_stat;
+	struct task_struct *owner;
+};
+
+struct signal_struct {
+	atomic_t live;
+};
+
+struct task_struct {
+	int pid;
+	int tgid;
+	char comm[16];
+	struct css_set *cgroups;
+	struct signal_struct *signal;
+	struct mm_struct *mm;
+};
+
+#pragma clang attribute pop
+
+/* enum mm counter members, as in include/linux/mm_types_task.h */
+enum {
+	MM_FILEPAGES = 0,
+	MM_ANONPAGES = 1,
+	MM_SWAPENTS = 2,
+	MM_SHMEMPAGES = 3,
+};
+
+#endif

@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * Every type shared between the kernel programs and user space. The Rust mirror lives in
+ * ebpf/src/shared.rs and a test there checks that sizes and offsets match this file
+ * (through the BTF that clang emits into the object), so change both together.
+ */
+#ifndef RESOURCEWATCH_H
+#define RESOURCEWATCH_H
+
+#include <linux/types.h>
+
+/*
+ * HashPipe slots are one 64-bit word: (tgid << RW_VALUE_BITS) | value. One word means a
+ * slot is replaced, kicked or incremented with a single atomic instruction, so two CPUs
+ * can never leave a slot with one task's key and another's value. PID_MAX_LIMIT is 2^22
+ * on 64-bit kernels, which leaves 42 bits for the value: CPU nanoseconds per epoch (73 min
+ * of CPU time, far above any interval times core count we accept) or resident pages
+ * (16 EiB).
+ */
+#define RW_KEY_BITS 22
+#define RW_VALUE_BITS 42
+#define RW_VALUE_MASK ((1ULL << RW_VALUE_BITS) - 1)
+
+/* Compile-time ceilings; the actual depth and width are chosen at load time. */
+#define RW_MAX_DEPTH 8
+#define RW_MAX_WIDTH_SHIFT 16
+
+/* rw_config.cgroup_v1_subsys when cgroup ids come from the v2 (default) hierarchy. */
+#define RW_CGROUP_V2 -1
+
+/* rw_control.targets bits: which exact-tracking maps hold entries. */
+#define RW_TARGET_PIDS 1u
+#define RW_TARGET_CGROUPS 2u
+
+/* rw_alloc_pending.kind */
+#define RW_ALLOC_HEAP 1u
+#define RW_ALLOC_MMAP 2u
+
+/* rw_mem_sample.kind */
+#define RW_SAMPLE_RSS 1u
+#define RW_SAMPLE_EXIT 2u
+
+/* Load-time configuration, a read-only global: the verifier sees its fields as constants. */
+struct rw_config {
+	__u32 cpu_depth;       /* HashPipe stages of the CPU sketch, 1..RW_MAX_DEPTH */
+	__u32 cpu_width_shift; /* log2 of slots per stage, 1..RW_MAX_WIDTH_SHIFT */
+	__u32 mem_depth;
+	__u32 mem_width_shift;
+	__s32 cgroup_v1_subsys; /* cgroup_subsys_id of the v1 memory controller, or RW_CGROUP_V2 */
+	__u32 _pad0;
+};
+
+/* The one-entry control array, mmapped and written by user space while programs run. */
+struct rw_control {
+	/*
+	 * Bit 0: the CPU-sketch half being filled. Bits 63..1: when that epoch started
+	 * (CLOCK_MONOTONIC ns, bit 0 cleared). One word so a program never pairs one epoch's
+	 * half with another's start time.
+	 */
+	__u64 epoch_word;
+	__u32 targets;                /* RW_TARGET_* */
+	__u32 _pad0;
+	__u64 sample_min_delta_pages; /* emit a memory sample once RSS moved this much */
+	__u64 sample_min_interval_ns; /* ... and at most this often per process */
+};
+
+/*
+ * What each CPU is running, indexed by CPU id. Written at every switch-in; user space reads
+ * it to count the time of tasks still on a CPU when an epoch closes. 64 bytes so that two
+ * CPUs never write one cache line.
+ */
+struct rw_oncpu {
+	__u64 start_ns;
+	__u32 tgid;
+	__u32 pid;
+	__u32 target; /* 1 if the task is exactly tracked */
+	__u32 _pad0;
+	__u64 _pad1[5];
+};
+
+/* Exact, never-evicted values of a targeted process (hash map keyed by tgid). */
+struct rw_target_proc {
+	__u64 cpu_ns;      /* cumulative on-CPU time since tracking began */
+	__u64 cgroup_id;
+	__u64 file_pages;
+	__u64 anon_pages;
+	__u64 swap_pages;
+	__u64 shmem_pages;
+	__u64 updated_ns;
+	__u32 exited;
+	__u32 _pad0;
+};
+
+/* Per-process filter state of the memory sample stream (hash map keyed by tgid). */
+struct rw_proc_mem {
+	__u64 last_emit_pages;
+	__u64 last_emit_ns;
+};
+
+/* One record of the memory sample ring buffer. */
+struct rw_mem_sample {
+	__u64 ts_ns;
+	__u64 cgroup_id;
+	__u64 file_pages;
+	__u64 anon_pages;
+	__u64 swap_pages;
+	__u64 shmem_pages;
+	__u32 tgid;
+	__u32 kind; /* RW_SAMPLE_* */
+	char comm[16];
+};
+
+/* Allocation mode: key of the pointer -> size map. */
+struct rw_alloc_key {
+	__u32 tgid;
+	__u32 _pad0;
+	__u64 ptr;
+};
+
+/* Allocation mode: what an entry probe leaves for its return probe (keyed by pid_tgid). */
+struct rw_alloc_pending {
+	__u64 size;
+	__u64 old_ptr; /* realloc: the pointer being resized */
+	__u32 kind;    /* RW_ALLOC_* */
+	__u32 _pad0;
+};
+
+/* Allocation mode: per-process totals (hash map keyed by tgid). */
+struct rw_alloc_stats {
+	__s64 outstanding_bytes;
+	__u64 allocs;
+	__u64 frees;
+	__u64 unknown_frees; /* frees of pointers allocated before tracking began */
+};
+
+#endif

@@ -1,0 +1,669 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * resourcewatch kernel pipelines:
+ *   - CPU: on-CPU time per process from sched_switch into an epoch-double-buffered HashPipe;
+ *   - memory: exact per-process RSS from rss_stat into a HashPipe of current RSS, plus a
+ *     ring-buffer stream of samples when a process's RSS moved;
+ *   - exact tracking of targeted PIDs / cgroups beside the sketches;
+ *   - allocation mode: libc uprobes, a pointer -> size map, outstanding bytes per process.
+ *
+ * All programs are tp_btf (BTF-typed raw tracepoints): arguments are read with plain loads
+ * instead of bpf_probe_read calls, and no perf record is built for the event. That is what
+ * keeps the per-event cost low (see node-agent/BENCHMARKS.md).
+ */
+#include <linux/bpf.h>
+#include <linux/ptrace.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#include "kernel.h"
+#include "resourcewatch.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Set by the loader before the verifier runs (EbpfLoader::set_global); read-only after. */
+const volatile struct rw_config rw_config = {
+	.cpu_depth = 4,
+	.cpu_width_shift = 10,
+	.mem_depth = 4,
+	.mem_width_shift = 10,
+	.cgroup_v1_subsys = RW_CGROUP_V2,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct rw_control);
+} rw_control SEC(".maps");
+
+/* Two halves (epochs) of cpu_depth x 2^cpu_width_shift words; resized by the loader. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * 4 * 1024);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+} rw_cpu_sketch SEC(".maps");
+
+/* mem_depth x 2^mem_width_shift words of (tgid, resident pages); resized by the loader. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 4 * 1024);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+} rw_mem_sketch SEC(".maps");
+
+/* Indexed by CPU id; resized by the loader to the number of possible CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct rw_oncpu);
+} rw_oncpu SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u8);
+} rw_target_pids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u64);
+	__type(value, __u8);
+} rw_target_cgroups SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct rw_target_proc);
+} rw_target_procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct rw_proc_mem);
+} rw_proc_mem SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} rw_samples SEC(".maps");
+
+/* Counters for the agent's health report; indexes are RW_STAT_*. */
+enum {
+	RW_STAT_SAMPLES = 0,
+	RW_STAT_SAMPLES_LOST = 1,   /* ring buffer full */
+	RW_STAT_PROC_MEM_FULL = 2,  /* rw_proc_mem full: no samples for that process */
+	RW_STAT_TARGETS_FULL = 3,   /* rw_target_procs full: a target is not tracked */
+	RW_STAT_ALLOC_PTRS_FULL = 4,
+	RW_STAT_MAX = 8,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RW_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} rw_stats SEC(".maps");
+
+/* Allocation mode maps; the loader shrinks them to one entry when the mode is off. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct rw_alloc_pending);
+} rw_alloc_pending SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct rw_alloc_key);
+	__type(value, __u64);
+} rw_alloc_ptrs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct rw_alloc_stats);
+} rw_alloc_stats SEC(".maps");
+
+static __always_inline void stat_inc(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&rw_stats, &idx);
+	if (v)
+		*v += 1;
+}
+
+/* ---- HashPipe ------------------------------------------------------------------------ */
+
+#define KEY_OF(w) ((__u32)((w) >> RW_VALUE_BITS))
+#define VAL_OF(w) ((w) & RW_VALUE_MASK)
+#define PACK(k, v) (((__u64)(k) << RW_VALUE_BITS) | ((v) & RW_VALUE_MASK))
+
+/*
+ * Stage s hashes with its own odd multiplier (Fibonacci hashing): consecutive PIDs, the
+ * common case, spread over the whole stage, and the stages are independent. Multipliers
+ * are computed rather than tabled so the program needs no extra read-only section. The
+ * user-space model (node-agent/src/hashpipe.rs) uses the same formula; keep them equal.
+ */
+#define RW_HASH_BASE 0x9E3779B1u
+#define RW_HASH_STEP 0x6A09E668u /* even, so every multiplier stays odd */
+
+static __always_inline __u32 hp_index(__u32 stage, __u32 key, __u32 shift)
+{
+	__u32 h = key * (RW_HASH_BASE + stage * RW_HASH_STEP);
+	return h >> (32 - shift);
+}
+
+/*
+ * Add delta to key in the CPU sketch half `half`. Stage 0 always inserts and kicks its
+ * occupant on; later stages keep the larger of occupant and carried entry and pass the
+ * smaller on; what falls off the last stage is dropped (it is the smallest seen on that
+ * path). A key may sit in several stages; readers sum them.
+ */
+static __always_inline void cpu_sketch_add(__u32 half, __u32 key, __u64 delta)
+{
+	const __u32 depth = rw_config.cpu_depth;
+	const __u32 shift = rw_config.cpu_width_shift;
+	const __u32 width = 1u << shift;
+	__u32 ckey = key;
+	__u64 cval = delta;
+
+#pragma clang loop unroll(disable)
+	for (__u32 s = 0; s < RW_MAX_DEPTH; s++) {
+		if (s >= depth)
+			break;
+		__u32 idx = (half * depth + s) * width + hp_index(s, ckey, shift);
+		__u64 *slot = bpf_map_lookup_elem(&rw_cpu_sketch, &idx);
+		if (!slot)
+			return;
+		__u64 w = *slot;
+		if (KEY_OF(w) == ckey) {
+			__sync_fetch_and_add(slot, cval);
+			return;
+		}
+		if (s == 0) {
+			__u64 old = __sync_lock_test_and_set(slot, PACK(ckey, cval));
+			if (old == 0)
+				return;
+			ckey = KEY_OF(old);
+			cval = VAL_OF(old);
+			continue;
+		}
+		if (w == 0) {
+			if (__sync_val_compare_and_swap(slot, 0, PACK(ckey, cval)) == 0)
+				return;
+			continue;
+		}
+		if (VAL_OF(w) < cval &&
+		    __sync_val_compare_and_swap(slot, w, PACK(ckey, cval)) == w) {
+			ckey = KEY_OF(w);
+			cval = VAL_OF(w);
+		}
+	}
+}
+
+/*
+ * Set key's current resident pages in the memory sketch; returns the previous value, or
+ * -1 if key was not in the sketch. RSS is a level, not a sum, so the key is looked for in
+ * every stage first: updating it in place keeps one copy per key, and a copy's value is
+ * never stale because every RSS change fires rss_stat. A value of 0 (process exiting)
+ * removes the key.
+ */
+static __always_inline __s64 mem_sketch_set(__u32 key, __u64 pages)
+{
+	const __u32 depth = rw_config.mem_depth;
+	const __u32 shift = rw_config.mem_width_shift;
+	const __u32 width = 1u << shift;
+
+#pragma clang loop unroll(disable)
+	for (__u32 s = 0; s < RW_MAX_DEPTH; s++) {
+		if (s >= depth)
+			break;
+		__u32 idx = s * width + hp_index(s, key, shift);
+		__u64 *slot = bpf_map_lookup_elem(&rw_mem_sketch, &idx);
+		if (!slot)
+			return -1;
+		__u64 w = *slot;
+		if (KEY_OF(w) == key) {
+			if (pages == 0)
+				__sync_val_compare_and_swap(slot, w, 0);
+			else
+				*slot = PACK(key, pages);
+			return VAL_OF(w);
+		}
+	}
+	if (pages == 0)
+		return -1;
+
+	__u32 ckey = key;
+	__u64 cval = pages;
+#pragma clang loop unroll(disable)
+	for (__u32 s = 0; s < RW_MAX_DEPTH; s++) {
+		if (s >= depth)
+			break;
+		__u32 idx = s * width + hp_index(s, ckey, shift);
+		__u64 *slot = bpf_map_lookup_elem(&rw_mem_sketch, &idx);
+		if (!slot)
+			break;
+		if (s == 0) {
+			__u64 old = __sync_lock_test_and_set(slot, PACK(ckey, cval));
+			if (old == 0)
+				break;
+			ckey = KEY_OF(old);
+			cval = VAL_OF(old);
+			continue;
+		}
+		__u64 w = *slot;
+		if (w == 0) {
+			if (__sync_val_compare_and_swap(slot, 0, PACK(ckey, cval)) == 0)
+				break;
+			continue;
+		}
+		if (VAL_OF(w) < cval &&
+		    __sync_val_compare_and_swap(slot, w, PACK(ckey, cval)) == w) {
+			ckey = KEY_OF(w);
+			cval = VAL_OF(w);
+		}
+	}
+	return -1;
+}
+
+/* Remove key from the memory sketch wherever it is (at process exit). */
+static __always_inline void mem_sketch_remove(__u32 key)
+{
+	const __u32 depth = rw_config.mem_depth;
+	const __u32 shift = rw_config.mem_width_shift;
+	const __u32 width = 1u << shift;
+
+#pragma clang loop unroll(disable)
+	for (__u32 s = 0; s < RW_MAX_DEPTH; s++) {
+		if (s >= depth)
+			break;
+		__u32 idx = s * width + hp_index(s, key, shift);
+		__u64 *slot = bpf_map_lookup_elem(&rw_mem_sketch, &idx);
+		if (!slot)
+			return;
+		__u64 w = *slot;
+		if (w != 0 && KEY_OF(w) == key)
+			__sync_val_compare_and_swap(slot, w, 0);
+	}
+}
+
+/* ---- cgroups and targets ---------------------------------------------------------------- */
+
+/*
+ * The id of the cgroup a task belongs to in the hierarchy user space resolves paths in:
+ * the v2 hierarchy on unified hosts, the v1 memory controller's on v1 and hybrid hosts (on
+ * those, container runtimes leave the unified hierarchy unused). Equal to the inode number
+ * of the cgroup's directory.
+ */
+static __always_inline __u64 task_cgroup_id(struct task_struct *task)
+{
+	struct css_set *cset = task->cgroups;
+	if (!cset)
+		return 0;
+	if (rw_config.cgroup_v1_subsys < 0) {
+		struct cgroup *cgrp = cset->dfl_cgrp;
+		if (!cgrp || !cgrp->kn)
+			return 0;
+		return cgrp->kn->id;
+	}
+	/* A variable index into subsys[] cannot be a CO-RE access; compute it and probe-read. */
+	struct cgroup_subsys_state *css = 0;
+	__u32 off = bpf_core_field_offset(struct css_set, subsys) +
+		    (__u32)rw_config.cgroup_v1_subsys * sizeof(void *);
+	if (bpf_probe_read_kernel(&css, sizeof(css), (void *)cset + off) || !css)
+		return 0;
+	return BPF_CORE_READ(css, cgroup, kn, id);
+}
+
+static __always_inline bool is_target(__u32 targets, __u32 tgid, __u64 cgroup_id)
+{
+	if ((targets & RW_TARGET_PIDS) && bpf_map_lookup_elem(&rw_target_pids, &tgid))
+		return 1;
+	if ((targets & RW_TARGET_CGROUPS) && cgroup_id && bpf_map_lookup_elem(&rw_target_cgroups, &cgroup_id))
+		return 1;
+	return 0;
+}
+
+static __always_inline struct rw_target_proc *target_entry(__u32 tgid, __u64 cgroup_id)
+{
+	struct rw_target_proc *tp = bpf_map_lookup_elem(&rw_target_procs, &tgid);
+	if (tp)
+		return tp;
+	struct rw_target_proc fresh = { .cgroup_id = cgroup_id };
+	/* Fails if another CPU inserted it first (fine) or the map is full (counted below). */
+	bpf_map_update_elem(&rw_target_procs, &tgid, &fresh, BPF_NOEXIST);
+	tp = bpf_map_lookup_elem(&rw_target_procs, &tgid);
+	if (!tp)
+		stat_inc(RW_STAT_TARGETS_FULL);
+	return tp;
+}
+
+/* ---- CPU pipeline ---------------------------------------------------------------------- */
+
+static __always_inline struct rw_control *control(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&rw_control, &zero);
+}
+
+/*
+ * On each switch the time since the outgoing task was switched in is credited to its
+ * process. The switch-in time is kept per CPU (rw_oncpu), not in a hash keyed by thread
+ * id: an array slot is a few instructions, a hash lookup tens of nanoseconds. Time before
+ * the current epoch started was already counted by user space when it closed that epoch
+ * (from rw_oncpu), so only the part inside this epoch is credited here.
+ */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(rw_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct rw_oncpu *oc = bpf_map_lookup_elem(&rw_oncpu, &cpu);
+	struct rw_control *ctl = control();
+	if (!oc || !ctl)
+		return 0;
+
+	__u64 now = bpf_ktime_get_ns();
+	__u32 tgid = oc->tgid;
+	if (tgid) {
+		__u64 epoch = ctl->epoch_word;
+		__u64 from = epoch & ~1ULL;
+		if (oc->start_ns > from)
+			from = oc->start_ns;
+		if (now > from) {
+			__u64 delta = now - from;
+			cpu_sketch_add(epoch & 1, tgid, delta);
+			if (oc->target) {
+				struct rw_target_proc *tp = target_entry(tgid, 0);
+				if (tp)
+					__sync_fetch_and_add(&tp->cpu_ns, delta);
+			}
+		}
+	}
+
+	__u32 targets = ctl->targets;
+	__u32 next_tgid = next->tgid;
+	oc->start_ns = now;
+	oc->tgid = next_tgid;
+	oc->pid = next->pid;
+	oc->target = targets && next_tgid &&
+		     is_target(targets, next_tgid, (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(next) : 0);
+	return 0;
+}
+
+/* ---- memory pipeline ------------------------------------------------------------------- */
+
+struct rss {
+	__u64 file, anon, swap, shmem;
+};
+
+static __always_inline void read_rss(struct mm_struct *mm, struct rss *r)
+{
+	if (bpf_core_type_exists(struct mm_rss_stat)) {
+		struct mm_struct___pre62 *old = (void *)mm;
+		r->file = BPF_CORE_READ(old, rss_stat.count[MM_FILEPAGES].counter);
+		r->anon = BPF_CORE_READ(old, rss_stat.count[MM_ANONPAGES].counter);
+		r->swap = BPF_CORE_READ(old, rss_stat.count[MM_SWAPENTS].counter);
+		r->shmem = BPF_CORE_READ(old, rss_stat.count[MM_SHMEMPAGES].counter);
+	} else {
+		r->file = mm->rss_stat[MM_FILEPAGES].count;
+		r->anon = mm->rss_stat[MM_ANONPAGES].count;
+		r->swap = mm->rss_stat[MM_SWAPENTS].count;
+		r->shmem = mm->rss_stat[MM_SHMEMPAGES].count;
+	}
+	/* Counters are batched per CPU and may read slightly negative; clamp like the kernel's
+	 * get_mm_counter() does for /proc. */
+	if ((__s64)r->file < 0) r->file = 0;
+	if ((__s64)r->anon < 0) r->anon = 0;
+	if ((__s64)r->swap < 0) r->swap = 0;
+	if ((__s64)r->shmem < 0) r->shmem = 0;
+}
+
+static __always_inline void emit_sample(struct task_struct *owner, __u32 tgid, __u32 kind,
+					 const struct rss *r, __u64 now)
+{
+	struct rw_mem_sample *s = bpf_ringbuf_reserve(&rw_samples, sizeof(*s), 0);
+	if (!s) {
+		stat_inc(RW_STAT_SAMPLES_LOST);
+		return;
+	}
+	s->ts_ns = now;
+	s->cgroup_id = task_cgroup_id(owner);
+	s->file_pages = r->file;
+	s->anon_pages = r->anon;
+	s->swap_pages = r->swap;
+	s->shmem_pages = r->shmem;
+	s->tgid = tgid;
+	s->kind = kind;
+	bpf_probe_read_kernel_str(s->comm, sizeof(s->comm), owner->comm);
+	bpf_ringbuf_submit(s, 0);
+	stat_inc(RW_STAT_SAMPLES);
+}
+
+/*
+ * The tracepoint fires whenever one of an mm's RSS counters changes, often from another
+ * task than the owner (reclaim, a ptrace or process_vm write, exit teardown, khugepaged:
+ * the "curr == 0" events). Reading all four counters from the mm itself, and the process
+ * from mm->owner, makes every event exact whoever caused it; it also gives the true total
+ * (file + anon + shmem) rather than the one member the event names.
+ */
+SEC("tp_btf/rss_stat")
+int BPF_PROG(rw_rss_stat, struct mm_struct *mm, int member)
+{
+	struct task_struct *owner = mm->owner;
+	if (!owner)
+		return 0;
+	__u32 tgid = owner->tgid;
+	if (!tgid)
+		return 0;
+
+	struct rss r;
+	read_rss(mm, &r);
+	__u64 total = r.file + r.anon + r.shmem;
+	__s64 before = mem_sketch_set(tgid, total);
+
+	struct rw_control *ctl = control();
+	if (!ctl)
+		return 0;
+
+	__u32 targets = ctl->targets;
+	if (targets) {
+		__u64 cgid = (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(owner) : 0;
+		if (is_target(targets, tgid, cgid)) {
+			struct rw_target_proc *tp = target_entry(tgid, cgid);
+			if (tp) {
+				tp->file_pages = r.file;
+				tp->anon_pages = r.anon;
+				tp->swap_pages = r.swap;
+				tp->shmem_pages = r.shmem;
+				tp->updated_ns = bpf_ktime_get_ns();
+			}
+		}
+	}
+
+	/*
+	 * Fast path: most events move RSS by a few pages. Only when the total crossed into
+	 * another sample_min_delta_pages bucket (or the process is new to the sketch) is the
+	 * per-process filter state consulted, so the hash lookup is off the common path.
+	 */
+	__u64 step = ctl->sample_min_delta_pages;
+	if (!step)
+		return 0;
+	if (before >= 0 && ((__u64)before / step) == (total / step))
+		return 0;
+
+	__u64 now = bpf_ktime_get_ns();
+	struct rw_proc_mem *st = bpf_map_lookup_elem(&rw_proc_mem, &tgid);
+	if (!st) {
+		struct rw_proc_mem fresh = { .last_emit_pages = total, .last_emit_ns = now };
+		if (bpf_map_update_elem(&rw_proc_mem, &tgid, &fresh, BPF_NOEXIST) == 0)
+			emit_sample(owner, tgid, RW_SAMPLE_RSS, &r, now);
+		else if (!bpf_map_lookup_elem(&rw_proc_mem, &tgid))
+			stat_inc(RW_STAT_PROC_MEM_FULL);
+		return 0;
+	}
+	__u64 last = st->last_emit_pages;
+	__u64 moved = total > last ? total - last : last - total;
+	if (moved < step)
+		return 0;
+	/* Coalesce bursts: within the minimum interval the sample is skipped, and the next
+	 * event after it carries the newest value. */
+	if (now - st->last_emit_ns < ctl->sample_min_interval_ns)
+		return 0;
+	st->last_emit_pages = total;
+	st->last_emit_ns = now;
+	emit_sample(owner, tgid, RW_SAMPLE_RSS, &r, now);
+	return 0;
+}
+
+/*
+ * Process exit: forget it everywhere so dead PIDs never occupy the memory sketch or the
+ * filter state, and tell user space (an EXIT record) so it drops the process's series.
+ * signal->live reaches 0 when the last thread of the group exits (that is how the kernel
+ * computes group_dead), which works on kernels whose tracepoint lacks that argument.
+ */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(rw_process_exit, struct task_struct *task)
+{
+	struct signal_struct *sig = task->signal;
+	if (!sig || sig->live.counter != 0)
+		return 0;
+	__u32 tgid = task->tgid;
+	mem_sketch_remove(tgid);
+
+	struct rw_target_proc *tp = bpf_map_lookup_elem(&rw_target_procs, &tgid);
+	if (tp)
+		tp->exited = 1;
+
+	if (bpf_map_delete_elem(&rw_proc_mem, &tgid) == 0) {
+		struct rss r = {};
+		emit_sample(task, tgid, RW_SAMPLE_EXIT, &r, bpf_ktime_get_ns());
+	}
+	bpf_map_delete_elem(&rw_alloc_stats, &tgid);
+	return 0;
+}
+
+/* ---- allocation mode (uprobes on libc, attached per target PID) ------------------------- */
+
+/*
+ * glibc's malloc calls mmap itself for large blocks, and both sit at probed addresses. A
+ * call that starts while another is pending on the same thread is the allocator's own
+ * work: it is skipped (BPF_NOEXIST), and each return probe only completes its own kind,
+ * so a block is counted once, as the size the application asked for.
+ */
+static __always_inline void alloc_enter(__u64 size, __u64 old_ptr, __u32 kind)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct rw_alloc_pending p = { .size = size, .old_ptr = old_ptr, .kind = kind };
+	bpf_map_update_elem(&rw_alloc_pending, &id, &p, BPF_NOEXIST);
+}
+
+static __always_inline struct rw_alloc_stats *alloc_stats(__u32 tgid)
+{
+	struct rw_alloc_stats *st = bpf_map_lookup_elem(&rw_alloc_stats, &tgid);
+	if (st)
+		return st;
+	struct rw_alloc_stats fresh = {};
+	bpf_map_update_elem(&rw_alloc_stats, &tgid, &fresh, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&rw_alloc_stats, &tgid);
+}
+
+static __always_inline void forget_ptr(__u32 tgid, __u64 ptr, struct rw_alloc_stats *st)
+{
+	struct rw_alloc_key k = { .tgid = tgid, .ptr = ptr };
+	__u64 *size = bpf_map_lookup_elem(&rw_alloc_ptrs, &k);
+	if (!size) {
+		__sync_fetch_and_add(&st->unknown_frees, 1);
+		return;
+	}
+	__sync_fetch_and_sub(&st->outstanding_bytes, *size);
+	__sync_fetch_and_add(&st->frees, 1);
+	bpf_map_delete_elem(&rw_alloc_ptrs, &k);
+}
+
+static __always_inline void alloc_exit(__u64 ptr, __u32 kind)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	struct rw_alloc_pending *p = bpf_map_lookup_elem(&rw_alloc_pending, &id);
+	if (!p || p->kind != kind)
+		return;
+	bool is_mmap = kind == RW_ALLOC_MMAP;
+	__u64 size = p->size, old_ptr = p->old_ptr;
+	bpf_map_delete_elem(&rw_alloc_pending, &id);
+
+	bool failed = is_mmap ? (ptr == (__u64)-1) : (ptr == 0);
+	struct rw_alloc_stats *st = alloc_stats(tgid);
+	if (!st)
+		return;
+	/* realloc: the old block is released only if the call succeeded (or size was 0). */
+	if (old_ptr && (!failed || size == 0))
+		forget_ptr(tgid, old_ptr, st);
+	if (failed || size == 0)
+		return;
+	struct rw_alloc_key k = { .tgid = tgid, .ptr = ptr };
+	if (bpf_map_update_elem(&rw_alloc_ptrs, &k, &size, BPF_ANY)) {
+		stat_inc(RW_STAT_ALLOC_PTRS_FULL);
+		return;
+	}
+	__sync_fetch_and_add(&st->outstanding_bytes, size);
+	__sync_fetch_and_add(&st->allocs, 1);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(rw_malloc_enter, __u64 size) { alloc_enter(size, 0, RW_ALLOC_HEAP); return 0; }
+
+SEC("uprobe")
+int BPF_KPROBE(rw_calloc_enter, __u64 n, __u64 size) { alloc_enter(n * size, 0, RW_ALLOC_HEAP); return 0; }
+
+SEC("uprobe")
+int BPF_KPROBE(rw_realloc_enter, __u64 ptr, __u64 size) { alloc_enter(size, ptr, RW_ALLOC_HEAP); return 0; }
+
+SEC("uprobe")
+int BPF_KPROBE(rw_mmap_enter, __u64 addr, __u64 len) { alloc_enter(len, 0, RW_ALLOC_MMAP); return 0; }
+
+SEC("uretprobe")
+int BPF_KRETPROBE(rw_alloc_return, __u64 ptr) { alloc_exit(ptr, RW_ALLOC_HEAP); return 0; }
+
+SEC("uretprobe")
+int BPF_KRETPROBE(rw_mmap_return, __u64 ptr) { alloc_exit(ptr, RW_ALLOC_MMAP); return 0; }
+
+SEC("uprobe")
+int BPF_KPROBE(rw_free_enter, __u64 ptr)
+{
+	if (!ptr)
+		return 0;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct rw_alloc_stats *st = alloc_stats(tgid);
+	if (st)
+		forget_ptr(tgid, ptr, st);
+	return 0;
+}
+
+/* munmap may release part of a mapping; we account the whole mapping at its start
+ * address, the common case for allocators that unmap what they mapped. */
+SEC("uprobe")
+int BPF_KPROBE(rw_munmap_enter, __u64 addr, __u64 len)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct rw_alloc_key k = { .tgid = tgid, .ptr = addr };
+	if (!bpf_map_lookup_elem(&rw_alloc_ptrs, &k))
+		return 0;
+	struct rw_alloc_stats *st = alloc_stats(tgid);
+	if (st)
+		forget_ptr(tgid, addr, st);
+	return 0;
+}

@@ -1,0 +1,198 @@
+//! `#[repr(C)]` mirrors of `include/resourcewatch.h`; the test below checks every size and
+//! offset against what the C compiler produced for the same header.
+
+/// Bits of a HashPipe word that hold the process id (PID_MAX_LIMIT is 2^22).
+pub const KEY_BITS: u32 = 22;
+/// Bits of a HashPipe word that hold the value (ns of CPU, or resident pages).
+pub const VALUE_BITS: u32 = 42;
+pub const VALUE_MASK: u64 = (1 << VALUE_BITS) - 1;
+pub const MAX_DEPTH: u32 = 8;
+pub const MAX_WIDTH_SHIFT: u32 = 16;
+/// `RwConfig::cgroup_v1_subsys` when cgroup ids come from the v2 hierarchy.
+pub const CGROUP_V2: i32 = -1;
+pub const TARGET_PIDS: u32 = 1;
+pub const TARGET_CGROUPS: u32 = 2;
+pub const ALLOC_HEAP: u32 = 1;
+pub const ALLOC_MMAP: u32 = 2;
+pub const SAMPLE_RSS: u32 = 1;
+pub const SAMPLE_EXIT: u32 = 2;
+/// Multiplier of stage 0's hash, and the step added per stage (see `hp_index` in C).
+pub const HASH_BASE: u32 = 0x9E37_79B1;
+pub const HASH_STEP: u32 = 0x6A09_E668;
+
+/// Indexes of the `rw_stats` per-CPU counters.
+pub mod stat {
+    pub const SAMPLES: u32 = 0;
+    pub const SAMPLES_LOST: u32 = 1;
+    pub const PROC_MEM_FULL: u32 = 2;
+    pub const TARGETS_FULL: u32 = 3;
+    pub const ALLOC_PTRS_FULL: u32 = 4;
+    pub const COUNT: u32 = 8;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwConfig {
+    pub cpu_depth: u32,
+    pub cpu_width_shift: u32,
+    pub mem_depth: u32,
+    pub mem_width_shift: u32,
+    pub cgroup_v1_subsys: i32,
+    pub _pad0: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwControl {
+    pub epoch_word: u64,
+    pub targets: u32,
+    pub _pad0: u32,
+    pub sample_min_delta_pages: u64,
+    pub sample_min_interval_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwOncpu {
+    pub start_ns: u64,
+    pub tgid: u32,
+    pub pid: u32,
+    pub target: u32,
+    pub _pad0: u32,
+    pub _pad1: [u64; 5],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwTargetProc {
+    pub cpu_ns: u64,
+    pub cgroup_id: u64,
+    pub file_pages: u64,
+    pub anon_pages: u64,
+    pub swap_pages: u64,
+    pub shmem_pages: u64,
+    pub updated_ns: u64,
+    pub exited: u32,
+    pub _pad0: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwProcMem {
+    pub last_emit_pages: u64,
+    pub last_emit_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwMemSample {
+    pub ts_ns: u64,
+    pub cgroup_id: u64,
+    pub file_pages: u64,
+    pub anon_pages: u64,
+    pub swap_pages: u64,
+    pub shmem_pages: u64,
+    pub tgid: u32,
+    pub kind: u32,
+    pub comm: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RwAllocKey {
+    pub tgid: u32,
+    pub _pad0: u32,
+    pub ptr: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwAllocPending {
+    pub size: u64,
+    pub old_ptr: u64,
+    pub kind: u32,
+    pub _pad0: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwAllocStats {
+    pub outstanding_bytes: i64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub unknown_frees: u64,
+}
+
+// SAFETY: all of these are repr(C) plain-old-data with explicit padding fields, so every
+// bit pattern is valid and no byte is uninitialised.
+unsafe impl aya::Pod for RwConfig {}
+unsafe impl aya::Pod for RwControl {}
+unsafe impl aya::Pod for RwOncpu {}
+unsafe impl aya::Pod for RwTargetProc {}
+unsafe impl aya::Pod for RwProcMem {}
+unsafe impl aya::Pod for RwMemSample {}
+unsafe impl aya::Pod for RwAllocKey {}
+unsafe impl aya::Pod for RwAllocPending {}
+unsafe impl aya::Pod for RwAllocStats {}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, mem::offset_of};
+
+    use super::*;
+
+    /// (name, size, offset) for every struct and field, as Rust lays them out.
+    macro_rules! layout {
+        ($($cname:literal => $ty:ty { $($field:ident),* $(,)? }),* $(,)?) => {{
+            let mut m = BTreeMap::new();
+            $(
+                m.insert($cname.to_owned(), (size_of::<$ty>(), 0usize));
+                $(
+                    let probe = <$ty>::default();
+                    m.insert(
+                        format!("{}.{}", $cname, stringify!($field)),
+                        (size_of_val(&probe.$field), offset_of!($ty, $field)),
+                    );
+                )*
+            )*
+            m
+        }};
+    }
+
+    #[test]
+    fn rust_mirror_matches_the_c_header() {
+        let rust = layout! {
+            "rw_config" => RwConfig { cpu_depth, cpu_width_shift, mem_depth, mem_width_shift, cgroup_v1_subsys, _pad0 },
+            "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns },
+            "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, _pad1 },
+            "rw_target_proc" => RwTargetProc { cpu_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, updated_ns, exited, _pad0 },
+            "rw_proc_mem" => RwProcMem { last_emit_pages, last_emit_ns },
+            "rw_mem_sample" => RwMemSample { ts_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, tgid, kind, comm },
+            "rw_alloc_key" => RwAllocKey { tgid, _pad0, ptr },
+            "rw_alloc_pending" => RwAllocPending { size, old_ptr, kind, _pad0 },
+            "rw_alloc_stats" => RwAllocStats { outstanding_bytes, allocs, frees, unknown_frees },
+        };
+        let c: BTreeMap<String, (usize, usize)> = include_str!(concat!(env!("OUT_DIR"), "/layout.txt"))
+            .lines()
+            .map(|l| {
+                let mut it = l.split_whitespace();
+                let name = it.next().expect("name").to_owned();
+                let size = it.next().and_then(|s| s.parse().ok()).expect("size");
+                let off = it.next().and_then(|s| s.parse().ok()).expect("offset");
+                (name, (size, off))
+            })
+            .collect();
+        assert!(c.len() > 40, "layout probe saw too few fields: {c:?}");
+        assert_eq!(rust, c, "ebpf/src/shared.rs and include/resourcewatch.h disagree");
+    }
+
+    #[test]
+    fn oncpu_fills_a_cache_line() {
+        assert_eq!(size_of::<RwOncpu>(), 64);
+    }
+
+    #[test]
+    fn object_is_embedded() {
+        assert_eq!(&crate::OBJECT[..4], b"\x7fELF");
+    }
+}
