@@ -75,6 +75,11 @@ struct task_struct {
 
 #pragma clang attribute pop
 
+/* Its values depend on the kernel's config; read with bpf_core_enum_value(). */
+enum cgroup_subsys_id {
+	memory_cgrp_id = 4,
+};
+
 /* enum mm counter members, as in include/linux/mm_types_task.h */
 enum {
 	MM_FILEPAGES = 0,

@@ -25,9 +25,6 @@
 #define RW_MAX_DEPTH 8
 #define RW_MAX_WIDTH_SHIFT 16
 
-/* rw_config.cgroup_v1_subsys when cgroup ids come from the v2 (default) hierarchy. */
-#define RW_CGROUP_V2 -1
-
 /* rw_control.targets bits: which exact-tracking maps hold entries. */
 #define RW_TARGET_PIDS 1u
 #define RW_TARGET_CGROUPS 2u
@@ -46,7 +43,7 @@ struct rw_config {
 	__u32 cpu_width_shift; /* log2 of slots per stage, 1..RW_MAX_WIDTH_SHIFT */
 	__u32 mem_depth;
 	__u32 mem_width_shift;
-	__s32 cgroup_v1_subsys; /* cgroup_subsys_id of the v1 memory controller, or RW_CGROUP_V2 */
+	__u32 cgroup_v1_memory; /* 1: cgroup ids from the v1 memory controller; 0: from v2 */
 	__u32 _pad0;
 };
 

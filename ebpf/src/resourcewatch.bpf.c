@@ -28,7 +28,7 @@ const volatile struct rw_config rw_config = {
 	.cpu_width_shift = 10,
 	.mem_depth = 4,
 	.mem_width_shift = 10,
-	.cgroup_v1_subsys = RW_CGROUP_V2,
+	.cgroup_v1_memory = 0,
 };
 
 struct {
@@ -314,16 +314,17 @@ static __always_inline __u64 task_cgroup_id(struct task_struct *task)
 	struct css_set *cset = task->cgroups;
 	if (!cset)
 		return 0;
-	if (rw_config.cgroup_v1_subsys < 0) {
+	if (!rw_config.cgroup_v1_memory) {
 		struct cgroup *cgrp = cset->dfl_cgrp;
 		if (!cgrp || !cgrp->kn)
 			return 0;
 		return cgrp->kn->id;
 	}
-	/* A variable index into subsys[] cannot be a CO-RE access; compute it and probe-read. */
+	/* subsys[memory_cgrp_id]: the index is a load-time constant (CO-RE enum value), but a
+	 * CO-RE field access needs a compile-time one, so compute the address and probe-read. */
 	struct cgroup_subsys_state *css = 0;
 	__u32 off = bpf_core_field_offset(struct css_set, subsys) +
-		    (__u32)rw_config.cgroup_v1_subsys * sizeof(void *);
+		    bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id) * sizeof(void *);
 	if (bpf_probe_read_kernel(&css, sizeof(css), (void *)cset + off) || !css)
 		return 0;
 	return BPF_CORE_READ(css, cgroup, kn, id);
@@ -383,14 +384,14 @@ int BPF_PROG(rw_sched_switch, bool preempt, struct task_struct *prev, struct tas
 		__u64 from = epoch & ~1ULL;
 		if (oc->start_ns > from)
 			from = oc->start_ns;
-		if (now > from) {
-			__u64 delta = now - from;
-			cpu_sketch_add(epoch & 1, tgid, delta);
-			if (oc->target) {
-				struct rw_target_proc *tp = target_entry(tgid, 0);
-				if (tp)
-					__sync_fetch_and_add(&tp->cpu_ns, delta);
-			}
+		if (now > from)
+			cpu_sketch_add(epoch & 1, tgid, now - from);
+		/* Exact targets are cumulative, so they get the whole slice; user space adds the
+		 * running part of a slice when it reads, without storing it. */
+		if (oc->target && now > oc->start_ns) {
+			struct rw_target_proc *tp = target_entry(tgid, 0);
+			if (tp)
+				__sync_fetch_and_add(&tp->cpu_ns, now - oc->start_ns);
 		}
 	}
 

@@ -8,8 +8,6 @@ pub const VALUE_BITS: u32 = 42;
 pub const VALUE_MASK: u64 = (1 << VALUE_BITS) - 1;
 pub const MAX_DEPTH: u32 = 8;
 pub const MAX_WIDTH_SHIFT: u32 = 16;
-/// `RwConfig::cgroup_v1_subsys` when cgroup ids come from the v2 hierarchy.
-pub const CGROUP_V2: i32 = -1;
 pub const TARGET_PIDS: u32 = 1;
 pub const TARGET_CGROUPS: u32 = 2;
 pub const ALLOC_HEAP: u32 = 1;
@@ -37,7 +35,7 @@ pub struct RwConfig {
     pub cpu_width_shift: u32,
     pub mem_depth: u32,
     pub mem_width_shift: u32,
-    pub cgroup_v1_subsys: i32,
+    pub cgroup_v1_memory: u32,
     pub _pad0: u32,
 }
 
@@ -162,7 +160,7 @@ mod tests {
     #[test]
     fn rust_mirror_matches_the_c_header() {
         let rust = layout! {
-            "rw_config" => RwConfig { cpu_depth, cpu_width_shift, mem_depth, mem_width_shift, cgroup_v1_subsys, _pad0 },
+            "rw_config" => RwConfig { cpu_depth, cpu_width_shift, mem_depth, mem_width_shift, cgroup_v1_memory, _pad0 },
             "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns },
             "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, _pad1 },
             "rw_target_proc" => RwTargetProc { cpu_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, updated_ns, exited, _pad0 },

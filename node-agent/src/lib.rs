@@ -1,3 +1,10 @@
 //! The resourcewatch node agent: loads the kernel pipelines, reads them, and predicts leaks.
 
+pub mod capabilities;
+pub mod cgroup_resolver;
+pub mod hashpipe;
 pub mod leak;
+pub mod pipelines;
+pub mod procfs;
+pub mod snapshot;
+pub mod top;

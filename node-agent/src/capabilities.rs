@@ -1,0 +1,210 @@
+//! What this node's kernel and this process's privileges allow, checked one by one so a
+//! missing piece is named in a sentence instead of surfacing as an errno from the loader.
+
+use std::{fs, path::Path};
+
+use serde::Serialize;
+
+use crate::cgroup_resolver::CgroupLayout;
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+const CAP_SYS_PTRACE: u32 = 19;
+
+/// One requirement and whether it holds.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    /// Why it fails (or a note when it holds), in words a user can act on.
+    pub detail: String,
+    /// Without it nothing works; otherwise a feature is lost.
+    pub required: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CapabilityReport {
+    pub kernel_release: String,
+    pub cgroup_version: Option<String>,
+    pub checks: Vec<Check>,
+}
+
+impl CapabilityReport {
+    /// The first failing required check, as one sentence.
+    pub fn fatal(&self) -> Option<String> {
+        self.checks.iter().find(|c| c.required && !c.ok).map(|c| format!("{}: {}", c.name, c.detail))
+    }
+
+    pub fn missing(&self) -> Vec<&Check> {
+        self.checks.iter().filter(|c| !c.ok).collect()
+    }
+}
+
+/// Runs every check; reads files only, loads nothing.
+pub fn probe() -> CapabilityReport {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    let version = parse_release(&release);
+    let mut checks = Vec::new();
+
+    let caps = effective_caps();
+    let has = |bit: u32| caps.is_some_and(|c| c & (1 << bit) != 0);
+    let privileged = has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON));
+    checks.push(Check {
+        name: "privileges".into(),
+        ok: privileged,
+        detail: if privileged {
+            "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) are effective".into()
+        } else {
+            "run as root, or grant CAP_BPF and CAP_PERFMON (kernel >= 5.8), to load tracing programs".into()
+        },
+        required: true,
+    });
+
+    let btf_path = Path::new("/sys/kernel/btf/vmlinux");
+    let btf = fs::read(btf_path).ok();
+    checks.push(Check {
+        name: "BTF".into(),
+        ok: btf.is_some(),
+        detail: if btf.is_some() {
+            "kernel BTF at /sys/kernel/btf/vmlinux".into()
+        } else {
+            "no /sys/kernel/btf/vmlinux: the kernel needs CONFIG_DEBUG_INFO_BTF=y for CO-RE programs".into()
+        },
+        required: true,
+    });
+
+    for (tp, required, what) in [
+        ("sched_switch", true, "the CPU pipeline"),
+        ("rss_stat", true, "the memory pipeline (kernel >= 5.5)"),
+        ("sched_process_exit", true, "cleaning up exited processes"),
+    ] {
+        let present = btf.as_deref().is_some_and(|b| contains(b, format!("btf_trace_{tp}\0").as_bytes()));
+        checks.push(Check {
+            name: format!("tracepoint {tp}"),
+            ok: present,
+            detail: if present {
+                format!("BTF-typed tracepoint available for {what}")
+            } else if btf.is_none() {
+                "cannot check without kernel BTF".into()
+            } else {
+                format!("the kernel's BTF has no btf_trace_{tp}: {what} cannot attach")
+            },
+            required,
+        });
+    }
+
+    let ringbuf = version >= (5, 8);
+    checks.push(Check {
+        name: "BPF ring buffer".into(),
+        ok: ringbuf,
+        detail: if ringbuf { "kernel >= 5.8".into() } else { format!("kernel {release} < 5.8 has no BPF ring buffer") },
+        required: true,
+    });
+    let atomics = version >= (5, 12);
+    checks.push(Check {
+        name: "BPF atomics".into(),
+        ok: atomics,
+        detail: if atomics {
+            "kernel >= 5.12 (compare-and-exchange for the sketches)".into()
+        } else {
+            format!("kernel {release} < 5.12 lacks BPF compare-and-exchange, which the sketches use")
+        },
+        required: true,
+    });
+
+    let layout = CgroupLayout::detect();
+    checks.push(Check {
+        name: "cgroups".into(),
+        ok: layout.is_ok(),
+        detail: match &layout {
+            Ok(l) => format!("{} layout, container ids from {}", l.version_name(), l.root().display()),
+            Err(e) => format!("{e}: processes cannot be attributed to containers"),
+        },
+        required: false,
+    });
+
+    let uprobes = Path::new("/sys/bus/event_source/devices/uprobe").exists();
+    checks.push(Check {
+        name: "uprobes".into(),
+        ok: uprobes,
+        detail: if uprobes {
+            "available for allocation mode".into()
+        } else {
+            "no uprobe event source (CONFIG_UPROBE_EVENTS): allocation mode is unavailable".into()
+        },
+        required: false,
+    });
+    let ptrace = has(CAP_SYS_PTRACE) || has(CAP_SYS_ADMIN);
+    checks.push(Check {
+        name: "CAP_SYS_PTRACE".into(),
+        ok: ptrace,
+        detail: if ptrace {
+            "can read other processes' memory maps (allocation mode)".into()
+        } else {
+            "without it /proc/PID/maps of other users' processes is unreadable: allocation mode is limited to own processes".into()
+        },
+        required: false,
+    });
+
+    CapabilityReport {
+        kernel_release: release,
+        cgroup_version: layout.ok().map(|l| l.version_name().to_owned()),
+        checks,
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn effective_caps() -> Option<u64> {
+    let s = fs::read_to_string("/proc/self/status").ok()?;
+    let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?.trim();
+    u64::from_str_radix(hex, 16).ok()
+}
+
+fn parse_release(r: &str) -> (u32, u32) {
+    let mut it = r.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases() {
+        assert_eq!(parse_release("6.18.44-fc-v769"), (6, 18));
+        assert_eq!(parse_release("5.4.0-150-generic"), (5, 4));
+        assert!(parse_release("5.15.0") >= (5, 12));
+    }
+
+    #[test]
+    fn fatal_names_the_first_required_failure() {
+        let r = CapabilityReport {
+            kernel_release: "x".into(),
+            cgroup_version: None,
+            checks: vec![
+                Check { name: "uprobes".into(), ok: false, detail: "d0".into(), required: false },
+                Check { name: "BTF".into(), ok: false, detail: "no vmlinux".into(), required: true },
+            ],
+        };
+        assert_eq!(r.fatal().as_deref(), Some("BTF: no vmlinux"));
+        assert_eq!(r.missing().len(), 2);
+    }
+
+    #[test]
+    fn this_machine_has_what_the_pipelines_need() {
+        // Documents the probe on the CI machine; only meaningful where BTF exists.
+        let r = probe();
+        if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+            eprintln!("skipped: no kernel BTF on this machine");
+            return;
+        }
+        for name in ["tracepoint sched_switch", "tracepoint rss_stat", "tracepoint sched_process_exit"] {
+            let c = r.checks.iter().find(|c| c.name == name).expect("check present");
+            assert!(c.ok, "{name}: {}", c.detail);
+        }
+    }
+}

@@ -1,0 +1,549 @@
+//! Loads and attaches the kernel pipelines, and reads them: sketches through mmap (one
+//! memory read per slot, no syscall), exact targets and allocation totals through map
+//! iteration, memory samples from the ring buffer.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs,
+    num::NonZeroU32,
+    os::fd::AsRawFd,
+    ptr::NonNull,
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, UProbe, uprobe::UProbeScope},
+};
+use resourcewatch_ebpf::{
+    CONFIG_GLOBAL, OBJECT, maps,
+    programs as progs,
+    shared::{self, RwAllocStats, RwConfig, RwControl, RwMemSample, RwOncpu, RwTargetProc},
+};
+
+use crate::{
+    cgroup_resolver::CgroupLayout,
+    hashpipe::{self, Geometry},
+    procfs,
+};
+
+/// What the loader is asked to build.
+#[derive(Clone, Debug)]
+pub struct PipelineOptions {
+    pub cpu: Geometry,
+    pub mem: Geometry,
+    /// A memory sample is streamed once a process's RSS moved this much...
+    pub sample_min_delta_bytes: u64,
+    /// ...and at most this often per process (bursts are coalesced into the newest value).
+    pub sample_min_interval: Duration,
+    /// Load the libc uprobes (allocation mode); they attach per PID with [`Pipelines::trace_allocations`].
+    pub allocation_mode: bool,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        Self {
+            cpu: Geometry { depth: 4, width_shift: 10 },
+            mem: Geometry { depth: 4, width_shift: 10 },
+            sample_min_delta_bytes: 1 << 20,
+            sample_min_interval: Duration::from_secs(1),
+            allocation_mode: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("the kernel has no BTF at /sys/kernel/btf/vmlinux (needs CONFIG_DEBUG_INFO_BTF=y): {0}")]
+    NoBtf(#[source] aya::BtfError),
+    #[error("cannot read the CPU list: {0}")]
+    Cpus(#[source] std::io::Error),
+    #[error("cgroups: {0}")]
+    Cgroup(#[from] crate::cgroup_resolver::CgroupError),
+    #[error("loading the BPF object failed (are you root, or do you have CAP_BPF and CAP_PERFMON?): {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    #[error("program {program}: the kernel refused it for tracepoint {tracepoint}: {source}")]
+    Program {
+        program: &'static str,
+        tracepoint: &'static str,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    #[error("map {0} is missing from the BPF object")]
+    MissingMap(&'static str),
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+    #[error("mmap of map {name} failed: {source}")]
+    Mmap {
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("allocation mode is off: start with allocation mode to trace PID {0}")]
+    AllocationModeOff(u32),
+    #[error("PID {pid}: no libc found in /proc/{pid}/maps (statically linked, or exited)")]
+    NoLibc { pid: u32 },
+    #[error("PID {pid}: attaching the {symbol} uprobe failed: {source}")]
+    Uprobe {
+        pid: u32,
+        symbol: &'static str,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+}
+
+fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> PipelineError {
+    move |source| PipelineError::Map { name, source: Box::new(source) }
+}
+
+/// A BPF array map (created with BPF_F_MMAPABLE) mapped into this process.
+struct MmapArray<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    bytes: usize,
+}
+
+impl<T> MmapArray<T> {
+    fn new(bpf: &Ebpf, name: &'static str, len: usize) -> Result<Self, PipelineError> {
+        let Some(Map::Array(data)) = bpf.map(name) else { return Err(PipelineError::MissingMap(name)) };
+        // Array elements are laid out back to back, each rounded up to 8 bytes.
+        assert!(size_of::<T>() % 8 == 0, "mmapped array elements must be 8-byte multiples");
+        let page = procfs::page_size() as usize;
+        let bytes = (len * size_of::<T>()).div_ceil(page) * page;
+        // SAFETY: mapping a BPF map fd we own, shared and read-write, at a kernel-chosen
+        // address; the kernel keeps the map alive while the mapping exists.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                data.fd().as_fd_raw(),
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(PipelineError::Mmap { name, source: std::io::Error::last_os_error() });
+        }
+        let ptr = NonNull::new(addr.cast::<T>()).ok_or(PipelineError::MissingMap(name))?;
+        Ok(Self { ptr, len, bytes })
+    }
+
+    /// A torn-free copy of element `i` (the kernel may be writing it).
+    fn read(&self, i: usize) -> T {
+        assert!(i < self.len);
+        // SAFETY: in bounds of a live mapping; T is plain data so any bytes are valid.
+        unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(i)) }
+    }
+}
+
+impl MmapArray<u64> {
+    fn atomics(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping is len u64s, 8-byte aligned (page aligned), and lives as long
+        // as self; AtomicU64 has the same layout as u64 and the kernel uses atomic
+        // instructions on the same words.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>(), self.len) }
+    }
+}
+
+impl<T> Drop for MmapArray<T> {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what new() mapped.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.bytes) };
+    }
+}
+
+trait AsFdRaw {
+    fn as_fd_raw(&self) -> i32;
+}
+
+impl AsFdRaw for aya::maps::MapFd {
+    fn as_fd_raw(&self) -> i32 {
+        use std::os::fd::AsFd;
+        self.as_fd().as_raw_fd()
+    }
+}
+
+/// On-CPU time of every process seen in one closed epoch.
+#[derive(Debug, Default)]
+pub struct CpuEpoch {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub per_tgid: HashMap<u32, u64>,
+}
+
+/// One exactly tracked process.
+#[derive(Clone, Copy, Debug)]
+pub struct TargetProcess {
+    pub tgid: u32,
+    /// Cumulative on-CPU ns since tracking began, including the running slice.
+    pub cpu_ns: u64,
+    pub rss_bytes: u64,
+    pub anon_bytes: u64,
+    pub file_bytes: u64,
+    pub shmem_bytes: u64,
+    pub swap_bytes: u64,
+    pub exited: bool,
+}
+
+/// Counters the kernel programs keep about themselves.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct KernelStats {
+    pub samples: u64,
+    pub samples_lost: u64,
+    pub proc_mem_full: u64,
+    pub targets_full: u64,
+    pub alloc_ptrs_full: u64,
+}
+
+/// The loaded, attached pipelines.
+pub struct Pipelines {
+    // Field order matters for Drop: mappings go before the object that owns the maps.
+    cpu_sketch: MmapArray<u64>,
+    mem_sketch: MmapArray<u64>,
+    oncpu: MmapArray<RwOncpu>,
+    control: MmapArray<u64>,
+    samples: RingBuf<MapData>,
+    opts: PipelineOptions,
+    layout: CgroupLayout,
+    ncpus: u32,
+    page: u64,
+    alloc_pids: HashSet<u32>,
+    bpf: Ebpf,
+}
+
+impl Pipelines {
+    /// Loads the object sized by `opts`, attaches the tracepoints and seeds the memory
+    /// sketch with the processes that already exist.
+    pub fn load(opts: PipelineOptions) -> Result<Self, PipelineError> {
+        let btf = Btf::from_sys_fs().map_err(PipelineError::NoBtf)?;
+        let ncpus = procfs::possible_cpus().map_err(PipelineError::Cpus)?;
+        let layout = CgroupLayout::detect()?;
+        let config = RwConfig {
+            cpu_depth: opts.cpu.depth,
+            cpu_width_shift: opts.cpu.width_shift,
+            mem_depth: opts.mem.depth,
+            mem_width_shift: opts.mem.width_shift,
+            cgroup_v1_memory: matches!(layout, CgroupLayout::V1 { .. }) as u32,
+            _pad0: 0,
+        };
+        // Allocation maps cost memory even when unused: shrink them when the mode is off.
+        let (pending, ptrs, astats) = if opts.allocation_mode { (4096, 262_144, 1024) } else { (1, 1, 1) };
+        let mut loader = EbpfLoader::new();
+        loader
+            .btf(Some(&btf))
+            .override_global(CONFIG_GLOBAL, &config, true)
+            .map_max_entries(maps::CPU_SKETCH, 2 * opts.cpu.slots() as u32)
+            .map_max_entries(maps::MEM_SKETCH, opts.mem.slots() as u32)
+            .map_max_entries(maps::ONCPU, ncpus)
+            .map_max_entries(maps::ALLOC_PENDING, pending)
+            .map_max_entries(maps::ALLOC_PTRS, ptrs)
+            .map_max_entries(maps::ALLOC_STATS, astats);
+        let mut bpf = loader.load(OBJECT).map_err(|e| PipelineError::Load(Box::new(e)))?;
+
+        let control = MmapArray::<u64>::new(&bpf, maps::CONTROL, size_of::<RwControl>() / 8)?;
+        let cpu_sketch = MmapArray::<u64>::new(&bpf, maps::CPU_SKETCH, 2 * opts.cpu.slots())?;
+        let mem_sketch = MmapArray::<u64>::new(&bpf, maps::MEM_SKETCH, opts.mem.slots())?;
+        let oncpu = MmapArray::<RwOncpu>::new(&bpf, maps::ONCPU, ncpus as usize)?;
+        let samples = RingBuf::try_from(bpf.take_map(maps::SAMPLES).ok_or(PipelineError::MissingMap(maps::SAMPLES))?)
+            .map_err(map_err(maps::SAMPLES))?;
+
+        let page = procfs::page_size();
+        let this = Self {
+            cpu_sketch,
+            mem_sketch,
+            oncpu,
+            control,
+            samples,
+            opts,
+            layout,
+            ncpus,
+            page,
+            alloc_pids: HashSet::new(),
+            bpf,
+        };
+        // The first epoch starts now; the sample filter is configured before any event.
+        this.control_word(CONTROL_EPOCH).store(procfs::monotonic_ns() & !1, Ordering::SeqCst);
+        this.control_word(CONTROL_MIN_DELTA).store(this.opts.sample_min_delta_bytes.div_ceil(page).max(1), Ordering::SeqCst);
+        this.control_word(CONTROL_MIN_INTERVAL)
+            .store(this.opts.sample_min_interval.as_nanos().min(u64::MAX as u128) as u64, Ordering::SeqCst);
+
+        let mut this = this;
+        for (program, tracepoint) in [
+            (progs::SCHED_SWITCH, "sched_switch"),
+            (progs::RSS_STAT, "rss_stat"),
+            (progs::PROCESS_EXIT, "sched_process_exit"),
+        ] {
+            let err = |source| PipelineError::Program { program, tracepoint, source: Box::new(source) };
+            let prog: &mut BtfTracePoint = this
+                .bpf
+                .program_mut(program)
+                .ok_or(PipelineError::MissingMap(program))?
+                .try_into()
+                .map_err(err)?;
+            prog.load(tracepoint, &btf).map_err(err)?;
+            prog.attach().map_err(err)?;
+        }
+        if this.opts.allocation_mode {
+            for name in ALLOC_PROGRAMS.iter().map(|(p, _)| *p) {
+                let err = |source| PipelineError::Program { program: name, tracepoint: "uprobe", source: Box::new(source) };
+                let prog: &mut UProbe =
+                    this.bpf.program_mut(name).ok_or(PipelineError::MissingMap(name))?.try_into().map_err(err)?;
+                prog.load().map_err(err)?;
+            }
+        }
+        this.seed_memory();
+        Ok(this)
+    }
+
+    pub fn options(&self) -> &PipelineOptions {
+        &self.opts
+    }
+
+    pub fn cgroup_layout(&self) -> &CgroupLayout {
+        &self.layout
+    }
+
+    fn control_word(&self, i: usize) -> &AtomicU64 {
+        &self.control.atomics()[i]
+    }
+
+    /// Processes that exist before the programs attach have no rss_stat event until their
+    /// RSS changes, so idle ones would never enter the sketch: insert them from /proc with
+    /// the same algorithm the kernel runs (concurrent kernel updates are atomic too).
+    fn seed_memory(&self) {
+        let slots = self.mem_sketch.atomics();
+        for pid in procfs::pids() {
+            if let Some(pages) = procfs::resident_pages(pid).filter(|&p| p > 0) {
+                hashpipe::set(slots, self.opts.mem, pid, pages);
+            }
+        }
+    }
+
+    /// Closes the current CPU epoch and returns what it measured. The new epoch starts
+    /// now; the closed half is consumed (swapped to zero slot by slot) so it is empty when
+    /// it becomes current again, and tasks still on a CPU are credited up to now.
+    pub fn close_cpu_epoch(&self) -> CpuEpoch {
+        let now = procfs::monotonic_ns();
+        let epoch = self.control_word(CONTROL_EPOCH);
+        let old = epoch.load(Ordering::SeqCst);
+        let (old_half, old_start) = ((old & 1) as usize, old & !1);
+        epoch.store((now & !1) | (old_half as u64 ^ 1), Ordering::SeqCst);
+
+        let n = self.opts.cpu.slots();
+        let half = &self.cpu_sketch.atomics()[old_half * n..(old_half + 1) * n];
+        let mut per_tgid = hashpipe::collect(half, true);
+        for cpu in 0..self.ncpus as usize {
+            let oc = self.oncpu.read(cpu);
+            if oc.tgid != 0 {
+                let from = oc.start_ns.max(old_start);
+                if now > from {
+                    *per_tgid.entry(oc.tgid).or_default() += now - from;
+                }
+            }
+        }
+        CpuEpoch { start_ns: old_start, end_ns: now, per_tgid }
+    }
+
+    /// Current resident bytes of every process in the memory sketch.
+    pub fn memory(&self) -> HashMap<u32, u64> {
+        let mut m = hashpipe::collect(self.mem_sketch.atomics(), false);
+        for v in m.values_mut() {
+            *v *= self.page;
+        }
+        m
+    }
+
+    /// Replaces the exactly tracked PIDs and cgroup ids.
+    pub fn set_targets(&mut self, pids: &[u32], cgroups: &[u64]) -> Result<(), PipelineError> {
+        replace_set(&mut self.bpf, maps::TARGET_PIDS, pids)?;
+        replace_set(&mut self.bpf, maps::TARGET_CGROUPS, cgroups)?;
+        let bits = if pids.is_empty() { 0 } else { shared::TARGET_PIDS }
+            | if cgroups.is_empty() { 0 } else { shared::TARGET_CGROUPS };
+        // `targets` is the low half of word 1 (little-endian), `_pad0` the high half.
+        self.control_word(CONTROL_TARGETS).store(bits as u64, Ordering::SeqCst);
+        // Processes already running in a target get their RSS now, not at their next change.
+        let wanted_cgroups: HashSet<u64> = cgroups.iter().copied().collect();
+        let mut procs: BpfHashMap<_, u32, RwTargetProc> =
+            BpfHashMap::try_from(self.bpf.map_mut(maps::TARGET_PROCS).ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?)
+                .map_err(map_err(maps::TARGET_PROCS))?;
+        let stale: Vec<u32> = procs.keys().filter_map(Result::ok).collect();
+        for tgid in stale {
+            let _ = procs.remove(&tgid);
+        }
+        for pid in procfs::pids() {
+            let cgroup_id = procfs::cgroup_text(pid)
+                .and_then(|t| self.layout.path_in_proc_cgroup(&t).map(str::to_owned))
+                .and_then(|p| self.layout.cgroup_id(&p).ok());
+            let in_target = pids.contains(&pid) || cgroup_id.is_some_and(|c| wanted_cgroups.contains(&c));
+            if !in_target {
+                continue;
+            }
+            let Some(rss) = procfs::rss_breakdown(pid) else { continue };
+            let entry = RwTargetProc {
+                cgroup_id: cgroup_id.unwrap_or(0),
+                file_pages: rss.file / self.page,
+                anon_pages: rss.anon / self.page,
+                shmem_pages: rss.shmem / self.page,
+                swap_pages: rss.swap / self.page,
+                updated_ns: procfs::monotonic_ns(),
+                ..Default::default()
+            };
+            // NOEXIST: an event may have created the entry already, with fresher values.
+            let _ = procs.insert(pid, entry, 1 /* BPF_NOEXIST */);
+        }
+        Ok(())
+    }
+
+    /// Exact values of every tracked process; exited ones are returned once, then removed.
+    pub fn targets(&mut self) -> Result<Vec<TargetProcess>, PipelineError> {
+        let now = procfs::monotonic_ns();
+        let mut running: HashMap<u32, u64> = HashMap::new();
+        for cpu in 0..self.ncpus as usize {
+            let oc = self.oncpu.read(cpu);
+            if oc.target != 0 && oc.tgid != 0 && now > oc.start_ns {
+                *running.entry(oc.tgid).or_default() += now - oc.start_ns;
+            }
+        }
+        let page = self.page;
+        let mut procs: BpfHashMap<_, u32, RwTargetProc> =
+            BpfHashMap::try_from(self.bpf.map_mut(maps::TARGET_PROCS).ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?)
+                .map_err(map_err(maps::TARGET_PROCS))?;
+        let mut out = Vec::new();
+        for item in procs.iter() {
+            let Ok((tgid, v)) = item else { continue };
+            out.push(TargetProcess {
+                tgid,
+                cpu_ns: v.cpu_ns + running.get(&tgid).copied().unwrap_or(0),
+                rss_bytes: (v.file_pages + v.anon_pages + v.shmem_pages) * page,
+                anon_bytes: v.anon_pages * page,
+                file_bytes: v.file_pages * page,
+                shmem_bytes: v.shmem_pages * page,
+                swap_bytes: v.swap_pages * page,
+                exited: v.exited != 0,
+            });
+        }
+        for t in out.iter().filter(|t| t.exited) {
+            let _ = procs.remove(&t.tgid);
+        }
+        out.sort_by_key(|t| t.tgid);
+        Ok(out)
+    }
+
+    /// Hands every queued memory sample to `f`, without blocking.
+    pub fn drain_samples(&mut self, mut f: impl FnMut(&RwMemSample)) {
+        while let Some(item) = self.samples.next() {
+            if item.len() >= size_of::<RwMemSample>() {
+                // SAFETY: the record is an rw_mem_sample written by the kernel program; read
+                // unaligned because the ring buffer only guarantees 8-byte alignment.
+                let s = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<RwMemSample>()) };
+                f(&s);
+            }
+        }
+    }
+
+    /// The ring buffer's fd, to wait on it with epoll/poll.
+    pub fn samples_fd(&self) -> i32 {
+        self.samples.as_raw_fd()
+    }
+
+    pub fn page_size(&self) -> u64 {
+        self.page
+    }
+
+    /// Sums the kernel's per-CPU self-counters.
+    pub fn kernel_stats(&self) -> KernelStats {
+        let Some(map) = self.bpf.map(maps::STATS) else { return KernelStats::default() };
+        let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return KernelStats::default() };
+        let get = |i: u32| arr.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0);
+        KernelStats {
+            samples: get(shared::stat::SAMPLES),
+            samples_lost: get(shared::stat::SAMPLES_LOST),
+            proc_mem_full: get(shared::stat::PROC_MEM_FULL),
+            targets_full: get(shared::stat::TARGETS_FULL),
+            alloc_ptrs_full: get(shared::stat::ALLOC_PTRS_FULL),
+        }
+    }
+
+    /// Attaches the allocation uprobes to one process's libc.
+    pub fn trace_allocations(&mut self, pid: u32) -> Result<(), PipelineError> {
+        if !self.opts.allocation_mode {
+            return Err(PipelineError::AllocationModeOff(pid));
+        }
+        if self.alloc_pids.contains(&pid) {
+            return Ok(());
+        }
+        let libc = libc_path(pid).ok_or(PipelineError::NoLibc { pid })?;
+        let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(PipelineError::NoLibc { pid })?);
+        for (program, symbol) in ALLOC_PROGRAMS {
+            let err = |source| PipelineError::Uprobe { pid, symbol, source: Box::new(source) };
+            let prog: &mut UProbe = self
+                .bpf
+                .program_mut(program)
+                .ok_or(PipelineError::MissingMap(program))?
+                .try_into()
+                .map_err(err)?;
+            prog.attach(symbol, &libc, scope).map_err(err)?;
+        }
+        self.alloc_pids.insert(pid);
+        Ok(())
+    }
+
+    /// Outstanding allocated bytes per traced process.
+    pub fn allocations(&self) -> Vec<(u32, RwAllocStats)> {
+        let Some(map) = self.bpf.map(maps::ALLOC_STATS) else { return Vec::new() };
+        let Ok(stats) = BpfHashMap::<_, u32, RwAllocStats>::try_from(map) else { return Vec::new() };
+        let mut v: Vec<(u32, RwAllocStats)> = stats.iter().filter_map(Result::ok).collect();
+        v.sort_by_key(|(pid, _)| *pid);
+        v
+    }
+}
+
+const CONTROL_EPOCH: usize = 0;
+const CONTROL_TARGETS: usize = 1;
+const CONTROL_MIN_DELTA: usize = 2;
+const CONTROL_MIN_INTERVAL: usize = 3;
+
+/// (program, libc symbol) of allocation mode. Return probes share one program per kind.
+const ALLOC_PROGRAMS: [(&str, &str); 10] = [
+    (progs::MALLOC_ENTER, "malloc"),
+    (progs::ALLOC_RETURN, "malloc"),
+    (progs::CALLOC_ENTER, "calloc"),
+    (progs::ALLOC_RETURN, "calloc"),
+    (progs::REALLOC_ENTER, "realloc"),
+    (progs::ALLOC_RETURN, "realloc"),
+    (progs::FREE_ENTER, "free"),
+    (progs::MMAP_ENTER, "mmap"),
+    (progs::MMAP_RETURN, "mmap"),
+    (progs::MUNMAP_ENTER, "munmap"),
+];
+
+/// The process's libc, through its own root so a container's libc is found.
+fn libc_path(pid: u32) -> Option<String> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let path = maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| {
+        let base = p.rsplit('/').next().unwrap_or("");
+        base.starts_with("libc.so") || (base.starts_with("libc-") && base.ends_with(".so"))
+    })?;
+    Some(format!("/proc/{pid}/root{path}"))
+}
+
+fn replace_set<K: aya::Pod + Eq + std::hash::Hash>(bpf: &mut Ebpf, name: &'static str, keys: &[K]) -> Result<(), PipelineError> {
+    let mut map: BpfHashMap<_, K, u8> =
+        BpfHashMap::try_from(bpf.map_mut(name).ok_or(PipelineError::MissingMap(name))?).map_err(map_err(name))?;
+    let want: HashSet<&K> = keys.iter().collect();
+    let have: Vec<K> = map.keys().filter_map(Result::ok).collect();
+    for k in have.iter().filter(|k| !want.contains(k)) {
+        map.remove(k).map_err(map_err(name))?;
+    }
+    for k in keys {
+        map.insert(k, 1, 0).map_err(map_err(name))?;
+    }
+    Ok(())
+}

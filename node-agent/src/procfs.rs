@@ -1,0 +1,135 @@
+//! Small readers of /proc and clocks the agent needs beside the kernel maps.
+
+use std::{fs, io, path::Path};
+
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`, so user and kernel time compare.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// Wall-clock time (Unix epoch) in ns, for timestamps users read.
+pub fn realtime_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid, writable timespec; these clocks always exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 { v as u64 } else { 4096 }
+}
+
+/// Number of possible CPUs (ids 0..n), the size of per-CPU kernel arrays.
+pub fn possible_cpus() -> io::Result<u32> {
+    let text = fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    parse_cpu_list_max(text.trim())
+        .map(|max| max + 1)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("unexpected cpu list {text:?}")))
+}
+
+fn parse_cpu_list_max(s: &str) -> Option<u32> {
+    s.split(',').filter_map(|r| r.rsplit('-').next()?.parse::<u32>().ok()).max()
+}
+
+/// The command name of a process (`/proc/PID/comm`), if it still exists.
+pub fn comm(pid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim_end().to_owned())
+}
+
+/// Every process id in /proc.
+pub fn pids() -> Vec<u32> {
+    fs::read_dir("/proc")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Resident pages of a process as the kernel accounts them (file + anon + shmem), from
+/// `/proc/PID/statm`: the same counters the rss_stat tracepoint reports.
+pub fn resident_pages(pid: u32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    s.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Resident memory of a process by kind, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RssBreakdown {
+    pub anon: u64,
+    pub file: u64,
+    pub shmem: u64,
+    pub swap: u64,
+}
+
+impl RssBreakdown {
+    pub fn resident(&self) -> u64 {
+        self.anon + self.file + self.shmem
+    }
+}
+
+/// `RssAnon`, `RssFile`, `RssShmem` and `VmSwap` from `/proc/PID/status`.
+pub fn rss_breakdown(pid: u32) -> Option<RssBreakdown> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mut r = RssBreakdown::default();
+    let mut seen = false;
+    for line in s.lines() {
+        let Some((key, rest)) = line.split_once(':') else { continue };
+        let kb = || rest.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1024;
+        match key {
+            "RssAnon" => (r.anon, seen) = (kb(), true),
+            "RssFile" => r.file = kb(),
+            "RssShmem" => r.shmem = kb(),
+            "VmSwap" => r.swap = kb(),
+            _ => {}
+        }
+    }
+    seen.then_some(r)
+}
+
+/// Total on-CPU ns of a process's live threads, from `/proc/PID/task/*/schedstat` (the
+/// scheduler's exact `sum_exec_runtime`). Used as ground truth by tests and benchmarks.
+pub fn cpu_ns(pid: u32) -> Option<u64> {
+    let dir = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for t in dir.flatten() {
+        let p = t.path().join("schedstat");
+        if let Ok(s) = fs::read_to_string(&p) {
+            total += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    Some(total)
+}
+
+/// Text of `/proc/PID/cgroup`.
+pub fn cgroup_text(pid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
+}
+
+pub fn exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list_max("0-1"), Some(1));
+        assert_eq!(parse_cpu_list_max("0"), Some(0));
+        assert_eq!(parse_cpu_list_max("0-3,8-11"), Some(11));
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let me = std::process::id();
+        assert!(resident_pages(me).expect("statm") > 0);
+        assert!(cpu_ns(me).expect("schedstat") > 0);
+        assert!(comm(me).is_some());
+        assert!(monotonic_ns() > 0 && realtime_ns() > 1_600_000_000_000_000_000);
+    }
+}

@@ -1,0 +1,303 @@
+//! `resourcewatch-agent top`: a live view of the heaviest processes, read from the kernel
+//! pipelines instead of polling /proc; `--json` prints one object per interval for scripts.
+
+use std::{
+    io::{IsTerminal, Write},
+    time::{Duration, Instant},
+};
+
+use crossterm::{
+    cursor, event, execute, queue,
+    style::{Attribute, Print, SetAttribute},
+    terminal::{self, ClearType},
+};
+
+use crate::{
+    pipelines::{PipelineError, PipelineOptions, Pipelines},
+    snapshot::{Frame, FrameBuilder},
+};
+
+pub struct TopOptions {
+    pub k: usize,
+    pub interval: Duration,
+    pub count: Option<u64>,
+    pub json: bool,
+    pub pipelines: PipelineOptions,
+    pub target_pids: Vec<u32>,
+    pub target_cgroups: Vec<String>,
+    pub alloc_pids: Vec<u32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopError {
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    #[error("--target-cgroup {spec}: {source}")]
+    Target {
+        spec: String,
+        #[source]
+        source: crate::cgroup_resolver::CgroupError,
+    },
+    #[error("writing output failed: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+pub fn run(opts: TopOptions) -> Result<(), TopError> {
+    let mut pipes = Pipelines::load(opts.pipelines.clone())?;
+    let layout = pipes.cgroup_layout().clone();
+    let cgroups = opts
+        .target_cgroups
+        .iter()
+        .map(|s| layout.resolve_target(s).map_err(|source| TopError::Target { spec: s.clone(), source }))
+        .collect::<Result<Vec<u64>, _>>()?;
+    if !opts.target_pids.is_empty() || !cgroups.is_empty() {
+        pipes.set_targets(&opts.target_pids, &cgroups)?;
+    }
+    for &pid in &opts.alloc_pids {
+        pipes.trace_allocations(pid)?;
+    }
+    let mut builder = FrameBuilder::new(opts.k, Some(layout));
+    let interactive = !opts.json && std::io::stdout().is_terminal();
+    let mut screen = if interactive { Some(Screen::enter()?) } else { None };
+
+    // The first epoch starts at load; close it after one interval, then on a fixed
+    // schedule so intervals don't drift by the time spent rendering.
+    let start = Instant::now();
+    let mut n: u64 = 0;
+    pipes.close_cpu_epoch();
+    loop {
+        n += 1;
+        let deadline = start + opts.interval * n as u32;
+        if let Some(s) = &mut screen {
+            if s.wait_for_quit(deadline)? {
+                break;
+            }
+        } else {
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+        }
+        let epoch = pipes.close_cpu_epoch();
+        pipes.drain_samples(|_| {});
+        let frame = builder.build(&mut pipes, &epoch);
+        if opts.json {
+            let mut out = std::io::stdout().lock();
+            serde_json::to_writer(&mut out, &frame).map_err(std::io::Error::other)?;
+            out.write_all(b"\n")?;
+            out.flush()?;
+        } else if let Some(s) = &mut screen {
+            s.draw(&frame, opts.k)?;
+        } else {
+            print!("{}", render(&frame, opts.k));
+        }
+        if n % 100 == 0 {
+            builder.attributor.prune(epoch.end_ns);
+        }
+        if opts.count.is_some_and(|c| n >= c) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The interactive terminal: alternate screen, raw mode so `q` quits; restored on drop.
+struct Screen;
+
+impl Screen {
+    fn enter() -> std::io::Result<Self> {
+        terminal::enable_raw_mode()?;
+        execute!(std::io::stdout(), terminal::EnterAlternateScreen, cursor::Hide)?;
+        Ok(Self)
+    }
+
+    /// Waits until `deadline`; true if the user pressed q, Esc or Ctrl-C.
+    fn wait_for_quit(&mut self, deadline: Instant) -> std::io::Result<bool> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !event::poll(left)? {
+                return Ok(false);
+            }
+            if let event::Event::Key(k) = event::read()? {
+                let ctrl_c = k.code == event::KeyCode::Char('c') && k.modifiers.contains(event::KeyModifiers::CONTROL);
+                if ctrl_c || matches!(k.code, event::KeyCode::Char('q') | event::KeyCode::Esc) {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    fn draw(&mut self, frame: &Frame, k: usize) -> std::io::Result<()> {
+        let mut out = std::io::stdout().lock();
+        queue!(out, cursor::MoveTo(0, 0), terminal::Clear(ClearType::All))?;
+        let (_, rows) = terminal::size().unwrap_or((120, 40));
+        for (i, line) in render(frame, k).lines().take(rows as usize).enumerate() {
+            queue!(out, cursor::MoveTo(0, i as u16))?;
+            if line.starts_with("  PID") || line.starts_with("resourcewatch") {
+                queue!(out, SetAttribute(Attribute::Bold), Print(line), SetAttribute(Attribute::Reset))?;
+            } else {
+                queue!(out, Print(line))?;
+            }
+        }
+        out.flush()
+    }
+}
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        let _ = execute!(std::io::stdout(), cursor::Show, terminal::LeaveAlternateScreen);
+        let _ = terminal::disable_raw_mode();
+    }
+}
+
+/// The text view: CPU and memory Top-K, then exact targets, allocations and leaks.
+pub fn render(f: &Frame, k: usize) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let short = |id: &Option<String>, n: usize| id.as_deref().map(|v| v.chars().take(n).collect()).unwrap_or_else(|| "-".to_owned());
+    let comm = |c: &Option<String>| c.clone().unwrap_or_else(|| "<exited>".to_owned());
+    let _ = writeln!(
+        s,
+        "resourcewatch top — interval {:.3}s, top {k}; kernel samples {} (lost {})   q to quit",
+        f.interval_ns as f64 / 1e9,
+        f.kernel.samples,
+        f.kernel.samples_lost
+    );
+    let _ = writeln!(s, "\nCPU");
+    let _ = writeln!(s, "  PID      CPU%  COMMAND          CONTAINER     POD");
+    for r in &f.cpu {
+        let _ = writeln!(
+            s,
+            "  {:<7} {:>6.1}  {:<16} {:<13} {}",
+            r.pid,
+            r.cpu_percent,
+            comm(&r.who.comm),
+            short(&r.who.container_id, 12),
+            short(&r.who.pod_uid, 36)
+        );
+    }
+    let _ = writeln!(s, "\nMEMORY");
+    let _ = writeln!(s, "  PID          RSS  COMMAND          CONTAINER     POD");
+    for r in &f.memory {
+        let _ = writeln!(
+            s,
+            "  {:<7} {:>10}  {:<16} {:<13} {}",
+            r.pid,
+            human_bytes(r.rss_bytes),
+            comm(&r.who.comm),
+            short(&r.who.container_id, 12),
+            short(&r.who.pod_uid, 36)
+        );
+    }
+    if !f.targets.is_empty() {
+        let _ = writeln!(s, "\nTARGETS (exact)");
+        let _ = writeln!(s, "  PID      CPU%         RSS        ANON        FILE  COMMAND");
+        for r in &f.targets {
+            let _ = writeln!(
+                s,
+                "  {:<7} {:>6.1}  {:>10}  {:>10}  {:>10}  {}{}",
+                r.pid,
+                r.cpu_percent,
+                human_bytes(r.rss_bytes),
+                human_bytes(r.anon_bytes),
+                human_bytes(r.file_bytes),
+                comm(&r.who.comm),
+                if r.exited { " (exited)" } else { "" }
+            );
+        }
+    }
+    if !f.allocations.is_empty() {
+        let _ = writeln!(s, "\nALLOCATIONS (libc uprobes)");
+        let _ = writeln!(s, "  PID      OUTSTANDING      ALLOCS       FREES  COMMAND");
+        for r in &f.allocations {
+            let _ = writeln!(
+                s,
+                "  {:<7} {:>12}  {:>10}  {:>10}  {}",
+                r.pid,
+                human_bytes(r.outstanding_bytes.max(0) as u64),
+                r.allocs,
+                r.frees,
+                comm(&r.who.comm)
+            );
+        }
+    }
+    if !f.leaks.is_empty() {
+        let _ = writeln!(s, "\nLEAKS");
+        let _ = writeln!(s, "  PID     CONF    GROWTH/s         RSS       LIMIT   OOM IN  COMMAND");
+        for r in &f.leaks {
+            let _ = writeln!(
+                s,
+                "  {:<7} {:>4}  {:>10}  {:>10}  {:>10}  {:>7}  {}",
+                r.pid,
+                r.confidence,
+                human_bytes(r.growth_bytes_per_sec.max(0.0) as u64),
+                human_bytes(r.rss_bytes),
+                r.limit_bytes.map(human_bytes).unwrap_or_else(|| "none".into()),
+                r.time_to_oom_secs.map(human_secs).unwrap_or_else(|| "none".into()),
+                comm(&r.who.comm)
+            );
+        }
+    }
+    s
+}
+
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+fn human_secs(s: f64) -> String {
+    if s < 120.0 {
+        format!("{s:.0}s")
+    } else if s < 7200.0 {
+        format!("{:.0}m", s / 60.0)
+    } else {
+        format!("{:.1}h", s / 3600.0)
+    }
+}
+
+/// Parses "10ms", "2s", "1.5s", "1m", "500us".
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 10ms, 2s or 1m"))?;
+    let secs = match unit {
+        "ns" => v / 1e9,
+        "us" | "µs" => v / 1e6,
+        "ms" => v / 1e3,
+        "s" | "" => v,
+        "m" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ns, us, ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{s:?} is not a valid duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10ms"), Ok(Duration::from_millis(10)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("2 parsecs").is_err());
+        assert!(parse_duration("fast").is_err());
+    }
+
+    #[test]
+    fn bytes() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
+}
