@@ -291,7 +291,8 @@ impl Pipelines {
             prog.attach().map_err(err)?;
         }
         if this.opts.allocation_mode {
-            for name in ALLOC_PROGRAMS.iter().map(|(p, _)| *p) {
+            let unique: HashSet<&'static str> = ALLOC_PROGRAMS.iter().map(|(p, _)| *p).collect();
+            for name in unique {
                 let err = |source| PipelineError::Program { program: name, tracepoint: "uprobe", source: Box::new(source) };
                 let prog: &mut UProbe =
                     this.bpf.program_mut(name).ok_or(PipelineError::MissingMap(name))?.try_into().map_err(err)?;

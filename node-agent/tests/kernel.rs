@@ -1,0 +1,423 @@
+//! Kernel integration tests: real programs attached to real tracepoints, fed by child
+//! processes of known behaviour, checked against the kernel's own /proc accounting.
+//!
+//! Needs root (or CAP_BPF + CAP_PERFMON) and kernel BTF; without them each test prints why
+//! it is skipped. Tests share one lock: several loaded copies would each work, but they
+//! would compete for the 2 CPUs the busy-loop workloads measure.
+
+use std::{
+    collections::HashSet,
+    sync::{Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use resourcewatch_agent::{
+    capabilities,
+    cgroup_resolver::CgroupLayout,
+    hashpipe::Geometry,
+    pipelines::{PipelineOptions, Pipelines},
+    procfs,
+};
+
+static KERNEL: Mutex<()> = Mutex::new(());
+
+/// The lock, or None (with the reason printed) when this machine can't run BPF tests.
+fn kernel_or_skip(test: &str) -> Option<MutexGuard<'static, ()>> {
+    if let Some(why) = capabilities::probe().fatal() {
+        eprintln!("SKIPPED {test}: {why}");
+        return None;
+    }
+    Some(KERNEL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn load(opts: PipelineOptions) -> Pipelines {
+    Pipelines::load(opts).unwrap_or_else(|e| panic!("loading the pipelines failed: {e}"))
+}
+
+/// A forked child running a workload; killed and reaped on drop.
+struct Child {
+    pid: u32,
+}
+
+impl Child {
+    /// Forks and runs `work` in the child, which never returns to the test harness.
+    fn spawn(work: impl FnOnce()) -> Child {
+        // SAFETY: the child only runs `work` (busy loops, mmap/touch, malloc, which glibc
+        // makes fork-safe) and then _exits; it never returns into the harness.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            // Die with the parent, so a grandchild never outlives a killed child.
+            // SAFETY: prctl with constant arguments.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+            work();
+            // SAFETY: terminating the child without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        Child { pid: pid as u32 }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        // SAFETY: signalling and reaping our own child.
+        unsafe {
+            libc::kill(self.pid as i32, libc::SIGKILL);
+            libc::waitpid(self.pid as i32, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+fn now() -> Instant {
+    Instant::now()
+}
+
+/// Busy for `duty` of every 10 ms period, forever.
+fn duty_cycle(duty: f64) {
+    let period = Duration::from_millis(10);
+    let busy = period.mul_f64(duty);
+    let mut next = now();
+    loop {
+        let start = now();
+        while start.elapsed() < busy {
+            std::hint::spin_loop();
+        }
+        next += period;
+        let left = next.saturating_duration_since(now());
+        std::thread::sleep(left);
+    }
+}
+
+/// Anonymous memory, touched page by page so it becomes resident.
+struct Region {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Region {
+    fn new(len: usize) -> Region {
+        // SAFETY: a fresh private anonymous mapping.
+        let ptr = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        Region { ptr: ptr.cast(), len }
+    }
+
+    fn touch(&self, from: usize, to: usize) {
+        let mut off = from;
+        while off < to.min(self.len) {
+            // SAFETY: within the mapping.
+            unsafe { std::ptr::write_volatile(self.ptr.add(off), 1) };
+            off += 4096;
+        }
+    }
+}
+
+fn wait_until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+    let end = now() + deadline;
+    while now() < end {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out after {deadline:?} waiting for {what}");
+}
+
+fn within(actual: f64, expected: f64, rel: f64) -> bool {
+    (actual - expected).abs() <= rel * expected.abs()
+}
+
+#[test]
+fn cpu_sketch_ranks_duty_cycles_and_matches_proc() {
+    let Some(_k) = kernel_or_skip("cpu_sketch_ranks_duty_cycles_and_matches_proc") else { return };
+    let kids = [Child::spawn(|| duty_cycle(0.6)), Child::spawn(|| duty_cycle(0.3)), Child::spawn(|| duty_cycle(0.1))];
+    let pipes = load(PipelineOptions::default());
+    pipes.close_cpu_epoch();
+    let before: Vec<u64> = kids.iter().map(|c| procfs::cpu_ns(c.pid).expect("child alive")).collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let after: Vec<u64> = kids.iter().map(|c| procfs::cpu_ns(c.pid).expect("child alive")).collect();
+    let epoch = pipes.close_cpu_epoch();
+
+    let measured: Vec<u64> = kids.iter().map(|c| epoch.per_tgid.get(&c.pid).copied().unwrap_or(0)).collect();
+    for i in 0..3 {
+        let truth = (after[i] - before[i]) as f64;
+        assert!(
+            within(measured[i] as f64, truth, 0.05),
+            "child {i}: sketch {} ns vs /proc {} ns",
+            measured[i],
+            truth
+        );
+    }
+    assert!(measured[0] > measured[1] && measured[1] > measured[2], "ranks follow duty cycles: {measured:?}");
+    let top = resourcewatch_agent::hashpipe::top_k(&epoch.per_tgid, 10);
+    let pos = |pid: u32| top.iter().position(|(p, _)| *p == pid);
+    assert!(pos(kids[0].pid) < pos(kids[1].pid) && pos(kids[1].pid) < pos(kids[2].pid), "top: {top:?}");
+}
+
+#[test]
+fn threads_are_credited_to_their_process() {
+    let Some(_k) = kernel_or_skip("threads_are_credited_to_their_process") else { return };
+    let kid = Child::spawn(|| {
+        let t = std::thread::spawn(|| duty_cycle(0.4));
+        let _u = std::thread::spawn(|| duty_cycle(0.3));
+        duty_cycle(0.2);
+        let _ = t.join();
+    });
+    let pipes = load(PipelineOptions::default());
+    wait_until("three threads", Duration::from_secs(5), || {
+        std::fs::read_dir(format!("/proc/{}/task", kid.pid)).map(|d| d.count()).unwrap_or(0) == 3
+    });
+    pipes.close_cpu_epoch();
+    let before = procfs::cpu_ns(kid.pid).expect("alive");
+    std::thread::sleep(Duration::from_secs(2));
+    let after = procfs::cpu_ns(kid.pid).expect("alive");
+    let epoch = pipes.close_cpu_epoch();
+    let got = epoch.per_tgid.get(&kid.pid).copied().unwrap_or(0) as f64;
+    let truth = (after - before) as f64;
+    assert!(within(got, truth, 0.05), "process total {got} ns vs sum of threads {truth} ns");
+    // Nothing is credited to the thread ids themselves.
+    let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{}/task", kid.pid))
+        .expect("task dir")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&t| t != kid.pid)
+        .collect();
+    for t in tids {
+        assert!(!epoch.per_tgid.contains_key(&t), "thread {t} got its own entry");
+    }
+}
+
+#[test]
+fn memory_sketch_follows_a_growing_process_and_streams_samples() {
+    let Some(_k) = kernel_or_skip("memory_sketch_follows_a_growing_process_and_streams_samples") else { return };
+    let mut pipes = load(PipelineOptions { sample_min_interval: Duration::from_millis(100), ..Default::default() });
+    // Grows 40 MiB/s for 2 s (touching memory in 4 MiB steps), then holds.
+    let kid = Child::spawn(|| {
+        let r = Region::new(80 << 20);
+        for step in 0..20 {
+            r.touch(step * (4 << 20), (step + 1) * (4 << 20));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    let mut samples = Vec::new();
+    let t0 = now();
+    while t0.elapsed() < Duration::from_millis(2500) {
+        pipes.drain_samples(|s| {
+            if s.tgid == kid.pid {
+                samples.push(*s)
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pipes.drain_samples(|s| {
+        if s.tgid == kid.pid {
+            samples.push(*s)
+        }
+    });
+    let truth = procfs::resident_pages(kid.pid).expect("alive") * procfs::page_size();
+    let sketch = pipes.memory().get(&kid.pid).copied().unwrap_or(0);
+    assert!(within(sketch as f64, truth as f64, 0.05), "sketch {sketch} B vs statm {truth} B");
+    assert!(truth > 80 << 20, "the child became resident: {truth}");
+
+    // Samples: at least one per 100 ms step window, increasing, each ≥ 1 MiB from the last.
+    assert!(samples.len() >= 10, "only {} samples for 2 s of 40 MiB/s growth", samples.len());
+    let page = procfs::page_size();
+    let rss = |s: &resourcewatch_ebpf::shared::RwMemSample| (s.file_pages + s.anon_pages + s.shmem_pages) * page;
+    for w in samples.windows(2) {
+        assert!(rss(&w[1]) >= rss(&w[0]) + (1 << 20), "samples move by ≥ 1 MiB: {} -> {}", rss(&w[0]), rss(&w[1]));
+        assert!(w[1].ts_ns - w[0].ts_ns >= 100_000_000, "samples respect the minimum interval");
+    }
+    let last = samples.last().expect("samples");
+    assert!(last.anon_pages * page > 70 << 20, "growth is anonymous: {:?}", last);
+}
+
+/// RSS changes made from another task's context (curr == 0 in the tracepoint) must be
+/// credited to the owner. Here the parent writes into the child's untouched pages with
+/// process_vm_writev, so every page fault happens in the parent's context.
+#[test]
+fn rss_changes_made_by_another_task_are_counted() {
+    let Some(_k) = kernel_or_skip("rss_changes_made_by_another_task_are_counted") else { return };
+    let len: usize = 64 << 20;
+    let mut fds = [0i32; 2];
+    // SAFETY: a pipe to learn the child's mapping address.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let kid = Child::spawn(move || {
+        let r = Region::new(len);
+        let addr = r.ptr as usize;
+        // SAFETY: writing a usize to our pipe end.
+        unsafe { libc::write(fds[1], (&addr as *const usize).cast(), size_of::<usize>()) };
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    let mut addr: usize = 0;
+    // SAFETY: reading the usize the child wrote.
+    let n = unsafe { libc::read(fds[0], (&mut addr as *mut usize).cast(), size_of::<usize>()) };
+    assert_eq!(n as usize, size_of::<usize>());
+    let pipes = load(PipelineOptions::default());
+    let before = pipes.memory().get(&kid.pid).copied().unwrap_or(0);
+
+    let buf = vec![7u8; 1 << 20];
+    for chunk in 0..(len >> 20) {
+        let local = libc::iovec { iov_base: buf.as_ptr() as *mut _, iov_len: buf.len() };
+        let remote = libc::iovec { iov_base: (addr + (chunk << 20)) as *mut _, iov_len: 1 << 20 };
+        // SAFETY: valid iovecs; the remote range is the child's mapping.
+        let w = unsafe { libc::process_vm_writev(kid.pid as i32, &local, 1, &remote, 1, 0) };
+        assert_eq!(w, 1 << 20, "process_vm_writev: {}", std::io::Error::last_os_error());
+    }
+    let truth = procfs::resident_pages(kid.pid).expect("alive") * procfs::page_size();
+    let after = pipes.memory().get(&kid.pid).copied().unwrap_or(0);
+    assert!(truth >= (len as u64), "the child's RSS grew by the writes: {truth}");
+    assert!(within(after as f64, truth as f64, 0.05), "sketch {after} B (was {before}) vs statm {truth} B");
+}
+
+#[test]
+fn exited_processes_leave_both_sketches() {
+    let Some(_k) = kernel_or_skip("exited_processes_leave_both_sketches") else { return };
+    let pipes = load(PipelineOptions::default());
+    pipes.close_cpu_epoch();
+    // Churn: 200 short-lived processes, each busy 2 ms and holding 2 MiB.
+    let mut pids = HashSet::new();
+    for _ in 0..200 {
+        let c = Child::spawn(|| {
+            let r = Region::new(2 << 20);
+            r.touch(0, 2 << 20);
+            let t = now();
+            while t.elapsed() < Duration::from_millis(2) {
+                std::hint::spin_loop();
+            }
+        });
+        // SAFETY: reaping our child (Drop would SIGKILL it first; we want a clean exit).
+        unsafe { libc::waitpid(c.pid as i32, std::ptr::null_mut(), 0) };
+        pids.insert(c.pid);
+        std::mem::forget(c);
+    }
+    let seen = pipes.close_cpu_epoch();
+    let credited = pids.iter().filter(|p| seen.per_tgid.contains_key(p)).count();
+    assert!(credited > 150, "short-lived processes were counted while alive ({credited}/200)");
+    let mem = pipes.memory();
+    let stale: Vec<_> = pids.iter().filter(|p| mem.contains_key(p)).collect();
+    assert!(stale.is_empty(), "dead PIDs still in the memory sketch: {stale:?}");
+    // Two epochs later the CPU half they were in has been consumed and reused.
+    pipes.close_cpu_epoch();
+    let next = pipes.close_cpu_epoch();
+    assert!(pids.iter().all(|p| !next.per_tgid.contains_key(p)), "dead PIDs linger in the CPU sketch");
+}
+
+/// A v1 or v2 cgroup made for the test, removed on drop.
+struct TestCgroup {
+    dir: std::path::PathBuf,
+}
+
+impl TestCgroup {
+    fn new(layout: &CgroupLayout) -> TestCgroup {
+        let dir = layout.root().join(format!("rw-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        TestCgroup { dir }
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).expect("move into the cgroup");
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn exact_targets_cover_every_process_of_a_cgroup() {
+    let Some(_k) = kernel_or_skip("exact_targets_cover_every_process_of_a_cgroup") else { return };
+    let layout = CgroupLayout::detect().expect("cgroups");
+    let cg = TestCgroup::new(&layout);
+    // Tiny sketch on purpose: targets must be exact whatever the sketch loses.
+    let geo = Geometry::new(1, 2).expect("valid");
+    let mut pipes = load(PipelineOptions { cpu: geo, mem: geo, ..Default::default() });
+    let (mut rd, mut wr) = ([0i32; 2], 0);
+    // SAFETY: a pipe that the child waits on before it starts working.
+    assert_eq!(unsafe { libc::pipe(rd.as_mut_ptr()) }, 0);
+    std::mem::swap(&mut wr, &mut rd[1]);
+    let gate = rd[0];
+    let kid = Child::spawn(move || {
+        let mut b = [0u8; 1];
+        // SAFETY: blocking read on our pipe end.
+        unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+        let r = Region::new(48 << 20);
+        r.touch(0, 48 << 20);
+        // A process started inside the cgroup after tracking began is covered too.
+        let _grandchild = Child::spawn(|| duty_cycle(0.3));
+        duty_cycle(0.5);
+    });
+    cg.add(kid.pid);
+    let rel = format!("/rw-test-{}", std::process::id());
+    let id = layout.cgroup_id(&rel).expect("cgroup id");
+    pipes.set_targets(&[], &[id]).expect("targets");
+    // SAFETY: releasing the child.
+    unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
+
+    wait_until("two target processes", Duration::from_secs(5), || pipes.targets().map(|t| t.len() >= 2).unwrap_or(false));
+    let first = pipes.targets().expect("targets");
+    let b_kid = procfs::cpu_ns(kid.pid).expect("alive");
+    std::thread::sleep(Duration::from_secs(2));
+    let second = pipes.targets().expect("targets");
+    let a_kid = procfs::cpu_ns(kid.pid).expect("alive");
+    let find = |v: &[resourcewatch_agent::pipelines::TargetProcess], pid| v.iter().find(|t| t.tgid == pid).copied();
+    let (t1, t2) = (find(&first, kid.pid).expect("child tracked"), find(&second, kid.pid).expect("child tracked"));
+    let got = (t2.cpu_ns - t1.cpu_ns) as f64;
+    let truth = (a_kid - b_kid) as f64;
+    assert!(within(got, truth, 0.05), "exact CPU {got} ns vs /proc {truth} ns");
+    let rss_truth = procfs::resident_pages(kid.pid).expect("alive") * procfs::page_size();
+    assert!(within(t2.rss_bytes as f64, rss_truth as f64, 0.05), "exact RSS {} vs statm {rss_truth}", t2.rss_bytes);
+    let grandchild = second.iter().find(|t| t.tgid != kid.pid).expect("grandchild tracked");
+    assert!(grandchild.cpu_ns > 0, "the grandchild's CPU is tracked");
+}
+
+#[test]
+fn allocation_mode_counts_outstanding_bytes() {
+    let Some(_k) = kernel_or_skip("allocation_mode_counts_outstanding_bytes") else { return };
+    let mut pipes = load(PipelineOptions { allocation_mode: true, ..Default::default() });
+    let mut p = [0i32; 2];
+    // SAFETY: a pipe that gates the child until the probes are attached.
+    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+    let gate = p[0];
+    let kid = Child::spawn(move || {
+        let mut b = [0u8; 1];
+        // SAFETY: blocking read on our pipe end.
+        unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+        // 40 blocks of 64 KiB (heap) and 10 of 1 MiB (glibc mmaps these itself); free half.
+        // Fixed arrays, not Vecs: their buffers would be (correctly) counted as well.
+        let mut small = [std::ptr::null_mut(); 40];
+        let mut big = [std::ptr::null_mut(); 10];
+        // SAFETY: plain libc allocation calls on sizes we own.
+        unsafe {
+            for q in small.iter_mut() {
+                *q = libc::malloc(64 << 10);
+            }
+            for q in big.iter_mut() {
+                *q = libc::malloc(1 << 20);
+            }
+            for q in small.iter().take(20).chain(big.iter().take(5)) {
+                libc::free(*q);
+            }
+        }
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    pipes.trace_allocations(kid.pid).expect("uprobes attach");
+    // SAFETY: releasing the child.
+    unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
+    let want = 20 * (64 << 10) + 5 * (1 << 20);
+    wait_until("outstanding bytes to settle", Duration::from_secs(5), || {
+        pipes.allocations().iter().any(|(pid, s)| *pid == kid.pid && s.frees >= 25)
+    });
+    let (_, s) = pipes.allocations().into_iter().find(|(pid, _)| *pid == kid.pid).expect("stats");
+    assert_eq!(s.allocs, 50, "each malloc once (the large ones mmap internally): {s:?}");
+    assert_eq!(s.outstanding_bytes, want as i64, "outstanding = what was not freed, each block once: {s:?}");
+}
