@@ -6,7 +6,8 @@
 use std::{env, path::PathBuf, process::Command};
 
 fn main() {
-    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let manifest =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let clang = env::var("BPF_CLANG").unwrap_or_else(|_| "clang-14".to_owned());
     let arch = match env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
@@ -27,9 +28,15 @@ fn main() {
     sources.sort();
     for source in sources {
         println!("cargo:rerun-if-changed={}", source.display());
-        let name = source.file_name().and_then(|n| n.to_str()).expect("utf-8 file name");
+        let name = source
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("utf-8 file name");
         let object = out.join(name.replace(".bpf.c", ".bpf.o"));
-        let multiarch = format!("/usr/include/{}-linux-gnu", env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into()));
+        let multiarch = format!(
+            "/usr/include/{}-linux-gnu",
+            env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into())
+        );
         let status = Command::new(&clang)
             .args(["-target", "bpf", "-O2", "-g", "-mcpu=v3", "-Wall", "-Werror"])
             .arg(format!("-D__TARGET_ARCH_{arch}"))
@@ -45,7 +52,11 @@ fn main() {
             .unwrap_or_else(|e| {
                 panic!("cannot run `{clang}` ({e}): install clang-14 and libbpf-dev (see .ci/run), or set BPF_CLANG")
             });
-        assert!(status.success(), "{clang} failed to compile {}", source.display());
+        assert!(
+            status.success(),
+            "{clang} failed to compile {}",
+            source.display()
+        );
     }
     layout_probe(&manifest, &out);
 }
@@ -61,20 +72,26 @@ fn layout_probe(manifest: &std::path::Path, out: &std::path::Path) {
     let mut current: Option<String> = None;
     for line in text.lines() {
         let line = line.split("/*").next().unwrap_or("").trim();
-        if let Some(rest) = line.strip_prefix("struct ") {
-            if let Some(name) = rest.strip_suffix(" {") {
-                body.push_str(&format!("P(\"{name}\", sizeof(struct {name}), 0);\n"));
-                current = Some(name.to_owned());
-                continue;
-            }
+        if let Some(name) = line
+            .strip_prefix("struct ")
+            .and_then(|r| r.strip_suffix(" {"))
+        {
+            body.push_str(&format!("P(\"{name}\", sizeof(struct {name}), 0);\n"));
+            current = Some(name.to_owned());
+            continue;
         }
         if line.starts_with("};") {
             current = None;
             continue;
         }
         let Some(st) = &current else { continue };
-        let Some(decl) = line.strip_suffix(';') else { continue };
-        let field = decl.rsplit(|c: char| c.is_whitespace() || c == '*').next().unwrap_or("");
+        let Some(decl) = line.strip_suffix(';') else {
+            continue;
+        };
+        let field = decl
+            .rsplit(|c: char| c.is_whitespace() || c == '*')
+            .next()
+            .unwrap_or("");
         let field = field.split('[').next().unwrap_or("");
         if field.is_empty() {
             continue;

@@ -5,7 +5,8 @@ pub mod shared;
 /// The compiled object holding every resourcewatch program and map (`src/resourcewatch.bpf.c`).
 ///
 /// Aligned because aya parses it in place as an ELF file.
-pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/resourcewatch.bpf.o"));
+pub static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/resourcewatch.bpf.o"));
 
 /// Names of the programs in [`OBJECT`], as the loader looks them up.
 pub mod programs {

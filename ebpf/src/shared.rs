@@ -170,18 +170,22 @@ mod tests {
             "rw_alloc_pending" => RwAllocPending { size, old_ptr, kind, _pad0 },
             "rw_alloc_stats" => RwAllocStats { outstanding_bytes, allocs, frees, unknown_frees },
         };
-        let c: BTreeMap<String, (usize, usize)> = include_str!(concat!(env!("OUT_DIR"), "/layout.txt"))
-            .lines()
-            .map(|l| {
-                let mut it = l.split_whitespace();
-                let name = it.next().expect("name").to_owned();
-                let size = it.next().and_then(|s| s.parse().ok()).expect("size");
-                let off = it.next().and_then(|s| s.parse().ok()).expect("offset");
-                (name, (size, off))
-            })
-            .collect();
+        let c: BTreeMap<String, (usize, usize)> =
+            include_str!(concat!(env!("OUT_DIR"), "/layout.txt"))
+                .lines()
+                .map(|l| {
+                    let mut it = l.split_whitespace();
+                    let name = it.next().expect("name").to_owned();
+                    let size = it.next().and_then(|s| s.parse().ok()).expect("size");
+                    let off = it.next().and_then(|s| s.parse().ok()).expect("offset");
+                    (name, (size, off))
+                })
+                .collect();
         assert!(c.len() > 40, "layout probe saw too few fields: {c:?}");
-        assert_eq!(rust, c, "ebpf/src/shared.rs and include/resourcewatch.h disagree");
+        assert_eq!(
+            rust, c,
+            "ebpf/src/shared.rs and include/resourcewatch.h disagree"
+        );
     }
 
     #[test]

@@ -33,7 +33,10 @@ pub struct CapabilityReport {
 impl CapabilityReport {
     /// The first failing required check, as one sentence.
     pub fn fatal(&self) -> Option<String> {
-        self.checks.iter().find(|c| c.required && !c.ok).map(|c| format!("{}: {}", c.name, c.detail))
+        self.checks
+            .iter()
+            .find(|c| c.required && !c.ok)
+            .map(|c| format!("{}: {}", c.name, c.detail))
     }
 
     pub fn missing(&self) -> Vec<&Check> {
@@ -43,7 +46,10 @@ impl CapabilityReport {
 
 /// Runs every check; reads files only, loads nothing.
 pub fn probe() -> CapabilityReport {
-    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
     let version = parse_release(&release);
     let mut checks = Vec::new();
 
@@ -79,7 +85,9 @@ pub fn probe() -> CapabilityReport {
         ("rss_stat", true, "the memory pipeline (kernel >= 5.5)"),
         ("sched_process_exit", true, "cleaning up exited processes"),
     ] {
-        let present = btf.as_deref().is_some_and(|b| contains(b, format!("btf_trace_{tp}\0").as_bytes()));
+        let present = btf
+            .as_deref()
+            .is_some_and(|b| contains(b, format!("btf_trace_{tp}\0").as_bytes()));
         checks.push(Check {
             name: format!("tracepoint {tp}"),
             ok: present,
@@ -98,7 +106,11 @@ pub fn probe() -> CapabilityReport {
     checks.push(Check {
         name: "BPF ring buffer".into(),
         ok: ringbuf,
-        detail: if ringbuf { "kernel >= 5.8".into() } else { format!("kernel {release} < 5.8 has no BPF ring buffer") },
+        detail: if ringbuf {
+            "kernel >= 5.8".into()
+        } else {
+            format!("kernel {release} < 5.8 has no BPF ring buffer")
+        },
         required: true,
     });
     let atomics = version >= (5, 12);
@@ -108,7 +120,9 @@ pub fn probe() -> CapabilityReport {
         detail: if atomics {
             "kernel >= 5.12 (compare-and-exchange for the sketches)".into()
         } else {
-            format!("kernel {release} < 5.12 lacks BPF compare-and-exchange, which the sketches use")
+            format!(
+                "kernel {release} < 5.12 lacks BPF compare-and-exchange, which the sketches use"
+            )
         },
         required: true,
     });
@@ -118,7 +132,11 @@ pub fn probe() -> CapabilityReport {
         name: "cgroups".into(),
         ok: layout.is_ok(),
         detail: match &layout {
-            Ok(l) => format!("{} layout, container ids from {}", l.version_name(), l.root().display()),
+            Ok(l) => format!(
+                "{} layout, container ids from {}",
+                l.version_name(),
+                l.root().display()
+            ),
             Err(e) => format!("{e}: processes cannot be attributed to containers"),
         },
         required: false,
@@ -165,7 +183,10 @@ fn effective_caps() -> Option<u64> {
 }
 
 fn parse_release(r: &str) -> (u32, u32) {
-    let mut it = r.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap_or(0));
+    let mut it = r
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap_or(0));
     (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
@@ -186,8 +207,18 @@ mod tests {
             kernel_release: "x".into(),
             cgroup_version: None,
             checks: vec![
-                Check { name: "uprobes".into(), ok: false, detail: "d0".into(), required: false },
-                Check { name: "BTF".into(), ok: false, detail: "no vmlinux".into(), required: true },
+                Check {
+                    name: "uprobes".into(),
+                    ok: false,
+                    detail: "d0".into(),
+                    required: false,
+                },
+                Check {
+                    name: "BTF".into(),
+                    ok: false,
+                    detail: "no vmlinux".into(),
+                    required: true,
+                },
             ],
         };
         assert_eq!(r.fatal().as_deref(), Some("BTF: no vmlinux"));
@@ -202,8 +233,16 @@ mod tests {
             eprintln!("skipped: no kernel BTF on this machine");
             return;
         }
-        for name in ["tracepoint sched_switch", "tracepoint rss_stat", "tracepoint sched_process_exit"] {
-            let c = r.checks.iter().find(|c| c.name == name).expect("check present");
+        for name in [
+            "tracepoint sched_switch",
+            "tracepoint rss_stat",
+            "tracepoint sched_process_exit",
+        ] {
+            let c = r
+                .checks
+                .iter()
+                .find(|c| c.name == name)
+                .expect("check present");
             assert!(c.ok, "{name}: {}", c.detail);
         }
     }

@@ -16,13 +16,19 @@ pub enum CgroupLayout {
     /// cgroup v1 controllers, possibly with an unused cgroup2 mount beside them (hybrid).
     /// Container runtimes place containers in the v1 controllers, so the memory
     /// controller's hierarchy is the one that identifies a container and holds its limit.
-    V1 { memory_root: PathBuf, unified_root: Option<PathBuf> },
+    V1 {
+        memory_root: PathBuf,
+        unified_root: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("no cgroup v2 mount and no cgroup v1 memory controller mount in /proc/self/mountinfo")]
     NoHierarchy,
     #[error("cgroup {0} does not exist")]
@@ -33,7 +39,10 @@ impl CgroupLayout {
     /// Reads the mount table of this process.
     pub fn detect() -> Result<Self, CgroupError> {
         let path = Path::new("/proc/self/mountinfo");
-        let text = fs::read_to_string(path).map_err(|source| CgroupError::Read { path: path.into(), source })?;
+        let text = fs::read_to_string(path).map_err(|source| CgroupError::Read {
+            path: path.into(),
+            source,
+        })?;
         Self::from_mountinfo(&text).ok_or(CgroupError::NoHierarchy)
     }
 
@@ -43,13 +52,17 @@ impl CgroupLayout {
         let mut memory = None;
         for line in text.lines() {
             // 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
-            let Some((left, right)) = line.split_once(" - ") else { continue };
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
             let mount_point = left.split_whitespace().nth(4);
             let mut r = right.split_whitespace();
             let fstype = r.next();
             let super_opts = r.nth(1).unwrap_or("");
             match (fstype, mount_point) {
-                (Some("cgroup2"), Some(mp)) if unified.is_none() => unified = Some(PathBuf::from(unescape(mp))),
+                (Some("cgroup2"), Some(mp)) if unified.is_none() => {
+                    unified = Some(PathBuf::from(unescape(mp)))
+                }
                 (Some("cgroup"), Some(mp)) if super_opts.split(',').any(|o| o == "memory") => {
                     memory = Some(PathBuf::from(unescape(mp)))
                 }
@@ -57,7 +70,10 @@ impl CgroupLayout {
             }
         }
         match (memory, unified) {
-            (Some(memory_root), unified_root) => Some(Self::V1 { memory_root, unified_root }),
+            (Some(memory_root), unified_root) => Some(Self::V1 {
+                memory_root,
+                unified_root,
+            }),
             (None, Some(root)) => Some(Self::Unified { root }),
             (None, None) => None,
         }
@@ -75,8 +91,13 @@ impl CgroupLayout {
     pub fn version_name(&self) -> &'static str {
         match self {
             Self::Unified { .. } => "v2",
-            Self::V1 { unified_root: Some(_), .. } => "hybrid",
-            Self::V1 { unified_root: None, .. } => "v1",
+            Self::V1 {
+                unified_root: Some(_),
+                ..
+            } => "hybrid",
+            Self::V1 {
+                unified_root: None, ..
+            } => "v1",
         }
     }
 
@@ -87,7 +108,9 @@ impl CgroupLayout {
             let (_id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
             match self {
                 Self::Unified { .. } if controllers.is_empty() => return Some(path),
-                Self::V1 { .. } if controllers.split(',').any(|c| c == "memory") => return Some(path),
+                Self::V1 { .. } if controllers.split(',').any(|c| c == "memory") => {
+                    return Some(path);
+                }
                 _ => {}
             }
         }
@@ -97,7 +120,9 @@ impl CgroupLayout {
     /// The kernel's id of a cgroup: the inode number of its directory in [`Self::root`].
     pub fn cgroup_id(&self, path_in_hierarchy: &str) -> Result<u64, CgroupError> {
         let dir = self.root().join(path_in_hierarchy.trim_start_matches('/'));
-        fs::metadata(&dir).map(|m| m.ino()).map_err(|_| CgroupError::NoSuchCgroup(dir))
+        fs::metadata(&dir)
+            .map(|m| m.ino())
+            .map_err(|_| CgroupError::NoSuchCgroup(dir))
     }
 
     /// Resolves a user's `--target-cgroup`: a path under the root, an absolute path to a
@@ -108,7 +133,9 @@ impl CgroupLayout {
         }
         let p = Path::new(spec);
         if p.is_absolute() && p.starts_with("/sys/fs/cgroup") {
-            return fs::metadata(p).map(|m| m.ino()).map_err(|_| CgroupError::NoSuchCgroup(p.into()));
+            return fs::metadata(p)
+                .map(|m| m.ino())
+                .map_err(|_| CgroupError::NoSuchCgroup(p.into()));
         }
         self.cgroup_id(spec)
     }
@@ -120,7 +147,10 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -167,7 +197,10 @@ pub fn attribute(path: &str) -> Attribution {
                 if let Some(next) = segments.get(i + 1) {
                     out.container_id = container_id_of(next);
                 }
-            } else if let Some(id) = seg.strip_prefix("docker-").and_then(|s| s.strip_suffix(".scope")) {
+            } else if let Some(id) = seg
+                .strip_prefix("docker-")
+                .and_then(|s| s.strip_suffix(".scope"))
+            {
                 out.container_id = is_container_id(id).then(|| id.to_owned());
             }
         }
@@ -206,7 +239,10 @@ fn is_container_id(s: &str) -> bool {
 fn is_uid(s: &str) -> bool {
     let parts: Vec<&str> = s.split('-').collect();
     parts.len() == 5
-        && [8, 4, 4, 4, 12].iter().zip(&parts).all(|(n, p)| p.len() == *n && p.bytes().all(|b| b.is_ascii_hexdigit()))
+        && [8, 4, 4, 4, 12]
+            .iter()
+            .zip(&parts)
+            .all(|(n, p)| p.len() == *n && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
@@ -225,44 +261,80 @@ mod tests {
             assert_eq!(a.container_id.as_deref(), Some(CID), "{qos}");
         }
         // The pod cgroup itself (the sandbox's parent) names a pod but no container.
-        assert_eq!(attribute(&format!("/kubepods/burstable/pod{UID}")), Attribution { container_id: None, pod_uid: Some(UID.into()) });
+        assert_eq!(
+            attribute(&format!("/kubepods/burstable/pod{UID}")),
+            Attribution {
+                container_id: None,
+                pod_uid: Some(UID.into())
+            }
+        );
     }
 
     #[test]
     fn systemd_driver_shapes_for_each_runtime() {
         let u = UID.replace('-', "_");
-        for (runtime, qos) in [("cri-containerd", "burstable"), ("crio", "besteffort"), ("docker", "burstable")] {
-            let p = format!("/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{u}.slice/{runtime}-{CID}.scope");
+        for (runtime, qos) in [
+            ("cri-containerd", "burstable"),
+            ("crio", "besteffort"),
+            ("docker", "burstable"),
+        ] {
+            let p = format!(
+                "/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{u}.slice/{runtime}-{CID}.scope"
+            );
             let a = attribute(&p);
             assert_eq!(a.pod_uid.as_deref(), Some(UID), "{p}");
             assert_eq!(a.container_id.as_deref(), Some(CID), "{p}");
         }
-        let guaranteed = format!("/kubepods.slice/kubepods-pod{u}.slice/cri-containerd-{CID}.scope");
+        let guaranteed =
+            format!("/kubepods.slice/kubepods-pod{u}.slice/cri-containerd-{CID}.scope");
         assert_eq!(attribute(&guaranteed).container_id.as_deref(), Some(CID));
     }
 
     #[test]
     fn crio_cgroupfs_and_conmon() {
-        assert_eq!(attribute(&format!("/kubepods/burstable/pod{UID}/crio-{CID}")).container_id.as_deref(), Some(CID));
-        let conmon = attribute(&format!("/kubepods.slice/kubepods-pod{}.slice/crio-conmon-{CID}.scope", UID.replace('-', "_")));
+        assert_eq!(
+            attribute(&format!("/kubepods/burstable/pod{UID}/crio-{CID}"))
+                .container_id
+                .as_deref(),
+            Some(CID)
+        );
+        let conmon = attribute(&format!(
+            "/kubepods.slice/kubepods-pod{}.slice/crio-conmon-{CID}.scope",
+            UID.replace('-', "_")
+        ));
         assert_eq!(conmon.pod_uid.as_deref(), Some(UID));
         assert_eq!(conmon.container_id, None);
     }
 
     #[test]
     fn plain_docker_and_nested_kubernetes() {
-        assert_eq!(attribute(&format!("/docker/{CID}")).container_id.as_deref(), Some(CID));
-        assert_eq!(attribute(&format!("/system.slice/docker-{CID}.scope")).container_id.as_deref(), Some(CID));
+        assert_eq!(
+            attribute(&format!("/docker/{CID}")).container_id.as_deref(),
+            Some(CID)
+        );
+        assert_eq!(
+            attribute(&format!("/system.slice/docker-{CID}.scope"))
+                .container_id
+                .as_deref(),
+            Some(CID)
+        );
         // A kind node: the node is a Docker container and kubepods live inside it.
         let other = CID.replace('9', "8");
-        let nested = attribute(&format!("/docker/{other}/kubepods/besteffort/pod{UID}/{CID}"));
+        let nested = attribute(&format!(
+            "/docker/{other}/kubepods/besteffort/pod{UID}/{CID}"
+        ));
         assert_eq!(nested.pod_uid.as_deref(), Some(UID));
         assert_eq!(nested.container_id.as_deref(), Some(CID));
     }
 
     #[test]
     fn host_processes_have_no_attribution() {
-        for p in ["/", "/user.slice/user-0.slice/session-1.scope", "/system.slice/containerd.service", "/podman"] {
+        for p in [
+            "/",
+            "/user.slice/user-0.slice/session-1.scope",
+            "/system.slice/containerd.service",
+            "/podman",
+        ] {
             assert_eq!(attribute(p), Attribution::default(), "{p}");
         }
     }
@@ -277,11 +349,18 @@ mod tests {
         let layout = CgroupLayout::from_mountinfo(mountinfo).expect("a layout");
         assert_eq!(
             layout,
-            CgroupLayout::V1 { memory_root: "/sys/fs/cgroup/memory".into(), unified_root: Some("/sys/fs/cgroup/unified".into()) }
+            CgroupLayout::V1 {
+                memory_root: "/sys/fs/cgroup/memory".into(),
+                unified_root: Some("/sys/fs/cgroup/unified".into())
+            }
         );
         assert_eq!(layout.version_name(), "hybrid");
-        let proc_cgroup = format!("12:pids:/kubepods/x\n4:memory:/kubepods/besteffort/pod{UID}/{CID}\n0::/\n");
-        assert_eq!(layout.path_in_proc_cgroup(&proc_cgroup), Some(format!("/kubepods/besteffort/pod{UID}/{CID}").as_str()));
+        let proc_cgroup =
+            format!("12:pids:/kubepods/x\n4:memory:/kubepods/besteffort/pod{UID}/{CID}\n0::/\n");
+        assert_eq!(
+            layout.path_in_proc_cgroup(&proc_cgroup),
+            Some(format!("/kubepods/besteffort/pod{UID}/{CID}").as_str())
+        );
     }
 
     #[test]
@@ -289,10 +368,19 @@ mod tests {
         let v2 = "25 20 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate";
         let layout = CgroupLayout::from_mountinfo(v2).expect("v2");
         assert_eq!(layout.version_name(), "v2");
-        assert_eq!(layout.path_in_proc_cgroup("0::/system.slice/x.service\n"), Some("/system.slice/x.service"));
+        assert_eq!(
+            layout.path_in_proc_cgroup("0::/system.slice/x.service\n"),
+            Some("/system.slice/x.service")
+        );
         let v1 = "34 30 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory";
-        assert_eq!(CgroupLayout::from_mountinfo(v1).expect("v1").version_name(), "v1");
-        assert_eq!(CgroupLayout::from_mountinfo("1 0 8:1 / / rw - ext4 /dev/sda rw"), None);
+        assert_eq!(
+            CgroupLayout::from_mountinfo(v1).expect("v1").version_name(),
+            "v1"
+        );
+        assert_eq!(
+            CgroupLayout::from_mountinfo("1 0 8:1 / / rw - ext4 /dev/sda rw"),
+            None
+        );
     }
 
     #[test]

@@ -11,7 +11,9 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
-use resourcewatch_ebpf::shared::{HASH_BASE, HASH_STEP, MAX_DEPTH, MAX_WIDTH_SHIFT, VALUE_BITS, VALUE_MASK};
+use resourcewatch_ebpf::shared::{
+    HASH_BASE, HASH_STEP, MAX_DEPTH, MAX_WIDTH_SHIFT, VALUE_BITS, VALUE_MASK,
+};
 
 /// Stages and slots per stage of one sketch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,10 +36,13 @@ impl Geometry {
         if depth == 0 || depth > MAX_DEPTH {
             return Err(GeometryError::Depth(depth));
         }
-        if !width.is_power_of_two() || width < 2 || width > (1 << MAX_WIDTH_SHIFT) {
+        if !width.is_power_of_two() || !(2..=(1 << MAX_WIDTH_SHIFT)).contains(&width) {
             return Err(GeometryError::Width(width));
         }
-        Ok(Self { depth, width_shift: width.trailing_zeros() })
+        Ok(Self {
+            depth,
+            width_shift: width.trailing_zeros(),
+        })
     }
 
     pub fn width(&self) -> u32 {
@@ -70,7 +75,8 @@ pub fn value_of(word: u64) -> u64 {
 }
 
 fn cas(slot: &AtomicU64, current: u64, new: u64) -> bool {
-    slot.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    slot.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
 }
 
 /// Additive update (CPU time), the model of `cpu_sketch_add`. `slots` is one half.
@@ -173,7 +179,11 @@ pub fn collect(slots: &[AtomicU64], take: bool) -> HashMap<u32, u64> {
 
 /// The `k` largest entries, largest first; ties broken by key so output is stable.
 pub fn top_k(values: &HashMap<u32, u64>, k: usize) -> Vec<(u32, u64)> {
-    let mut v: Vec<(u32, u64)> = values.iter().filter(|&(_, &val)| val > 0).map(|(&k, &v)| (k, v)).collect();
+    let mut v: Vec<(u32, u64)> = values
+        .iter()
+        .filter(|&(_, &val)| val > 0)
+        .map(|(&k, &v)| (k, v))
+        .collect();
     v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     v.truncate(k);
     v
@@ -213,7 +223,10 @@ mod tests {
         for stage in 0..4 {
             for key in [0, 1, 2, 4_194_303, 31337] {
                 let i = geo.index(stage, key);
-                assert!(i >= (stage as usize) * 256 && i < (stage as usize + 1) * 256, "{stage} {key} -> {i}");
+                assert!(
+                    i >= (stage as usize) * 256 && i < (stage as usize + 1) * 256,
+                    "{stage} {key} -> {i}"
+                );
             }
         }
     }
@@ -221,7 +234,8 @@ mod tests {
     #[test]
     fn consecutive_pids_spread_over_a_stage() {
         let geo = Geometry::new(1, 1024).expect("valid");
-        let used: std::collections::HashSet<usize> = (1000..1512).map(|pid| geo.index(0, pid)).collect();
+        let used: std::collections::HashSet<usize> =
+            (1000..1512).map(|pid| geo.index(0, pid)).collect();
         // 512 consecutive PIDs into 1024 slots: Fibonacci hashing should collide rarely.
         assert!(used.len() > 500, "only {} distinct slots", used.len());
     }
@@ -241,12 +255,18 @@ mod tests {
         add(&s, geo, 7, 5);
         assert_eq!(collect(&s, false).get(&7), Some(&15));
         // Find a key that lands on 7's stage-0 slot: it must take the slot and push 7 on.
-        let other = (8..1000).find(|&k| geo.index(0, k) == geo.index(0, 7)).expect("a colliding key");
+        let other = (8..1000)
+            .find(|&k| geo.index(0, k) == geo.index(0, 7))
+            .expect("a colliding key");
         add(&s, geo, other, 1);
         assert_eq!(key_of(s[geo.index(0, 7)].load(Ordering::Relaxed)), other);
         let got = collect(&s, false);
         assert_eq!(got.get(&other), Some(&1));
-        assert_eq!(got.get(&7), Some(&15), "the kicked entry survives in stage 1");
+        assert_eq!(
+            got.get(&7),
+            Some(&15),
+            "the kicked entry survives in stage 1"
+        );
     }
 
     #[test]
@@ -256,7 +276,9 @@ mod tests {
         // Put a big key in stage 1, then push a small one at it.
         let big = 3;
         add(&s, geo, big, 1000);
-        let kicker = (4..1000).find(|&k| geo.index(0, k) == geo.index(0, big)).expect("collides at stage 0");
+        let kicker = (4..1000)
+            .find(|&k| geo.index(0, k) == geo.index(0, big))
+            .expect("collides at stage 0");
         add(&s, geo, kicker, 1); // big moves to stage 1
         let small = (1000..5000)
             .find(|&k| geo.index(0, k) == geo.index(0, big) && geo.index(1, k) == geo.index(1, big))
@@ -316,8 +338,10 @@ mod tests {
         }
         let est = collect(&s, false);
         for k in [1, 5, 10, 20, 30] {
-            let want: std::collections::HashSet<u32> = top_k(&truth, k).into_iter().map(|(p, _)| p).collect();
-            let got: std::collections::HashSet<u32> = top_k(&est, k).into_iter().map(|(p, _)| p).collect();
+            let want: std::collections::HashSet<u32> =
+                top_k(&truth, k).into_iter().map(|(p, _)| p).collect();
+            let got: std::collections::HashSet<u32> =
+                top_k(&est, k).into_iter().map(|(p, _)| p).collect();
             assert_eq!(want, got, "top-{k}");
         }
     }

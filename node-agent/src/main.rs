@@ -11,7 +11,11 @@ use resourcewatch_agent::{
 };
 
 #[derive(Parser)]
-#[command(name = "resourcewatch-agent", version, about = "resourcewatch node agent: eBPF Top-K, exact targets, leak prediction")]
+#[command(
+    name = "resourcewatch-agent",
+    version,
+    about = "resourcewatch node agent: eBPF Top-K, exact targets, leak prediction"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -69,17 +73,24 @@ fn interval(s: &str) -> Result<Duration, String> {
     }
     // A sketch slot holds 2^42 ns of CPU per epoch; with every core busy for a whole
     // interval that bounds the interval (36 min on 2 cores, 34 s on 128).
-    let cores = std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u64)
+        .unwrap_or(1);
     let max = Duration::from_nanos((1u64 << 42) / cores);
     if d > max {
-        return Err(format!("{s} is above the {}s maximum on {cores} cores", max.as_secs()));
+        return Err(format!(
+            "{s} is above the {}s maximum on {cores} cores",
+            max.as_secs()
+        ));
     }
     Ok(d)
 }
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RW_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RW_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -100,13 +111,27 @@ fn probe(json: bool) -> ExitCode {
             }
         }
     } else {
-        println!("kernel {}, cgroup {}", report.kernel_release, report.cgroup_version.as_deref().unwrap_or("unknown"));
+        println!(
+            "kernel {}, cgroup {}",
+            report.kernel_release,
+            report.cgroup_version.as_deref().unwrap_or("unknown")
+        );
         for c in &report.checks {
-            let mark = if c.ok { "ok  " } else if c.required { "FAIL" } else { "warn" };
+            let mark = if c.ok {
+                "ok  "
+            } else if c.required {
+                "FAIL"
+            } else {
+                "warn"
+            };
             println!("  [{mark}] {:<28} {}", c.name, c.detail);
         }
     }
-    if report.fatal().is_some() { ExitCode::from(2) } else { ExitCode::SUCCESS }
+    if report.fatal().is_some() {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn run_top(a: TopArgs) -> ExitCode {
@@ -116,7 +141,10 @@ fn run_top(a: TopArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let geometry = |depth, width| Geometry::new(depth, width);
-    let (cpu, mem) = match (geometry(a.sketch_depth, a.sketch_width), geometry(a.sketch_depth, a.sketch_width)) {
+    let (cpu, mem) = match (
+        geometry(a.sketch_depth, a.sketch_width),
+        geometry(a.sketch_depth, a.sketch_width),
+    ) {
         (Ok(c), Ok(m)) => (c, m),
         (Err(e), _) | (_, Err(e)) => {
             eprintln!("resourcewatch-agent: {e}");
@@ -128,7 +156,12 @@ fn run_top(a: TopArgs) -> ExitCode {
         interval: a.interval,
         count: a.count,
         json: a.json,
-        pipelines: PipelineOptions { cpu, mem, allocation_mode: !a.alloc_pids.is_empty(), ..Default::default() },
+        pipelines: PipelineOptions {
+            cpu,
+            mem,
+            allocation_mode: !a.alloc_pids.is_empty(),
+            ..Default::default()
+        },
         target_pids: a.target_pids,
         target_cgroups: a.target_cgroups,
         alloc_pids: a.alloc_pids,

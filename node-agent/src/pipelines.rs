@@ -18,8 +18,7 @@ use aya::{
     programs::{BtfTracePoint, UProbe, uprobe::UProbeScope},
 };
 use resourcewatch_ebpf::{
-    CONFIG_GLOBAL, OBJECT, maps,
-    programs as progs,
+    CONFIG_GLOBAL, OBJECT, maps, programs as progs,
     shared::{self, RwAllocStats, RwConfig, RwControl, RwMemSample, RwOncpu, RwTargetProc},
 };
 
@@ -45,8 +44,14 @@ pub struct PipelineOptions {
 impl Default for PipelineOptions {
     fn default() -> Self {
         Self {
-            cpu: Geometry { depth: 4, width_shift: 10 },
-            mem: Geometry { depth: 4, width_shift: 10 },
+            cpu: Geometry {
+                depth: 4,
+                width_shift: 10,
+            },
+            mem: Geometry {
+                depth: 4,
+                width_shift: 10,
+            },
             sample_min_delta_bytes: 1 << 20,
             sample_min_interval: Duration::from_secs(1),
             allocation_mode: false,
@@ -56,13 +61,17 @@ impl Default for PipelineOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
-    #[error("the kernel has no BTF at /sys/kernel/btf/vmlinux (needs CONFIG_DEBUG_INFO_BTF=y): {0}")]
+    #[error(
+        "the kernel has no BTF at /sys/kernel/btf/vmlinux (needs CONFIG_DEBUG_INFO_BTF=y): {0}"
+    )]
     NoBtf(#[source] aya::BtfError),
     #[error("cannot read the CPU list: {0}")]
     Cpus(#[source] std::io::Error),
     #[error("cgroups: {0}")]
     Cgroup(#[from] crate::cgroup_resolver::CgroupError),
-    #[error("loading the BPF object failed (are you root, or do you have CAP_BPF and CAP_PERFMON?): {0}")]
+    #[error(
+        "loading the BPF object failed (are you root, or do you have CAP_BPF and CAP_PERFMON?): {0}"
+    )]
     Load(#[source] Box<aya::EbpfError>),
     #[error("program {program}: the kernel refused it for tracepoint {tracepoint}: {source}")]
     Program {
@@ -99,7 +108,10 @@ pub enum PipelineError {
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> PipelineError {
-    move |source| PipelineError::Map { name, source: Box::new(source) }
+    move |source| PipelineError::Map {
+        name,
+        source: Box::new(source),
+    }
 }
 
 /// A BPF array map (created with BPF_F_MMAPABLE) mapped into this process.
@@ -111,9 +123,14 @@ struct MmapArray<T> {
 
 impl<T> MmapArray<T> {
     fn new(bpf: &Ebpf, name: &'static str, len: usize) -> Result<Self, PipelineError> {
-        let Some(Map::Array(data)) = bpf.map(name) else { return Err(PipelineError::MissingMap(name)) };
+        let Some(Map::Array(data)) = bpf.map(name) else {
+            return Err(PipelineError::MissingMap(name));
+        };
         // Array elements are laid out back to back, each rounded up to 8 bytes.
-        assert!(size_of::<T>() % 8 == 0, "mmapped array elements must be 8-byte multiples");
+        assert!(
+            size_of::<T>().is_multiple_of(8),
+            "mmapped array elements must be 8-byte multiples"
+        );
         let page = procfs::page_size() as usize;
         let bytes = (len * size_of::<T>()).div_ceil(page) * page;
         // SAFETY: mapping a BPF map fd we own, shared and read-write, at a kernel-chosen
@@ -129,7 +146,10 @@ impl<T> MmapArray<T> {
             )
         };
         if addr == libc::MAP_FAILED {
-            return Err(PipelineError::Mmap { name, source: std::io::Error::last_os_error() });
+            return Err(PipelineError::Mmap {
+                name,
+                source: std::io::Error::last_os_error(),
+            });
         }
         let ptr = NonNull::new(addr.cast::<T>()).ok_or(PipelineError::MissingMap(name))?;
         Ok(Self { ptr, len, bytes })
@@ -234,7 +254,11 @@ impl Pipelines {
             _pad0: 0,
         };
         // Allocation maps cost memory even when unused: shrink them when the mode is off.
-        let (pending, ptrs, astats) = if opts.allocation_mode { (4096, 262_144, 1024) } else { (1, 1, 1) };
+        let (pending, ptrs, astats) = if opts.allocation_mode {
+            (4096, 262_144, 1024)
+        } else {
+            (1, 1, 1)
+        };
         let mut loader = EbpfLoader::new();
         loader
             .btf(Some(&btf))
@@ -245,14 +269,19 @@ impl Pipelines {
             .map_max_entries(maps::ALLOC_PENDING, pending)
             .map_max_entries(maps::ALLOC_PTRS, ptrs)
             .map_max_entries(maps::ALLOC_STATS, astats);
-        let mut bpf = loader.load(OBJECT).map_err(|e| PipelineError::Load(Box::new(e)))?;
+        let mut bpf = loader
+            .load(OBJECT)
+            .map_err(|e| PipelineError::Load(Box::new(e)))?;
 
         let control = MmapArray::<u64>::new(&bpf, maps::CONTROL, size_of::<RwControl>() / 8)?;
         let cpu_sketch = MmapArray::<u64>::new(&bpf, maps::CPU_SKETCH, 2 * opts.cpu.slots())?;
         let mem_sketch = MmapArray::<u64>::new(&bpf, maps::MEM_SKETCH, opts.mem.slots())?;
         let oncpu = MmapArray::<RwOncpu>::new(&bpf, maps::ONCPU, ncpus as usize)?;
-        let samples = RingBuf::try_from(bpf.take_map(maps::SAMPLES).ok_or(PipelineError::MissingMap(maps::SAMPLES))?)
-            .map_err(map_err(maps::SAMPLES))?;
+        let samples = RingBuf::try_from(
+            bpf.take_map(maps::SAMPLES)
+                .ok_or(PipelineError::MissingMap(maps::SAMPLES))?,
+        )
+        .map_err(map_err(maps::SAMPLES))?;
 
         let page = procfs::page_size();
         let this = Self {
@@ -269,10 +298,19 @@ impl Pipelines {
             bpf,
         };
         // The first epoch starts now; the sample filter is configured before any event.
-        this.control_word(CONTROL_EPOCH).store(procfs::monotonic_ns() & !1, Ordering::SeqCst);
-        this.control_word(CONTROL_MIN_DELTA).store(this.opts.sample_min_delta_bytes.div_ceil(page).max(1), Ordering::SeqCst);
-        this.control_word(CONTROL_MIN_INTERVAL)
-            .store(this.opts.sample_min_interval.as_nanos().min(u64::MAX as u128) as u64, Ordering::SeqCst);
+        this.control_word(CONTROL_EPOCH)
+            .store(procfs::monotonic_ns() & !1, Ordering::SeqCst);
+        this.control_word(CONTROL_MIN_DELTA).store(
+            this.opts.sample_min_delta_bytes.div_ceil(page).max(1),
+            Ordering::SeqCst,
+        );
+        this.control_word(CONTROL_MIN_INTERVAL).store(
+            this.opts
+                .sample_min_interval
+                .as_nanos()
+                .min(u64::MAX as u128) as u64,
+            Ordering::SeqCst,
+        );
 
         let mut this = this;
         for (program, tracepoint) in [
@@ -280,7 +318,11 @@ impl Pipelines {
             (progs::RSS_STAT, "rss_stat"),
             (progs::PROCESS_EXIT, "sched_process_exit"),
         ] {
-            let err = |source| PipelineError::Program { program, tracepoint, source: Box::new(source) };
+            let err = |source| PipelineError::Program {
+                program,
+                tracepoint,
+                source: Box::new(source),
+            };
             let prog: &mut BtfTracePoint = this
                 .bpf
                 .program_mut(program)
@@ -293,9 +335,17 @@ impl Pipelines {
         if this.opts.allocation_mode {
             let unique: HashSet<&'static str> = ALLOC_PROGRAMS.iter().map(|(p, _)| *p).collect();
             for name in unique {
-                let err = |source| PipelineError::Program { program: name, tracepoint: "uprobe", source: Box::new(source) };
-                let prog: &mut UProbe =
-                    this.bpf.program_mut(name).ok_or(PipelineError::MissingMap(name))?.try_into().map_err(err)?;
+                let err = |source| PipelineError::Program {
+                    program: name,
+                    tracepoint: "uprobe",
+                    source: Box::new(source),
+                };
+                let prog: &mut UProbe = this
+                    .bpf
+                    .program_mut(name)
+                    .ok_or(PipelineError::MissingMap(name))?
+                    .try_into()
+                    .map_err(err)?;
                 prog.load().map_err(err)?;
             }
         }
@@ -349,7 +399,11 @@ impl Pipelines {
                 }
             }
         }
-        CpuEpoch { start_ns: old_start, end_ns: now, per_tgid }
+        CpuEpoch {
+            start_ns: old_start,
+            end_ns: now,
+            per_tgid,
+        }
     }
 
     /// Current resident bytes of every process in the memory sketch.
@@ -365,15 +419,26 @@ impl Pipelines {
     pub fn set_targets(&mut self, pids: &[u32], cgroups: &[u64]) -> Result<(), PipelineError> {
         replace_set(&mut self.bpf, maps::TARGET_PIDS, pids)?;
         replace_set(&mut self.bpf, maps::TARGET_CGROUPS, cgroups)?;
-        let bits = if pids.is_empty() { 0 } else { shared::TARGET_PIDS }
-            | if cgroups.is_empty() { 0 } else { shared::TARGET_CGROUPS };
+        let bits = if pids.is_empty() {
+            0
+        } else {
+            shared::TARGET_PIDS
+        } | if cgroups.is_empty() {
+            0
+        } else {
+            shared::TARGET_CGROUPS
+        };
         // `targets` is the low half of word 1 (little-endian), `_pad0` the high half.
-        self.control_word(CONTROL_TARGETS).store(bits as u64, Ordering::SeqCst);
+        self.control_word(CONTROL_TARGETS)
+            .store(bits as u64, Ordering::SeqCst);
         // Processes already running in a target get their RSS now, not at their next change.
         let wanted_cgroups: HashSet<u64> = cgroups.iter().copied().collect();
-        let mut procs: BpfHashMap<_, u32, RwTargetProc> =
-            BpfHashMap::try_from(self.bpf.map_mut(maps::TARGET_PROCS).ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?)
-                .map_err(map_err(maps::TARGET_PROCS))?;
+        let mut procs: BpfHashMap<_, u32, RwTargetProc> = BpfHashMap::try_from(
+            self.bpf
+                .map_mut(maps::TARGET_PROCS)
+                .ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?,
+        )
+        .map_err(map_err(maps::TARGET_PROCS))?;
         let stale: Vec<u32> = procs.keys().filter_map(Result::ok).collect();
         for tgid in stale {
             let _ = procs.remove(&tgid);
@@ -382,11 +447,14 @@ impl Pipelines {
             let cgroup_id = procfs::cgroup_text(pid)
                 .and_then(|t| self.layout.path_in_proc_cgroup(&t).map(str::to_owned))
                 .and_then(|p| self.layout.cgroup_id(&p).ok());
-            let in_target = pids.contains(&pid) || cgroup_id.is_some_and(|c| wanted_cgroups.contains(&c));
+            let in_target =
+                pids.contains(&pid) || cgroup_id.is_some_and(|c| wanted_cgroups.contains(&c));
             if !in_target {
                 continue;
             }
-            let Some(rss) = procfs::rss_breakdown(pid) else { continue };
+            let Some(rss) = procfs::rss_breakdown(pid) else {
+                continue;
+            };
             let entry = RwTargetProc {
                 cgroup_id: cgroup_id.unwrap_or(0),
                 file_pages: rss.file / self.page,
@@ -413,9 +481,12 @@ impl Pipelines {
             }
         }
         let page = self.page;
-        let mut procs: BpfHashMap<_, u32, RwTargetProc> =
-            BpfHashMap::try_from(self.bpf.map_mut(maps::TARGET_PROCS).ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?)
-                .map_err(map_err(maps::TARGET_PROCS))?;
+        let mut procs: BpfHashMap<_, u32, RwTargetProc> = BpfHashMap::try_from(
+            self.bpf
+                .map_mut(maps::TARGET_PROCS)
+                .ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?,
+        )
+        .map_err(map_err(maps::TARGET_PROCS))?;
         let mut out = Vec::new();
         for item in procs.iter() {
             let Ok((tgid, v)) = item else { continue };
@@ -460,8 +531,12 @@ impl Pipelines {
 
     /// Sums the kernel's per-CPU self-counters.
     pub fn kernel_stats(&self) -> KernelStats {
-        let Some(map) = self.bpf.map(maps::STATS) else { return KernelStats::default() };
-        let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return KernelStats::default() };
+        let Some(map) = self.bpf.map(maps::STATS) else {
+            return KernelStats::default();
+        };
+        let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else {
+            return KernelStats::default();
+        };
         let get = |i: u32| arr.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0);
         KernelStats {
             samples: get(shared::stat::SAMPLES),
@@ -481,9 +556,14 @@ impl Pipelines {
             return Ok(());
         }
         let libc = libc_path(pid).ok_or(PipelineError::NoLibc { pid })?;
-        let scope = UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(PipelineError::NoLibc { pid })?);
+        let scope =
+            UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(PipelineError::NoLibc { pid })?);
         for (program, symbol) in ALLOC_PROGRAMS {
-            let err = |source| PipelineError::Uprobe { pid, symbol, source: Box::new(source) };
+            let err = |source| PipelineError::Uprobe {
+                pid,
+                symbol,
+                source: Box::new(source),
+            };
             let prog: &mut UProbe = self
                 .bpf
                 .program_mut(program)
@@ -498,8 +578,12 @@ impl Pipelines {
 
     /// Outstanding allocated bytes per traced process.
     pub fn allocations(&self) -> Vec<(u32, RwAllocStats)> {
-        let Some(map) = self.bpf.map(maps::ALLOC_STATS) else { return Vec::new() };
-        let Ok(stats) = BpfHashMap::<_, u32, RwAllocStats>::try_from(map) else { return Vec::new() };
+        let Some(map) = self.bpf.map(maps::ALLOC_STATS) else {
+            return Vec::new();
+        };
+        let Ok(stats) = BpfHashMap::<_, u32, RwAllocStats>::try_from(map) else {
+            return Vec::new();
+        };
         let mut v: Vec<(u32, RwAllocStats)> = stats.iter().filter_map(Result::ok).collect();
         v.sort_by_key(|(pid, _)| *pid);
         v
@@ -528,16 +612,24 @@ const ALLOC_PROGRAMS: [(&str, &str); 10] = [
 /// The process's libc, through its own root so a container's libc is found.
 fn libc_path(pid: u32) -> Option<String> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let path = maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| {
-        let base = p.rsplit('/').next().unwrap_or("");
-        base.starts_with("libc.so") || (base.starts_with("libc-") && base.ends_with(".so"))
-    })?;
+    let path = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            let base = p.rsplit('/').next().unwrap_or("");
+            base.starts_with("libc.so") || (base.starts_with("libc-") && base.ends_with(".so"))
+        })?;
     Some(format!("/proc/{pid}/root{path}"))
 }
 
-fn replace_set<K: aya::Pod + Eq + std::hash::Hash>(bpf: &mut Ebpf, name: &'static str, keys: &[K]) -> Result<(), PipelineError> {
+fn replace_set<K: aya::Pod + Eq + std::hash::Hash>(
+    bpf: &mut Ebpf,
+    name: &'static str,
+    keys: &[K],
+) -> Result<(), PipelineError> {
     let mut map: BpfHashMap<_, K, u8> =
-        BpfHashMap::try_from(bpf.map_mut(name).ok_or(PipelineError::MissingMap(name))?).map_err(map_err(name))?;
+        BpfHashMap::try_from(bpf.map_mut(name).ok_or(PipelineError::MissingMap(name))?)
+            .map_err(map_err(name))?;
     let want: HashSet<&K> = keys.iter().collect();
     let have: Vec<K> = map.keys().filter_map(Result::ok).collect();
     for k in have.iter().filter(|k| !want.contains(k)) {

@@ -13,7 +13,10 @@ pub fn realtime_ns() -> u64 {
 }
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid, writable timespec; these clocks always exist on Linux.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -30,22 +33,34 @@ pub fn possible_cpus() -> io::Result<u32> {
     let text = fs::read_to_string("/sys/devices/system/cpu/possible")?;
     parse_cpu_list_max(text.trim())
         .map(|max| max + 1)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("unexpected cpu list {text:?}")))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unexpected cpu list {text:?}"),
+            )
+        })
 }
 
 fn parse_cpu_list_max(s: &str) -> Option<u32> {
-    s.split(',').filter_map(|r| r.rsplit('-').next()?.parse::<u32>().ok()).max()
+    s.split(',')
+        .filter_map(|r| r.rsplit('-').next()?.parse::<u32>().ok())
+        .max()
 }
 
 /// The command name of a process (`/proc/PID/comm`), if it still exists.
 pub fn comm(pid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim_end().to_owned())
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_owned())
 }
 
 /// Every process id in /proc.
 pub fn pids() -> Vec<u32> {
     fs::read_dir("/proc")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -77,8 +92,16 @@ pub fn rss_breakdown(pid: u32) -> Option<RssBreakdown> {
     let mut r = RssBreakdown::default();
     let mut seen = false;
     for line in s.lines() {
-        let Some((key, rest)) = line.split_once(':') else { continue };
-        let kb = || rest.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1024;
+        let Some((key, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let kb = || {
+            rest.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        };
         match key {
             "RssAnon" => (r.anon, seen) = (kb(), true),
             "RssFile" => r.file = kb(),
@@ -98,7 +121,11 @@ pub fn cpu_ns(pid: u32) -> Option<u64> {
     for t in dir.flatten() {
         let p = t.path().join("schedstat");
         if let Ok(s) = fs::read_to_string(&p) {
-            total += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            total += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
         }
     }
     Some(total)

@@ -108,22 +108,33 @@ const ATTRIBUTION_TTL_NS: u64 = 5_000_000_000;
 
 impl Attributor {
     pub fn new(layout: Option<CgroupLayout>) -> Self {
-        Self { layout, cache: HashMap::new() }
+        Self {
+            layout,
+            cache: HashMap::new(),
+        }
     }
 
     pub fn get(&mut self, pid: u32, now_ns: u64) -> Attribution {
-        if let Some((at, a)) = self.cache.get(&pid) {
-            if now_ns.saturating_sub(*at) < ATTRIBUTION_TTL_NS && a.comm.is_some() {
-                return a.clone();
-            }
+        if let Some((at, a)) = self.cache.get(&pid)
+            && now_ns.saturating_sub(*at) < ATTRIBUTION_TTL_NS
+            && a.comm.is_some()
+        {
+            return a.clone();
         }
         let comm = procfs::comm(pid);
-        let cgroup = self
-            .layout
-            .as_ref()
-            .and_then(|l| procfs::cgroup_text(pid).and_then(|t| l.path_in_proc_cgroup(&t).map(str::to_owned)));
-        let ids = cgroup.as_deref().map(cgroup_resolver::attribute).unwrap_or_default();
-        let a = Attribution { comm, cgroup, container_id: ids.container_id, pod_uid: ids.pod_uid };
+        let cgroup = self.layout.as_ref().and_then(|l| {
+            procfs::cgroup_text(pid).and_then(|t| l.path_in_proc_cgroup(&t).map(str::to_owned))
+        });
+        let ids = cgroup
+            .as_deref()
+            .map(cgroup_resolver::attribute)
+            .unwrap_or_default();
+        let a = Attribution {
+            comm,
+            cgroup,
+            container_id: ids.container_id,
+            pod_uid: ids.pod_uid,
+        };
         if a.comm.is_some() {
             self.cache.insert(pid, (now_ns, a.clone()));
         } else if let Some((_, old)) = self.cache.get(&pid) {
@@ -135,7 +146,9 @@ impl Attributor {
 
     /// Drops cached processes that no longer exist.
     pub fn prune(&mut self, now_ns: u64) {
-        self.cache.retain(|pid, (at, _)| now_ns.saturating_sub(*at) < 4 * ATTRIBUTION_TTL_NS || procfs::exists(*pid));
+        self.cache.retain(|pid, (at, _)| {
+            now_ns.saturating_sub(*at) < 4 * ATTRIBUTION_TTL_NS || procfs::exists(*pid)
+        });
     }
 }
 
@@ -148,7 +161,11 @@ pub struct FrameBuilder {
 
 impl FrameBuilder {
     pub fn new(k: usize, layout: Option<CgroupLayout>) -> Self {
-        Self { k, attributor: Attributor::new(layout), prev_target_cpu: HashMap::new() }
+        Self {
+            k,
+            attributor: Attributor::new(layout),
+            prev_target_cpu: HashMap::new(),
+        }
     }
 
     pub fn build(&mut self, pipes: &mut Pipelines, epoch: &CpuEpoch) -> Frame {
@@ -166,10 +183,17 @@ impl FrameBuilder {
         let mem = pipes.memory();
         let memory = hashpipe::top_k(&mem, self.k)
             .into_iter()
-            .map(|(pid, bytes)| MemoryRow { pid, rss_bytes: bytes, who: self.attributor.get(pid, now) })
+            .map(|(pid, bytes)| MemoryRow {
+                pid,
+                rss_bytes: bytes,
+                who: self.attributor.get(pid, now),
+            })
             .collect();
         let targets = match pipes.targets() {
-            Ok(t) => t.into_iter().map(|t| self.target_row(t, interval_ns, now)).collect(),
+            Ok(t) => t
+                .into_iter()
+                .map(|t| self.target_row(t, interval_ns, now))
+                .collect(),
             Err(e) => {
                 tracing::warn!("reading exact targets failed: {e}");
                 Vec::new()

@@ -48,7 +48,12 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
     let cgroups = opts
         .target_cgroups
         .iter()
-        .map(|s| layout.resolve_target(s).map_err(|source| TopError::Target { spec: s.clone(), source }))
+        .map(|s| {
+            layout.resolve_target(s).map_err(|source| TopError::Target {
+                spec: s.clone(),
+                source,
+            })
+        })
         .collect::<Result<Vec<u64>, _>>()?;
     if !opts.target_pids.is_empty() || !cgroups.is_empty() {
         pipes.set_targets(&opts.target_pids, &cgroups)?;
@@ -58,7 +63,11 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
     }
     let mut builder = FrameBuilder::new(opts.k, Some(layout));
     let interactive = !opts.json && std::io::stdout().is_terminal();
-    let mut screen = if interactive { Some(Screen::enter()?) } else { None };
+    let mut screen = if interactive {
+        Some(Screen::enter()?)
+    } else {
+        None
+    };
 
     // The first epoch starts at load; close it after one interval, then on a fixed
     // schedule so intervals don't drift by the time spent rendering.
@@ -88,7 +97,7 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
         } else {
             print!("{}", render(&frame, opts.k));
         }
-        if n % 100 == 0 {
+        if n.is_multiple_of(100) {
             builder.attributor.prune(epoch.end_ns);
         }
         if opts.count.is_some_and(|c| n >= c) {
@@ -104,7 +113,11 @@ struct Screen;
 impl Screen {
     fn enter() -> std::io::Result<Self> {
         terminal::enable_raw_mode()?;
-        execute!(std::io::stdout(), terminal::EnterAlternateScreen, cursor::Hide)?;
+        execute!(
+            std::io::stdout(),
+            terminal::EnterAlternateScreen,
+            cursor::Hide
+        )?;
         Ok(Self)
     }
 
@@ -116,7 +129,8 @@ impl Screen {
                 return Ok(false);
             }
             if let event::Event::Key(k) = event::read()? {
-                let ctrl_c = k.code == event::KeyCode::Char('c') && k.modifiers.contains(event::KeyModifiers::CONTROL);
+                let ctrl_c = k.code == event::KeyCode::Char('c')
+                    && k.modifiers.contains(event::KeyModifiers::CONTROL);
                 if ctrl_c || matches!(k.code, event::KeyCode::Char('q') | event::KeyCode::Esc) {
                     return Ok(true);
                 }
@@ -131,7 +145,12 @@ impl Screen {
         for (i, line) in render(frame, k).lines().take(rows as usize).enumerate() {
             queue!(out, cursor::MoveTo(0, i as u16))?;
             if line.starts_with("  PID") || line.starts_with("resourcewatch") {
-                queue!(out, SetAttribute(Attribute::Bold), Print(line), SetAttribute(Attribute::Reset))?;
+                queue!(
+                    out,
+                    SetAttribute(Attribute::Bold),
+                    Print(line),
+                    SetAttribute(Attribute::Reset)
+                )?;
             } else {
                 queue!(out, Print(line))?;
             }
@@ -142,7 +161,11 @@ impl Screen {
 
 impl Drop for Screen {
     fn drop(&mut self) {
-        let _ = execute!(std::io::stdout(), cursor::Show, terminal::LeaveAlternateScreen);
+        let _ = execute!(
+            std::io::stdout(),
+            cursor::Show,
+            terminal::LeaveAlternateScreen
+        );
         let _ = terminal::disable_raw_mode();
     }
 }
@@ -151,7 +174,11 @@ impl Drop for Screen {
 pub fn render(f: &Frame, k: usize) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let short = |id: &Option<String>, n: usize| id.as_deref().map(|v| v.chars().take(n).collect()).unwrap_or_else(|| "-".to_owned());
+    let short = |id: &Option<String>, n: usize| {
+        id.as_deref()
+            .map(|v| v.chars().take(n).collect())
+            .unwrap_or_else(|| "-".to_owned())
+    };
     let comm = |c: &Option<String>| c.clone().unwrap_or_else(|| "<exited>".to_owned());
     let _ = writeln!(
         s,
@@ -188,7 +215,10 @@ pub fn render(f: &Frame, k: usize) -> String {
     }
     if !f.targets.is_empty() {
         let _ = writeln!(s, "\nTARGETS (exact)");
-        let _ = writeln!(s, "  PID      CPU%         RSS        ANON        FILE  COMMAND");
+        let _ = writeln!(
+            s,
+            "  PID      CPU%         RSS        ANON        FILE  COMMAND"
+        );
         for r in &f.targets {
             let _ = writeln!(
                 s,
@@ -220,7 +250,10 @@ pub fn render(f: &Frame, k: usize) -> String {
     }
     if !f.leaks.is_empty() {
         let _ = writeln!(s, "\nLEAKS");
-        let _ = writeln!(s, "  PID     CONF    GROWTH/s         RSS       LIMIT   OOM IN  COMMAND");
+        let _ = writeln!(
+            s,
+            "  PID     CONF    GROWTH/s         RSS       LIMIT   OOM IN  COMMAND"
+        );
         for r in &f.leaks {
             let _ = writeln!(
                 s,
@@ -229,8 +262,12 @@ pub fn render(f: &Frame, k: usize) -> String {
                 r.confidence,
                 human_bytes(r.growth_bytes_per_sec.max(0.0) as u64),
                 human_bytes(r.rss_bytes),
-                r.limit_bytes.map(human_bytes).unwrap_or_else(|| "none".into()),
-                r.time_to_oom_secs.map(human_secs).unwrap_or_else(|| "none".into()),
+                r.limit_bytes
+                    .map(human_bytes)
+                    .unwrap_or_else(|| "none".into()),
+                r.time_to_oom_secs
+                    .map(human_secs)
+                    .unwrap_or_else(|| "none".into()),
                 comm(&r.who.comm)
             );
         }
@@ -246,7 +283,11 @@ pub fn human_bytes(b: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 fn human_secs(s: f64) -> String {
@@ -262,9 +303,13 @@ fn human_secs(s: f64) -> String {
 /// Parses "10ms", "2s", "1.5s", "1m", "500us".
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 10ms, 2s or 1m"))?;
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 10ms, 2s or 1m"))?;
     let secs = match unit {
         "ns" => v / 1e9,
         "us" | "µs" => v / 1e6,
@@ -272,7 +317,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" | "" => v,
         "m" => v * 60.0,
         "h" => v * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ns, us, ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit {unit:?} (use ns, us, ms, s, m or h)"
+            ));
+        }
     };
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("{s:?} is not a valid duration"));

@@ -98,10 +98,20 @@ impl Region {
     fn new(len: usize) -> Region {
         // SAFETY: a fresh private anonymous mapping.
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         assert_ne!(ptr, libc::MAP_FAILED);
-        Region { ptr: ptr.cast(), len }
+        Region {
+            ptr: ptr.cast(),
+            len,
+        }
     }
 
     fn touch(&self, from: usize, to: usize) {
@@ -131,16 +141,31 @@ fn within(actual: f64, expected: f64, rel: f64) -> bool {
 
 #[test]
 fn cpu_sketch_ranks_duty_cycles_and_matches_proc() {
-    let Some(_k) = kernel_or_skip("cpu_sketch_ranks_duty_cycles_and_matches_proc") else { return };
-    let kids = [Child::spawn(|| duty_cycle(0.6)), Child::spawn(|| duty_cycle(0.3)), Child::spawn(|| duty_cycle(0.1))];
+    let Some(_k) = kernel_or_skip("cpu_sketch_ranks_duty_cycles_and_matches_proc") else {
+        return;
+    };
+    let kids = [
+        Child::spawn(|| duty_cycle(0.6)),
+        Child::spawn(|| duty_cycle(0.3)),
+        Child::spawn(|| duty_cycle(0.1)),
+    ];
     let pipes = load(PipelineOptions::default());
     pipes.close_cpu_epoch();
-    let before: Vec<u64> = kids.iter().map(|c| procfs::cpu_ns(c.pid).expect("child alive")).collect();
+    let before: Vec<u64> = kids
+        .iter()
+        .map(|c| procfs::cpu_ns(c.pid).expect("child alive"))
+        .collect();
     std::thread::sleep(Duration::from_secs(2));
-    let after: Vec<u64> = kids.iter().map(|c| procfs::cpu_ns(c.pid).expect("child alive")).collect();
+    let after: Vec<u64> = kids
+        .iter()
+        .map(|c| procfs::cpu_ns(c.pid).expect("child alive"))
+        .collect();
     let epoch = pipes.close_cpu_epoch();
 
-    let measured: Vec<u64> = kids.iter().map(|c| epoch.per_tgid.get(&c.pid).copied().unwrap_or(0)).collect();
+    let measured: Vec<u64> = kids
+        .iter()
+        .map(|c| epoch.per_tgid.get(&c.pid).copied().unwrap_or(0))
+        .collect();
     for i in 0..3 {
         let truth = (after[i] - before[i]) as f64;
         assert!(
@@ -150,15 +175,23 @@ fn cpu_sketch_ranks_duty_cycles_and_matches_proc() {
             truth
         );
     }
-    assert!(measured[0] > measured[1] && measured[1] > measured[2], "ranks follow duty cycles: {measured:?}");
+    assert!(
+        measured[0] > measured[1] && measured[1] > measured[2],
+        "ranks follow duty cycles: {measured:?}"
+    );
     let top = resourcewatch_agent::hashpipe::top_k(&epoch.per_tgid, 10);
     let pos = |pid: u32| top.iter().position(|(p, _)| *p == pid);
-    assert!(pos(kids[0].pid) < pos(kids[1].pid) && pos(kids[1].pid) < pos(kids[2].pid), "top: {top:?}");
+    assert!(
+        pos(kids[0].pid) < pos(kids[1].pid) && pos(kids[1].pid) < pos(kids[2].pid),
+        "top: {top:?}"
+    );
 }
 
 #[test]
 fn threads_are_credited_to_their_process() {
-    let Some(_k) = kernel_or_skip("threads_are_credited_to_their_process") else { return };
+    let Some(_k) = kernel_or_skip("threads_are_credited_to_their_process") else {
+        return;
+    };
     let kid = Child::spawn(|| {
         let t = std::thread::spawn(|| duty_cycle(0.4));
         let _u = std::thread::spawn(|| duty_cycle(0.3));
@@ -167,7 +200,10 @@ fn threads_are_credited_to_their_process() {
     });
     let pipes = load(PipelineOptions::default());
     wait_until("three threads", Duration::from_secs(5), || {
-        std::fs::read_dir(format!("/proc/{}/task", kid.pid)).map(|d| d.count()).unwrap_or(0) == 3
+        std::fs::read_dir(format!("/proc/{}/task", kid.pid))
+            .map(|d| d.count())
+            .unwrap_or(0)
+            == 3
     });
     pipes.close_cpu_epoch();
     let before = procfs::cpu_ns(kid.pid).expect("alive");
@@ -176,7 +212,10 @@ fn threads_are_credited_to_their_process() {
     let epoch = pipes.close_cpu_epoch();
     let got = epoch.per_tgid.get(&kid.pid).copied().unwrap_or(0) as f64;
     let truth = (after - before) as f64;
-    assert!(within(got, truth, 0.05), "process total {got} ns vs sum of threads {truth} ns");
+    assert!(
+        within(got, truth, 0.05),
+        "process total {got} ns vs sum of threads {truth} ns"
+    );
     // Nothing is credited to the thread ids themselves.
     let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{}/task", kid.pid))
         .expect("task dir")
@@ -184,14 +223,23 @@ fn threads_are_credited_to_their_process() {
         .filter(|&t| t != kid.pid)
         .collect();
     for t in tids {
-        assert!(!epoch.per_tgid.contains_key(&t), "thread {t} got its own entry");
+        assert!(
+            !epoch.per_tgid.contains_key(&t),
+            "thread {t} got its own entry"
+        );
     }
 }
 
 #[test]
 fn memory_sketch_follows_a_growing_process_and_streams_samples() {
-    let Some(_k) = kernel_or_skip("memory_sketch_follows_a_growing_process_and_streams_samples") else { return };
-    let mut pipes = load(PipelineOptions { sample_min_interval: Duration::from_millis(100), ..Default::default() });
+    let Some(_k) = kernel_or_skip("memory_sketch_follows_a_growing_process_and_streams_samples")
+    else {
+        return;
+    };
+    let mut pipes = load(PipelineOptions {
+        sample_min_interval: Duration::from_millis(100),
+        ..Default::default()
+    });
     // Grows 40 MiB/s for 2 s (touching memory in 4 MiB steps), then holds.
     let kid = Child::spawn(|| {
         let r = Region::new(80 << 20);
@@ -220,19 +268,40 @@ fn memory_sketch_follows_a_growing_process_and_streams_samples() {
     });
     let truth = procfs::resident_pages(kid.pid).expect("alive") * procfs::page_size();
     let sketch = pipes.memory().get(&kid.pid).copied().unwrap_or(0);
-    assert!(within(sketch as f64, truth as f64, 0.05), "sketch {sketch} B vs statm {truth} B");
+    assert!(
+        within(sketch as f64, truth as f64, 0.05),
+        "sketch {sketch} B vs statm {truth} B"
+    );
     assert!(truth > 80 << 20, "the child became resident: {truth}");
 
     // Samples: at least one per 100 ms step window, increasing, each ≥ 1 MiB from the last.
-    assert!(samples.len() >= 10, "only {} samples for 2 s of 40 MiB/s growth", samples.len());
+    assert!(
+        samples.len() >= 10,
+        "only {} samples for 2 s of 40 MiB/s growth",
+        samples.len()
+    );
     let page = procfs::page_size();
-    let rss = |s: &resourcewatch_ebpf::shared::RwMemSample| (s.file_pages + s.anon_pages + s.shmem_pages) * page;
+    let rss = |s: &resourcewatch_ebpf::shared::RwMemSample| {
+        (s.file_pages + s.anon_pages + s.shmem_pages) * page
+    };
     for w in samples.windows(2) {
-        assert!(rss(&w[1]) >= rss(&w[0]) + (1 << 20), "samples move by ≥ 1 MiB: {} -> {}", rss(&w[0]), rss(&w[1]));
-        assert!(w[1].ts_ns - w[0].ts_ns >= 100_000_000, "samples respect the minimum interval");
+        assert!(
+            rss(&w[1]) >= rss(&w[0]) + (1 << 20),
+            "samples move by ≥ 1 MiB: {} -> {}",
+            rss(&w[0]),
+            rss(&w[1])
+        );
+        assert!(
+            w[1].ts_ns - w[0].ts_ns >= 100_000_000,
+            "samples respect the minimum interval"
+        );
     }
     let last = samples.last().expect("samples");
-    assert!(last.anon_pages * page > 70 << 20, "growth is anonymous: {:?}", last);
+    assert!(
+        last.anon_pages * page > 70 << 20,
+        "growth is anonymous: {:?}",
+        last
+    );
 }
 
 /// RSS changes made from another task's context (curr == 0 in the tracepoint) must be
@@ -240,7 +309,9 @@ fn memory_sketch_follows_a_growing_process_and_streams_samples() {
 /// process_vm_writev, so every page fault happens in the parent's context.
 #[test]
 fn rss_changes_made_by_another_task_are_counted() {
-    let Some(_k) = kernel_or_skip("rss_changes_made_by_another_task_are_counted") else { return };
+    let Some(_k) = kernel_or_skip("rss_changes_made_by_another_task_are_counted") else {
+        return;
+    };
     let len: usize = 64 << 20;
     let mut fds = [0i32; 2];
     // SAFETY: a pipe to learn the child's mapping address.
@@ -263,21 +334,40 @@ fn rss_changes_made_by_another_task_are_counted() {
 
     let buf = vec![7u8; 1 << 20];
     for chunk in 0..(len >> 20) {
-        let local = libc::iovec { iov_base: buf.as_ptr() as *mut _, iov_len: buf.len() };
-        let remote = libc::iovec { iov_base: (addr + (chunk << 20)) as *mut _, iov_len: 1 << 20 };
+        let local = libc::iovec {
+            iov_base: buf.as_ptr() as *mut _,
+            iov_len: buf.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: (addr + (chunk << 20)) as *mut _,
+            iov_len: 1 << 20,
+        };
         // SAFETY: valid iovecs; the remote range is the child's mapping.
         let w = unsafe { libc::process_vm_writev(kid.pid as i32, &local, 1, &remote, 1, 0) };
-        assert_eq!(w, 1 << 20, "process_vm_writev: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            w,
+            1 << 20,
+            "process_vm_writev: {}",
+            std::io::Error::last_os_error()
+        );
     }
     let truth = procfs::resident_pages(kid.pid).expect("alive") * procfs::page_size();
     let after = pipes.memory().get(&kid.pid).copied().unwrap_or(0);
-    assert!(truth >= (len as u64), "the child's RSS grew by the writes: {truth}");
-    assert!(within(after as f64, truth as f64, 0.05), "sketch {after} B (was {before}) vs statm {truth} B");
+    assert!(
+        truth >= (len as u64),
+        "the child's RSS grew by the writes: {truth}"
+    );
+    assert!(
+        within(after as f64, truth as f64, 0.05),
+        "sketch {after} B (was {before}) vs statm {truth} B"
+    );
 }
 
 #[test]
 fn exited_processes_leave_both_sketches() {
-    let Some(_k) = kernel_or_skip("exited_processes_leave_both_sketches") else { return };
+    let Some(_k) = kernel_or_skip("exited_processes_leave_both_sketches") else {
+        return;
+    };
     let pipes = load(PipelineOptions::default());
     pipes.close_cpu_epoch();
     // Churn: 200 short-lived processes, each busy 2 ms and holding 2 MiB.
@@ -297,15 +387,27 @@ fn exited_processes_leave_both_sketches() {
         std::mem::forget(c);
     }
     let seen = pipes.close_cpu_epoch();
-    let credited = pids.iter().filter(|p| seen.per_tgid.contains_key(p)).count();
-    assert!(credited > 150, "short-lived processes were counted while alive ({credited}/200)");
+    let credited = pids
+        .iter()
+        .filter(|p| seen.per_tgid.contains_key(p))
+        .count();
+    assert!(
+        credited > 150,
+        "short-lived processes were counted while alive ({credited}/200)"
+    );
     let mem = pipes.memory();
     let stale: Vec<_> = pids.iter().filter(|p| mem.contains_key(p)).collect();
-    assert!(stale.is_empty(), "dead PIDs still in the memory sketch: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "dead PIDs still in the memory sketch: {stale:?}"
+    );
     // Two epochs later the CPU half they were in has been consumed and reused.
     pipes.close_cpu_epoch();
     let next = pipes.close_cpu_epoch();
-    assert!(pids.iter().all(|p| !next.per_tgid.contains_key(p)), "dead PIDs linger in the CPU sketch");
+    assert!(
+        pids.iter().all(|p| !next.per_tgid.contains_key(p)),
+        "dead PIDs linger in the CPU sketch"
+    );
 }
 
 /// A v1 or v2 cgroup made for the test, removed on drop.
@@ -315,13 +417,16 @@ struct TestCgroup {
 
 impl TestCgroup {
     fn new(layout: &CgroupLayout) -> TestCgroup {
-        let dir = layout.root().join(format!("rw-test-{}", std::process::id()));
+        let dir = layout
+            .root()
+            .join(format!("rw-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
         TestCgroup { dir }
     }
 
     fn add(&self, pid: u32) {
-        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).expect("move into the cgroup");
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .expect("move into the cgroup");
     }
 }
 
@@ -333,12 +438,18 @@ impl Drop for TestCgroup {
 
 #[test]
 fn exact_targets_cover_every_process_of_a_cgroup() {
-    let Some(_k) = kernel_or_skip("exact_targets_cover_every_process_of_a_cgroup") else { return };
+    let Some(_k) = kernel_or_skip("exact_targets_cover_every_process_of_a_cgroup") else {
+        return;
+    };
     let layout = CgroupLayout::detect().expect("cgroups");
     let cg = TestCgroup::new(&layout);
     // Tiny sketch on purpose: targets must be exact whatever the sketch loses.
     let geo = Geometry::new(1, 2).expect("valid");
-    let mut pipes = load(PipelineOptions { cpu: geo, mem: geo, ..Default::default() });
+    let mut pipes = load(PipelineOptions {
+        cpu: geo,
+        mem: geo,
+        ..Default::default()
+    });
     let (mut rd, mut wr) = ([0i32; 2], 0);
     // SAFETY: a pipe that the child waits on before it starts working.
     assert_eq!(unsafe { libc::pipe(rd.as_mut_ptr()) }, 0);
@@ -361,27 +472,49 @@ fn exact_targets_cover_every_process_of_a_cgroup() {
     // SAFETY: releasing the child.
     unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
 
-    wait_until("two target processes", Duration::from_secs(5), || pipes.targets().map(|t| t.len() >= 2).unwrap_or(false));
+    wait_until("two target processes", Duration::from_secs(5), || {
+        pipes.targets().map(|t| t.len() >= 2).unwrap_or(false)
+    });
     let first = pipes.targets().expect("targets");
     let b_kid = procfs::cpu_ns(kid.pid).expect("alive");
     std::thread::sleep(Duration::from_secs(2));
     let second = pipes.targets().expect("targets");
     let a_kid = procfs::cpu_ns(kid.pid).expect("alive");
-    let find = |v: &[resourcewatch_agent::pipelines::TargetProcess], pid| v.iter().find(|t| t.tgid == pid).copied();
-    let (t1, t2) = (find(&first, kid.pid).expect("child tracked"), find(&second, kid.pid).expect("child tracked"));
+    let find = |v: &[resourcewatch_agent::pipelines::TargetProcess], pid| {
+        v.iter().find(|t| t.tgid == pid).copied()
+    };
+    let (t1, t2) = (
+        find(&first, kid.pid).expect("child tracked"),
+        find(&second, kid.pid).expect("child tracked"),
+    );
     let got = (t2.cpu_ns - t1.cpu_ns) as f64;
     let truth = (a_kid - b_kid) as f64;
-    assert!(within(got, truth, 0.05), "exact CPU {got} ns vs /proc {truth} ns");
+    assert!(
+        within(got, truth, 0.05),
+        "exact CPU {got} ns vs /proc {truth} ns"
+    );
     let rss_truth = procfs::resident_pages(kid.pid).expect("alive") * procfs::page_size();
-    assert!(within(t2.rss_bytes as f64, rss_truth as f64, 0.05), "exact RSS {} vs statm {rss_truth}", t2.rss_bytes);
-    let grandchild = second.iter().find(|t| t.tgid != kid.pid).expect("grandchild tracked");
+    assert!(
+        within(t2.rss_bytes as f64, rss_truth as f64, 0.05),
+        "exact RSS {} vs statm {rss_truth}",
+        t2.rss_bytes
+    );
+    let grandchild = second
+        .iter()
+        .find(|t| t.tgid != kid.pid)
+        .expect("grandchild tracked");
     assert!(grandchild.cpu_ns > 0, "the grandchild's CPU is tracked");
 }
 
 #[test]
 fn allocation_mode_counts_outstanding_bytes() {
-    let Some(_k) = kernel_or_skip("allocation_mode_counts_outstanding_bytes") else { return };
-    let mut pipes = load(PipelineOptions { allocation_mode: true, ..Default::default() });
+    let Some(_k) = kernel_or_skip("allocation_mode_counts_outstanding_bytes") else {
+        return;
+    };
+    let mut pipes = load(PipelineOptions {
+        allocation_mode: true,
+        ..Default::default()
+    });
     let mut p = [0i32; 2];
     // SAFETY: a pipe that gates the child until the probes are attached.
     assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
@@ -414,10 +547,27 @@ fn allocation_mode_counts_outstanding_bytes() {
     // SAFETY: releasing the child.
     unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
     let want = 20 * (64 << 10) + 5 * (1 << 20);
-    wait_until("outstanding bytes to settle", Duration::from_secs(5), || {
-        pipes.allocations().iter().any(|(pid, s)| *pid == kid.pid && s.frees >= 25)
-    });
-    let (_, s) = pipes.allocations().into_iter().find(|(pid, _)| *pid == kid.pid).expect("stats");
-    assert_eq!(s.allocs, 50, "each malloc once (the large ones mmap internally): {s:?}");
-    assert_eq!(s.outstanding_bytes, want as i64, "outstanding = what was not freed, each block once: {s:?}");
+    wait_until(
+        "outstanding bytes to settle",
+        Duration::from_secs(5),
+        || {
+            pipes
+                .allocations()
+                .iter()
+                .any(|(pid, s)| *pid == kid.pid && s.frees >= 25)
+        },
+    );
+    let (_, s) = pipes
+        .allocations()
+        .into_iter()
+        .find(|(pid, _)| *pid == kid.pid)
+        .expect("stats");
+    assert_eq!(
+        s.allocs, 50,
+        "each malloc once (the large ones mmap internally): {s:?}"
+    );
+    assert_eq!(
+        s.outstanding_bytes, want as i64,
+        "outstanding = what was not freed, each block once: {s:?}"
+    );
 }

@@ -1,0 +1,49 @@
+# resourcewatch — `make help` lists the targets.
+SHELL := /bin/bash
+CARGO ?= cargo
+K ?= 10
+INTERVAL ?= 2s
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}'
+
+.PHONY: deps
+deps: ## Install system packages (clang-14, libbpf-dev, protoc, perf) when missing
+	@.ci/install-deps
+
+.PHONY: build
+build: deps ## Build everything in release mode
+	$(CARGO) build --release --workspace --bins
+
+.PHONY: top
+top: deps ## Run the standalone agent's live Top-K view on this machine (needs root)
+	$(CARGO) build --release -p resourcewatch-agent
+	./target/release/resourcewatch-agent top -k $(K) --interval $(INTERVAL)
+
+.PHONY: probe
+probe: deps ## Report what this kernel allows (BTF, tracepoints, cgroups, privileges)
+	$(CARGO) run --release -q -p resourcewatch-agent -- probe
+
+.PHONY: fmt
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+.PHONY: lint
+lint: deps ## rustfmt check and clippy with warnings as errors
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: unit
+unit: deps ## Unit and kernel integration tests (kernel tests skip, saying why, without root/BTF)
+	$(CARGO) test --workspace -- --test-threads=1
+
+.PHONY: test
+test: deps lint unit ## Everything CI runs: lint, unit, kernel and drift tests
+
+.PHONY: bench
+bench: deps ## Top-K precision, kernel cost and agent cost benchmarks (root; several minutes)
+	$(CARGO) build --release -p resourcewatch-agent
+	./target/release/resourcewatch-bench all
