@@ -64,7 +64,13 @@ struct signal_struct {
 	atomic_t live;
 };
 
+struct sched_entity {
+	u64 exec_start;
+	u64 sum_exec_runtime;
+};
+
 struct task_struct {
+	struct sched_entity se;
 	int pid;
 	int tgid;
 	char comm[16];

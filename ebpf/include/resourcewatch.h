@@ -67,12 +67,15 @@ struct rw_control {
  * CPUs never write one cache line.
  */
 struct rw_oncpu {
-	__u64 start_ns;
+	__u64 start_ns;      /* switch-in time, CLOCK_MONOTONIC */
 	__u32 tgid;
 	__u32 pid;
-	__u32 target; /* 1 if the task is exactly tracked */
+	__u32 target;        /* 1 if the task is exactly tracked */
 	__u32 _pad0;
-	__u64 _pad1[5];
+	__u64 start_runtime; /* the task's se.sum_exec_runtime at switch-in */
+	__s64 clock_offset;  /* CLOCK_MONOTONIC minus the scheduler's task clock, on this CPU */
+	__u64 calib_epoch;   /* epoch_word when clock_offset was measured */
+	__u64 _pad1[2];
 };
 
 /* Exact, never-evicted values of a targeted process (hash map keyed by tgid). */

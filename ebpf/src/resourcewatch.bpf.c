@@ -66,30 +66,39 @@ struct {
 	__type(value, struct rw_oncpu);
 } rw_oncpu SEC(".maps");
 
+/*
+ * Preallocated maps are charged in full whatever they hold, so their sizes are what a node
+ * needs: a few hundred targeted containers, a few thousand of their processes.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
+	__uint(max_entries, 256);
 	__type(key, __u32);
 	__type(value, __u8);
 } rw_target_pids SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
+	__uint(max_entries, 512);
 	__type(key, __u64);
 	__type(value, __u8);
 } rw_target_cgroups SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 2048);
 	__type(key, __u32);
 	__type(value, struct rw_target_proc);
 } rw_target_procs SEC(".maps");
 
+/*
+ * The sample filter's state is a cache: LRU, so a node with more memory-active processes
+ * than entries evicts the idlest, whose next event simply starts a fresh state (and emits
+ * a sample) instead of being refused.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, struct rw_proc_mem);
 } rw_proc_mem SEC(".maps");
@@ -103,7 +112,7 @@ struct {
 enum {
 	RW_STAT_SAMPLES = 0,
 	RW_STAT_SAMPLES_LOST = 1,   /* ring buffer full */
-	RW_STAT_PROC_MEM_FULL = 2,  /* rw_proc_mem full: no samples for that process */
+	RW_STAT_PROC_MEM_FULL = 2,  /* rw_proc_mem insert failed: no sample for that event */
 	RW_STAT_TARGETS_FULL = 3,   /* rw_target_procs full: a target is not tracked */
 	RW_STAT_ALLOC_PTRS_FULL = 4,
 	RW_STAT_MAX = 8,
@@ -362,11 +371,23 @@ static __always_inline struct rw_control *control(void)
 }
 
 /*
- * On each switch the time since the outgoing task was switched in is credited to its
- * process. The switch-in time is kept per CPU (rw_oncpu), not in a hash keyed by thread
- * id: an array slot is a few instructions, a hash lookup tens of nanoseconds. Time before
- * the current epoch started was already counted by user space when it closed that epoch
- * (from rw_oncpu), so only the part inside this epoch is credited here.
+ * On each switch the outgoing task's slice is credited to its process. Two choices keep
+ * this cheap (see node-agent/BENCHMARKS.md for the measurements behind them):
+ *
+ * - The slice length is the scheduler's own accounting, se.sum_exec_runtime, which
+ *   update_curr() brought up to date just before this tracepoint: exact (it is what
+ *   /proc/PID/schedstat reports) and free to read. bpf_ktime_get_ns() costs more here than
+ *   the whole rest of the program.
+ * - The switch-in time, which user space needs to credit tasks still running when it
+ *   closes an epoch, is the scheduler's clock at this switch (se.exec_start, set by
+ *   update_curr / set_next_entity) shifted to CLOCK_MONOTONIC by a per-CPU offset that
+ *   is measured with one bpf_ktime_get_ns() per CPU per epoch. Between calibrations the
+ *   two clocks drift by at most the IRQ time the task clock excludes.
+ *
+ * The switch-in state lives in a per-CPU array slot, not a hash keyed by thread id: an
+ * array slot is a few instructions, a hash lookup tens of nanoseconds. Time before the
+ * current epoch started was already credited by user space when it closed that epoch
+ * (from rw_oncpu), so that part is subtracted here.
  */
 SEC("tp_btf/sched_switch")
 int BPF_PROG(rw_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
@@ -377,27 +398,37 @@ int BPF_PROG(rw_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	if (!oc || !ctl)
 		return 0;
 
-	__u64 now = bpf_ktime_get_ns();
+	__u64 epoch = ctl->epoch_word;
+	__u64 sched_now = prev->se.exec_start;
+	if (next->se.exec_start > sched_now)
+		sched_now = next->se.exec_start;
+	if (oc->calib_epoch != epoch) {
+		oc->clock_offset = (__s64)(bpf_ktime_get_ns() - sched_now);
+		oc->calib_epoch = epoch;
+	}
+	__u64 now = sched_now + oc->clock_offset;
+
 	__u32 tgid = oc->tgid;
-	if (tgid) {
-		__u64 epoch = ctl->epoch_word;
-		__u64 from = epoch & ~1ULL;
-		if (oc->start_ns > from)
-			from = oc->start_ns;
-		if (now > from)
-			cpu_sketch_add(epoch & 1, tgid, now - from);
+	if (tgid && oc->pid == (__u32)prev->pid) {
+		__u64 runtime = prev->se.sum_exec_runtime;
+		__u64 slice = runtime > oc->start_runtime ? runtime - oc->start_runtime : 0;
+		__u64 epoch_start = epoch & ~1ULL;
+		__u64 credited = epoch_start > oc->start_ns ? epoch_start - oc->start_ns : 0;
+		if (slice > credited)
+			cpu_sketch_add(epoch & 1, tgid, slice - credited);
 		/* Exact targets are cumulative, so they get the whole slice; user space adds the
 		 * running part of a slice when it reads, without storing it. */
-		if (oc->target && now > oc->start_ns) {
+		if (oc->target && slice) {
 			struct rw_target_proc *tp = target_entry(tgid, 0);
 			if (tp)
-				__sync_fetch_and_add(&tp->cpu_ns, now - oc->start_ns);
+				__sync_fetch_and_add(&tp->cpu_ns, slice);
 		}
 	}
 
 	__u32 targets = ctl->targets;
 	__u32 next_tgid = next->tgid;
 	oc->start_ns = now;
+	oc->start_runtime = next->se.sum_exec_runtime;
 	oc->tgid = next_tgid;
 	oc->pid = next->pid;
 	oc->target = targets && next_tgid &&

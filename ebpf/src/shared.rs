@@ -57,7 +57,10 @@ pub struct RwOncpu {
     pub pid: u32,
     pub target: u32,
     pub _pad0: u32,
-    pub _pad1: [u64; 5],
+    pub start_runtime: u64,
+    pub clock_offset: i64,
+    pub calib_epoch: u64,
+    pub _pad1: [u64; 2],
 }
 
 #[repr(C)]
@@ -162,7 +165,7 @@ mod tests {
         let rust = layout! {
             "rw_config" => RwConfig { cpu_depth, cpu_width_shift, mem_depth, mem_width_shift, cgroup_v1_memory, _pad0 },
             "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns },
-            "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, _pad1 },
+            "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, start_runtime, clock_offset, calib_epoch, _pad1 },
             "rw_target_proc" => RwTargetProc { cpu_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, updated_ns, exited, _pad0 },
             "rw_proc_mem" => RwProcMem { last_emit_pages, last_emit_ns },
             "rw_mem_sample" => RwMemSample { ts_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, tgid, kind, comm },

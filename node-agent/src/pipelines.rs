@@ -212,6 +212,14 @@ pub struct TargetProcess {
     pub exited: bool,
 }
 
+/// The kernel's accounting of one program.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProgramStats {
+    pub name: String,
+    pub run_cnt: u64,
+    pub run_time_ns: u64,
+}
+
 /// Counters the kernel programs keep about themselves.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct KernelStats {
@@ -545,6 +553,76 @@ impl Pipelines {
             targets_full: get(shared::stat::TARGETS_FULL),
             alloc_ptrs_full: get(shared::stat::ALLOC_PTRS_FULL),
         }
+    }
+
+    /// Run count and total run time of each loaded program, from the kernel's own
+    /// accounting (`/proc/self/fdinfo`; counted only while `kernel.bpf_stats_enabled=1`).
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        let mut out = Vec::new();
+        for (name, prog) in self.bpf.programs() {
+            let Ok(fd) = prog.fd() else { continue };
+            let raw = {
+                use std::os::fd::AsFd;
+                fd.as_fd().as_raw_fd()
+            };
+            let Ok(info) = fs::read_to_string(format!("/proc/self/fdinfo/{raw}")) else {
+                continue;
+            };
+            let field = |k: &str| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            out.push(ProgramStats {
+                name: name.to_owned(),
+                run_cnt: field("run_cnt:"),
+                run_time_ns: field("run_time_ns:"),
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Kernel memory charged for every map of the object (`memlock` in fdinfo).
+    pub fn map_memory_bytes(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for (name, map) in self.bpf.maps() {
+            let fd = match map {
+                Map::Array(d)
+                | Map::HashMap(d)
+                | Map::LruHashMap(d)
+                | Map::PerCpuArray(d)
+                | Map::RingBuf(d) => d.fd(),
+                _ => continue,
+            };
+            let raw = {
+                use std::os::fd::AsFd;
+                fd.as_fd().as_raw_fd()
+            };
+            let Ok(info) = fs::read_to_string(format!("/proc/self/fdinfo/{raw}")) else {
+                continue;
+            };
+            if let Some(v) = info
+                .lines()
+                .find_map(|l| l.strip_prefix("memlock:"))
+                .and_then(|v| v.trim().parse().ok())
+            {
+                out.push((name.to_owned(), v));
+            }
+        }
+        // The ring buffer was taken out of the object to be read; count it too.
+        if let Ok(info) =
+            fs::read_to_string(format!("/proc/self/fdinfo/{}", self.samples.as_raw_fd()))
+            && let Some(v) = info
+                .lines()
+                .find_map(|l| l.strip_prefix("memlock:"))
+                .and_then(|v| v.trim().parse().ok())
+        {
+            out.push((maps::SAMPLES.to_owned(), v));
+        }
+        out.sort();
+        out
     }
 
     /// Attaches the allocation uprobes to one process's libc.

@@ -131,6 +131,26 @@ pub fn cpu_ns(pid: u32) -> Option<u64> {
     Some(total)
 }
 
+/// A process's total CPU time (all threads, dead ones included) exactly at the moment of
+/// the call, from its POSIX CPU clock: unlike schedstat, the running slice is included.
+pub fn process_cpu_clock_ns(pid: u32) -> Option<u64> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: clock is a valid out-pointer; ts likewise.
+    unsafe {
+        if libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) != 0 {
+            return None;
+        }
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        if libc::clock_gettime(clock, &mut ts) != 0 {
+            return None;
+        }
+        Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+    }
+}
+
 /// Text of `/proc/PID/cgroup`.
 pub fn cgroup_text(pid: u32) -> Option<String> {
     fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()

@@ -571,3 +571,43 @@ fn allocation_mode_counts_outstanding_bytes() {
         "outstanding = what was not freed, each block once: {s:?}"
     );
 }
+
+/// A CPU hog is rarely switched out, so its time must come from the "still running" credit
+/// at each epoch close and the kernel's matching subtraction at switch-out: every short
+/// epoch sees its share, and nothing is counted twice over the run.
+#[test]
+fn running_time_is_split_across_short_epochs() {
+    let Some(_k) = kernel_or_skip("running_time_is_split_across_short_epochs") else {
+        return;
+    };
+    let hog = Child::spawn(|| duty_cycle(1.0));
+    let pipes = load(PipelineOptions::default());
+    pipes.close_cpu_epoch();
+    let first = procfs::cpu_ns(hog.pid).expect("alive");
+    let mut per_epoch = Vec::new();
+    let mut prev = first;
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(200));
+        let truth = procfs::cpu_ns(hog.pid).expect("alive");
+        let epoch = pipes.close_cpu_epoch();
+        per_epoch.push((
+            epoch.per_tgid.get(&hog.pid).copied().unwrap_or(0),
+            truth - prev,
+        ));
+        prev = truth;
+    }
+    let total: u64 = per_epoch.iter().map(|e| e.0).sum();
+    let truth_total = prev - first;
+    // /proc's schedstat of a running task lags by up to a tick (4 ms at HZ=250), hence
+    // the per-epoch tolerance; over the whole run the two must agree closely.
+    for (got, truth) in &per_epoch {
+        assert!(
+            within(*got as f64, *truth as f64, 0.15),
+            "epoch credit {got} vs /proc {truth}: {per_epoch:?}"
+        );
+    }
+    assert!(
+        within(total as f64, truth_total as f64, 0.03),
+        "total {total} vs /proc {truth_total}"
+    );
+}

@@ -1,0 +1,550 @@
+//! Benchmarks behind node-agent/BENCHMARKS.md (root only):
+//! - `precision`: Top-K precision of the sketches against /proc ground truth sampled at the
+//!   same instants, on >= 200 processes of skewed CPU and RSS plus churn;
+//! - `cost`: ns per event of each program (kernel.bpf_stats_enabled) and the median ratio of
+//!   `perf bench sched pipe` with and without the pipelines attached;
+//! - `agent`: CPU and RSS of `resourcewatch-agent top --json` at a given interval.
+
+use std::{
+    collections::{HashMap, HashSet},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use clap::{Parser, Subcommand};
+use resourcewatch_agent::{
+    hashpipe::{self, Geometry},
+    pipelines::{PipelineOptions, Pipelines},
+    procfs,
+    top::parse_duration,
+};
+
+#[derive(Parser)]
+#[command(about = "resourcewatch benchmarks (root only)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Top-K precision for CPU and memory against /proc.
+    Precision {
+        #[arg(long, default_value_t = 200)]
+        procs: usize,
+        /// Short-lived processes started per second.
+        #[arg(long, default_value_t = 20)]
+        churn: u32,
+        #[arg(long, default_value_t = 30)]
+        intervals: u32,
+        #[arg(long, default_value = "2s", value_parser = parse_duration)]
+        interval: Duration,
+        #[arg(long, default_value_t = 4)]
+        depth: u32,
+        #[arg(long, default_value_t = 1024)]
+        width: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Kernel cost per event and the perf-bench ratio.
+    Cost {
+        /// Alternating runs with and without the pipelines.
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+        #[arg(long, default_value_t = 200_000)]
+        loops: u64,
+    },
+    /// User-space cost of `resourcewatch-agent top --json`.
+    Agent {
+        #[arg(long, default_value = "2s", value_parser = parse_duration)]
+        interval: Duration,
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        duration: Duration,
+        /// Run the precision workload meanwhile (200 processes + churn).
+        #[arg(long)]
+        with_workload: bool,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "resourcewatch-bench needs root (it loads BPF programs and sets kernel.bpf_stats_enabled)"
+        );
+        std::process::exit(2);
+    }
+    match cli.cmd {
+        Cmd::Precision {
+            procs,
+            churn,
+            intervals,
+            interval,
+            depth,
+            width,
+            seed,
+        } => precision(
+            procs,
+            churn,
+            intervals,
+            interval,
+            Geometry::new(depth, width).unwrap_or_else(|e| fail(&e)),
+            seed,
+        ),
+        Cmd::Cost { runs, loops } => cost(runs, loops),
+        Cmd::Agent {
+            interval,
+            duration,
+            with_workload,
+        } => agent(interval, duration, with_workload),
+    }
+}
+
+fn fail(e: &dyn std::fmt::Display) -> ! {
+    eprintln!("resourcewatch-bench: {e}");
+    std::process::exit(1)
+}
+
+// ---- workload ------------------------------------------------------------------------
+
+/// Forked children that are killed (and die with us) when dropped.
+struct Workload {
+    pids: Vec<u32>,
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        for &p in &self.pids {
+            // SAFETY: signalling and reaping our own children.
+            unsafe {
+                libc::kill(p as i32, libc::SIGKILL);
+                libc::waitpid(p as i32, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+fn fork(work: impl FnOnce()) -> u32 {
+    // SAFETY: the child runs `work` (busy loops, mmap, fork) and _exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        fail(&std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: prctl and _exit with constant arguments.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+        work();
+        unsafe { libc::_exit(0) };
+    }
+    pid as u32
+}
+
+fn touch_anon(bytes: usize) {
+    if bytes == 0 {
+        return;
+    }
+    // SAFETY: a private anonymous mapping, written page by page, never unmapped (the
+    // process holds it for its lifetime on purpose).
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            libc::_exit(1);
+        }
+        let p = p.cast::<u8>();
+        let mut off = 0;
+        while off < bytes {
+            std::ptr::write_volatile(p.add(off), 1);
+            off += 4096;
+        }
+    }
+}
+
+/// Spends `duty` of each period on the CPU. The busy part is measured in the thread's own
+/// CPU time, so being preempted does not shorten it: each process gets the share asked
+/// for as long as the machine is not saturated.
+fn duty_cycle(duty: f64, period: Duration) -> ! {
+    let busy = period.mul_f64(duty).as_nanos() as u64;
+    let mut next = Instant::now();
+    loop {
+        let start = thread_cpu_ns();
+        while thread_cpu_ns() - start < busy {
+            std::hint::spin_loop();
+        }
+        next += period;
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// xorshift64*, so runs are reproducible from a seed without a rand dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// `procs` long-lived processes: rank i busy 10% x 0.93^i of a core (geometric, so
+/// neighbouring ranks differ by 7%, well above measurement noise) and holding
+/// 160 MiB x 0.92^j of touched memory, j a seeded permutation of i (CPU and memory ranks
+/// are independent). Plus a spawner starting `churn` short-lived processes per second,
+/// each touching 1-4 MiB and busy 1-5 ms.
+fn spawn_workload(procs: usize, churn: u32, seed: u64) -> Workload {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut perm: Vec<usize> = (0..procs).collect();
+    for i in (1..procs).rev() {
+        perm.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    let mut pids = Vec::new();
+    for (i, &j) in perm.iter().enumerate() {
+        let duty = 0.10 * 0.93f64.powi(i as i32);
+        let rss = (160.0 * 1048576.0 * 0.92f64.powi(j as i32)) as usize;
+        pids.push(fork(move || {
+            touch_anon(rss);
+            duty_cycle(duty, Duration::from_millis(20));
+        }));
+    }
+    if churn > 0 {
+        let gap = Duration::from_secs(1) / churn;
+        pids.push(fork(move || {
+            let mut r = Rng(seed ^ 0xDEAD_BEEF);
+            loop {
+                let mb = 1 + (r.next() % 4) as usize;
+                let busy = Duration::from_micros(1000 + r.next() % 4000);
+                fork(move || {
+                    touch_anon(mb << 20);
+                    let t = Instant::now();
+                    while t.elapsed() < busy {
+                        std::hint::spin_loop();
+                    }
+                });
+                // Reap whatever has finished.
+                // SAFETY: non-blocking reaping of our children.
+                while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+                std::thread::sleep(gap);
+            }
+        }));
+    }
+    Workload { pids }
+}
+
+// ---- precision ---------------------------------------------------------------------------
+
+struct Truth {
+    cpu: HashMap<u32, u64>,
+    mem: HashMap<u32, u64>,
+}
+
+fn sample_truth() -> Truth {
+    let page = procfs::page_size();
+    let mut cpu = HashMap::new();
+    let mut mem = HashMap::new();
+    for pid in procfs::pids() {
+        if let Some(ns) = procfs::process_cpu_clock_ns(pid) {
+            cpu.insert(pid, ns);
+        }
+        if let Some(p) = procfs::resident_pages(pid).filter(|&p| p > 0) {
+            mem.insert(pid, p * page);
+        }
+    }
+    Truth { cpu, mem }
+}
+
+fn midpoint(a: &Truth, b: &Truth) -> Truth {
+    let mid = |x: &HashMap<u32, u64>, y: &HashMap<u32, u64>| -> HashMap<u32, u64> {
+        x.iter()
+            .filter_map(|(p, v)| y.get(p).map(|w| (*p, v / 2 + w / 2)))
+            .collect()
+    };
+    Truth {
+        cpu: mid(&a.cpu, &b.cpu),
+        mem: mid(&a.mem, &b.mem),
+    }
+}
+
+fn overlap(a: &[(u32, u64)], b: &[(u32, u64)]) -> usize {
+    let sa: HashSet<u32> = a.iter().map(|x| x.0).collect();
+    b.iter().filter(|x| sa.contains(&x.0)).count()
+}
+
+fn precision(
+    procs: usize,
+    churn: u32,
+    intervals: u32,
+    interval: Duration,
+    geo: Geometry,
+    seed: u64,
+) {
+    let ks = [1usize, 5, 10, 20, 30];
+    eprintln!("starting {procs} processes + {churn}/s churn; warming up");
+    let _w = spawn_workload(procs, churn, seed);
+    std::thread::sleep(Duration::from_secs(5));
+    let pipes = Pipelines::load(PipelineOptions {
+        cpu: geo,
+        mem: geo,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| fail(&e));
+    let mut prev = sample_truth();
+    pipes.close_cpu_epoch();
+    let mut hits_cpu = [0usize; 5];
+    let mut hits_mem = [0usize; 5];
+    let start = Instant::now();
+    for n in 1..=intervals {
+        std::thread::sleep((start + interval * n).saturating_duration_since(Instant::now()));
+        // Reading /proc for every process takes tens of ms, so it is read once before and
+        // once after the epoch closes and each process's value is taken halfway: the
+        // truth window is then centred on the sketch's, not shifted by the read time.
+        let before = sample_truth();
+        let epoch = pipes.close_cpu_epoch();
+        let mem = pipes.memory();
+        let after = sample_truth();
+        let truth = midpoint(&before, &after);
+        let cpu_truth: HashMap<u32, u64> = truth
+            .cpu
+            .iter()
+            .filter_map(|(p, v)| prev.cpu.get(p).map(|old| (*p, v.saturating_sub(*old))))
+            .collect();
+        if std::env::var_os("RW_BENCH_DEBUG").is_some() {
+            let (t, s) = (
+                hashpipe::top_k(&cpu_truth, 6),
+                hashpipe::top_k(&epoch.per_tgid, 6),
+            );
+            if t[0].0 != s[0].0 {
+                let name = |p: u32| procfs::comm(p).unwrap_or_default();
+                eprintln!(
+                    "interval {n}: truth {:?}\n            sketch {:?}",
+                    t.iter()
+                        .map(|(p, v)| (name(*p), p, v / 1000))
+                        .collect::<Vec<_>>(),
+                    s.iter()
+                        .map(|(p, v)| (name(*p), p, v / 1000))
+                        .collect::<Vec<_>>()
+                );
+            }
+        }
+        for (i, &k) in ks.iter().enumerate() {
+            hits_cpu[i] += overlap(
+                &hashpipe::top_k(&cpu_truth, k),
+                &hashpipe::top_k(&epoch.per_tgid, k),
+            );
+            hits_mem[i] += overlap(&hashpipe::top_k(&truth.mem, k), &hashpipe::top_k(&mem, k));
+        }
+        prev = truth;
+    }
+    let sketch_bytes = (2 * geo.slots() + geo.slots()) * 8;
+    let maps = pipes.map_memory_bytes();
+    let total: u64 = maps.iter().map(|m| m.1).sum();
+    println!("| K | CPU precision | memory precision |");
+    println!("|---|---|---|");
+    for (i, &k) in ks.iter().enumerate() {
+        let d = (k * intervals as usize) as f64;
+        println!(
+            "| {k} | {:.1} % | {:.1} % |",
+            100.0 * hits_cpu[i] as f64 / d,
+            100.0 * hits_mem[i] as f64 / d
+        );
+    }
+    println!(
+        "\nsketch: depth {} x width {}; CPU (two epochs) + memory slots = {} B; all maps (kernel memlock) = {} B",
+        geo.depth,
+        geo.width(),
+        sketch_bytes,
+        total
+    );
+    for (name, b) in maps {
+        println!("  {name}: {b} B");
+    }
+}
+
+// ---- kernel cost ---------------------------------------------------------------------------
+
+struct SysctlGuard {
+    path: &'static str,
+    old: String,
+}
+
+impl SysctlGuard {
+    fn set(path: &'static str, value: &str) -> SysctlGuard {
+        let old = std::fs::read_to_string(path).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
+        std::fs::write(path, value).unwrap_or_else(|e| fail(&format!("{path}: {e}")));
+        SysctlGuard { path, old }
+    }
+}
+
+impl Drop for SysctlGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.path, self.old.trim());
+    }
+}
+
+fn perf_pipe(loops: u64) -> f64 {
+    let out = Command::new("perf")
+        .args(["bench", "sched", "pipe", "-l", &loops.to_string()])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| fail(&format!("perf bench (install linux-perf): {e}")));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Total time:")
+                .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or_else(|| fail(&format!("unexpected perf output: {text}")))
+}
+
+/// Page-fault heavy work: map, touch and unmap 64 MiB, `rounds` times.
+fn fault_storm(rounds: usize) {
+    let pid = fork(move || {
+        for _ in 0..rounds {
+            // SAFETY: map, touch, unmap our own memory.
+            unsafe {
+                let len = 64 << 20;
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                if p == libc::MAP_FAILED {
+                    libc::_exit(1);
+                }
+                let mut off = 0;
+                while off < len {
+                    std::ptr::write_volatile(p.cast::<u8>().add(off), 1);
+                    off += 4096;
+                }
+                libc::munmap(p, len);
+            }
+        }
+    });
+    // SAFETY: waiting for our child.
+    unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), 0) };
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn cost(runs: usize, loops: u64) {
+    {
+        let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
+        let pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+        perf_pipe(loops);
+        fault_storm(20);
+        std::thread::sleep(Duration::from_millis(200));
+        println!("| program | events | ns/event |");
+        println!("|---|---|---|");
+        for s in pipes.program_stats().iter().filter(|s| s.run_cnt > 0) {
+            println!(
+                "| {} | {} | {:.1} |",
+                s.name,
+                s.run_cnt,
+                s.run_time_ns as f64 / s.run_cnt as f64
+            );
+        }
+    }
+    // Stats accounting itself costs time per event, so it is off for the ratio runs.
+    let mut ratios = Vec::new();
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    perf_pipe(loops); // warm-up
+    for _ in 0..runs {
+        let base = perf_pipe(loops);
+        let pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+        let t = perf_pipe(loops);
+        drop(pipes);
+        ratios.push(t / base);
+        with.push(t);
+        without.push(base);
+    }
+    println!(
+        "\nperf bench sched pipe -l {loops}, {runs} alternating runs: without {:.3}s, with {:.3}s (medians); median ratio x{:.3}; ratios {:?}",
+        median(without),
+        median(with),
+        median(ratios.clone()),
+        ratios
+            .iter()
+            .map(|r| (r * 1000.0).round() / 1000.0)
+            .collect::<Vec<_>>()
+    );
+}
+
+// ---- agent cost ---------------------------------------------------------------------------
+
+fn proc_cpu_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+fn status_kb(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn agent(interval: Duration, duration: Duration, with_workload: bool) {
+    let _w = with_workload.then(|| spawn_workload(200, 20, 1));
+    let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e));
+    let agent = exe.with_file_name("resourcewatch-agent");
+    let ms = format!("{}ms", interval.as_millis());
+    let mut child = Command::new(&agent)
+        .args(["top", "--json", "-k", "30", "--interval", &ms])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| fail(&format!("{}: {e}", agent.display())));
+    let pid = child.id();
+    // Skip start-up (loading, verification, seeding) and measure the steady state.
+    std::thread::sleep(Duration::from_secs(5));
+    let tick = 100.0; // USER_HZ
+    let t0 = Instant::now();
+    let c0 = proc_cpu_ticks(pid).unwrap_or_else(|| fail(&"the agent exited early"));
+    std::thread::sleep(duration);
+    let c1 = proc_cpu_ticks(pid).unwrap_or_else(|| fail(&"the agent exited early"));
+    let secs = t0.elapsed().as_secs_f64();
+    let rss = status_kb(pid, "VmRSS:");
+    let hwm = status_kb(pid, "VmHWM:");
+    let _ = child.kill();
+    let _ = child.wait();
+    println!(
+        "agent at --interval {ms}{}: CPU {:.3} % of a core over {secs:.0}s; RSS {:.1} MiB (peak {:.1} MiB)",
+        if with_workload {
+            " with 200 processes + churn"
+        } else {
+            ""
+        },
+        100.0 * (c1 - c0) as f64 / tick / secs,
+        rss as f64 / 1024.0,
+        hwm as f64 / 1024.0
+    );
+}
