@@ -18,6 +18,8 @@ fn main() {
     };
     println!("cargo:rerun-if-env-changed=BPF_CLANG");
     println!("cargo:rerun-if-changed=include");
+    // The directory too, so that adding a program is noticed.
+    println!("cargo:rerun-if-changed=src");
 
     let src = manifest.join("src");
     let mut sources: Vec<PathBuf> = std::fs::read_dir(&src)

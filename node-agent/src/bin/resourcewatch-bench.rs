@@ -450,9 +450,37 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// ns/event of the empty programs: the measurement floor.
+fn floor(loops: u64) -> Vec<(String, f64)> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let btf = aya::Btf::from_sys_fs().unwrap_or_else(|e| fail(&e));
+    let mut bpf = aya::Ebpf::load(resourcewatch_ebpf::FLOOR_OBJECT).unwrap_or_else(|e| fail(&e));
+    for (name, tp) in [("floor_sched_switch", "sched_switch"), ("floor_rss_stat", "rss_stat")] {
+        let p: &mut aya::programs::BtfTracePoint =
+            bpf.program_mut(name).and_then(|p| p.try_into().ok()).unwrap_or_else(|| fail(&name));
+        p.load(tp, &btf).unwrap_or_else(|e| fail(&e));
+        p.attach().unwrap_or_else(|e| fail(&e));
+    }
+    perf_pipe(loops);
+    fault_storm(20);
+    let mut out = Vec::new();
+    for (name, prog) in bpf.programs() {
+        let Ok(fd) = prog.fd() else { continue };
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd())).unwrap_or_default();
+        let f = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0);
+        if f("run_cnt:") > 0.0 {
+            out.push((name.to_owned(), f("run_time_ns:") / f("run_cnt:")));
+        }
+    }
+    out
+}
+
 fn cost(runs: usize, loops: u64) {
     {
         let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
+        for (name, ns) in floor(loops) {
+            println!("floor: {name} (an empty program) {ns:.1} ns/event");
+        }
         let pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
         perf_pipe(loops);
         fault_storm(20);
