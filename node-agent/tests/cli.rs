@@ -1,0 +1,143 @@
+//! The `resourcewatch-agent` command line as scripts see it: exit codes, messages and the
+//! `--json` contract.
+
+use std::process::Command;
+
+fn agent() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_resourcewatch-agent"))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn an_interval_below_10ms_is_refused_with_exit_2() {
+    let out = agent()
+        .args(["top", "--interval", "5ms", "--count", "1"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("below the 10ms minimum"));
+}
+
+#[test]
+fn a_sketch_width_that_is_not_a_power_of_two_is_refused() {
+    let out = agent()
+        .args(["top", "--sketch-width", "1000", "--count", "1"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("power of two"));
+}
+
+/// Without privileges: one sentence naming what is missing, exit code 2, nothing on stdout.
+#[test]
+fn without_privileges_top_says_why_and_exits_2() {
+    if !is_root() || Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!(
+            "SKIPPED without_privileges_top_says_why_and_exits_2: needs root and setpriv to drop privileges"
+        );
+        return;
+    }
+    // The test binary may live under a directory an unprivileged user cannot enter.
+    let copy = std::env::temp_dir().join(format!("rw-agent-cli-{}", std::process::id()));
+    std::fs::copy(env!("CARGO_BIN_EXE_resourcewatch-agent"), &copy).expect("copy the binary");
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
+        .arg(&copy)
+        .args(["top", "--count", "1"])
+        .output()
+        .expect("runs");
+    let _ = std::fs::remove_file(&copy);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(out.stdout.is_empty());
+    assert_eq!(stderr.trim().lines().count(), 1, "one sentence: {stderr}");
+    assert!(
+        stderr.contains("CAP_BPF"),
+        "names the missing capability: {stderr}"
+    );
+}
+
+#[test]
+fn json_prints_one_object_per_interval_with_the_documented_fields() {
+    if let Some(why) = resourcewatch_agent::capabilities::probe().fatal() {
+        eprintln!("SKIPPED json_prints_one_object_per_interval_with_the_documented_fields: {why}");
+        return;
+    }
+    let out = agent()
+        .args([
+            "top",
+            "--json",
+            "--count",
+            "3",
+            "--interval",
+            "100ms",
+            "-k",
+            "5",
+        ])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let frames: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    assert_eq!(frames.len(), 3, "--count 3 prints three objects");
+    for f in &frames {
+        assert!(f["ts_ns"].as_u64().expect("ts_ns") > 1_600_000_000_000_000_000);
+        let interval = f["interval_ns"].as_u64().expect("interval_ns");
+        assert!(
+            (80_000_000..200_000_000).contains(&interval),
+            "interval_ns {interval}"
+        );
+        let cpu = f["cpu"].as_array().expect("cpu array");
+        let mem = f["memory"].as_array().expect("memory array");
+        assert!(cpu.len() <= 5 && !mem.is_empty() && mem.len() <= 5);
+        for r in cpu {
+            for k in [
+                "pid",
+                "comm",
+                "cpu_ns",
+                "cpu_percent",
+                "cgroup",
+                "container_id",
+                "pod_uid",
+            ] {
+                assert!(r.get(k).is_some(), "cpu row lacks {k}: {r}");
+            }
+        }
+        for r in mem {
+            for k in [
+                "pid",
+                "comm",
+                "rss_bytes",
+                "cgroup",
+                "container_id",
+                "pod_uid",
+            ] {
+                assert!(r.get(k).is_some(), "memory row lacks {k}: {r}");
+            }
+        }
+        assert!(f["leaks"].is_array());
+        // Ranked: largest first.
+        let rss: Vec<u64> = mem
+            .iter()
+            .map(|r| r["rss_bytes"].as_u64().expect("rss"))
+            .collect();
+        assert!(rss.windows(2).all(|w| w[0] >= w[1]), "{rss:?}");
+    }
+}
