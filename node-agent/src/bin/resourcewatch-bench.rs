@@ -53,6 +53,10 @@ enum Cmd {
         runs: usize,
         #[arg(long, default_value_t = 200_000)]
         loops: u64,
+        /// Pin both perf-bench processes to this CPU (taskset): every message is then a
+        /// context switch on one CPU, without the cross-CPU wake-up noise of a VM.
+        #[arg(long)]
+        pin_cpu: Option<u32>,
     },
     /// User-space cost of `resourcewatch-agent top --json`.
     Agent {
@@ -92,7 +96,11 @@ fn main() {
             Geometry::new(depth, width).unwrap_or_else(|e| fail(&e)),
             seed,
         ),
-        Cmd::Cost { runs, loops } => cost(runs, loops),
+        Cmd::Cost {
+            runs,
+            loops,
+            pin_cpu,
+        } => cost(runs, loops, pin_cpu),
         Cmd::Agent {
             interval,
             duration,
@@ -398,8 +406,16 @@ impl Drop for SysctlGuard {
     }
 }
 
-fn perf_pipe(loops: u64) -> f64 {
-    let out = Command::new("perf")
+fn perf_pipe(loops: u64, pin: Option<u32>) -> f64 {
+    let mut cmd = match pin {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cpu.to_string(), "perf"]);
+            c
+        }
+        None => Command::new("perf"),
+    };
+    let out = cmd
         .args(["bench", "sched", "pipe", "-l", &loops.to_string()])
         .stderr(Stdio::null())
         .output()
@@ -455,19 +471,30 @@ fn floor(loops: u64) -> Vec<(String, f64)> {
     use std::os::fd::{AsFd, AsRawFd};
     let btf = aya::Btf::from_sys_fs().unwrap_or_else(|e| fail(&e));
     let mut bpf = aya::Ebpf::load(resourcewatch_ebpf::FLOOR_OBJECT).unwrap_or_else(|e| fail(&e));
-    for (name, tp) in [("floor_sched_switch", "sched_switch"), ("floor_rss_stat", "rss_stat")] {
-        let p: &mut aya::programs::BtfTracePoint =
-            bpf.program_mut(name).and_then(|p| p.try_into().ok()).unwrap_or_else(|| fail(&name));
+    for (name, tp) in [
+        ("floor_sched_switch", "sched_switch"),
+        ("floor_rss_stat", "rss_stat"),
+    ] {
+        let p: &mut aya::programs::BtfTracePoint = bpf
+            .program_mut(name)
+            .and_then(|p| p.try_into().ok())
+            .unwrap_or_else(|| fail(&name));
         p.load(tp, &btf).unwrap_or_else(|e| fail(&e));
         p.attach().unwrap_or_else(|e| fail(&e));
     }
-    perf_pipe(loops);
+    perf_pipe(loops, None);
     fault_storm(20);
     let mut out = Vec::new();
     for (name, prog) in bpf.programs() {
         let Ok(fd) = prog.fd() else { continue };
-        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd())).unwrap_or_default();
-        let f = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0);
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd()))
+            .unwrap_or_default();
+        let f = |k: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
         if f("run_cnt:") > 0.0 {
             out.push((name.to_owned(), f("run_time_ns:") / f("run_cnt:")));
         }
@@ -475,14 +502,14 @@ fn floor(loops: u64) -> Vec<(String, f64)> {
     out
 }
 
-fn cost(runs: usize, loops: u64) {
+fn cost(runs: usize, loops: u64, pin: Option<u32>) {
     {
         let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
         for (name, ns) in floor(loops) {
             println!("floor: {name} (an empty program) {ns:.1} ns/event");
         }
         let pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
-        perf_pipe(loops);
+        perf_pipe(loops, None);
         fault_storm(20);
         std::thread::sleep(Duration::from_millis(200));
         println!("| program | events | ns/event |");
@@ -499,18 +526,20 @@ fn cost(runs: usize, loops: u64) {
     // Stats accounting itself costs time per event, so it is off for the ratio runs.
     let mut ratios = Vec::new();
     let (mut with, mut without) = (Vec::new(), Vec::new());
-    perf_pipe(loops); // warm-up
+    perf_pipe(loops, pin); // warm-up
     for _ in 0..runs {
-        let base = perf_pipe(loops);
+        let base = perf_pipe(loops, pin);
         let pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
-        let t = perf_pipe(loops);
+        let t = perf_pipe(loops, pin);
         drop(pipes);
         ratios.push(t / base);
         with.push(t);
         without.push(base);
     }
     println!(
-        "\nperf bench sched pipe -l {loops}, {runs} alternating runs: without {:.3}s, with {:.3}s (medians); median ratio x{:.3}; ratios {:?}",
+        "\nperf bench sched pipe -l {loops}{}, {runs} alternating runs: without {:.3}s, with {:.3}s (medians); median ratio x{:.3}; ratios {:?}",
+        pin.map(|c| format!(" pinned to CPU {c}"))
+            .unwrap_or_default(),
         median(without),
         median(with),
         median(ratios.clone()),
