@@ -3,6 +3,7 @@
 
 use std::{
     io::{IsTerminal, Write},
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -42,7 +43,37 @@ pub enum TopError {
     Output(#[from] std::io::Error),
 }
 
+/// Set by SIGINT/SIGTERM: the loop ends after the current frame, so the terminal is
+/// restored and no JSON line is cut in half.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: installing an async-signal-safe handler (one atomic store).
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+/// Sleeps until `deadline` in short steps; false if a stop was requested meanwhile.
+fn sleep_until(deadline: Instant) -> bool {
+    loop {
+        if STOP.load(Ordering::SeqCst) {
+            return false;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
 pub fn run(opts: TopOptions) -> Result<(), TopError> {
+    install_signal_handlers();
     let mut pipes = Pipelines::load(opts.pipelines.clone())?;
     let layout = pipes.cgroup_layout().clone();
     let cgroups = opts
@@ -77,12 +108,12 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
     loop {
         n += 1;
         let deadline = start + opts.interval * n as u32;
-        if let Some(s) = &mut screen {
-            if s.wait_for_quit(deadline)? {
-                break;
-            }
-        } else {
-            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+        let go_on = match &mut screen {
+            Some(s) => !s.wait_for_quit(deadline)?,
+            None => sleep_until(deadline),
+        };
+        if !go_on {
+            break;
         }
         let epoch = pipes.close_cpu_epoch();
         pipes.drain_samples(|_| {});
@@ -124,9 +155,15 @@ impl Screen {
     /// Waits until `deadline`; true if the user pressed q, Esc or Ctrl-C.
     fn wait_for_quit(&mut self, deadline: Instant) -> std::io::Result<bool> {
         loop {
+            if STOP.load(Ordering::SeqCst) {
+                return Ok(true);
+            }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || !event::poll(left)? {
+            if left.is_zero() {
                 return Ok(false);
+            }
+            if !event::poll(left.min(Duration::from_millis(50)))? {
+                continue;
             }
             if let event::Event::Key(k) = event::read()? {
                 let ctrl_c = k.code == event::KeyCode::Char('c')
@@ -141,7 +178,12 @@ impl Screen {
     fn draw(&mut self, frame: &Frame, k: usize) -> std::io::Result<()> {
         let mut out = std::io::stdout().lock();
         queue!(out, cursor::MoveTo(0, 0), terminal::Clear(ClearType::All))?;
-        let (_, rows) = terminal::size().unwrap_or((120, 40));
+        // A terminal that reports no size (a fresh pty) gets everything.
+        let rows = terminal::size()
+            .ok()
+            .map(|(_, r)| r)
+            .filter(|&r| r > 0)
+            .unwrap_or(u16::MAX);
         for (i, line) in render(frame, k).lines().take(rows as usize).enumerate() {
             queue!(out, cursor::MoveTo(0, i as u16))?;
             if line.starts_with("  PID") || line.starts_with("resourcewatch") {
@@ -179,7 +221,14 @@ pub fn render(f: &Frame, k: usize) -> String {
             .map(|v| v.chars().take(n).collect())
             .unwrap_or_else(|| "-".to_owned())
     };
-    let comm = |c: &Option<String>| c.clone().unwrap_or_else(|| "<exited>".to_owned());
+    // Truncated like top does, so columns stay aligned (kernel threads have long names).
+    let comm = |c: &Option<String>| {
+        c.as_deref()
+            .unwrap_or("<exited>")
+            .chars()
+            .take(16)
+            .collect::<String>()
+    };
     let _ = writeln!(
         s,
         "resourcewatch top — interval {:.3}s, top {k}; kernel samples {} (lost {})   q to quit",
