@@ -10,7 +10,8 @@ pub static OBJECT: &[u8] =
 
 /// Empty programs on the same tracepoints (`src/floor.bpf.c`), used by the benchmarks to
 /// measure what `kernel.bpf_stats_enabled` itself costs per event.
-pub static FLOOR_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/floor.bpf.o"));
+pub static FLOOR_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/floor.bpf.o"));
 
 /// Names of the programs in [`OBJECT`], as the loader looks them up.
 pub mod programs {
