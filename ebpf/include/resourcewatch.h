@@ -44,7 +44,7 @@ struct rw_config {
 	__u32 mem_depth;
 	__u32 mem_width_shift;
 	__u32 cgroup_v1_memory; /* 1: cgroup ids from the v1 memory controller; 0: from v2 */
-	__u32 _pad0;
+	__u32 page_shift;       /* log2 of the page size */
 };
 
 /* The one-entry control array, mmapped and written by user space while programs run. */
@@ -59,6 +59,7 @@ struct rw_control {
 	__u32 _pad0;
 	__u64 sample_min_delta_pages; /* emit a memory sample once RSS moved this much */
 	__u64 sample_min_interval_ns; /* ... and at most this often per process */
+	__u64 ring_coalesce_ns;       /* minimum spacing of kernel ring entries */
 };
 
 /*
@@ -91,10 +92,25 @@ struct rw_target_proc {
 	__u32 _pad0;
 };
 
-/* Per-process filter state of the memory sample stream (hash map keyed by tgid). */
+/* Samples kept per process in the kernel ring (a power of two). */
+#define RW_RING_LEN 16
+
+/*
+ * Per-process state of the memory sample stream (LRU hash keyed by tgid): the filter that
+ * decides when a sample is streamed, and a ring of the last RW_RING_LEN samples at MiB
+ * resolution. Ring entries are at least rw_control.ring_coalesce_ns apart: a sample
+ * closer than that to the newest entry replaces its value (keeping its time), so a burst
+ * takes one slot and 16 slots span minutes to hours. User space reads the ring on demand
+ * (a process that becomes a target has its recent history at once); the long history and
+ * the regression live in user space (node-agent/src/leak), where floating point is.
+ */
 struct rw_proc_mem {
 	__u64 last_emit_pages;
 	__u64 last_emit_ns;
+	__u32 ring_head;  /* next slot to write */
+	__u32 ring_count; /* valid entries, up to RW_RING_LEN */
+	__u32 ring_mib[RW_RING_LEN];
+	__u32 ring_ds[RW_RING_LEN]; /* CLOCK_MONOTONIC in deciseconds */
 };
 
 /* One record of the memory sample ring buffer. */

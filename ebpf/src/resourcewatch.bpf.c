@@ -29,6 +29,7 @@ const volatile struct rw_config rw_config = {
 	.mem_depth = 4,
 	.mem_width_shift = 10,
 	.cgroup_v1_memory = 0,
+	.page_shift = 12,
 };
 
 struct {
@@ -107,6 +108,14 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } rw_samples SEC(".maps");
+
+/* One zeroed rw_proc_mem per CPU, to build a new entry off the stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rw_proc_mem);
+} rw_scratch SEC(".maps");
 
 /* Counters for the agent's health report; indexes are RW_STAT_*. */
 enum {
@@ -485,6 +494,27 @@ static __always_inline void emit_sample(struct task_struct *owner, __u32 tgid, _
 	stat_inc(RW_STAT_SAMPLES);
 }
 
+/* Appends a sample to the process's ring, or folds it into the newest entry when that
+ * one is younger than `coalesce_ns` (its time is kept, so spacing stays real). */
+static __always_inline void ring_record(struct rw_proc_mem *st, __u64 pages, __u64 now, __u64 coalesce_ns)
+{
+	__u32 mib = (pages << rw_config.page_shift) >> 20;
+	__u32 ds = now / 100000000;
+	if (st->ring_count) {
+		__u32 last = (st->ring_head - 1) & (RW_RING_LEN - 1);
+		if ((__u64)(ds - st->ring_ds[last]) * 100000000 < coalesce_ns) {
+			st->ring_mib[last] = mib;
+			return;
+		}
+	}
+	__u32 slot = st->ring_head & (RW_RING_LEN - 1);
+	st->ring_mib[slot] = mib;
+	st->ring_ds[slot] = ds;
+	st->ring_head = (st->ring_head + 1) & (RW_RING_LEN - 1);
+	if (st->ring_count < RW_RING_LEN)
+		st->ring_count++;
+}
+
 /*
  * The tracepoint fires whenever one of an mm's RSS counters changes, often from another
  * task than the owner (reclaim, a ptrace or process_vm write, exit teardown, khugepaged:
@@ -540,11 +570,24 @@ int BPF_PROG(rw_rss_stat, struct mm_struct *mm, int member)
 	__u64 now = bpf_ktime_get_ns();
 	struct rw_proc_mem *st = bpf_map_lookup_elem(&rw_proc_mem, &tgid);
 	if (!st) {
-		struct rw_proc_mem fresh = { .last_emit_pages = total, .last_emit_ns = now };
-		if (bpf_map_update_elem(&rw_proc_mem, &tgid, &fresh, BPF_NOEXIST) == 0)
-			emit_sample(owner, tgid, RW_SAMPLE_RSS, &r, now);
-		else if (!bpf_map_lookup_elem(&rw_proc_mem, &tgid))
+		/* Zero-initialised from a per-CPU scratch slot: the struct is too big for the
+		 * 512-byte BPF stack together with the rest of this program. */
+		__u32 zero = 0;
+		struct rw_proc_mem *fresh = bpf_map_lookup_elem(&rw_scratch, &zero);
+		if (!fresh)
+			return 0;
+		__builtin_memset(fresh, 0, sizeof(*fresh));
+		fresh->last_emit_pages = total;
+		fresh->last_emit_ns = now;
+		if (bpf_map_update_elem(&rw_proc_mem, &tgid, fresh, BPF_NOEXIST) != 0) {
 			stat_inc(RW_STAT_PROC_MEM_FULL);
+			return 0;
+		}
+		st = bpf_map_lookup_elem(&rw_proc_mem, &tgid);
+		if (!st)
+			return 0;
+		ring_record(st, total, now, ctl->ring_coalesce_ns);
+		emit_sample(owner, tgid, RW_SAMPLE_RSS, &r, now);
 		return 0;
 	}
 	__u64 last = st->last_emit_pages;
@@ -557,6 +600,7 @@ int BPF_PROG(rw_rss_stat, struct mm_struct *mm, int member)
 		return 0;
 	st->last_emit_pages = total;
 	st->last_emit_ns = now;
+	ring_record(st, total, now, ctl->ring_coalesce_ns);
 	emit_sample(owner, tgid, RW_SAMPLE_RSS, &r, now);
 	return 0;
 }

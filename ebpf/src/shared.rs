@@ -12,6 +12,8 @@ pub const TARGET_PIDS: u32 = 1;
 pub const TARGET_CGROUPS: u32 = 2;
 pub const ALLOC_HEAP: u32 = 1;
 pub const ALLOC_MMAP: u32 = 2;
+/// Samples in each process's kernel ring.
+pub const RING_LEN: usize = 16;
 pub const SAMPLE_RSS: u32 = 1;
 pub const SAMPLE_EXIT: u32 = 2;
 /// Multiplier of stage 0's hash, and the step added per stage (see `hp_index` in C).
@@ -36,7 +38,7 @@ pub struct RwConfig {
     pub mem_depth: u32,
     pub mem_width_shift: u32,
     pub cgroup_v1_memory: u32,
-    pub _pad0: u32,
+    pub page_shift: u32,
 }
 
 #[repr(C)]
@@ -47,6 +49,7 @@ pub struct RwControl {
     pub _pad0: u32,
     pub sample_min_delta_pages: u64,
     pub sample_min_interval_ns: u64,
+    pub ring_coalesce_ns: u64,
 }
 
 #[repr(C)]
@@ -82,6 +85,10 @@ pub struct RwTargetProc {
 pub struct RwProcMem {
     pub last_emit_pages: u64,
     pub last_emit_ns: u64,
+    pub ring_head: u32,
+    pub ring_count: u32,
+    pub ring_mib: [u32; RING_LEN],
+    pub ring_ds: [u32; RING_LEN],
 }
 
 #[repr(C)]
@@ -163,11 +170,11 @@ mod tests {
     #[test]
     fn rust_mirror_matches_the_c_header() {
         let rust = layout! {
-            "rw_config" => RwConfig { cpu_depth, cpu_width_shift, mem_depth, mem_width_shift, cgroup_v1_memory, _pad0 },
-            "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns },
+            "rw_config" => RwConfig { cpu_depth, cpu_width_shift, mem_depth, mem_width_shift, cgroup_v1_memory, page_shift },
+            "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns, ring_coalesce_ns },
             "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, start_runtime, clock_offset, calib_epoch, _pad1 },
             "rw_target_proc" => RwTargetProc { cpu_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, updated_ns, exited, _pad0 },
-            "rw_proc_mem" => RwProcMem { last_emit_pages, last_emit_ns },
+            "rw_proc_mem" => RwProcMem { last_emit_pages, last_emit_ns, ring_head, ring_count, ring_mib, ring_ds },
             "rw_mem_sample" => RwMemSample { ts_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, tgid, kind, comm },
             "rw_alloc_key" => RwAllocKey { tgid, _pad0, ptr },
             "rw_alloc_pending" => RwAllocPending { size, old_ptr, kind, _pad0 },

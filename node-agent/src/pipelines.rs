@@ -19,7 +19,9 @@ use aya::{
 };
 use resourcewatch_ebpf::{
     CONFIG_GLOBAL, OBJECT, maps, programs as progs,
-    shared::{self, RwAllocStats, RwConfig, RwControl, RwMemSample, RwOncpu, RwTargetProc},
+    shared::{
+        self, RwAllocStats, RwConfig, RwControl, RwMemSample, RwOncpu, RwProcMem, RwTargetProc,
+    },
 };
 
 use crate::{
@@ -37,6 +39,9 @@ pub struct PipelineOptions {
     pub sample_min_delta_bytes: u64,
     /// ...and at most this often per process (bursts are coalesced into the newest value).
     pub sample_min_interval: Duration,
+    /// Entries of each process's kernel ring are at least this far apart; closer samples
+    /// fold into the newest entry.
+    pub ring_coalesce: Duration,
     /// Load the libc uprobes (allocation mode); they attach per PID with [`Pipelines::trace_allocations`].
     pub allocation_mode: bool,
 }
@@ -54,6 +59,7 @@ impl Default for PipelineOptions {
             },
             sample_min_delta_bytes: 1 << 20,
             sample_min_interval: Duration::from_secs(1),
+            ring_coalesce: Duration::from_secs(5),
             allocation_mode: false,
         }
     }
@@ -259,7 +265,7 @@ impl Pipelines {
             mem_depth: opts.mem.depth,
             mem_width_shift: opts.mem.width_shift,
             cgroup_v1_memory: matches!(layout, CgroupLayout::V1 { .. }) as u32,
-            _pad0: 0,
+            page_shift: procfs::page_size().trailing_zeros(),
         };
         // Allocation maps cost memory even when unused: shrink them when the mode is off.
         let (pending, ptrs, astats) = if opts.allocation_mode {
@@ -310,6 +316,10 @@ impl Pipelines {
             .store(procfs::monotonic_ns() & !1, Ordering::SeqCst);
         this.control_word(CONTROL_MIN_DELTA).store(
             this.opts.sample_min_delta_bytes.div_ceil(page).max(1),
+            Ordering::SeqCst,
+        );
+        this.control_word(CONTROL_RING_COALESCE).store(
+            this.opts.ring_coalesce.as_nanos().min(u64::MAX as u128) as u64,
             Ordering::SeqCst,
         );
         this.control_word(CONTROL_MIN_INTERVAL).store(
@@ -516,6 +526,28 @@ impl Pipelines {
         Ok(out)
     }
 
+    /// The kernel's ring of recent samples of a process, oldest first, as
+    /// (CLOCK_MONOTONIC ns at 100 ms resolution, resident MiB).
+    pub fn process_history(&self, tgid: u32) -> Vec<(u64, u64)> {
+        let Some(map) = self.bpf.map(maps::PROC_MEM) else {
+            return Vec::new();
+        };
+        let Ok(states) = BpfHashMap::<_, u32, RwProcMem>::try_from(map) else {
+            return Vec::new();
+        };
+        let Ok(st) = states.get(&tgid, 0) else {
+            return Vec::new();
+        };
+        let n = (st.ring_count as usize).min(shared::RING_LEN);
+        let start = (st.ring_head as usize + shared::RING_LEN - n) % shared::RING_LEN;
+        (0..n)
+            .map(|i| {
+                let j = (start + i) % shared::RING_LEN;
+                (st.ring_ds[j] as u64 * 100_000_000, st.ring_mib[j] as u64)
+            })
+            .collect()
+    }
+
     /// Hands every queued memory sample to `f`, without blocking.
     pub fn drain_samples(&mut self, mut f: impl FnMut(&RwMemSample)) {
         while let Some(item) = self.samples.next() {
@@ -672,6 +704,7 @@ const CONTROL_EPOCH: usize = 0;
 const CONTROL_TARGETS: usize = 1;
 const CONTROL_MIN_DELTA: usize = 2;
 const CONTROL_MIN_INTERVAL: usize = 3;
+const CONTROL_RING_COALESCE: usize = 4;
 
 /// (program, libc symbol) of allocation mode. Return probes share one program per kind.
 const ALLOC_PROGRAMS: [(&str, &str); 10] = [
