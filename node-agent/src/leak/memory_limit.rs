@@ -1,0 +1,152 @@
+//! A container's memory limit and usage from its cgroup (v2 `memory.max` /
+//! `memory.current`, v1 `memory.limit_in_bytes` / `memory.usage_in_bytes`, and the hybrid
+//! layout, which uses the v1 files), and the node's available memory for processes
+//! without a limit.
+
+use std::{fs, path::Path};
+
+/// The tightest limit on a cgroup: its own or an ancestor's (a pod's limit is on the pod
+/// cgroup, a container's on its own), with the usage charged against it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryLimit {
+    pub limit_bytes: Option<u64>,
+    pub usage_bytes: u64,
+}
+
+impl MemoryLimit {
+    /// Bytes left before the limit, if there is one.
+    pub fn headroom(&self) -> Option<u64> {
+        self.limit_bytes.map(|l| l.saturating_sub(self.usage_bytes))
+    }
+}
+
+/// v1 reports "no limit" as a huge page-aligned number (PAGE_COUNTER_MAX pages).
+const V1_UNLIMITED_FLOOR: u64 = 1 << 62;
+
+fn read_u64(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Reads one cgroup directory's own limit, whichever cgroup version it belongs to.
+pub fn read_one(dir: &Path) -> Option<MemoryLimit> {
+    if let Ok(max) = fs::read_to_string(dir.join("memory.max")) {
+        let usage = read_u64(&dir.join("memory.current"))?;
+        let limit = match max.trim() {
+            "max" => None,
+            v => v.parse().ok(),
+        };
+        return Some(MemoryLimit {
+            limit_bytes: limit,
+            usage_bytes: usage,
+        });
+    }
+    let limit = read_u64(&dir.join("memory.limit_in_bytes"))?;
+    let usage = read_u64(&dir.join("memory.usage_in_bytes"))?;
+    Some(MemoryLimit {
+        limit_bytes: (limit < V1_UNLIMITED_FLOOR).then_some(limit),
+        usage_bytes: usage,
+    })
+}
+
+/// The limit that will trigger the OOM kill first for a cgroup at `path` under `root`:
+/// the one with the least headroom among it and its ancestors.
+pub fn effective(root: &Path, path: &str) -> Option<MemoryLimit> {
+    let mut dir = root.join(path.trim_start_matches('/'));
+    let mut best: Option<MemoryLimit> = None;
+    loop {
+        if let Some(l) = read_one(&dir) {
+            let better = match (best.and_then(|b| b.headroom()), l.headroom()) {
+                (_, None) => best.is_none(),
+                (None, Some(_)) => true,
+                (Some(b), Some(h)) => h < b,
+            };
+            if better {
+                best = Some(l);
+            }
+        }
+        if dir == root || !dir.pop() || !dir.starts_with(root) {
+            break;
+        }
+    }
+    best
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+pub fn node_available() -> Option<u64> {
+    let s = fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("rw-limit-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).expect("temp dir");
+        d
+    }
+
+    #[test]
+    fn v2_files() {
+        let d = dir("v2");
+        fs::write(d.join("memory.max"), "134217728\n").expect("write");
+        fs::write(d.join("memory.current"), "67108864\n").expect("write");
+        assert_eq!(
+            read_one(&d),
+            Some(MemoryLimit {
+                limit_bytes: Some(128 << 20),
+                usage_bytes: 64 << 20
+            })
+        );
+        fs::write(d.join("memory.max"), "max\n").expect("write");
+        assert_eq!(read_one(&d).and_then(|l| l.limit_bytes), None);
+    }
+
+    #[test]
+    fn v1_files_and_unlimited() {
+        let d = dir("v1");
+        fs::write(d.join("memory.limit_in_bytes"), "9223372036854771712\n").expect("write");
+        fs::write(d.join("memory.usage_in_bytes"), "1000\n").expect("write");
+        assert_eq!(
+            read_one(&d),
+            Some(MemoryLimit {
+                limit_bytes: None,
+                usage_bytes: 1000
+            })
+        );
+    }
+
+    #[test]
+    fn the_tightest_ancestor_wins() {
+        // pod limit 100 MiB with 90 used; container limit 200 MiB with 50 used.
+        let root = dir("tree");
+        let pod = root.join("kubepods/podx");
+        let ctr = pod.join("ctr");
+        fs::create_dir_all(&ctr).expect("mkdir");
+        for (d, limit, usage) in [
+            (&root, u64::MAX >> 1, 0u64),
+            (&pod, 100 << 20, 90 << 20),
+            (&ctr, 200 << 20, 50 << 20),
+        ] {
+            fs::write(d.join("memory.limit_in_bytes"), limit.to_string()).expect("write");
+            fs::write(d.join("memory.usage_in_bytes"), usage.to_string()).expect("write");
+        }
+        let l = effective(&root, "/kubepods/podx/ctr").expect("limit");
+        assert_eq!(l.limit_bytes, Some(100 << 20));
+        assert_eq!(l.headroom(), Some(10 << 20));
+    }
+
+    #[test]
+    fn node_memory_is_readable() {
+        assert!(node_available().expect("meminfo") > 0);
+    }
+}
