@@ -58,6 +58,9 @@ struct TopArgs {
     /// (≈1.6 µs per call; repeatable).
     #[arg(long = "alloc-pid", value_name = "PID")]
     alloc_pids: Vec<u32>,
+    /// List leaks from this confidence (0-100) up.
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u8).range(0..=100))]
+    leak_min_confidence: u8,
     /// HashPipe stages (1-8).
     #[arg(long, default_value_t = 4)]
     sketch_depth: u32,
@@ -165,6 +168,7 @@ fn run_top(a: TopArgs) -> ExitCode {
         target_pids: a.target_pids,
         target_cgroups: a.target_cgroups,
         alloc_pids: a.alloc_pids,
+        leak_min_confidence: a.leak_min_confidence,
     };
     match top::run(opts) {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,9 +6,12 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use resourcewatch_ebpf::shared::{RwMemSample, SAMPLE_EXIT};
+
 use crate::{
     cgroup_resolver::{self, CgroupLayout},
     hashpipe,
+    leak::{self, LeakTracker, MemSample, SeriesKey, memory_limit},
     pipelines::{CpuEpoch, KernelStats, Pipelines, TargetProcess},
     procfs,
 };
@@ -157,15 +160,121 @@ pub struct FrameBuilder {
     pub k: usize,
     pub attributor: Attributor,
     prev_target_cpu: HashMap<u32, u64>,
+    pub leaks: LeakTracker,
+    /// Leaks below this confidence are not listed.
+    pub leak_min_confidence: u8,
+    layout: Option<CgroupLayout>,
+    page: u64,
+    last_leak_rows: Vec<LeakRow>,
+    last_assessed_ns: u64,
 }
+
+/// Verdicts are recomputed at most this often: at a 10 ms interval the detectors would
+/// otherwise dominate the agent's CPU while the series barely changed.
+const ASSESS_EVERY_NS: u64 = 1_000_000_000;
+/// A series with no sample or heartbeat for this long is dropped.
+const SERIES_IDLE_NS: u64 = 3_600_000_000_000;
 
 impl FrameBuilder {
     pub fn new(k: usize, layout: Option<CgroupLayout>) -> Self {
         Self {
             k,
-            attributor: Attributor::new(layout),
+            attributor: Attributor::new(layout.clone()),
             prev_target_cpu: HashMap::new(),
+            leaks: LeakTracker::default(),
+            leak_min_confidence: 40,
+            layout,
+            page: procfs::page_size(),
+            last_leak_rows: Vec::new(),
+            last_assessed_ns: 0,
         }
+    }
+
+    /// Feeds one record of the kernel's sample stream to the leak tracker.
+    pub fn observe_sample(&mut self, s: &RwMemSample) {
+        let key = SeriesKey::Process { tgid: s.tgid };
+        if s.kind == SAMPLE_EXIT {
+            self.leaks.forget(key);
+            return;
+        }
+        let page = self.page;
+        self.leaks.observe(
+            key,
+            MemSample {
+                ts_ns: s.ts_ns,
+                file_bytes: s.file_pages * page,
+                anon_bytes: s.anon_pages * page,
+                shmem_bytes: s.shmem_pages * page,
+                swap_bytes: s.swap_pages * page,
+            },
+        );
+    }
+
+    /// Heartbeats from the exact sketch, then verdicts, limits and time-to-OOM.
+    fn leak_rows(&mut self, mem: &HashMap<u32, u64>, now: u64) -> Vec<LeakRow> {
+        for key in self.leaks.keys() {
+            let SeriesKey::Process { tgid } = key else {
+                continue;
+            };
+            match mem.get(&tgid) {
+                Some(&rss) => self.leaks.heartbeat(key, now, rss),
+                None if !procfs::exists(tgid) => self.leaks.forget(key),
+                None => {}
+            }
+        }
+        if now.saturating_sub(self.last_assessed_ns) < ASSESS_EVERY_NS {
+            return self.last_leak_rows.clone();
+        }
+        self.last_assessed_ns = now;
+        self.leaks.prune(now, SERIES_IDLE_NS);
+        let mut rows = Vec::new();
+        for key in self.leaks.keys() {
+            let SeriesKey::Process { tgid } = key else {
+                continue;
+            };
+            let Some(v) = self.leaks.assess(key, now) else {
+                continue;
+            };
+            if v.confidence < self.leak_min_confidence {
+                continue;
+            }
+            let who = self.attributor.get(tgid, now);
+            let rss = mem
+                .get(&tgid)
+                .copied()
+                .or_else(|| self.leaks.last_sample(key).map(|s| s.rss_bytes()))
+                .unwrap_or(0);
+            let limit = match (&self.layout, &who.cgroup) {
+                (Some(l), Some(path)) => memory_limit::effective(l.root(), path),
+                _ => None,
+            };
+            // The kernel OOM-kills when the cgroup's charge reaches its limit, so the time
+            // left is the cgroup's headroom at this process's growth rate; without a limit
+            // it is the node's available memory.
+            let headroom = limit
+                .and_then(|l| l.headroom())
+                .or_else(memory_limit::node_available);
+            // Say "none" rather than extrapolate a trend the detectors don't believe.
+            let tto = if v.confidence >= 40 && v.r2 >= 0.8 {
+                headroom.and_then(|h| leak::detect::time_to_limit(0.0, h as f64, v.slope))
+            } else {
+                None
+            };
+            rows.push(LeakRow {
+                pid: tgid,
+                rss_bytes: rss,
+                growth_bytes_per_sec: v.slope.round(),
+                r2: (v.r2 * 1000.0).round() / 1000.0,
+                confidence: v.confidence,
+                limit_bytes: limit.and_then(|l| l.limit_bytes),
+                time_to_oom_secs: tto.map(|t| t.round()),
+                who,
+            });
+        }
+        rows.sort_by(|a, b| b.confidence.cmp(&a.confidence).then(a.pid.cmp(&b.pid)));
+        rows.truncate(self.k);
+        self.last_leak_rows = rows.clone();
+        rows
     }
 
     pub fn build(&mut self, pipes: &mut Pipelines, epoch: &CpuEpoch) -> Frame {
@@ -218,7 +327,7 @@ impl FrameBuilder {
             memory,
             targets,
             allocations,
-            leaks: Vec::new(),
+            leaks: self.leak_rows(&mem, now),
             kernel: pipes.kernel_stats(),
         }
     }

@@ -27,6 +27,8 @@ pub struct TopOptions {
     pub target_pids: Vec<u32>,
     pub target_cgroups: Vec<String>,
     pub alloc_pids: Vec<u32>,
+    /// Leaks below this confidence are not listed.
+    pub leak_min_confidence: u8,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +95,7 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
         pipes.trace_allocations(pid)?;
     }
     let mut builder = FrameBuilder::new(opts.k, Some(layout));
+    builder.leak_min_confidence = opts.leak_min_confidence;
     let interactive = !opts.json && std::io::stdout().is_terminal();
     let mut screen = if interactive {
         Some(Screen::enter()?)
@@ -116,7 +119,7 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
             break;
         }
         let epoch = pipes.close_cpu_epoch();
-        pipes.drain_samples(|_| {});
+        pipes.drain_samples(|s| builder.observe_sample(s));
         let frame = builder.build(&mut pipes, &epoch);
         if opts.json {
             let mut out = std::io::stdout().lock();
