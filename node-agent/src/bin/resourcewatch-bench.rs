@@ -58,6 +58,20 @@ enum Cmd {
         #[arg(long)]
         pin_cpu: Option<u32>,
     },
+    /// Leak detection: time to confidence >= 60 per leak rate, the highest confidence of
+    /// each stable pattern, all run at once for `duration`.
+    Leaks {
+        #[arg(long, default_value = "600s", value_parser = parse_duration)]
+        duration: Duration,
+    },
+    /// Time-to-OOM accuracy: a process leaking at `rate` in a memory cgroup limited to
+    /// `limit`; the prediction made at half-way is compared with the real OOM kill.
+    Oom {
+        #[arg(long, default_value = "256MiB")]
+        limit: String,
+        #[arg(long, default_value = "2MiB/s")]
+        rate: String,
+    },
     /// User-space cost of `resourcewatch-agent top --json`.
     Agent {
         #[arg(long, default_value = "2s", value_parser = parse_duration)]
@@ -106,6 +120,11 @@ fn main() {
             duration,
             with_workload,
         } => agent(interval, duration, with_workload),
+        Cmd::Leaks { duration } => leaks(duration),
+        Cmd::Oom { limit, rate } => oom(
+            resourcewatch_workloads::parse_bytes(&limit).unwrap_or_else(|e| fail(&e)),
+            resourcewatch_workloads::parse_bytes(&rate).unwrap_or_else(|e| fail(&e)),
+        ),
     }
 }
 
@@ -604,4 +623,226 @@ fn agent(interval: Duration, duration: Duration, with_workload: bool) {
         rss as f64 / 1024.0,
         hwm as f64 / 1024.0
     );
+}
+
+// ---- leak detection ------------------------------------------------------------------------
+
+fn fork_pattern(p: resourcewatch_workloads::Pattern) -> u32 {
+    fork(move || resourcewatch_workloads::run(&p, &|| false))
+}
+
+/// One top-like step: close the epoch, feed samples, build a frame with every verdict.
+fn frame(
+    pipes: &mut Pipelines,
+    builder: &mut resourcewatch_agent::snapshot::FrameBuilder,
+) -> resourcewatch_agent::snapshot::Frame {
+    let epoch = pipes.close_cpu_epoch();
+    pipes.drain_samples(|s| builder.observe_sample(s));
+    builder.build(pipes, &epoch)
+}
+
+fn leaks(duration: Duration) {
+    use resourcewatch_workloads::{MIB, Pattern};
+    let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+    let layout = pipes.cgroup_layout().clone();
+    let mut builder = resourcewatch_agent::snapshot::FrameBuilder::new(1000, Some(layout));
+    builder.leak_min_confidence = 0;
+    let rates = [
+        ("10 MB/s", 10_000_000u64),
+        ("1 MB/s", 1_000_000),
+        ("100 KB/s", 100_000),
+        ("10 KB/s", 10_000),
+    ];
+    let stable = [
+        ("flat", Pattern::Flat { size: 100 * MIB }),
+        (
+            "sawtooth",
+            Pattern::Sawtooth {
+                baseline: 100 * MIB,
+                rate: 2 * MIB,
+                period: Duration::from_secs(10),
+            },
+        ),
+        (
+            "plateau",
+            Pattern::Plateau {
+                baseline: 50 * MIB,
+                cap: 60 * MIB,
+                tau: Duration::from_secs(10),
+            },
+        ),
+        (
+            "bursty",
+            Pattern::Bursty {
+                baseline: 100 * MIB,
+                max_burst: 50 * MIB,
+                seed: 7,
+            },
+        ),
+        (
+            "pagecache",
+            Pattern::PageCache {
+                size: 500 * MIB,
+                rate: 5 * MIB,
+            },
+        ),
+    ];
+    let start = Instant::now();
+    let mut leakers: Vec<(&str, u32, Option<(f64, f64)>)> = rates
+        .iter()
+        .map(|(name, rate)| {
+            (
+                *name,
+                fork_pattern(Pattern::Leak {
+                    baseline: 10 * MIB,
+                    rate: *rate,
+                }),
+                None,
+            )
+        })
+        .collect();
+    let calm: Vec<(&str, u32)> = stable
+        .iter()
+        .map(|(n, p)| (*n, fork_pattern(p.clone())))
+        .collect();
+    let mut worst: HashMap<u32, u8> = HashMap::new();
+    let mut n = 0u64;
+    while start.elapsed() < duration {
+        n += 1;
+        std::thread::sleep(
+            (start + Duration::from_secs(n)).saturating_duration_since(Instant::now()),
+        );
+        let f = frame(&mut pipes, &mut builder);
+        let t = start.elapsed().as_secs_f64();
+        for row in &f.leaks {
+            if row.confidence >= 60
+                && let Some(l) = leakers.iter_mut().find(|l| l.1 == row.pid && l.2.is_none())
+            {
+                l.2 = Some((t, row.growth_bytes_per_sec));
+                // A detected leak has made its point; stop it before it eats the machine.
+                // SAFETY: killing our own child.
+                unsafe { libc::kill(row.pid as i32, libc::SIGKILL) };
+            }
+            if calm.iter().any(|c| c.1 == row.pid) {
+                let w = worst.entry(row.pid).or_default();
+                *w = (*w).max(row.confidence);
+            }
+        }
+    }
+    println!("| leak rate | time to confidence >= 60 | measured growth |");
+    println!("|---|---|---|");
+    for (name, _, got) in &leakers {
+        match got {
+            Some((t, g)) => println!("| {name} | {t:.0} s | {:.1} KB/s |", g / 1000.0),
+            None => println!(
+                "| {name} | not within {:.0} s | - |",
+                duration.as_secs_f64()
+            ),
+        }
+    }
+    println!(
+        "\n| stable pattern ({:.0} s) | highest confidence |",
+        duration.as_secs_f64()
+    );
+    println!("|---|---|");
+    for (name, pid) in &calm {
+        println!("| {name} | {} |", worst.get(pid).copied().unwrap_or(0));
+    }
+    let all: Vec<u32> = leakers
+        .iter()
+        .map(|l| l.1)
+        .chain(calm.iter().map(|c| c.1))
+        .collect();
+    drop(Workload { pids: all });
+}
+
+fn oom(limit: u64, rate: u64) {
+    use resourcewatch_workloads::{MIB, Pattern};
+    let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+    let layout = pipes.cgroup_layout().clone();
+    let dir = layout
+        .root()
+        .join(format!("rw-oom-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&format!("{}: {e}", dir.display())));
+    let limit_file = if dir.join("memory.max").exists() {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    std::fs::write(dir.join(limit_file), limit.to_string()).unwrap_or_else(|e| fail(&e));
+    let mut builder = resourcewatch_agent::snapshot::FrameBuilder::new(1000, Some(layout.clone()));
+    builder.leak_min_confidence = 0;
+    // The child waits on a pipe until it is inside the cgroup.
+    let mut p = [0i32; 2];
+    // SAFETY: creating a pipe.
+    unsafe { libc::pipe(p.as_mut_ptr()) };
+    let gate = p[0];
+    let pid = fork(move || {
+        let mut b = [0u8; 1];
+        // SAFETY: blocking read on our pipe end.
+        unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+        resourcewatch_workloads::run(
+            &Pattern::Leak {
+                baseline: 10 * MIB,
+                rate,
+            },
+            &|| false,
+        );
+    });
+    std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap_or_else(|e| fail(&e));
+    let start = Instant::now();
+    // SAFETY: releasing the child.
+    unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
+    let mut half: Option<(f64, f64)> = None;
+    let killed_at;
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let mut status = 0;
+        // SAFETY: non-blocking check on our child.
+        if unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) } == pid as i32 {
+            killed_at = start.elapsed().as_secs_f64();
+            let sig = if libc::WIFSIGNALED(status) {
+                libc::WTERMSIG(status)
+            } else {
+                0
+            };
+            println!(
+                "child ended at {killed_at:.1} s, signal {sig} (9 = SIGKILL from the OOM killer)"
+            );
+            break;
+        }
+        let f = frame(&mut pipes, &mut builder);
+        let usage = resourcewatch_agent::leak::memory_limit::read_one(&dir)
+            .map(|l| l.usage_bytes)
+            .unwrap_or(0);
+        if half.is_none()
+            && usage >= limit / 2
+            && let Some(row) = f.leaks.iter().find(|r| r.pid == pid)
+            && let Some(tto) = row.time_to_oom_secs
+        {
+            let t = start.elapsed().as_secs_f64();
+            println!(
+                "half-way at {t:.1} s: usage {} MiB of {} MiB, confidence {}, growth {:.2} MiB/s, predicted OOM in {tto:.0} s",
+                usage >> 20,
+                limit >> 20,
+                row.confidence,
+                row.growth_bytes_per_sec / 1048576.0
+            );
+            half = Some((t, tto));
+        }
+        if start.elapsed() > Duration::from_secs(3600) {
+            fail(&"no OOM kill within an hour");
+        }
+    }
+    let _ = std::fs::remove_dir(&dir);
+    match half {
+        Some((t, tto)) => {
+            let real = killed_at - t;
+            println!(
+                "predicted {tto:.1} s, real {real:.1} s from half-way: error {:.1} %",
+                100.0 * (tto - real).abs() / real
+            );
+        }
+        None => println!("no prediction was made before half-way"),
+    }
 }

@@ -167,7 +167,7 @@ pub fn assess(points: &[Point], age_secs: f64, p: &Params) -> Option<Verdict> {
     let mut w = 3usize;
     loop {
         let w_now = w.min(run_len);
-        if let Some(v) = score_window(points, points.len() - w_now, age_secs, p)
+        if let Some(v) = score_window(points, start, points.len() - w_now, age_secs, p)
             && best.is_none_or(|b| {
                 v.confidence > b.confidence || (v.confidence == b.confidence && w_now == run_len)
             })
@@ -182,7 +182,13 @@ pub fn assess(points: &[Point], age_secs: f64, p: &Params) -> Option<Verdict> {
     best
 }
 
-fn score_window(points: &[Point], from: usize, age_secs: f64, p: &Params) -> Option<Verdict> {
+fn score_window(
+    points: &[Point],
+    run_from: usize,
+    from: usize,
+    age_secs: f64,
+    p: &Params,
+) -> Option<Verdict> {
     let run = &points[from..];
     let ts: Vec<f64> = run.iter().map(|x| x.t).collect();
     let ys: Vec<f64> = run.iter().map(|x| x.rss).collect();
@@ -231,6 +237,21 @@ fn score_window(points: &[Point], from: usize, age_secs: f64, p: &Params) -> Opt
             && e.slope > 0.0
         {
             c.linearity = ramp(l.slope / e.slope, 0.3, 0.7);
+        }
+    }
+
+    // The same against the window just before this one (within the run): a short window
+    // on the tail of a warm-up is locally straight, but much slower than what preceded it.
+    // A leak that starts after a flat period has a preceding slope near zero: no penalty.
+    let len = run.len();
+    if from >= run_from + len {
+        let prev = &points[from - len..from];
+        let pts: Vec<f64> = prev.iter().map(|x| x.t).collect();
+        let pys: Vec<f64> = prev.iter().map(|x| x.rss).collect();
+        if let Some(before) = fit(&pts, &pys)
+            && before.slope > 0.0
+        {
+            c.linearity = c.linearity.min(ramp(f.slope / before.slope, 0.3, 0.8));
         }
     }
 
