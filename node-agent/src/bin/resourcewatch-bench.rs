@@ -688,7 +688,9 @@ fn leaks(duration: Duration) {
         ),
     ];
     let start = Instant::now();
-    let mut leakers: Vec<(&str, u32, Option<(f64, f64)>)> = rates
+    // (name, pid, (seconds to detection, measured rate) once detected)
+    type Leaker<'a> = (&'a str, u32, Option<(f64, f64)>);
+    let mut leakers: Vec<Leaker> = rates
         .iter()
         .map(|(name, rate)| {
             (
