@@ -74,7 +74,8 @@ pub struct AllocationRow {
 /// A leak assessment as `top --json` prints it (filled by the leak detector).
 #[derive(Clone, Debug, Serialize)]
 pub struct LeakRow {
-    pub pid: u32,
+    /// Null for a container-level series (an exactly tracked cgroup).
+    pub pid: Option<u32>,
     pub rss_bytes: u64,
     pub growth_bytes_per_sec: f64,
     pub r2: f64,
@@ -167,6 +168,9 @@ pub struct FrameBuilder {
     page: u64,
     last_leak_rows: Vec<LeakRow>,
     last_assessed_ns: u64,
+    /// Exactly tracked cgroups (id, path in the hierarchy): each gets a container-level
+    /// series from the cgroup's own charge.
+    pub watched_cgroups: Vec<(u64, String)>,
 }
 
 /// Verdicts are recomputed at most this often: at a 10 ms interval the detectors would
@@ -187,6 +191,7 @@ impl FrameBuilder {
             page: procfs::page_size(),
             last_leak_rows: Vec::new(),
             last_assessed_ns: 0,
+            watched_cgroups: Vec::new(),
         }
     }
 
@@ -210,8 +215,39 @@ impl FrameBuilder {
         );
     }
 
+    /// Container-level series: the cgroup's charge (what the OOM killer compares with the
+    /// limit, page cache and kernel memory included) read from its own files each
+    /// interval. Read in user space, not summed in BPF: no sum of process RSS sees the
+    /// cgroup's page cache or kernel memory, and the file read is one per container.
+    fn observe_cgroups(&mut self, now: u64) {
+        let Some(layout) = &self.layout else { return };
+        for (id, path) in &self.watched_cgroups {
+            let dir = layout.root().join(path.trim_start_matches('/'));
+            let (Some(stat), Some(limit)) =
+                (memory_limit::read_stat(&dir), memory_limit::read_one(&dir))
+            else {
+                continue;
+            };
+            let (anon, file, shmem) = stat;
+            // Usage beyond anon + file + shmem is kernel memory; count it with anon (it is
+            // not reclaimable page cache).
+            let kernel = limit.usage_bytes.saturating_sub(anon + file + shmem);
+            self.leaks.observe(
+                SeriesKey::Cgroup { id: *id },
+                MemSample {
+                    ts_ns: now,
+                    anon_bytes: anon + kernel,
+                    file_bytes: file,
+                    shmem_bytes: shmem,
+                    swap_bytes: 0,
+                },
+            );
+        }
+    }
+
     /// Heartbeats from the exact sketch, then verdicts, limits and time-to-OOM.
     fn leak_rows(&mut self, mem: &HashMap<u32, u64>, now: u64) -> Vec<LeakRow> {
+        self.observe_cgroups(now);
         for key in self.leaks.keys() {
             let SeriesKey::Process { tgid } = key else {
                 continue;
@@ -229,21 +265,42 @@ impl FrameBuilder {
         self.leaks.prune(now, SERIES_IDLE_NS);
         let mut rows = Vec::new();
         for key in self.leaks.keys() {
-            let SeriesKey::Process { tgid } = key else {
-                continue;
-            };
             let Some(v) = self.leaks.assess(key, now) else {
                 continue;
             };
             if v.confidence < self.leak_min_confidence {
                 continue;
             }
-            let who = self.attributor.get(tgid, now);
-            let rss = mem
-                .get(&tgid)
-                .copied()
-                .or_else(|| self.leaks.last_sample(key).map(|s| s.rss_bytes()))
-                .unwrap_or(0);
+            let (pid, who, rss) = match key {
+                SeriesKey::Process { tgid } => {
+                    let rss = mem
+                        .get(&tgid)
+                        .copied()
+                        .or_else(|| self.leaks.last_sample(key).map(|s| s.rss_bytes()));
+                    (Some(tgid), self.attributor.get(tgid, now), rss.unwrap_or(0))
+                }
+                SeriesKey::Cgroup { id } => {
+                    let Some((_, path)) = self.watched_cgroups.iter().find(|(c, _)| *c == id)
+                    else {
+                        continue;
+                    };
+                    let ids = cgroup_resolver::attribute(path);
+                    let who = Attribution {
+                        comm: None,
+                        cgroup: Some(path.clone()),
+                        container_id: ids.container_id,
+                        pod_uid: ids.pod_uid,
+                    };
+                    (
+                        None,
+                        who,
+                        self.leaks
+                            .last_sample(key)
+                            .map(|s| s.rss_bytes())
+                            .unwrap_or(0),
+                    )
+                }
+            };
             let limit = match (&self.layout, &who.cgroup) {
                 (Some(l), Some(path)) => memory_limit::effective(l.root(), path),
                 _ => None,
@@ -261,7 +318,7 @@ impl FrameBuilder {
                 None
             };
             rows.push(LeakRow {
-                pid: tgid,
+                pid,
                 rss_bytes: rss,
                 growth_bytes_per_sec: v.slope.round(),
                 r2: (v.r2 * 1000.0).round() / 1000.0,
@@ -271,7 +328,12 @@ impl FrameBuilder {
                 who,
             });
         }
-        rows.sort_by(|a, b| b.confidence.cmp(&a.confidence).then(a.pid.cmp(&b.pid)));
+        rows.sort_by(|a, b| {
+            b.confidence
+                .cmp(&a.confidence)
+                .then(a.pid.cmp(&b.pid))
+                .then(a.who.cgroup.cmp(&b.who.cgroup))
+        });
         rows.truncate(self.k);
         self.last_leak_rows = rows.clone();
         rows

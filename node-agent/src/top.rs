@@ -94,7 +94,13 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
     for &pid in &opts.alloc_pids {
         pipes.trace_allocations(pid)?;
     }
-    let mut builder = FrameBuilder::new(opts.k, Some(layout));
+    let mut builder = FrameBuilder::new(opts.k, Some(layout.clone()));
+    builder.watched_cgroups = opts
+        .target_cgroups
+        .iter()
+        .zip(&cgroups)
+        .filter_map(|(spec, id)| cgroup_path(&layout, spec).map(|p| (*id, p)))
+        .collect();
     builder.leak_min_confidence = opts.leak_min_confidence;
     let interactive = !opts.json && std::io::stdout().is_terminal();
     let mut screen = if interactive {
@@ -139,6 +145,19 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
         }
     }
     Ok(())
+}
+
+/// A `--target-cgroup` spec as a path inside the hierarchy (None for a bare id).
+fn cgroup_path(layout: &crate::cgroup_resolver::CgroupLayout, spec: &str) -> Option<String> {
+    if spec.parse::<u64>().is_ok() {
+        return None;
+    }
+    let p = std::path::Path::new(spec);
+    match p.strip_prefix(layout.root()) {
+        Ok(rel) => Some(format!("/{}", rel.display())),
+        Err(_) if p.starts_with("/sys/fs/cgroup") => None,
+        Err(_) => Some(format!("/{}", spec.trim_start_matches('/'))),
+    }
 }
 
 /// The interactive terminal: alternate screen, raw mode so `q` quits; restored on drop.
@@ -310,7 +329,9 @@ pub fn render(f: &Frame, k: usize) -> String {
             let _ = writeln!(
                 s,
                 "  {:<7} {:>4}  {:>10}  {:>10}  {:>10}  {:>7}  {}",
-                r.pid,
+                r.pid
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "cgroup".into()),
                 r.confidence,
                 human_bytes(r.growth_bytes_per_sec.max(0.0) as u64),
                 human_bytes(r.rss_bytes),
@@ -320,7 +341,11 @@ pub fn render(f: &Frame, k: usize) -> String {
                 r.time_to_oom_secs
                     .map(human_secs)
                     .unwrap_or_else(|| "none".into()),
-                comm(&r.who.comm)
+                r.who
+                    .comm
+                    .as_deref()
+                    .or(r.who.cgroup.as_deref())
+                    .unwrap_or("<exited>")
             );
         }
     }

@@ -748,12 +748,12 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
         pipes.drain_samples(|s| builder.observe_sample(s));
         let f = builder.build(&mut pipes, &epoch);
         for r in &f.leaks {
-            if r.pid == leak.pid && r.confidence >= 60 && detected.is_none() {
+            if r.pid == Some(leak.pid) && r.confidence >= 60 && detected.is_none() {
                 detected = Some((start.elapsed().as_secs_f64(), r.growth_bytes_per_sec));
             }
             // The first verdict's rate is rough (three points); judge it a few seconds on,
             // then stop the leak before it grows further.
-            if r.pid == leak.pid
+            if r.pid == Some(leak.pid)
                 && let Some((at, _)) = detected
                 && start.elapsed().as_secs_f64() >= at + 4.0
                 && rate.is_none()
@@ -762,7 +762,7 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
                 // SAFETY: stopping our own child.
                 unsafe { libc::kill(leak.pid as i32, libc::SIGSTOP) };
             }
-            if let Some(i) = calm.iter().position(|(_, c)| c.pid == r.pid) {
+            if let Some(i) = calm.iter().position(|(_, c)| Some(c.pid) == r.pid) {
                 worst[i] = worst[i].max(r.confidence);
             }
         }
@@ -845,7 +845,7 @@ fn time_to_oom_predicts_the_real_kill() {
             .unwrap_or(0);
         if half.is_none()
             && usage >= limit / 2
-            && let Some(r) = f.leaks.iter().find(|r| r.pid == kid.pid)
+            && let Some(r) = f.leaks.iter().find(|r| r.pid == Some(kid.pid))
         {
             assert_eq!(r.limit_bytes, Some(limit), "the cgroup's own limit is used");
             if let Some(tto) = r.time_to_oom_secs {

@@ -718,15 +718,19 @@ fn leaks(duration: Duration) {
         let t = start.elapsed().as_secs_f64();
         for row in &f.leaks {
             if row.confidence >= 60
-                && let Some(l) = leakers.iter_mut().find(|l| l.1 == row.pid && l.2.is_none())
+                && let Some(l) = leakers
+                    .iter_mut()
+                    .find(|l| Some(l.1) == row.pid && l.2.is_none())
             {
                 l.2 = Some((t, row.growth_bytes_per_sec));
                 // A detected leak has made its point; stop it before it eats the machine.
                 // SAFETY: killing our own child.
-                unsafe { libc::kill(row.pid as i32, libc::SIGKILL) };
+                unsafe { libc::kill(l.1 as i32, libc::SIGKILL) };
             }
-            if calm.iter().any(|c| c.1 == row.pid) {
-                let w = worst.entry(row.pid).or_default();
+            if let Some(pid) = row.pid
+                && calm.iter().any(|c| c.1 == pid)
+            {
+                let w = worst.entry(pid).or_default();
                 *w = (*w).max(row.confidence);
             }
         }
@@ -819,7 +823,7 @@ fn oom(limit: u64, rate: u64) {
             .unwrap_or(0);
         if half.is_none()
             && usage >= limit / 2
-            && let Some(row) = f.leaks.iter().find(|r| r.pid == pid)
+            && let Some(row) = f.leaks.iter().find(|r| r.pid == Some(pid))
             && let Some(tto) = row.time_to_oom_secs
         {
             let t = start.elapsed().as_secs_f64();

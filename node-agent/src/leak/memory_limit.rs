@@ -71,6 +71,27 @@ pub fn effective(root: &Path, path: &str) -> Option<MemoryLimit> {
     best
 }
 
+/// A cgroup's charged memory by kind, from `memory.stat`: (anon, file, shmem) bytes.
+/// v2 has `anon`, `file`, `shmem`; v1 has hierarchical `total_rss` (anon), `total_cache`
+/// (file, shmem included) and `total_shmem`.
+pub fn read_stat(dir: &Path) -> Option<(u64, u64, u64)> {
+    let s = fs::read_to_string(dir.join("memory.stat")).ok()?;
+    let get = |k: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    if let Some(anon) = get("anon") {
+        return Some((anon, get("file").unwrap_or(0), get("shmem").unwrap_or(0)));
+    }
+    let shmem = get("total_shmem").unwrap_or(0);
+    Some((
+        get("total_rss")?,
+        get("total_cache").unwrap_or(0).saturating_sub(shmem),
+        shmem,
+    ))
+}
+
 /// `MemAvailable` from /proc/meminfo, in bytes.
 pub fn node_available() -> Option<u64> {
     let s = fs::read_to_string("/proc/meminfo").ok()?;
@@ -143,6 +164,23 @@ mod tests {
         let l = effective(&root, "/kubepods/podx/ctr").expect("limit");
         assert_eq!(l.limit_bytes, Some(100 << 20));
         assert_eq!(l.headroom(), Some(10 << 20));
+    }
+
+    #[test]
+    fn stat_v1_and_v2() {
+        let d = dir("stat");
+        fs::write(
+            d.join("memory.stat"),
+            "anon 100\nfile 50\nshmem 5\nfile_mapped 3\n",
+        )
+        .expect("write");
+        assert_eq!(read_stat(&d), Some((100, 50, 5)));
+        fs::write(
+            d.join("memory.stat"),
+            "cache 1\nrss 2\ntotal_cache 60\ntotal_rss 200\ntotal_shmem 10\n",
+        )
+        .expect("write");
+        assert_eq!(read_stat(&d), Some((200, 50, 10)));
     }
 
     #[test]
