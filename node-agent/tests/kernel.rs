@@ -694,6 +694,7 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
             &Pattern::Leak {
                 baseline: 10 * MIB,
                 rate: 10 * MIB,
+                delay: Duration::from_secs(5),
             },
             &|| false,
         )
@@ -768,7 +769,13 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
         }
     }
     let (secs, _) = detected.expect("the 10 MiB/s leak was detected");
-    assert!(secs <= 8.0, "detected after {secs:.1} s");
+    // The leak starts 5 s after its process; the benchmark measures the 2 s goal on a quiet
+    // machine, this only guards against a regression, with room for a loaded CI machine.
+    assert!(
+        secs - 5.0 <= 10.0,
+        "detected {:.1} s after the leak started",
+        secs - 5.0
+    );
     let rate = rate.expect("a verdict 4 s after detection");
     assert!(
         within(rate, 10.0 * MIB as f64, 0.25),
@@ -813,6 +820,7 @@ fn time_to_oom_predicts_the_real_kill() {
             &Pattern::Leak {
                 baseline: 8 * MIB,
                 rate: 4 * MIB,
+                delay: Duration::ZERO,
             },
             &|| false,
         );

@@ -18,8 +18,12 @@ const STEP: Duration = Duration::from_millis(50);
 /// What to run.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Pattern {
-    /// Hold `baseline`, then grow by `rate` bytes/s forever.
-    Leak { baseline: u64, rate: u64 },
+    /// Hold `baseline` for `delay`, then grow by `rate` bytes/s forever.
+    Leak {
+        baseline: u64,
+        rate: u64,
+        delay: Duration,
+    },
     /// Hold `size`.
     Flat { size: u64 },
     /// A garbage collector: hold `baseline`, grow by `rate` for `period`, free it all, repeat.
@@ -110,8 +114,14 @@ pub fn run(p: &Pattern, stop: &dyn Fn() -> bool) {
     let mut held: Vec<Chunk> = Vec::new();
     let mut allocated = 0u64;
     match p {
-        Pattern::Leak { baseline, rate } => {
+        Pattern::Leak {
+            baseline,
+            rate,
+            delay,
+        } => {
             let _base = Chunk::new(*baseline);
+            sleep_or_stop(*delay, stop);
+            let start = Instant::now();
             while !stop() {
                 let t = start.elapsed().as_secs_f64();
                 grow_to(&mut held, &mut allocated, (*rate as f64 * t) as u64);
@@ -324,6 +334,7 @@ mod tests {
             Pattern::Leak {
                 baseline: 8 * MIB,
                 rate,
+                delay: Duration::ZERO,
             },
             3.0,
         );

@@ -641,6 +641,10 @@ fn frame(
     builder.build(pipes, &epoch)
 }
 
+/// Leaks begin this long after their process starts, as a leak in a running service does;
+/// detection times are measured from the leak's start.
+const LEAK_DELAY: Duration = Duration::from_secs(30);
+
 fn leaks(duration: Duration) {
     use resourcewatch_workloads::{MIB, Pattern};
     let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
@@ -698,6 +702,7 @@ fn leaks(duration: Duration) {
                 fork_pattern(Pattern::Leak {
                     baseline: 10 * MIB,
                     rate: *rate,
+                    delay: LEAK_DELAY,
                 }),
                 None,
             )
@@ -722,7 +727,7 @@ fn leaks(duration: Duration) {
                     .iter_mut()
                     .find(|l| Some(l.1) == row.pid && l.2.is_none())
             {
-                l.2 = Some((t, row.growth_bytes_per_sec));
+                l.2 = Some((t - LEAK_DELAY.as_secs_f64(), row.growth_bytes_per_sec));
                 // A detected leak has made its point; stop it before it eats the machine.
                 // SAFETY: killing our own child.
                 unsafe { libc::kill(l.1 as i32, libc::SIGKILL) };
@@ -791,6 +796,7 @@ fn oom(limit: u64, rate: u64) {
             &Pattern::Leak {
                 baseline: 10 * MIB,
                 rate,
+                delay: Duration::ZERO,
             },
             &|| false,
         );

@@ -92,7 +92,8 @@ impl Default for Params {
 /// The parts of a confidence, for debugging and for the README's table.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Components {
-    /// 0-40 from R² of the current growth run.
+    /// 0-40 from R² of the window. The next three parts are scaled by how well the window
+    /// fits a trend (0 at R² 0.85, 1 at 0.97).
     pub trend: f64,
     /// 0-25 from how much the run grew, in bytes (log scale).
     pub magnitude: f64,
@@ -267,7 +268,10 @@ fn score_window(
         c.oscillation = 0.3 + 0.7 * ramp(beyond, 1.0, 3.0);
     }
 
-    let mut score = (c.trend + c.magnitude + c.duration + c.relative)
+    // Size, duration and relative growth only mean something for a series that is a trend:
+    // a process allocating its heap at start-up is one big step, not a leak.
+    let gate = ramp(f.r2, 0.85, 0.97);
+    let mut score = (c.trend + (c.magnitude + c.duration + c.relative) * gate)
         * c.composition
         * c.linearity
         * c.oscillation;
@@ -450,6 +454,16 @@ mod tests {
         ] {
             assert!(worst < 60, "{name} reached confidence {worst}");
         }
+    }
+
+    #[test]
+    fn a_start_up_allocation_is_not_a_leak() {
+        // Exec-time RSS, then a 100 MiB heap allocated within the first second, then flat.
+        let f = |t: f64| {
+            let rss = if t < 1.0 { MIB } else { 100.0 * MIB };
+            (rss, rss * 0.9)
+        };
+        assert!(max_confidence(120.0, f) < 40);
     }
 
     #[test]

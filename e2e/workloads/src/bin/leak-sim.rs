@@ -20,7 +20,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 fn usage(msg: &str) -> ! {
     eprintln!("leak-sim: {msg}");
     eprintln!(
-        "usage: leak-sim --pattern leak|flat|sawtooth|plateau|bursty|pagecache [--rate R/s] [--baseline B] \
+        "usage: leak-sim --pattern leak|flat|sawtooth|plateau|bursty|pagecache [--rate R/s] [--baseline B] [--delay S] \
          [--size B] [--period S] [--cap B] [--tau S] [--seed N] [--duration S]"
     );
     std::process::exit(64)
@@ -50,6 +50,7 @@ fn main() {
         "leak" => Pattern::Leak {
             baseline: bytes("--baseline", 10 * MIB),
             rate: bytes("--rate", MIB),
+            delay: get("--delay").map(secs).unwrap_or(Duration::ZERO),
         },
         "flat" => Pattern::Flat {
             size: bytes("--size", 100 * MIB),
