@@ -185,29 +185,29 @@ static __always_inline __u32 hp_index(__u32 stage, __u32 key, __u32 shift)
 }
 
 /*
- * Add delta to key in the CPU sketch half `half`. Stage 0 always inserts and kicks its
- * occupant on; later stages keep the larger of occupant and carried entry and pass the
- * smaller on; what falls off the last stage is dropped (it is the smallest seen on that
- * path). A key may sit in several stages; readers sum them.
+ * Pushes (key, val) through the stages of one sketch copy starting at slot `base`. Stage 0
+ * always inserts and kicks its occupant on; later stages keep the larger of occupant and
+ * carried entry and pass the smaller on; what falls off the last stage is dropped (it is
+ * the smallest seen on that path). With `add_on_match`, a stage already holding the key
+ * adds to it (CPU time is a sum); without, the caller has already looked for the key.
  */
-static __always_inline void cpu_sketch_add(__u32 half, __u32 key, __u64 delta)
+static __always_inline void hp_push(void *map, __u32 base, __u32 depth, __u32 shift, __u32 key, __u64 val,
+				    bool add_on_match)
 {
-	const __u32 depth = rw_config.cpu_depth;
-	const __u32 shift = rw_config.cpu_width_shift;
 	const __u32 width = 1u << shift;
 	__u32 ckey = key;
-	__u64 cval = delta;
+	__u64 cval = val;
 
 #pragma clang loop unroll(disable)
 	for (__u32 s = 0; s < RW_MAX_DEPTH; s++) {
 		if (s >= depth)
 			break;
-		__u32 idx = (half * depth + s) * width + hp_index(s, ckey, shift);
-		__u64 *slot = bpf_map_lookup_elem(&rw_cpu_sketch, &idx);
+		__u32 idx = base + s * width + hp_index(s, ckey, shift);
+		__u64 *slot = bpf_map_lookup_elem(map, &idx);
 		if (!slot)
 			return;
 		__u64 w = *slot;
-		if (KEY_OF(w) == ckey) {
+		if (add_on_match && KEY_OF(w) == ckey) {
 			__sync_fetch_and_add(slot, cval);
 			return;
 		}
@@ -230,6 +230,15 @@ static __always_inline void cpu_sketch_add(__u32 half, __u32 key, __u64 delta)
 			cval = VAL_OF(w);
 		}
 	}
+}
+
+/* Add delta to key in the CPU sketch half `half`; a key may sit in several stages, and
+ * readers sum them. */
+static __always_inline void cpu_sketch_add(__u32 half, __u32 key, __u64 delta)
+{
+	const __u32 depth = rw_config.cpu_depth;
+	const __u32 shift = rw_config.cpu_width_shift;
+	hp_push(&rw_cpu_sketch, (half * depth) << shift, depth, shift, key, delta, 1);
 }
 
 /*
@@ -262,39 +271,8 @@ static __always_inline __s64 mem_sketch_set(__u32 key, __u64 pages)
 			return VAL_OF(w);
 		}
 	}
-	if (pages == 0)
-		return -1;
-
-	__u32 ckey = key;
-	__u64 cval = pages;
-#pragma clang loop unroll(disable)
-	for (__u32 s = 0; s < RW_MAX_DEPTH; s++) {
-		if (s >= depth)
-			break;
-		__u32 idx = s * width + hp_index(s, ckey, shift);
-		__u64 *slot = bpf_map_lookup_elem(&rw_mem_sketch, &idx);
-		if (!slot)
-			break;
-		if (s == 0) {
-			__u64 old = __sync_lock_test_and_set(slot, PACK(ckey, cval));
-			if (old == 0)
-				break;
-			ckey = KEY_OF(old);
-			cval = VAL_OF(old);
-			continue;
-		}
-		__u64 w = *slot;
-		if (w == 0) {
-			if (__sync_val_compare_and_swap(slot, 0, PACK(ckey, cval)) == 0)
-				break;
-			continue;
-		}
-		if (VAL_OF(w) < cval &&
-		    __sync_val_compare_and_swap(slot, w, PACK(ckey, cval)) == w) {
-			ckey = KEY_OF(w);
-			cval = VAL_OF(w);
-		}
-	}
+	if (pages != 0)
+		hp_push(&rw_mem_sketch, 0, depth, shift, key, pages, 0);
 	return -1;
 }
 

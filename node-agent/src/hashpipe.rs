@@ -79,13 +79,15 @@ fn cas(slot: &AtomicU64, current: u64, new: u64) -> bool {
         .is_ok()
 }
 
-/// Additive update (CPU time), the model of `cpu_sketch_add`. `slots` is one half.
-pub fn add(slots: &[AtomicU64], geo: Geometry, key: u32, delta: u64) {
-    let (mut ckey, mut cval) = (key, delta);
+/// Pushes `(key, value)` through the stages, the model of `hp_push`: stage 0 always
+/// inserts and kicks its occupant on, later stages keep the larger and pass the smaller on.
+/// With `add_on_match`, a stage already holding the key adds to it.
+fn push(slots: &[AtomicU64], geo: Geometry, key: u32, value: u64, add_on_match: bool) {
+    let (mut ckey, mut cval) = (key, value);
     for stage in 0..geo.depth {
         let slot = &slots[geo.index(stage, ckey)];
         let w = slot.load(Ordering::Acquire);
-        if w != 0 && key_of(w) == ckey {
+        if add_on_match && w != 0 && key_of(w) == ckey {
             slot.fetch_add(cval, Ordering::AcqRel);
             return;
         }
@@ -109,6 +111,11 @@ pub fn add(slots: &[AtomicU64], geo: Geometry, key: u32, delta: u64) {
     }
 }
 
+/// Additive update (CPU time), the model of `cpu_sketch_add`. `slots` is one half.
+pub fn add(slots: &[AtomicU64], geo: Geometry, key: u32, delta: u64) {
+    push(slots, geo, key, delta, true);
+}
+
 /// Level update (resident pages), the model of `mem_sketch_set`: the key is updated in
 /// place wherever it is, else inserted through the pipeline. Returns the previous value.
 pub fn set(slots: &[AtomicU64], geo: Geometry, key: u32, value: u64) -> Option<u64> {
@@ -125,35 +132,9 @@ pub fn set(slots: &[AtomicU64], geo: Geometry, key: u32, value: u64) -> Option<u
         }
     }
     if value != 0 {
-        insert_level(slots, geo, key, value);
+        push(slots, geo, key, value, false);
     }
     None
-}
-
-/// Inserts a key known to be absent: stage 0 kicks, later stages keep the larger.
-pub fn insert_level(slots: &[AtomicU64], geo: Geometry, key: u32, value: u64) {
-    let (mut ckey, mut cval) = (key, value);
-    for stage in 0..geo.depth {
-        let slot = &slots[geo.index(stage, ckey)];
-        if stage == 0 {
-            let old = slot.swap(pack(ckey, cval), Ordering::AcqRel);
-            if old == 0 {
-                return;
-            }
-            (ckey, cval) = (key_of(old), value_of(old));
-            continue;
-        }
-        let w = slot.load(Ordering::Acquire);
-        if w == 0 {
-            if cas(slot, 0, pack(ckey, cval)) {
-                return;
-            }
-            continue;
-        }
-        if value_of(w) < cval && cas(slot, w, pack(ckey, cval)) {
-            (ckey, cval) = (key_of(w), value_of(w));
-        }
-    }
 }
 
 /// Sums every key's values over all stages. With `take`, each slot is atomically swapped

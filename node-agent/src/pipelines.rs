@@ -368,6 +368,7 @@ impl Pipelines {
             }
         }
         this.seed_memory();
+        prime_cpus(this.ncpus);
         Ok(this)
     }
 
@@ -719,6 +720,33 @@ const ALLOC_PROGRAMS: [(&str, &str); 10] = [
     (progs::MMAP_RETURN, "mmap"),
     (progs::MUNMAP_ENTER, "munmap"),
 ];
+
+/// Forces one context switch on every CPU. A task already running when the programs
+/// attach has no switch-in recorded, so its time would be invisible until its CPU next
+/// switches, which for a CPU hog on an otherwise idle core can take seconds. A short-lived
+/// thread pinned to each CPU makes the scheduler switch away from it and back.
+fn prime_cpus(ncpus: u32) {
+    let threads: Vec<_> = (0..ncpus)
+        .map(|cpu| {
+            std::thread::spawn(move || {
+                // SAFETY: a zeroed cpu_set_t with one CPU set, applied to this thread only.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu as usize, &mut set);
+                    if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+                        return; // offline CPU: nothing runs there
+                    }
+                }
+                for _ in 0..2 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+}
 
 /// The process's libc, through its own root so a container's libc is found.
 fn libc_path(pid: u32) -> Option<String> {

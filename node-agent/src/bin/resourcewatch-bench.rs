@@ -168,30 +168,8 @@ fn fork(work: impl FnOnce()) -> u32 {
 }
 
 fn touch_anon(bytes: usize) {
-    if bytes == 0 {
-        return;
-    }
-    // SAFETY: a private anonymous mapping, written page by page, never unmapped (the
-    // process holds it for its lifetime on purpose).
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        if p == libc::MAP_FAILED {
-            libc::_exit(1);
-        }
-        let p = p.cast::<u8>();
-        let mut off = 0;
-        while off < bytes {
-            std::ptr::write_volatile(p.add(off), 1);
-            off += 4096;
-        }
-    }
+    // Held for the process's lifetime on purpose.
+    std::mem::forget(resourcewatch_workloads::Chunk::new(bytes as u64));
 }
 
 /// Spends `duty` of each period on the CPU. The busy part is measured in the thread's own
