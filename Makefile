@@ -27,6 +27,10 @@ top: deps ## Run the standalone agent's live Top-K view on this machine (needs r
 probe: deps ## Report what this kernel allows (BTF, tracepoints, cgroups, privileges)
 	$(CARGO) run --release -q -p resourcewatch-agent -- probe
 
+.PHONY: generate
+generate: ## Regenerate crds/resourcewatch.io_resourcewatches.yaml from the Rust types
+	$(CARGO) run -q -p resourcewatch-crds --bin crdgen > crds/resourcewatch.io_resourcewatches.yaml
+
 .PHONY: fmt
 fmt: ## Format the code
 	$(CARGO) fmt --all
