@@ -276,27 +276,6 @@ static __always_inline __s64 mem_sketch_set(__u32 key, __u64 pages)
 	return -1;
 }
 
-/* Remove key from the memory sketch wherever it is (at process exit). */
-static __always_inline void mem_sketch_remove(__u32 key)
-{
-	const __u32 depth = rw_config.mem_depth;
-	const __u32 shift = rw_config.mem_width_shift;
-	const __u32 width = 1u << shift;
-
-#pragma clang loop unroll(disable)
-	for (__u32 s = 0; s < RW_MAX_DEPTH; s++) {
-		if (s >= depth)
-			break;
-		__u32 idx = s * width + hp_index(s, key, shift);
-		__u64 *slot = bpf_map_lookup_elem(&rw_mem_sketch, &idx);
-		if (!slot)
-			return;
-		__u64 w = *slot;
-		if (w != 0 && KEY_OF(w) == key)
-			__sync_val_compare_and_swap(slot, w, 0);
-	}
-}
-
 /* ---- cgroups and targets ---------------------------------------------------------------- */
 
 /*
@@ -596,7 +575,7 @@ int BPF_PROG(rw_process_exit, struct task_struct *task)
 	if (!sig || sig->live.counter != 0)
 		return 0;
 	__u32 tgid = task->tgid;
-	mem_sketch_remove(tgid);
+	mem_sketch_set(tgid, 0); /* 0 removes the key wherever it is */
 
 	struct rw_target_proc *tp = bpf_map_lookup_elem(&rw_target_procs, &tgid);
 	if (tp)

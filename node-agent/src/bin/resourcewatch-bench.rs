@@ -431,27 +431,7 @@ fn perf_pipe(loops: u64, pin: Option<u32>) -> f64 {
 fn fault_storm(rounds: usize) {
     let pid = fork(move || {
         for _ in 0..rounds {
-            // SAFETY: map, touch, unmap our own memory.
-            unsafe {
-                let len = 64 << 20;
-                let p = libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                );
-                if p == libc::MAP_FAILED {
-                    libc::_exit(1);
-                }
-                let mut off = 0;
-                while off < len {
-                    std::ptr::write_volatile(p.cast::<u8>().add(off), 1);
-                    off += 4096;
-                }
-                libc::munmap(p, len);
-            }
+            drop(resourcewatch_workloads::Chunk::new(64 << 20));
         }
     });
     // SAFETY: waiting for our child.
