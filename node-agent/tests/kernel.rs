@@ -694,7 +694,7 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
             &Pattern::Leak {
                 baseline: 10 * MIB,
                 rate: 10 * MIB,
-                delay: Duration::from_secs(5),
+                delay: Duration::from_secs(30),
             },
             &|| false,
         )
@@ -742,7 +742,7 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
     let mut rate: Option<f64> = None;
     let mut worst = vec![0u8; calm.len()];
     let mut n = 0;
-    while start.elapsed() < Duration::from_secs(45) {
+    while start.elapsed() < Duration::from_secs(60) {
         n += 1;
         std::thread::sleep((start + Duration::from_secs(n)).saturating_duration_since(now()));
         let epoch = pipes.close_cpu_epoch();
@@ -764,17 +764,30 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
                 unsafe { libc::kill(leak.pid as i32, libc::SIGSTOP) };
             }
             if let Some(i) = calm.iter().position(|(_, c)| Some(c.pid) == r.pid) {
+                if r.confidence >= 60 && worst[i] < 60 {
+                    let key = resourcewatch_agent::leak::SeriesKey::Process {
+                        tgid: calm[i].1.pid,
+                    };
+                    eprintln!(
+                        "{} at {:.1} s: {:?}\n{:?}",
+                        calm[i].0,
+                        start.elapsed().as_secs_f64(),
+                        builder.leaks.assess(key, procfs::monotonic_ns()),
+                        builder.leaks.debug_points(key)
+                    );
+                }
                 worst[i] = worst[i].max(r.confidence);
             }
         }
     }
     let (secs, _) = detected.expect("the 10 MiB/s leak was detected");
-    // The leak starts 5 s after its process; the benchmark measures the 2 s goal on a quiet
-    // machine, this only guards against a regression, with room for a loaded CI machine.
+    // The leak starts 30 s after its process (a younger series is capped at 50); the
+    // benchmark measures the 2 s goal on a quiet machine, this guards against a
+    // regression, with room for a loaded CI machine.
     assert!(
-        secs - 5.0 <= 10.0,
+        secs - 30.0 <= 10.0,
         "detected {:.1} s after the leak started",
-        secs - 5.0
+        secs - 30.0
     );
     let rate = rate.expect("a verdict 4 s after detection");
     assert!(

@@ -139,6 +139,24 @@ impl LeakTracker {
         )
     }
 
+    /// (seconds, MiB) of a series' points, for diagnostics.
+    pub fn debug_points(&self, key: SeriesKey) -> Vec<(f64, f64)> {
+        self.series
+            .get(&key)
+            .map(|s| {
+                s.points
+                    .iter()
+                    .map(|p| {
+                        (
+                            (p.t * 10.0).round() / 10.0,
+                            (p.rss / 1048576.0 * 10.0).round() / 10.0,
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Drops series not updated for `idle_ns` (their process is gone or long flat).
     pub fn prune(&mut self, now_ns: u64, idle_ns: u64) {
         self.series
