@@ -70,7 +70,9 @@ fn default_interval() -> String {
     "30s".into()
 }
 
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Metric {
     Cpu,
@@ -247,6 +249,14 @@ pub struct ResourceWatchStatus {
     pub top_memory: Vec<TopEntry>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leaks: Vec<LeakEntry>,
+    /// Containers above a threshold, kept so a `ThresholdCrossed` Event is published once
+    /// per crossing, also across operator restarts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exceeding: Vec<ThresholdEntry>,
+    /// Per node running selected pods: whether its agent reports and which configuration
+    /// it runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeEntry>,
     /// What `kubectl get resourcewatch` shows.
     #[serde(default)]
     pub summary: Summary,
@@ -309,6 +319,32 @@ pub struct LeakEntry {
     pub time_to_oom_seconds: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_bytes: Option<u64>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ThresholdEntry {
+    pub pod: String,
+    #[serde(default)]
+    pub container: String,
+    pub metric: Metric,
+    /// CPU percent of one core, or memory percent of the container's limit.
+    pub value: f64,
+    pub threshold: f64,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeEntry {
+    pub name: String,
+    /// The node's agent is connected and its last report is recent.
+    pub reporting: bool,
+    /// The configuration version the agent last acknowledged, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_version: Option<u64>,
+    /// Why the agent refused its configuration or is not reporting.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -2,6 +2,7 @@
 
 pub mod capabilities;
 pub mod cgroup_resolver;
+pub mod cluster;
 pub mod hashpipe;
 pub mod leak;
 pub mod pipelines;

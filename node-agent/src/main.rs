@@ -1,4 +1,5 @@
-//! `resourcewatch-agent`: `top` (standalone, no cluster) and `probe` (what this node allows).
+//! `resourcewatch-agent`: `top` (standalone, no cluster), `run` (the DaemonSet's agent,
+//! driven by the operator) and `probe` (what this node allows).
 
 use std::{process::ExitCode, time::Duration};
 
@@ -25,12 +26,36 @@ struct Cli {
 enum Command {
     /// Live view of the heaviest processes by CPU and memory, read from the kernel.
     Top(TopArgs),
+    /// Run as the cluster's node agent: connect to the operator, apply its configuration,
+    /// stream reports.
+    Run(RunArgs),
     /// Report what this kernel and these privileges allow, and what is missing.
     Probe {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// This node's name (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The operator's gRPC address, e.g. https://10.96.0.20:9443.
+    #[arg(long, env = "RESOURCEWATCH_OPERATOR")]
+    operator: String,
+    /// The operator's namespace: its certificate is checked against
+    /// resourcewatch-operator.<namespace>.svc, whatever address is dialled.
+    #[arg(
+        long,
+        env = "OPERATOR_NAMESPACE",
+        default_value = "resourcewatch-system"
+    )]
+    operator_namespace: String,
+    /// Directory holding ca.crt, tls.crt and tls.key (the agent Secret).
+    #[arg(long, default_value = "/etc/resourcewatch/tls")]
+    tls_dir: std::path::PathBuf,
 }
 
 #[derive(Args)]
@@ -90,16 +115,25 @@ fn interval(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The cluster agent logs its life (connections, configurations) by default; the
+    // interactive tools only warnings.
+    let default = if matches!(cli.command, Command::Run(_)) {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RW_LOG").unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("RW_LOG")
+                .unwrap_or_else(|_| default.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     match cli.command {
         Command::Probe { json } => probe(json),
         Command::Top(args) => run_top(args),
+        Command::Run(args) => run_agent(args),
     }
 }
 
@@ -134,6 +168,26 @@ fn probe(json: bool) -> ExitCode {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+fn run_agent(a: RunArgs) -> ExitCode {
+    if a.node_name.is_empty() {
+        eprintln!("resourcewatch-agent run: --node-name (or NODE_NAME) is empty");
+        return ExitCode::from(64);
+    }
+    let opts = resourcewatch_agent::cluster::RunOptions {
+        server_name: resourcewatch_proto::operator_server_name(&a.operator_namespace),
+        node_name: a.node_name,
+        operator: a.operator,
+        tls_dir: a.tls_dir,
+    };
+    match resourcewatch_agent::cluster::run(opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("resourcewatch-agent run: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -1,1 +1,23 @@
-//! The gRPC contract between the operator and the node agents (filled in by the operator issue).
+//! The gRPC contract between the resourcewatch operator and its node agents
+//! (`proto/resourcewatch/v1alpha1/agent.proto`). Kept in its own crate so the operator
+//! does not link aya and the agent does not link the controller.
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod v1alpha1 {
+    tonic::include_proto!("resourcewatch.v1alpha1");
+}
+
+pub use v1alpha1::*;
+
+/// Bumped only for a change that peers of the previous version cannot understand.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The name every agent's client certificate carries; the operator accepts no other.
+pub const AGENT_CERT_NAME: &str = "resourcewatch-agent";
+
+/// The DNS name the operator's serving certificate is issued for and agents verify,
+/// whatever address they dial (in the e2e cluster there is no DNS: agents dial the
+/// Service's ClusterIP from its environment variables).
+pub fn operator_server_name(namespace: &str) -> String {
+    format!("resourcewatch-operator.{namespace}.svc")
+}

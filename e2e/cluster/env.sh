@@ -1,0 +1,115 @@
+# shellcheck shell=bash
+# Sourced by the e2e cluster scripts (and by tests): paths, KUBECTL, KUBECONFIG.
+# Everything can be overridden from the environment before sourcing.
+
+K8S_VERSION="${K8S_VERSION:-1.20.2}"
+RW_CACHE="${RW_CACHE:-/var/cache/resourcewatch/k8s-${K8S_VERSION}}"
+RW_BIN="${RW_BIN:-${RW_CACHE}/bin}"
+RW_STATE="${RW_STATE:-/var/lib/resourcewatch-e2e}"
+RW_RUN="${RW_RUN:-/run/resourcewatch-e2e}"
+
+RW_PKI="${RW_STATE}/pki"
+RW_LOGS="${RW_STATE}/logs"
+RW_PIDS="${RW_STATE}/pids"
+RW_DATA="${RW_STATE}/data"
+RW_SAVED="${RW_STATE}/saved"            # sysctls / baseline recorded by up.sh
+RW_CONF="${RW_STATE}/conf"
+
+RW_ETCD_DATA="${RW_DATA}/etcd"
+RW_CONTAINERD_ROOT="${RW_DATA}/containerd"
+RW_CONTAINERD_STATE="${RW_RUN}/containerd"
+RW_CONTAINERD_SOCK="${RW_RUN}/containerd.sock"
+RW_CNI_CONF_DIR="${RW_CONF}/cni"
+RW_CNI_BIN_DIR="${RW_CNI_BIN_DIR:-/usr/lib/cni}"
+RW_KUBELET_ROOT="${RW_KUBELET_ROOT:-/var/lib/kubelet}"
+
+RW_ETCD_CLIENT_PORT="${RW_ETCD_CLIENT_PORT:-2379}"
+RW_ETCD_PEER_PORT="${RW_ETCD_PEER_PORT:-2380}"
+RW_APISERVER_PORT="${RW_APISERVER_PORT:-6443}"
+RW_SERVICE_CIDR="10.96.0.0/12"
+RW_SERVICE_IP="10.96.0.1"
+RW_POD_CIDR="${RW_POD_CIDR:-10.88.0.0/16}"
+RW_CNI_BRIDGE="${RW_CNI_BRIDGE:-cni0}"
+
+RW_PAUSE_IMAGE="localhost/resourcewatch/pause:3.2"
+
+KUBECTL="${RW_BIN}/kubectl"
+RW_ADMIN_KUBECONFIG="${RW_STATE}/admin.kubeconfig"
+export KUBECONFIG="${RW_ADMIN_KUBECONFIG}"
+
+# Logging helpers.
+rw_log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+rw_die() { printf '[%s] ERROR: %s\n' "$(date +%H:%M:%S)" "$*" >&2; exit 1; }
+
+# ctr against the harness containerd.
+rw_ctr() { ctr --address "${RW_CONTAINERD_SOCK}" "$@"; }
+
+# ------------------------------------------------------------------ shared helpers
+RW_BASELINE="${RW_STATE}/baseline"       # machine state recorded by up.sh before it changes it
+# Sysctls that kubelet, kube-proxy, the CNI bridge plugin or up.sh itself may change.
+RW_SYSCTLS=(
+  vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
+  kernel.keys.root_maxkeys kernel.keys.root_maxbytes
+  net.ipv4.ip_forward net.ipv4.conf.all.route_localnet
+  net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
+  net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established
+  net.netfilter.nf_conntrack_tcp_timeout_close_wait
+)
+# Directories the node components create when missing; down.sh removes the ones
+# that did not exist before up.sh.
+RW_HOST_DIRS=(/var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/containerd /run/netns /var/lib/dockershim /etc/kubernetes)
+
+# iptables front ends to look at: the configured ones (what kubelet, kube-proxy and
+# the CNI plugins exec) plus the legacy backend when its tables are loaded.
+rw_iptables_bins() {
+  local b seen=" "
+  for b in iptables ip6tables; do
+    command -v "$b" >/dev/null 2>&1 && echo "$b" && seen+="$("$b" --version 2>/dev/null | grep -o '(.*)')$b "
+  done
+  if [[ "$seen" != *"(legacy)iptables"* ]] && command -v iptables-legacy >/dev/null 2>&1 \
+     && [[ -n "$(cat /proc/net/ip_tables_names 2>/dev/null)" ]]; then echo iptables-legacy; fi
+  if [[ "$seen" != *"(legacy)ip6tables"* ]] && command -v ip6tables-legacy >/dev/null 2>&1 \
+     && [[ -n "$(cat /proc/net/ip6_tables_names 2>/dev/null)" ]]; then echo ip6tables-legacy; fi
+}
+# One line per rule/chain: "<bin> <table> <iptables -S line>".
+rw_iptables_dump() {
+  local b t
+  for b in $(rw_iptables_bins); do
+    for t in filter nat mangle raw; do
+      "$b" -w 5 -t "$t" -S 2>/dev/null | grep -v '^#' | sed "s|^|$b $t |" || true
+    done
+  done
+}
+rw_links() { ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | sort; }
+
+# Mount points under the harness dirs, deepest first.
+rw_harness_mounts() {
+  local re="^(${RW_STATE}|${RW_RUN}|${RW_KUBELET_ROOT}|/run/containerd|/var/run/containerd|/run/netns/cni-|/var/run/netns/cni-)"
+  findmnt -rn -o TARGET 2>/dev/null | grep -E "$re" | awk '{print length, $0}' | sort -rn | cut -d' ' -f2- || true
+}
+
+# PIDs of processes started by the harness: our binaries, anything whose command
+# line names the harness dirs (etcd, containerd, shims), and anything in a kubepods cgroup.
+rw_harness_pids() {
+  local p exe cmd
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}
+    [[ "$p" == "$$" || "$p" == "$BASHPID" ]] && continue
+    exe=$(readlink "/proc/$p/exe" 2>/dev/null) || continue
+    if [[ "$exe" == "${RW_BIN}/"* ]]; then echo "$p"; continue; fi
+    cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+    case "$exe" in
+      */etcd|*/containerd|*/containerd-shim*|*/runc)
+        if [[ "$cmd" == *"${RW_STATE}"* || "$cmd" == *"${RW_RUN}"* ]]; then echo "$p"; continue; fi ;;
+    esac
+    if grep -qs ':/kubepods' "/proc/$p/cgroup"; then echo "$p"; fi
+  done
+}
+
+rw_kubepods_cgroups() {
+  local d
+  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kubepods.slice; do
+    [[ -d "$d" ]] && echo "$d"
+  done
+  return 0
+}

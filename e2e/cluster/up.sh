@@ -1,0 +1,506 @@
+#!/usr/bin/env bash
+# Start a single-node Kubernetes 1.20.2 cluster on this machine (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, containerd, kubelet, kube-proxy) and write
+# an admin kubeconfig to /var/lib/resourcewatch-e2e/admin.kubeconfig.
+#
+# Usage: e2e/cluster/up.sh [--apiserver-only] [--smoke]
+#   --apiserver-only  only etcd, kube-apiserver and kube-controller-manager (API tests)
+#   --smoke           after start, run a pause pod and wait for it to be Running
+# Idempotent: components already running are left alone; safe to re-run after a crash.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=env.sh
+source "${HERE}/env.sh"
+
+APISERVER_ONLY=0
+SMOKE=0
+for a in "$@"; do
+  case "$a" in
+    --apiserver-only) APISERVER_ONLY=1 ;;
+    --smoke) SMOKE=1 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) rw_die "unknown argument: $a (see --help)" ;;
+  esac
+done
+[[ $(id -u) -eq 0 ]] || rw_die "must run as root"
+[[ $SMOKE -eq 1 && $APISERVER_ONLY -eq 1 ]] && rw_die "--smoke needs the node; drop --apiserver-only"
+
+T_START=$(date +%s)
+START_EPOCH=$T_START
+
+mkdir -p "${RW_STATE}"
+exec 8>"${RW_STATE}/.up.lock"
+flock -n 8 || rw_die "another up.sh/down.sh is running (lock ${RW_STATE}/.up.lock)"
+
+"${HERE}/build.sh"
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl pause; do
+  [[ -x "${RW_BIN}/$b" ]] || rw_die "${RW_BIN}/$b missing after build.sh"
+done
+for c in etcd containerd runc ctr openssl curl iptables conntrack findmnt ip; do
+  command -v "$c" >/dev/null || rw_die "'$c' not found (build.sh installs the packages)"
+done
+
+mkdir -p "${RW_PKI}" "${RW_LOGS}" "${RW_PIDS}" "${RW_DATA}" "${RW_CONF}" "${RW_RUN}" "${RW_BASELINE}"
+chmod 700 "${RW_PKI}"
+
+NODE_NAME=$(hostname | tr '[:upper:]' '[:lower:]')
+HOST_IP=$(ip -4 route get 1.1.1.1 2>/dev/null | awk '{for (i=1;i<NF;i++) if ($i=="src") {print $(i+1); exit}}')
+[[ -n "${HOST_IP}" ]] || HOST_IP=$(hostname -I 2>/dev/null | awk '{print $1}')
+[[ -n "${HOST_IP}" ]] || HOST_IP=127.0.0.1
+rw_log "node ${NODE_NAME}, host IP ${HOST_IP}"
+
+# ------------------------------------------------------------------ baseline
+# Recorded once per cluster life (until down.sh), before anything is changed.
+if [[ ! -f "${RW_BASELINE}/.active" ]]; then
+  rw_log "recording the machine's baseline (sysctls, iptables, links, dirs) in ${RW_BASELINE}"
+  tmp="${RW_BASELINE}.tmp"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  for k in "${RW_SYSCTLS[@]}"; do
+    if v=$(sysctl -n "$k" 2>/dev/null); then printf '%s=%s\n' "$k" "$v"; fi
+  done >"$tmp/sysctl.conf"
+  rw_iptables_dump >"$tmp/iptables.txt"
+  rw_links >"$tmp/links.txt"
+  for d in "${RW_HOST_DIRS[@]}"; do if [[ -e "$d" ]]; then echo "$d"; fi; done >"$tmp/dirs.txt"
+  date +%s >"$tmp/.active"
+  rm -rf "${RW_BASELINE}"; mv "$tmp" "${RW_BASELINE}"
+fi
+
+# ------------------------------------------------------------------ PKI
+CA_CRT="${RW_PKI}/ca.crt"; CA_KEY="${RW_PKI}/ca.key"
+pki_ca() {
+  if [[ -s "$CA_CRT" && -s "$CA_KEY" ]]; then return 0; fi
+  rw_log "generating CA"
+  openssl genrsa -out "$CA_KEY.tmp" 2048 2>/dev/null
+  openssl req -x509 -new -nodes -key "$CA_KEY.tmp" -sha256 -days 3650 \
+    -subj "/CN=resourcewatch-e2e-ca" -out "$CA_CRT.tmp" \
+    -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
+  mv "$CA_KEY.tmp" "$CA_KEY"; mv "$CA_CRT.tmp" "$CA_CRT"
+}
+# pki_cert NAME SUBJECT server|client|both [SANS]
+pki_cert() {
+  local name=$1 subj=$2 kind=$3 sans=${4:-}
+  local crt="${RW_PKI}/$name.crt" key="${RW_PKI}/$name.key" meta="${RW_PKI}/$name.meta"
+  local want="$subj|$kind|$sans"
+  if [[ -s "$crt" && -s "$key" && -f "$meta" && "$(cat "$meta")" == "$want" ]] \
+     && openssl verify -CAfile "$CA_CRT" "$crt" >/dev/null 2>&1; then
+    return 0
+  fi
+  rw_log "generating certificate $name ($subj)"
+  local eku
+  case "$kind" in
+    server) eku=serverAuth ;; client) eku=clientAuth ;; both) eku=serverAuth,clientAuth ;;
+    *) rw_die "bad cert kind $kind" ;;
+  esac
+  local ext="${RW_PKI}/$name.ext"
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$eku"
+    [[ -n "$sans" ]] && echo "subjectAltName=$sans"
+  } >"$ext"
+  openssl genrsa -out "$key.tmp" 2048 2>/dev/null
+  openssl req -new -key "$key.tmp" -subj "$subj" -out "${RW_PKI}/$name.csr" 2>/dev/null
+  openssl x509 -req -in "${RW_PKI}/$name.csr" -CA "$CA_CRT" -CAkey "$CA_KEY" \
+    -set_serial "0x$(openssl rand -hex 16)" -days 3650 -sha256 -extfile "$ext" -out "$crt.tmp" 2>/dev/null \
+    || rw_die "openssl failed to sign $name"
+  mv "$key.tmp" "$key"; mv "$crt.tmp" "$crt"
+  rm -f "${RW_PKI}/$name.csr" "$ext"
+  echo "$want" >"$meta"
+}
+pki_ca
+APISERVER_SANS="IP:127.0.0.1,IP:${RW_SERVICE_IP},IP:${HOST_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:${NODE_NAME}"
+pki_cert apiserver "/CN=kube-apiserver" server "${APISERVER_SANS}"
+pki_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" client
+pki_cert admin "/O=system:masters/CN=kubernetes-admin" client
+pki_cert controller-manager "/CN=system:kube-controller-manager" client
+pki_cert scheduler "/CN=system:kube-scheduler" client
+pki_cert kube-proxy "/CN=system:kube-proxy" client
+pki_cert kubelet-client "/O=system:nodes/CN=system:node:${NODE_NAME}" client
+pki_cert kubelet-serving "/CN=${NODE_NAME}" server "IP:127.0.0.1,IP:${HOST_IP},DNS:localhost,DNS:${NODE_NAME}"
+if [[ ! -s "${RW_PKI}/sa.key" || ! -s "${RW_PKI}/sa.pub" ]]; then
+  rw_log "generating service-account key pair"
+  openssl genrsa -out "${RW_PKI}/sa.key.tmp" 2048 2>/dev/null
+  openssl rsa -in "${RW_PKI}/sa.key.tmp" -pubout -out "${RW_PKI}/sa.pub" 2>/dev/null
+  mv "${RW_PKI}/sa.key.tmp" "${RW_PKI}/sa.key"
+fi
+chmod 600 "${RW_PKI}"/*.key
+
+# write_kubeconfig FILE CERTNAME
+write_kubeconfig() {
+  local f=$1 n=$2
+  cat >"$f.tmp" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: resourcewatch-e2e
+  cluster:
+    certificate-authority-data: $(base64 -w0 <"$CA_CRT")
+    server: https://127.0.0.1:${RW_APISERVER_PORT}
+users:
+- name: $n
+  user:
+    client-certificate-data: $(base64 -w0 <"${RW_PKI}/$n.crt")
+    client-key-data: $(base64 -w0 <"${RW_PKI}/$n.key")
+contexts:
+- name: resourcewatch-e2e
+  context:
+    cluster: resourcewatch-e2e
+    user: $n
+current-context: resourcewatch-e2e
+EOF
+  chmod 600 "$f.tmp"; mv "$f.tmp" "$f"
+}
+write_kubeconfig "${RW_ADMIN_KUBECONFIG}" admin
+write_kubeconfig "${RW_CONF}/controller-manager.kubeconfig" controller-manager
+write_kubeconfig "${RW_CONF}/scheduler.kubeconfig" scheduler
+write_kubeconfig "${RW_CONF}/kube-proxy.kubeconfig" kube-proxy
+write_kubeconfig "${RW_CONF}/kubelet.kubeconfig" kubelet-client
+
+# ------------------------------------------------------------------ daemon helpers
+# daemon_pid NAME BINARY: prints the PID if the daemon from our PID file runs that binary.
+daemon_pid() {
+  local f="${RW_PIDS}/$1.pid" pid exe
+  [[ -s "$f" ]] || return 1
+  pid=$(<"$f")
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  [[ "$exe" == "$2" || "$exe" == "$2 (deleted)" ]] || return 1
+  echo "$pid"
+}
+port_free_or_ours() { # PORT NAME BINARY
+  local port=$1
+  if ss -ltnH "sport = :$port" 2>/dev/null | grep -q .; then
+    daemon_pid "$2" "$3" >/dev/null && return 0
+    rw_die "port $port (needed by $2) is in use by another process: $(ss -ltnpH "sport = :$port" | head -n1)"
+  fi
+}
+# start_daemon NAME BINARY ARGS...: runs it under setsid, PID file and log in the state dir.
+start_daemon() {
+  local name=$1 bin=$2; shift 2
+  local pidf="${RW_PIDS}/$name.pid" log="${RW_LOGS}/$name.log" pid
+  if pid=$(daemon_pid "$name" "$bin"); then
+    rw_log "$name already running (pid $pid)"
+    return 0
+  fi
+  rm -f "$pidf"
+  printf '\n===== %s starting %s %s\n' "$(date -Is)" "$bin" "$*" >>"$log"
+  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" "$bin" "$@" >>"$log" 2>&1 </dev/null &
+  local i
+  for i in $(seq 50); do [[ -s "$pidf" ]] && break; sleep 0.1; done
+  [[ -s "$pidf" ]] || rw_die "$name did not start (log: $log)"
+  rw_log "started $name (pid $(<"$pidf"), log $log)"
+}
+# wait_for NAME TIMEOUT_S COMMAND...: polls COMMAND; dies with the daemon's log tail on timeout
+# or when the daemon exits.
+wait_for() {
+  local name=$1 timeout=$2; shift 2
+  local deadline=$(( $(date +%s) + timeout ))
+  while ! "$@" >/dev/null 2>&1; do
+    if [[ -f "${RW_PIDS}/$name.pid" ]] && ! kill -0 "$(<"${RW_PIDS}/$name.pid")" 2>/dev/null; then
+      tail -n 30 "${RW_LOGS}/$name.log" >&2 || true
+      rw_die "$name exited (log: ${RW_LOGS}/$name.log)"
+    fi
+    if (( $(date +%s) >= deadline )); then
+      tail -n 30 "${RW_LOGS}/$name.log" >&2 || true
+      rw_die "timed out after ${timeout}s waiting for $name: $* (log: ${RW_LOGS}/$name.log)"
+    fi
+    sleep 0.5
+  done
+}
+CURL_ADMIN=(curl -fsS --max-time 5 --cacert "$CA_CRT" --cert "${RW_PKI}/admin.crt" --key "${RW_PKI}/admin.key")
+http_ok() { curl -fsS --max-time 3 -o /dev/null "$1"; }
+https_ok() { curl -ksfS --max-time 3 -o /dev/null "$1"; }
+K() { "$KUBECTL" --kubeconfig "${RW_ADMIN_KUBECONFIG}" --request-timeout=10s "$@"; }
+
+ETCD_BIN=$(readlink -f "$(command -v etcd)")
+CONTAINERD_BIN=$(readlink -f "$(command -v containerd)")
+
+# ------------------------------------------------------------------ etcd
+port_free_or_ours "${RW_ETCD_CLIENT_PORT}" etcd "$ETCD_BIN"
+port_free_or_ours "${RW_ETCD_PEER_PORT}" etcd "$ETCD_BIN"
+mkdir -p "${RW_ETCD_DATA}"; chmod 700 "${RW_ETCD_DATA}"
+start_daemon etcd "$ETCD_BIN" \
+  --name=resourcewatch-e2e --data-dir="${RW_ETCD_DATA}" \
+  --listen-client-urls="http://127.0.0.1:${RW_ETCD_CLIENT_PORT}" \
+  --advertise-client-urls="http://127.0.0.1:${RW_ETCD_CLIENT_PORT}" \
+  --listen-peer-urls="http://127.0.0.1:${RW_ETCD_PEER_PORT}" \
+  --initial-advertise-peer-urls="http://127.0.0.1:${RW_ETCD_PEER_PORT}" \
+  --initial-cluster="resourcewatch-e2e=http://127.0.0.1:${RW_ETCD_PEER_PORT}" \
+  --snapshot-count=10000 --quota-backend-bytes=2147483648 --log-level=warn
+etcd_healthy() { curl -fsS --max-time 3 "http://127.0.0.1:${RW_ETCD_CLIENT_PORT}/health" | grep -q '"health":"true"'; }
+wait_for etcd 60 etcd_healthy
+
+# ------------------------------------------------------------------ kube-apiserver
+port_free_or_ours "${RW_APISERVER_PORT}" kube-apiserver "${RW_BIN}/kube-apiserver"
+start_daemon kube-apiserver "${RW_BIN}/kube-apiserver" \
+  --etcd-servers="http://127.0.0.1:${RW_ETCD_CLIENT_PORT}" \
+  --bind-address=0.0.0.0 --secure-port="${RW_APISERVER_PORT}" --insecure-port=0 \
+  --advertise-address="${HOST_IP}" \
+  --tls-cert-file="${RW_PKI}/apiserver.crt" --tls-private-key-file="${RW_PKI}/apiserver.key" \
+  --client-ca-file="$CA_CRT" \
+  --kubelet-client-certificate="${RW_PKI}/apiserver-kubelet-client.crt" \
+  --kubelet-client-key="${RW_PKI}/apiserver-kubelet-client.key" \
+  --kubelet-certificate-authority="$CA_CRT" \
+  --kubelet-preferred-address-types=InternalIP,Hostname \
+  --service-account-key-file="${RW_PKI}/sa.pub" \
+  --service-account-signing-key-file="${RW_PKI}/sa.key" \
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+  --authorization-mode=Node,RBAC \
+  --allow-privileged=true \
+  --service-cluster-ip-range="${RW_SERVICE_CIDR}" \
+  --service-node-port-range=30000-32767 \
+  --enable-bootstrap-token-auth=false \
+  --profiling=false --v=1
+wait_for kube-apiserver 120 "${CURL_ADMIN[@]}" -o /dev/null "https://127.0.0.1:${RW_APISERVER_PORT}/readyz"
+rw_log "kube-apiserver ready"
+
+# ------------------------------------------------------------------ kube-controller-manager
+start_daemon kube-controller-manager "${RW_BIN}/kube-controller-manager" \
+  --kubeconfig="${RW_CONF}/controller-manager.kubeconfig" \
+  --authentication-kubeconfig="${RW_CONF}/controller-manager.kubeconfig" \
+  --authorization-kubeconfig="${RW_CONF}/controller-manager.kubeconfig" \
+  --bind-address=127.0.0.1 --port=0 --secure-port=10257 \
+  --cluster-signing-cert-file="$CA_CRT" --cluster-signing-key-file="$CA_KEY" \
+  --root-ca-file="$CA_CRT" \
+  --service-account-private-key-file="${RW_PKI}/sa.key" \
+  --use-service-account-credentials=true \
+  --controllers='*,-nodeipam' --allocate-node-cidrs=false \
+  --service-cluster-ip-range="${RW_SERVICE_CIDR}" \
+  --leader-elect=false --profiling=false --v=1
+wait_for kube-controller-manager 60 https_ok https://127.0.0.1:10257/healthz
+
+if [[ $APISERVER_ONLY -eq 0 ]]; then
+  # ---------------------------------------------------------------- kube-scheduler
+  start_daemon kube-scheduler "${RW_BIN}/kube-scheduler" \
+    --kubeconfig="${RW_CONF}/scheduler.kubeconfig" \
+    --authentication-kubeconfig="${RW_CONF}/scheduler.kubeconfig" \
+    --authorization-kubeconfig="${RW_CONF}/scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --port=0 --secure-port=10259 \
+    --leader-elect=false --profiling=false --v=1
+  wait_for kube-scheduler 60 https_ok https://127.0.0.1:10259/healthz
+
+  # ---------------------------------------------------------------- host settings
+  # The originals are in ${RW_BASELINE}/sysctl.conf; down.sh restores them.
+  sysctl -qw net.ipv4.ip_forward=1
+  if [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]]; then
+    sysctl -qw net.bridge.bridge-nf-call-iptables=1
+  else
+    modprobe br_netfilter 2>/dev/null || true
+    [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] && sysctl -qw net.bridge.bridge-nf-call-iptables=1 \
+      || rw_log "warning: br_netfilter not available; Service traffic between pods on the bridge may not work"
+  fi
+
+  # ---------------------------------------------------------------- CNI config
+  mkdir -p "${RW_CNI_CONF_DIR}" "${RW_DATA}/cni-ipam"
+  [[ -x "${RW_CNI_BIN_DIR}/bridge" && -x "${RW_CNI_BIN_DIR}/host-local" && -x "${RW_CNI_BIN_DIR}/portmap" \
+     && -x "${RW_CNI_BIN_DIR}/loopback" ]] || rw_die "CNI plugins missing in ${RW_CNI_BIN_DIR}"
+  # containerd's CRI sets up lo itself with the loopback plugin from bin_dir.
+  cat >"${RW_CNI_CONF_DIR}/10-resourcewatch.conflist.tmp" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "resourcewatch-e2e",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "${RW_CNI_BRIDGE}",
+      "isGateway": true,
+      "ipMasq": true,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "${RW_POD_CIDR}"}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": "${RW_DATA}/cni-ipam"
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+  mv "${RW_CNI_CONF_DIR}/10-resourcewatch.conflist.tmp" "${RW_CNI_CONF_DIR}/10-resourcewatch.conflist"
+
+  # ---------------------------------------------------------------- containerd
+  mkdir -p "${RW_CONTAINERD_ROOT}" "${RW_CONTAINERD_STATE}" "${RW_DATA}/containerd-opt"
+  cat >"${RW_CONF}/containerd.toml" <<EOF
+version = 2
+root = "${RW_CONTAINERD_ROOT}"
+state = "${RW_CONTAINERD_STATE}"
+oom_score = 0
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "${RW_CONTAINERD_SOCK}"
+[ttrpc]
+  address = "${RW_CONTAINERD_SOCK}.ttrpc"
+[debug]
+  address = ""
+  level = "info"
+[metrics]
+  address = ""
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "${RW_DATA}/containerd-opt"
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "${RW_PAUSE_IMAGE}"
+    restrict_oom_score_adj = true
+    disable_apparmor = true
+    enable_selinux = false
+    max_container_log_line_size = 16384
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          Root = "${RW_RUN}/runc"
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "${RW_CNI_BIN_DIR}"
+      conf_dir = "${RW_CNI_CONF_DIR}"
+      max_conf_num = 1
+EOF
+  start_daemon containerd "$CONTAINERD_BIN" --config "${RW_CONF}/containerd.toml"
+  wait_for containerd 60 rw_ctr version
+
+  # ---------------------------------------------------------------- pause image
+  if ! rw_ctr -n k8s.io images ls -q 2>/dev/null | grep -qxF "${RW_PAUSE_IMAGE}"; then
+    mkdir -p "${RW_DATA}/images"
+    "${HERE}/image.sh" "${RW_PAUSE_IMAGE}" "${RW_DATA}/images/pause.tar" "${RW_BIN}/pause"
+    rw_ctr -n k8s.io images import "${RW_DATA}/images/pause.tar" >/dev/null \
+      || rw_die "ctr images import of the pause image failed"
+    rw_ctr -n k8s.io images label "${RW_PAUSE_IMAGE}" io.cri-containerd.pinned=pinned >/dev/null 2>&1 || true
+    rw_log "imported ${RW_PAUSE_IMAGE}"
+  fi
+
+  # ---------------------------------------------------------------- kubelet
+  for p in 10250 10248; do port_free_or_ours $p kubelet "${RW_BIN}/kubelet"; done
+  cat >"${RW_CONF}/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 0.0.0.0
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: ${CA_CRT}
+authorization:
+  mode: Webhook
+tlsCertFile: ${RW_PKI}/kubelet-serving.crt
+tlsPrivateKeyFile: ${RW_PKI}/kubelet-serving.key
+cgroupDriver: cgroupfs
+cgroupsPerQOS: true
+failSwapOn: false
+oomScoreAdj: 0
+protectKernelDefaults: false
+makeIPTablesUtilChains: true
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "50Mi"
+  nodefs.available: "1%"
+  nodefs.inodesFree: "1%"
+  imagefs.available: "1%"
+evictionPressureTransitionPeriod: 10s
+serializeImagePulls: false
+maxPods: 110
+containerLogMaxSize: 10Mi
+containerLogMaxFiles: 2
+runtimeRequestTimeout: 5m
+EOF
+  # The kubelet's CRI socket must exist before it starts.
+  start_daemon kubelet "${RW_BIN}/kubelet" \
+    --config="${RW_CONF}/kubelet.yaml" \
+    --kubeconfig="${RW_CONF}/kubelet.kubeconfig" \
+    --container-runtime=remote \
+    --container-runtime-endpoint="unix://${RW_CONTAINERD_SOCK}" \
+    --image-service-endpoint="unix://${RW_CONTAINERD_SOCK}" \
+    --pod-infra-container-image="${RW_PAUSE_IMAGE}" \
+    --hostname-override="${NODE_NAME}" --node-ip="${HOST_IP}" \
+    --root-dir="${RW_KUBELET_ROOT}" \
+    --v=1
+  wait_for kubelet 120 http_ok http://127.0.0.1:10248/healthz
+
+  # ---------------------------------------------------------------- kube-proxy
+  for p in 10256 10249; do port_free_or_ours $p kube-proxy "${RW_BIN}/kube-proxy"; done
+  cat >"${RW_CONF}/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: ${RW_CONF}/kube-proxy.kubeconfig
+mode: iptables
+clusterCIDR: ${RW_POD_CIDR}
+hostnameOverride: ${NODE_NAME}
+bindAddress: 0.0.0.0
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack:
+  # 0: leave the host's conntrack sysctls alone
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+EOF
+  start_daemon kube-proxy "${RW_BIN}/kube-proxy" --config="${RW_CONF}/kube-proxy.yaml" --v=1
+  wait_for kube-proxy 60 http_ok http://127.0.0.1:10256/healthz
+
+  # ---------------------------------------------------------------- node + lease
+  lease_fresh() {
+    local t
+    t=$(K -n kube-node-lease get lease "${NODE_NAME}" -o 'jsonpath={.spec.renewTime}' 2>/dev/null) || return 1
+    [[ -n "$t" ]] || return 1
+    (( $(date -d "$t" +%s) >= START_EPOCH ))
+  }
+  node_ready() {
+    [[ "$(K get node "${NODE_NAME}" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
+  }
+  wait_for kubelet 120 lease_fresh
+  wait_for kubelet 120 node_ready
+  rw_log "node ${NODE_NAME} registered, Ready, lease renewed"
+fi
+
+# ------------------------------------------------------------------ default ServiceAccount
+sa_ready() { [[ -n "$(K -n default get serviceaccount default -o 'jsonpath={.secrets[0].name}' 2>/dev/null)" ]]; }
+wait_for kube-controller-manager 120 sa_ready
+
+# ------------------------------------------------------------------ smoke
+if [[ $SMOKE -eq 1 ]]; then
+  rw_log "smoke: running a pause pod"
+  K -n default delete pod rw-smoke --ignore-not-found --wait=true >/dev/null
+  K -n default apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: rw-smoke
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: pause
+    image: ${RW_PAUSE_IMAGE}
+    imagePullPolicy: Never
+EOF
+  deadline=$(( $(date +%s) + 120 ))
+  until [[ "$(K -n default get pod rw-smoke -o 'jsonpath={.status.phase}' 2>/dev/null)" == Running ]]; do
+    if (( $(date +%s) >= deadline )); then
+      K -n default describe pod rw-smoke >&2 || true
+      rw_die "smoke: pod rw-smoke not Running after 120s (logs: ${RW_LOGS})"
+    fi
+    sleep 0.5
+  done
+  K -n default get pod rw-smoke -o wide
+  K -n default delete pod rw-smoke --wait=true >/dev/null
+  rw_log "smoke: pod ran and was deleted"
+fi
+
+rw_log "cluster up in $(( $(date +%s) - T_START ))s$([[ $APISERVER_ONLY -eq 1 ]] && echo ' (apiserver only)')"
+echo "export KUBECONFIG=${RW_ADMIN_KUBECONFIG}"
+echo "export PATH=${RW_BIN}:\$PATH   # kubectl ${K8S_VERSION}"

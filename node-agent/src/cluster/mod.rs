@@ -1,0 +1,492 @@
+//! `resourcewatch-agent run`: the agent in a cluster. It dials the operator, holds one
+//! stream, applies each configuration snapshot (ACK/NACK), and streams a report per
+//! interval.
+//!
+//! Two halves: the *engine*, an OS thread that owns the kernel pipelines (aya objects and
+//! their mmaps stay on one thread, and a slow network never delays an epoch close), and
+//! the *session*, async, which reconnects with backoff. They meet in three channels:
+//! configurations in, acknowledgements out, and the latest report (older unsent reports
+//! are worthless, so only the newest is kept).
+
+pub mod report;
+pub mod resolve;
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc as std_mpsc,
+    },
+    time::{Duration, Instant},
+};
+
+use resourcewatch_proto::{
+    self as pb, agent_control_client::AgentControlClient, agent_message, operator_message,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+use crate::{
+    capabilities,
+    cgroup_resolver::CgroupLayout,
+    hashpipe::Geometry,
+    pipelines::{PipelineOptions, Pipelines},
+    procfs,
+    snapshot::FrameBuilder,
+};
+
+pub struct RunOptions {
+    pub node_name: String,
+    /// `https://host:port` of the operator's gRPC Service.
+    pub operator: String,
+    /// The name the operator's certificate is checked against.
+    pub server_name: String,
+    /// `ca.crt`, `tls.crt`, `tls.key` (the operator's agent Secret, mounted).
+    pub tls_dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("reading {path}: {source}")]
+    Tls {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("operator address {0:?}: {1}")]
+    Address(String, String),
+    #[error("connecting to the operator: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("operator: {0}")]
+    Status(#[from] tonic::Status),
+    #[error("the engine stopped")]
+    EngineGone,
+}
+
+/// Runs until SIGTERM/SIGINT.
+pub fn run(opts: RunOptions) -> Result<(), RunError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (config_tx, config_rx) = std_mpsc::channel::<pb::NodeConfig>();
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel::<pb::ConfigAck>();
+    let (report_tx, report_rx) = watch::channel::<Option<pb::Report>>(None);
+    let applied = Arc::new(AtomicU64::new(0));
+    let caps = capabilities::probe();
+    let hello_caps = pb::Capabilities {
+        kernel_release: caps.kernel_release.clone(),
+        cgroup_mode: caps.cgroup_version.clone().unwrap_or_default(),
+        btf: check_ok(&caps, "btf"),
+        sched_switch: check_ok(&caps, "sched_switch"),
+        rss_stat: check_ok(&caps, "rss_stat"),
+        uprobes: check_ok(&caps, "uprobe"),
+        ring_buffer: check_ok(&caps, "ring"),
+        missing: caps
+            .missing()
+            .iter()
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect(),
+    };
+    let engine = {
+        let stop = stop.clone();
+        let applied = applied.clone();
+        std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || Engine::new(ack_tx, report_tx, applied).run(config_rx, &stop))
+            .map_err(|_| RunError::EngineGone)?
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|_| RunError::EngineGone)?;
+    let result = rt.block_on(session_loop(
+        &opts, hello_caps, config_tx, ack_rx, report_rx, applied,
+    ));
+    stop.store(true, Ordering::SeqCst);
+    let _ = engine.join();
+    result
+}
+
+fn check_ok(caps: &capabilities::CapabilityReport, needle: &str) -> bool {
+    caps.checks
+        .iter()
+        .filter(|c| c.name.contains(needle))
+        .all(|c| c.ok)
+}
+
+async fn session_loop(
+    opts: &RunOptions,
+    caps: pb::Capabilities,
+    config_tx: std_mpsc::Sender<pb::NodeConfig>,
+    mut ack_rx: mpsc::UnboundedReceiver<pb::ConfigAck>,
+    mut report_rx: watch::Receiver<Option<pb::Report>>,
+    applied: Arc<AtomicU64>,
+) -> Result<(), RunError> {
+    let mut backoff = Duration::from_millis(500);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|_| RunError::EngineGone)?;
+    loop {
+        let started = Instant::now();
+        let hello = pb::Hello {
+            node_name: opts.node_name.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            protocol_version: pb::PROTOCOL_VERSION,
+            last_applied_version: applied.load(Ordering::SeqCst),
+            capabilities: Some(caps.clone()),
+        };
+        let session = session(opts, hello, &config_tx, &mut ack_rx, &mut report_rx);
+        let outcome = tokio::select! {
+            r = session => r,
+            _ = term.recv() => return Ok(()),
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        };
+        match outcome {
+            Ok(()) => tracing::warn!("the operator closed the stream"),
+            Err(RunError::EngineGone) => return Err(RunError::EngineGone),
+            Err(e) => tracing::warn!(error = %e, "stream to the operator failed"),
+        }
+        // A stream that lived a while resets the backoff: this is a new failure.
+        if started.elapsed() > Duration::from_secs(30) {
+            backoff = Duration::from_millis(500);
+        }
+        let jitter = Duration::from_millis(procfs::monotonic_ns() % 500);
+        tracing::info!(retry_in = ?(backoff + jitter), "reconnecting");
+        tokio::select! {
+            _ = tokio::time::sleep(backoff + jitter) => {}
+            _ = term.recv() => return Ok(()),
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+fn read(dir: &Path, name: &str) -> Result<String, RunError> {
+    let path = dir.join(name);
+    std::fs::read_to_string(&path).map_err(|source| RunError::Tls { path, source })
+}
+
+/// An mTLS channel to the operator; certificates are re-read at every connect, so a
+/// rotated Secret is picked up by the next reconnect.
+pub async fn connect(
+    operator: &str,
+    server_name: &str,
+    tls_dir: &Path,
+) -> Result<tonic::transport::Channel, RunError> {
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(tls_dir, "ca.crt")?))
+        .identity(Identity::from_pem(
+            read(tls_dir, "tls.crt")?,
+            read(tls_dir, "tls.key")?,
+        ))
+        .domain_name(server_name);
+    let endpoint = Endpoint::from_shared(operator.to_owned())
+        .map_err(|e| RunError::Address(operator.into(), e.to_string()))?
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(10));
+    Ok(endpoint.connect().await?)
+}
+
+async fn session(
+    opts: &RunOptions,
+    hello: pb::Hello,
+    config_tx: &std_mpsc::Sender<pb::NodeConfig>,
+    ack_rx: &mut mpsc::UnboundedReceiver<pb::ConfigAck>,
+    report_rx: &mut watch::Receiver<Option<pb::Report>>,
+) -> Result<(), RunError> {
+    let channel = connect(&opts.operator, &opts.server_name, &opts.tls_dir).await?;
+    let mut client = AgentControlClient::new(channel);
+    let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
+    let send = |m| pb::AgentMessage { msg: Some(m) };
+    tx.send(send(agent_message::Msg::Hello(hello)))
+        .await
+        .map_err(|_| RunError::EngineGone)?;
+    let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
+    tracing::info!(operator = %opts.operator, "connected");
+    // Acks of an earlier stream are for versions this stream's operator may not know.
+    while ack_rx.try_recv().is_ok() {}
+    report_rx.mark_unchanged();
+    loop {
+        tokio::select! {
+            m = inbound.message() => match m? {
+                Some(pb::OperatorMessage { msg: Some(operator_message::Msg::Config(c)) }) => {
+                    tracing::info!(version = c.version, targets = c.targets.len(), "configuration received");
+                    config_tx.send(c).map_err(|_| RunError::EngineGone)?;
+                }
+                Some(_) => tracing::warn!("ignoring an empty message from the operator"),
+                None => return Ok(()),
+            },
+            ack = ack_rx.recv() => {
+                let ack = ack.ok_or(RunError::EngineGone)?;
+                if tx.send(send(agent_message::Msg::Ack(ack))).await.is_err() {
+                    return Ok(());
+                }
+            }
+            changed = report_rx.changed() => {
+                changed.map_err(|_| RunError::EngineGone)?;
+                let r = report_rx.borrow_and_update().clone();
+                if let Some(r) = r
+                    && tx.send(send(agent_message::Msg::Report(r))).await.is_err()
+                {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// The kernel side: pipelines, targets, frames. Runs on its own thread.
+struct Engine {
+    acks: mpsc::UnboundedSender<pb::ConfigAck>,
+    reports: watch::Sender<Option<pb::Report>>,
+    applied: Arc<AtomicU64>,
+    pipes: Result<Pipelines, String>,
+    builder: Option<FrameBuilder>,
+    layout: Option<CgroupLayout>,
+    config: pb::NodeConfig,
+    resolved: Vec<resolve::ResolvedContainer>,
+    unresolved: BTreeSet<String>,
+    self_cpu: Option<u64>,
+}
+
+/// Before the first configuration arrives.
+const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+
+impl Engine {
+    fn new(
+        acks: mpsc::UnboundedSender<pb::ConfigAck>,
+        reports: watch::Sender<Option<pb::Report>>,
+        applied: Arc<AtomicU64>,
+    ) -> Self {
+        let pipes = load(PipelineOptions::default());
+        let layout = pipes.as_ref().ok().map(|p| p.cgroup_layout().clone());
+        if let Err(e) = &pipes {
+            tracing::error!(error = %e, "kernel pipelines unavailable: reporting health only");
+        }
+        Self {
+            acks,
+            reports,
+            applied,
+            builder: pipes
+                .as_ref()
+                .ok()
+                .map(|_| FrameBuilder::new(10, layout.clone())),
+            pipes,
+            layout,
+            config: pb::NodeConfig {
+                top_k: 10,
+                report_interval_ms: DEFAULT_REPORT_INTERVAL.as_millis() as u64,
+                ..Default::default()
+            },
+            resolved: Vec::new(),
+            unresolved: BTreeSet::new(),
+            self_cpu: None,
+        }
+    }
+
+    fn run(mut self, configs: std_mpsc::Receiver<pb::NodeConfig>, stop: &AtomicBool) {
+        if let Ok(p) = &self.pipes {
+            p.close_cpu_epoch();
+        }
+        let mut last = Instant::now();
+        while !stop.load(Ordering::SeqCst) {
+            let interval = Duration::from_millis(self.config.report_interval_ms.max(1000));
+            let deadline = last + interval;
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(200));
+            match configs.recv_timeout(wait) {
+                Ok(c) => {
+                    let ack = self.apply(c);
+                    let _ = self.acks.send(ack);
+                    continue;
+                }
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if Instant::now() < deadline {
+                continue;
+            }
+            let elapsed = last.elapsed();
+            last = Instant::now();
+            let r = self.tick(elapsed);
+            self.reports.send_replace(Some(r));
+        }
+    }
+
+    fn apply(&mut self, c: pb::NodeConfig) -> pb::ConfigAck {
+        let version = c.version;
+        let nack = move |reason: String| pb::ConfigAck {
+            version,
+            accepted: false,
+            reason,
+        };
+        if c.version == self.config.version && c.version != 0 {
+            // A reconnect resent what runs already.
+            return pb::ConfigAck {
+                version: c.version,
+                accepted: true,
+                reason: self.unresolved_reason(),
+            };
+        }
+        let geometry = match Geometry::new(c.sketch_depth, c.sketch_width) {
+            Ok(g) => g,
+            Err(e) => return nack(format!("sketch: {e}")),
+        };
+        if !(1..=1000).contains(&c.top_k) {
+            return nack(format!("top_k {} is outside 1..1000", c.top_k));
+        }
+        if c.report_interval_ms < 1000 {
+            return nack(format!(
+                "report interval {} ms is below the 1000 ms minimum",
+                c.report_interval_ms
+            ));
+        }
+        let reload = match &self.pipes {
+            Ok(p) => p.options().cpu != geometry,
+            Err(e) => return nack(format!("kernel pipelines unavailable: {e}")),
+        };
+        if reload {
+            // Detach the old programs before loading the new ones.
+            self.pipes = Err("reloading".into());
+            self.pipes = load(PipelineOptions {
+                cpu: geometry,
+                mem: geometry,
+                ..Default::default()
+            });
+            self.builder = None;
+            self.resolved.clear();
+            if let Err(e) = &self.pipes {
+                return nack(format!("reloading the pipelines with a new sketch: {e}"));
+            }
+        }
+        let mut builder = self
+            .builder
+            .take()
+            .unwrap_or_else(|| FrameBuilder::new(c.top_k as usize, self.layout.clone()));
+        builder.k = c.top_k as usize;
+        builder.leak_min_confidence = c
+            .leak
+            .as_ref()
+            .map_or(60, |l| l.min_confidence.min(100) as u8);
+        self.builder = Some(builder);
+        self.config = c;
+        self.applied.store(self.config.version, Ordering::SeqCst);
+        if let Err(e) = self.retarget() {
+            return nack(e);
+        }
+        if reload && let Ok(p) = &self.pipes {
+            p.close_cpu_epoch();
+        }
+        pb::ConfigAck {
+            version: self.config.version,
+            accepted: true,
+            reason: self.unresolved_reason(),
+        }
+    }
+
+    fn unresolved_reason(&self) -> String {
+        if self.unresolved.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "{} container(s) not found on this node yet",
+                self.unresolved.len()
+            )
+        }
+    }
+
+    /// Finds the targeted containers' cgroups and programs the exact-tracking maps when
+    /// the set changed (containers start, restart with new ids, go away).
+    fn retarget(&mut self) -> Result<(), String> {
+        let Some(layout) = &self.layout else {
+            return Ok(());
+        };
+        let wanted: BTreeSet<String> = self
+            .config
+            .targets
+            .iter()
+            .flat_map(|p| p.containers.iter())
+            .map(|c| c.container_id.clone())
+            .filter(|id| !id.is_empty())
+            .collect();
+        let (found, missing) = resolve::resolve(layout.root(), &wanted);
+        self.unresolved = missing;
+        if found == self.resolved {
+            return Ok(());
+        }
+        let ids: Vec<u64> = found.iter().map(|c| c.cgroup_id).collect();
+        if let Ok(p) = &mut self.pipes {
+            p.set_targets(&[], &ids)
+                .map_err(|e| format!("programming targets: {e}"))?;
+        }
+        if let Some(b) = &mut self.builder {
+            b.watched_cgroups = found
+                .iter()
+                .map(|c| (c.cgroup_id, c.cgroup_path.clone()))
+                .collect();
+        }
+        tracing::info!(
+            found = found.len(),
+            missing = self.unresolved.len(),
+            "targets programmed"
+        );
+        self.resolved = found;
+        Ok(())
+    }
+
+    fn tick(&mut self, elapsed: Duration) -> pb::Report {
+        if let Err(e) = self.retarget() {
+            tracing::warn!(error = %e, "retargeting failed");
+        }
+        let pid = std::process::id();
+        let cpu_now = procfs::cpu_ns(pid);
+        let agent_cpu = match (self.self_cpu, cpu_now) {
+            (Some(a), Some(b)) => {
+                (b.saturating_sub(a)) as f64 * 100.0 / elapsed.as_nanos().max(1) as f64
+            }
+            _ => 0.0,
+        };
+        self.self_cpu = cpu_now;
+        let agent_rss = procfs::resident_pages(pid).unwrap_or(0) * procfs::page_size();
+        let (Ok(pipes), Some(builder)) = (&mut self.pipes, &mut self.builder) else {
+            return pb::Report {
+                config_version: self.config.version,
+                timestamp_unix_ms: (procfs::realtime_ns() / 1_000_000) as i64,
+                interval_ms: elapsed.as_millis() as u64,
+                health: Some(pb::Health {
+                    agent_cpu_percent: agent_cpu,
+                    agent_rss_bytes: agent_rss,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+        };
+        let epoch = pipes.close_cpu_epoch();
+        pipes.drain_samples(|s| builder.observe_sample(s));
+        let frame = builder.build(pipes, &epoch);
+        report::build(report::ReportInputs {
+            frame: &frame,
+            config: &self.config,
+            containers: &self.resolved,
+            unresolved: self.unresolved.iter().cloned().collect(),
+            cgroup_root: self.layout.as_ref().map(|l| l.root()),
+            agent_cpu_percent: (agent_cpu * 100.0).round() / 100.0,
+            agent_rss_bytes: agent_rss,
+        })
+    }
+}
+
+fn load(opts: PipelineOptions) -> Result<Pipelines, String> {
+    Pipelines::load(opts).map_err(|e| {
+        let mut s = e.to_string();
+        let mut cur = std::error::Error::source(&e);
+        while let Some(c) = cur {
+            s.push_str(": ");
+            s.push_str(&c.to_string());
+            cur = c.source();
+        }
+        s
+    })
+}

@@ -1,0 +1,142 @@
+//! One interval's frame, as the operator wants it: exact per-container figures of the
+//! targeted containers, the node's sketch Top-K, and leaks of targeted containers.
+
+use std::{collections::BTreeMap, path::Path};
+
+use resourcewatch_proto as pb;
+
+use crate::{
+    cluster::resolve::ResolvedContainer,
+    leak::memory_limit,
+    snapshot::{Attribution, Frame, TargetRow},
+};
+
+pub struct ReportInputs<'a> {
+    pub frame: &'a Frame,
+    pub config: &'a pb::NodeConfig,
+    pub containers: &'a [ResolvedContainer],
+    pub unresolved: Vec<String>,
+    /// The memory hierarchy's root, for the containers' charge and limit.
+    pub cgroup_root: Option<&'a Path>,
+    pub agent_cpu_percent: f64,
+    pub agent_rss_bytes: u64,
+}
+
+pub fn build(i: ReportInputs<'_>) -> pb::Report {
+    let k = i.config.top_k.max(1) as usize;
+    let mut by_container: BTreeMap<&str, Vec<&TargetRow>> = BTreeMap::new();
+    for row in &i.frame.targets {
+        if let Some(cid) = row.who.container_id.as_deref() {
+            by_container.entry(cid).or_default().push(row);
+        }
+    }
+    let containers = i
+        .containers
+        .iter()
+        .map(|c| {
+            let rows = by_container
+                .remove(c.container_id.as_str())
+                .unwrap_or_default();
+            let live: Vec<&TargetRow> = rows.iter().copied().filter(|r| !r.exited).collect();
+            let cpu_percent = rows.iter().map(|r| r.cpu_percent).sum::<f64>();
+            // The heaviest K by CPU and the heaviest K by memory, each process once.
+            let mut by_cpu = live.clone();
+            by_cpu.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
+            let mut by_mem = live;
+            by_mem.sort_by(|a, b| b.rss_bytes.cmp(&a.rss_bytes));
+            let mut chosen: BTreeMap<u32, &TargetRow> = BTreeMap::new();
+            for r in by_cpu.iter().take(k).chain(by_mem.iter().take(k)) {
+                chosen.insert(r.pid, r);
+            }
+            let mut processes: Vec<pb::Process> = chosen
+                .values()
+                .map(|r| process(r.pid, r.cpu_percent, r.rss_bytes, &r.who))
+                .collect();
+            processes.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
+            let limit = i
+                .cgroup_root
+                .and_then(|root| memory_limit::effective(root, &c.cgroup_path));
+            let own = i.cgroup_root.and_then(|root| {
+                memory_limit::read_one(&root.join(c.cgroup_path.trim_start_matches('/')))
+            });
+            pb::ContainerReport {
+                pod_uid: c.pod_uid.clone(),
+                container_id: c.container_id.clone(),
+                memory_bytes: own
+                    .map(|m| m.usage_bytes)
+                    .unwrap_or_else(|| rows.iter().map(|r| r.rss_bytes).sum()),
+                memory_limit_bytes: limit.and_then(|l| l.limit_bytes).unwrap_or(0),
+                cpu_percent: (cpu_percent * 100.0).round() / 100.0,
+                processes,
+            }
+        })
+        .collect();
+    let leak_cfg = i.config.leak.clone().unwrap_or_default();
+    let targeted = |who: &Attribution| {
+        who.container_id
+            .as_deref()
+            .is_some_and(|cid| i.containers.iter().any(|c| c.container_id == cid))
+    };
+    let leaks = if leak_cfg.enabled {
+        i.frame
+            .leaks
+            .iter()
+            .filter(|l| u32::from(l.confidence) >= leak_cfg.min_confidence && targeted(&l.who))
+            .map(|l| pb::Leak {
+                pod_uid: l.who.pod_uid.clone().unwrap_or_default(),
+                container_id: l.who.container_id.clone().unwrap_or_default(),
+                pid: l.pid.unwrap_or(0),
+                command: l.who.comm.clone().unwrap_or_default(),
+                memory_bytes: l.rss_bytes,
+                growth_bytes_per_second: l.growth_bytes_per_sec,
+                r2: l.r2,
+                confidence: u32::from(l.confidence),
+                limit_bytes: l.limit_bytes.unwrap_or(0),
+                time_to_oom_seconds: l.time_to_oom_secs,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let kernel = &i.frame.kernel;
+    pb::Report {
+        config_version: i.config.version,
+        timestamp_unix_ms: (i.frame.ts_ns / 1_000_000) as i64,
+        interval_ms: i.frame.interval_ns / 1_000_000,
+        containers,
+        node_top_cpu: i
+            .frame
+            .cpu
+            .iter()
+            .take(k)
+            .map(|r| process(r.pid, r.cpu_percent, 0, &r.who))
+            .collect(),
+        node_top_memory: i
+            .frame
+            .memory
+            .iter()
+            .take(k)
+            .map(|r| process(r.pid, 0.0, r.rss_bytes, &r.who))
+            .collect(),
+        leaks,
+        health: Some(pb::Health {
+            samples: kernel.samples,
+            samples_lost: kernel.samples_lost,
+            full_maps: kernel.proc_mem_full + kernel.targets_full + kernel.alloc_ptrs_full,
+            unresolved_containers: i.unresolved,
+            agent_cpu_percent: i.agent_cpu_percent,
+            agent_rss_bytes: i.agent_rss_bytes,
+        }),
+    }
+}
+
+fn process(pid: u32, cpu: f64, rss: u64, who: &Attribution) -> pb::Process {
+    pb::Process {
+        pid,
+        command: who.comm.clone().unwrap_or_default(),
+        cpu_percent: cpu,
+        rss_bytes: rss,
+        pod_uid: who.pod_uid.clone().unwrap_or_default(),
+        container_id: who.container_id.clone().unwrap_or_default(),
+    }
+}

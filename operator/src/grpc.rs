@@ -1,0 +1,180 @@
+//! The operator's end of the agent protocol: one long-lived bidirectional stream per node,
+//! over mTLS. The transport is a thin shell over [`Hub`]; every protocol rule (first
+//! message, versions, replaced streams) maps to a precise `tonic::Status`.
+
+use std::{pin::Pin, sync::Arc, time::Duration};
+
+use futures::Stream;
+use resourcewatch_proto::{
+    self as pb, agent_control_server::AgentControl, agent_message::Msg, operator_message,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{
+    hub::{Hub, HubError, Session},
+    metrics::Metrics,
+};
+
+/// How long a new stream may take to say Hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone)]
+pub struct AgentService {
+    pub hub: Arc<Hub>,
+    pub metrics: Arc<Metrics>,
+    /// True while this replica holds the leader Lease: only the leader serves agents, so
+    /// only one replica's view of the nodes feeds status.
+    pub leader: watch::Receiver<bool>,
+    /// Becomes true when the operator shuts down: streams end with UNAVAILABLE, so
+    /// agents reconnect (to the next leader) at once.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl From<HubError> for Status {
+    fn from(e: HubError) -> Self {
+        match e {
+            HubError::NoNodeName | HubError::UnknownVersion { .. } => {
+                Status::invalid_argument(e.to_string())
+            }
+            HubError::Protocol(..) => Status::failed_precondition(e.to_string()),
+            HubError::NoSession(_) => Status::aborted(e.to_string()),
+        }
+    }
+}
+
+type OutStream = Pin<Box<dyn Stream<Item = Result<pb::OperatorMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentControl for AgentService {
+    type SessionStream = OutStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<OutStream>, Status> {
+        if !*self.leader.borrow() {
+            return Err(Status::unavailable(
+                "this operator replica is not the leader",
+            ));
+        }
+        if *self.shutdown.borrow() {
+            return Err(Status::unavailable("the operator is shutting down"));
+        }
+        let mut inbound = request.into_inner();
+        let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+            Err(_) => return Err(Status::deadline_exceeded("no Hello within 10s")),
+            Ok(Err(s)) => return Err(s),
+            Ok(Ok(None)) => return Err(Status::invalid_argument("stream closed before Hello")),
+            Ok(Ok(Some(m))) => m,
+        };
+        let Some(Msg::Hello(hello)) = first.msg else {
+            self.metrics.protocol_error("no_hello");
+            return Err(Status::invalid_argument(
+                "the first message must be a Hello",
+            ));
+        };
+        let session = self.hub.connect(&hello).inspect_err(|e| {
+            self.metrics.protocol_error(match e {
+                HubError::Protocol(..) => "protocol_version",
+                _ => "bad_hello",
+            })
+        })?;
+        tracing::info!(node = %session.node, agent = %hello.agent_version, "agent connected");
+        let (tx, rx) = mpsc::channel(8);
+        tokio::spawn(run_session(
+            self.hub.clone(),
+            self.metrics.clone(),
+            session,
+            inbound,
+            tx,
+            self.leader.clone(),
+            self.shutdown.clone(),
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+async fn run_session(
+    hub: Arc<Hub>,
+    metrics: Arc<Metrics>,
+    mut session: Session,
+    mut inbound: Streaming<pb::AgentMessage>,
+    tx: mpsc::Sender<Result<pb::OperatorMessage, Status>>,
+    mut leader: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let node = session.node.clone();
+    metrics.agents_connected.inc();
+    let end: Option<Status> = loop {
+        tokio::select! {
+            changed = session.config.changed() => {
+                if changed.is_err() {
+                    break Some(Status::unavailable("the node's configuration was dropped"));
+                }
+                let c = session.config.borrow_and_update().clone();
+                let msg = pb::OperatorMessage { msg: Some(operator_message::Msg::Config(c)) };
+                if tx.send(Ok(msg)).await.is_err() {
+                    break None;
+                }
+                metrics.config_pushes.inc();
+            }
+            _ = &mut session.replaced => {
+                break Some(Status::aborted(format!("a newer stream from node {node} replaced this one")));
+            }
+            _ = async { let _ = leader.wait_for(|l| !l).await; } => {
+                break Some(Status::unavailable("this operator replica lost the leadership"));
+            }
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => {
+                break Some(Status::unavailable("the operator is shutting down"));
+            }
+            msg = inbound.message() => match msg {
+                Ok(Some(m)) => {
+                    if let Err(s) = handle(&hub, &metrics, &session, m) {
+                        break Some(s);
+                    }
+                }
+                Ok(None) => break None,
+                Err(s) => {
+                    tracing::debug!(%node, error = %s, "agent stream failed");
+                    break None;
+                }
+            }
+        }
+    };
+    if let Some(status) = end {
+        tracing::info!(%node, reason = %status.message(), "ending agent stream");
+        let _ = tx.send(Err(status)).await;
+    }
+    hub.disconnect(&node, session.id);
+    metrics.agents_connected.dec();
+    tracing::info!(%node, "agent disconnected");
+}
+
+fn handle(hub: &Hub, metrics: &Metrics, s: &Session, m: pb::AgentMessage) -> Result<(), Status> {
+    match m.msg {
+        Some(Msg::Hello(_)) => {
+            metrics.protocol_error("hello_twice");
+            Err(Status::invalid_argument("Hello sent twice on one stream"))
+        }
+        Some(Msg::Ack(ack)) => {
+            if !ack.accepted {
+                metrics.config_nacks.inc();
+                tracing::warn!(node = %s.node, version = ack.version, reason = %ack.reason, "agent refused its configuration");
+            }
+            hub.ack(&s.node, s.id, &ack).map_err(|e| {
+                metrics.protocol_error("unknown_version");
+                Status::from(e)
+            })
+        }
+        Some(Msg::Report(r)) => {
+            metrics.reports.inc();
+            hub.report(&s.node, s.id, r).map_err(Status::from)
+        }
+        None => {
+            metrics.protocol_error("empty");
+            Err(Status::invalid_argument("empty AgentMessage"))
+        }
+    }
+}

@@ -1,0 +1,706 @@
+//! The agent hub: which pods each watch targets, the configuration each node must run,
+//! and what each node's agent last said. Kube-free and transport-free, so the reconciler
+//! and the gRPC layer are tested against it directly.
+//!
+//! Versions: every configuration a node is sent carries a version from one counter seeded
+//! with the wall clock at start (microseconds), so versions only grow, also across an
+//! operator restart, and an agent can tell a stale snapshot from a new one.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{
+        Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use resourcewatch_proto as pb;
+use tokio::sync::{oneshot, watch};
+
+/// A ResourceWatch, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WatchKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for WatchKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A selected pod that is scheduled to a node.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TargetPod {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
+    /// (container name, runtime id without scheme; empty until started)
+    pub containers: Vec<(String, String)>,
+}
+
+/// What one watch asks of the nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WatchTargets {
+    pub top_k: u32,
+    pub interval: Duration,
+    pub leaks_enabled: bool,
+    pub min_confidence: u8,
+    pub horizon: Duration,
+    pub pods: Vec<TargetPod>,
+}
+
+/// Sketch geometry and report cadence for nodes no watch constrains.
+#[derive(Clone, Debug)]
+pub struct HubOptions {
+    pub sketch_depth: u32,
+    pub sketch_width: u32,
+    /// Report cadence of a node no watch targets (its node Top-K still matters).
+    pub idle_report_interval: Duration,
+    /// A node whose agent has not reported for this long after the operator started or
+    /// after its stream ended counts as missing (`Degraded`, `AgentLost`). Shorter would
+    /// turn every operator restart and agent rollout into Events.
+    pub agent_grace: Duration,
+}
+
+impl Default for HubOptions {
+    fn default() -> Self {
+        Self {
+            sketch_depth: 4,
+            sketch_width: 1024,
+            idle_report_interval: Duration::from_secs(30),
+            agent_grace: Duration::from_secs(20),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HubError {
+    #[error("hello: node_name is empty")]
+    NoNodeName,
+    #[error("protocol version {0} is not supported (this operator speaks {1})")]
+    Protocol(u32, u32),
+    #[error("node {0}: no session")]
+    NoSession(String),
+    #[error("node {node}: ack for version {version}, which was never sent to it")]
+    UnknownVersion { node: String, version: u64 },
+}
+
+/// What the rest of the operator sees of a node.
+#[derive(Clone, Debug, Default)]
+pub struct NodeView {
+    pub name: String,
+    pub connected: bool,
+    /// Connected, and the last report is younger than three report intervals.
+    pub reporting: bool,
+    /// Not reporting, and the grace after start or after the stream ended has passed.
+    pub missing: bool,
+    pub config_version: Option<u64>,
+    pub acked_version: Option<u64>,
+    pub nack: Option<(u64, String)>,
+    pub capabilities: Option<pb::Capabilities>,
+    pub last_report: Option<pb::Report>,
+}
+
+struct NodeState {
+    config: pb::NodeConfig,
+    config_tx: watch::Sender<pb::NodeConfig>,
+    session: Option<SessionState>,
+    /// When the node last stopped reporting (stream end), or the hub's start.
+    lost_at: Instant,
+    acked: Option<u64>,
+    nack: Option<(u64, String)>,
+    sent: BTreeSet<u64>,
+    capabilities: Option<pb::Capabilities>,
+    last_report: Option<(Instant, pb::Report)>,
+}
+
+struct SessionState {
+    id: u64,
+    /// Dropping it ends the session (a newer stream from the same node replaced it).
+    _kill: oneshot::Sender<()>,
+}
+
+pub struct Hub {
+    opts: HubOptions,
+    inner: Mutex<Inner>,
+    next_version: AtomicU64,
+    next_session: AtomicU64,
+    started: Instant,
+    /// Bumped when a node connects, disconnects or refuses a configuration, so the
+    /// controller re-reconciles without waiting for its next interval.
+    changed: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct Inner {
+    watches: BTreeMap<WatchKey, WatchTargets>,
+    nodes: BTreeMap<String, NodeState>,
+}
+
+/// A connected agent's handle: its configuration feed, and a signal when replaced.
+pub struct Session {
+    pub id: u64,
+    pub node: String,
+    pub config: watch::Receiver<pb::NodeConfig>,
+    pub replaced: oneshot::Receiver<()>,
+}
+
+impl Hub {
+    pub fn new(opts: HubOptions) -> Self {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(1);
+        Self {
+            opts,
+            inner: Mutex::new(Inner::default()),
+            next_version: AtomicU64::new(seed),
+            next_session: AtomicU64::new(1),
+            started: Instant::now(),
+            changed: watch::channel(0).0,
+        }
+    }
+
+    pub fn options(&self) -> &HubOptions {
+        &self.opts
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; keep serving.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notified (value bumped) when some node's connection state changes.
+    pub fn subscribe_changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn notify(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Sets what a watch targets; nodes whose configuration changes get a new version.
+    pub fn set_watch(&self, key: WatchKey, targets: WatchTargets) {
+        let mut inner = self.lock();
+        if inner.watches.get(&key) == Some(&targets) {
+            return;
+        }
+        inner.watches.insert(key, targets);
+        self.recompute(&mut inner);
+    }
+
+    pub fn remove_watch(&self, key: &WatchKey) {
+        let mut inner = self.lock();
+        if inner.watches.remove(key).is_some() {
+            self.recompute(&mut inner);
+        }
+    }
+
+    pub fn watch_keys(&self) -> Vec<WatchKey> {
+        self.lock().watches.keys().cloned().collect()
+    }
+
+    /// The configuration each node must run, computed from every watch: the union of its
+    /// targeted pods, the largest K, the shortest cadence, the most sensitive leak settings.
+    fn desired(&self, inner: &Inner) -> BTreeMap<String, pb::NodeConfig> {
+        let mut out: BTreeMap<String, pb::NodeConfig> = BTreeMap::new();
+        let mut pods: BTreeMap<String, BTreeMap<String, pb::TargetPod>> = BTreeMap::new();
+        for w in inner.watches.values() {
+            for p in &w.pods {
+                let c = out.entry(p.node.clone()).or_insert_with(|| pb::NodeConfig {
+                    top_k: w.top_k,
+                    report_interval_ms: report_interval_ms(w.interval),
+                    ..self.idle_config()
+                });
+                c.top_k = c.top_k.max(w.top_k);
+                c.report_interval_ms = c.report_interval_ms.min(report_interval_ms(w.interval));
+                let leak = c.leak.get_or_insert_with(Default::default);
+                if w.leaks_enabled {
+                    leak.min_confidence = if leak.enabled {
+                        leak.min_confidence.min(w.min_confidence as u32)
+                    } else {
+                        w.min_confidence as u32
+                    };
+                    leak.horizon_secs = leak.horizon_secs.max(w.horizon.as_secs());
+                    leak.enabled = true;
+                }
+                pods.entry(p.node.clone()).or_default().insert(
+                    p.uid.clone(),
+                    pb::TargetPod {
+                        uid: p.uid.clone(),
+                        namespace: p.namespace.clone(),
+                        name: p.name.clone(),
+                        containers: p
+                            .containers
+                            .iter()
+                            .map(|(name, id)| pb::TargetContainer {
+                                name: name.clone(),
+                                container_id: id.clone(),
+                            })
+                            .collect(),
+                    },
+                );
+            }
+        }
+        for (node, c) in out.iter_mut() {
+            c.targets = pods
+                .remove(node)
+                .unwrap_or_default()
+                .into_values()
+                .collect();
+        }
+        out
+    }
+
+    /// The configuration of a node no watch targets: its agent still reports the node's
+    /// Top-K, at a relaxed cadence.
+    fn idle_config(&self) -> pb::NodeConfig {
+        pb::NodeConfig {
+            version: 0,
+            top_k: 10,
+            sketch_depth: self.opts.sketch_depth,
+            sketch_width: self.opts.sketch_width,
+            report_interval_ms: self.opts.idle_report_interval.as_millis() as u64,
+            leak: Some(pb::LeakSettings {
+                enabled: false,
+                min_confidence: 60,
+                horizon_secs: 0,
+            }),
+            targets: Vec::new(),
+        }
+    }
+
+    fn recompute(&self, inner: &mut Inner) {
+        let desired = self.desired(inner);
+        let names: BTreeSet<String> = inner
+            .nodes
+            .keys()
+            .cloned()
+            .chain(desired.keys().cloned())
+            .collect();
+        for name in names {
+            let body = desired
+                .get(&name)
+                .cloned()
+                .unwrap_or_else(|| self.idle_config());
+            match inner.nodes.get_mut(&name) {
+                Some(n) => {
+                    if same_body(&n.config, &body) {
+                        continue;
+                    }
+                    let c = pb::NodeConfig {
+                        version: self.next_version(),
+                        ..body
+                    };
+                    n.sent.insert(c.version);
+                    n.config = c.clone();
+                    n.config_tx.send_replace(c);
+                }
+                None => {
+                    let c = pb::NodeConfig {
+                        version: self.next_version(),
+                        ..body
+                    };
+                    let state = self.new_node(c);
+                    inner.nodes.insert(name, state);
+                }
+            }
+        }
+        // Forget nodes nothing targets and no agent is connected from.
+        let targeted: BTreeSet<&String> = desired.keys().collect();
+        inner
+            .nodes
+            .retain(|name, n| n.session.is_some() || targeted.contains(name));
+    }
+
+    fn new_node(&self, c: pb::NodeConfig) -> NodeState {
+        let mut sent = BTreeSet::new();
+        sent.insert(c.version);
+        NodeState {
+            config_tx: watch::channel(c.clone()).0,
+            config: c,
+            session: None,
+            lost_at: self.started,
+            acked: None,
+            nack: None,
+            sent,
+            capabilities: None,
+            last_report: None,
+        }
+    }
+
+    fn next_version(&self) -> u64 {
+        self.next_version.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// A new stream from an agent. A previous stream from the same node is ended.
+    pub fn connect(&self, hello: &pb::Hello) -> Result<Session, HubError> {
+        if hello.node_name.is_empty() {
+            return Err(HubError::NoNodeName);
+        }
+        if hello.protocol_version != resourcewatch_proto::PROTOCOL_VERSION {
+            return Err(HubError::Protocol(
+                hello.protocol_version,
+                resourcewatch_proto::PROTOCOL_VERSION,
+            ));
+        }
+        let mut inner = self.lock();
+        if !inner.nodes.contains_key(&hello.node_name) {
+            let body = self
+                .desired(&inner)
+                .remove(&hello.node_name)
+                .unwrap_or_else(|| self.idle_config());
+            let c = pb::NodeConfig {
+                version: self.next_version(),
+                ..body
+            };
+            let state = self.new_node(c);
+            inner.nodes.insert(hello.node_name.clone(), state);
+        }
+        let n = inner
+            .nodes
+            .get_mut(&hello.node_name)
+            .ok_or_else(|| HubError::NoSession(hello.node_name.clone()))?;
+        let (kill, replaced) = oneshot::channel();
+        let id = self.next_session.fetch_add(1, Ordering::SeqCst);
+        n.session = Some(SessionState { id, _kill: kill });
+        n.capabilities = hello.capabilities.clone();
+        n.nack = None;
+        // The receiver starts "unseen", so the session sends the full snapshot first.
+        let mut config = n.config_tx.subscribe();
+        config.mark_changed();
+        drop(inner);
+        self.notify();
+        Ok(Session {
+            id,
+            node: hello.node_name.clone(),
+            config,
+            replaced,
+        })
+    }
+
+    /// The stream of a session ended (agent gone, network, or replaced).
+    pub fn disconnect(&self, node: &str, session: u64) {
+        let mut inner = self.lock();
+        if let Some(n) = inner.nodes.get_mut(node)
+            && n.session.as_ref().is_some_and(|s| s.id == session)
+        {
+            n.session = None;
+            n.lost_at = Instant::now();
+            n.last_report = None;
+            drop(inner);
+            self.notify();
+        }
+    }
+
+    pub fn ack(&self, node: &str, session: u64, ack: &pb::ConfigAck) -> Result<(), HubError> {
+        let mut inner = self.lock();
+        let n = inner
+            .nodes
+            .get_mut(node)
+            .filter(|n| n.session.as_ref().is_some_and(|s| s.id == session))
+            .ok_or_else(|| HubError::NoSession(node.into()))?;
+        if !n.sent.contains(&ack.version) {
+            return Err(HubError::UnknownVersion {
+                node: node.into(),
+                version: ack.version,
+            });
+        }
+        let changed = if ack.accepted {
+            n.acked = Some(n.acked.map_or(ack.version, |a| a.max(ack.version)));
+            n.nack.take().is_some()
+        } else {
+            n.nack = Some((ack.version, ack.reason.clone()));
+            true
+        };
+        drop(inner);
+        if changed {
+            self.notify();
+        }
+        Ok(())
+    }
+
+    pub fn report(&self, node: &str, session: u64, report: pb::Report) -> Result<(), HubError> {
+        let mut inner = self.lock();
+        let n = inner
+            .nodes
+            .get_mut(node)
+            .filter(|n| n.session.as_ref().is_some_and(|s| s.id == session))
+            .ok_or_else(|| HubError::NoSession(node.into()))?;
+        let first = n.last_report.is_none();
+        n.last_report = Some((Instant::now(), report));
+        drop(inner);
+        if first {
+            self.notify();
+        }
+        Ok(())
+    }
+
+    /// The current configuration of a node (tests, diagnostics).
+    pub fn config(&self, node: &str) -> Option<pb::NodeConfig> {
+        self.lock().nodes.get(node).map(|n| n.config.clone())
+    }
+
+    /// The state of the named nodes, known or not.
+    pub fn view(&self, nodes: &BTreeSet<String>) -> Vec<NodeView> {
+        let inner = self.lock();
+        let now = Instant::now();
+        nodes
+            .iter()
+            .map(|name| match inner.nodes.get(name) {
+                None => NodeView {
+                    name: name.clone(),
+                    missing: now.duration_since(self.started) > self.opts.agent_grace,
+                    ..Default::default()
+                },
+                Some(n) => {
+                    let fresh_for = Duration::from_millis(n.config.report_interval_ms)
+                        .saturating_mul(3)
+                        .max(Duration::from_secs(5));
+                    let reporting = n.session.is_some()
+                        && n.last_report
+                            .as_ref()
+                            .is_some_and(|(at, _)| now.duration_since(*at) < fresh_for);
+                    let lost_since = match (&n.session, &n.last_report) {
+                        (Some(_), Some((at, _))) => *at,
+                        _ => n.lost_at,
+                    };
+                    NodeView {
+                        name: name.clone(),
+                        connected: n.session.is_some(),
+                        reporting,
+                        missing: !reporting
+                            && now.duration_since(lost_since.max(self.started))
+                                > self.opts.agent_grace,
+                        config_version: Some(n.config.version),
+                        acked_version: n.acked,
+                        nack: n.nack.clone(),
+                        capabilities: n.capabilities.clone(),
+                        last_report: reporting
+                            .then(|| n.last_report.as_ref().map(|(_, r)| r.clone()))
+                            .flatten(),
+                    }
+                }
+            })
+            .collect()
+    }
+
+    pub fn connected_agents(&self) -> usize {
+        self.lock()
+            .nodes
+            .values()
+            .filter(|n| n.session.is_some())
+            .count()
+    }
+
+    /// True once every node that was targeted at start had its grace: before that, a
+    /// missing report means "not reconnected yet", not "lost".
+    pub fn past_startup_grace(&self) -> bool {
+        self.started.elapsed() > self.opts.agent_grace
+    }
+}
+
+fn same_body(a: &pb::NodeConfig, b: &pb::NodeConfig) -> bool {
+    pb::NodeConfig {
+        version: 0,
+        ..a.clone()
+    } == pb::NodeConfig {
+        version: 0,
+        ..b.clone()
+    }
+}
+
+/// Agents report twice per status interval, so a status write never shows data older
+/// than half an interval plus the write itself.
+fn report_interval_ms(status_interval: Duration) -> u64 {
+    (status_interval.as_millis() as u64 / 2).max(2_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, node: &str) -> TargetPod {
+        TargetPod {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("pod-{uid}"),
+            node: node.into(),
+            containers: vec![("app".into(), format!("cid-{uid}"))],
+        }
+    }
+
+    fn targets(k: u32, interval_s: u64, pods: Vec<TargetPod>) -> WatchTargets {
+        WatchTargets {
+            top_k: k,
+            interval: Duration::from_secs(interval_s),
+            leaks_enabled: true,
+            min_confidence: 60,
+            horizon: Duration::from_secs(7200),
+            pods,
+        }
+    }
+
+    fn key(name: &str) -> WatchKey {
+        WatchKey {
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    fn hello(node: &str) -> pb::Hello {
+        pb::Hello {
+            node_name: node.into(),
+            protocol_version: resourcewatch_proto::PROTOCOL_VERSION,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn nodes_get_the_union_of_their_pods_and_the_strictest_settings() {
+        let hub = Hub::new(HubOptions::default());
+        hub.set_watch(
+            key("a"),
+            targets(5, 30, vec![pod("1", "n1"), pod("2", "n2")]),
+        );
+        hub.set_watch(
+            key("b"),
+            targets(20, 10, vec![pod("2", "n2"), pod("3", "n2")]),
+        );
+        let n1 = hub.config("n1").expect("n1 configured");
+        let n2 = hub.config("n2").expect("n2 configured");
+        assert_eq!(n1.targets.len(), 1);
+        assert_eq!((n1.top_k, n1.report_interval_ms), (5, 15_000));
+        let uids: Vec<&str> = n2.targets.iter().map(|t| t.uid.as_str()).collect();
+        assert_eq!(uids, ["2", "3"], "pod 2 once, though two watches select it");
+        assert_eq!((n2.top_k, n2.report_interval_ms), (20, 5_000));
+        assert_eq!(n2.targets[0].containers[0].container_id, "cid-2");
+    }
+
+    #[test]
+    fn versions_grow_only_when_a_node_configuration_changes() {
+        let hub = Hub::new(HubOptions::default());
+        hub.set_watch(
+            key("a"),
+            targets(5, 30, vec![pod("1", "n1"), pod("2", "n2")]),
+        );
+        let (v1, v2) = (
+            hub.config("n1").unwrap().version,
+            hub.config("n2").unwrap().version,
+        );
+        hub.set_watch(
+            key("a"),
+            targets(5, 30, vec![pod("1", "n1"), pod("2", "n2")]),
+        );
+        assert_eq!(
+            hub.config("n1").unwrap().version,
+            v1,
+            "same spec: no new version"
+        );
+        hub.set_watch(
+            key("a"),
+            targets(5, 30, vec![pod("1", "n1"), pod("3", "n2")]),
+        );
+        assert_eq!(hub.config("n1").unwrap().version, v1, "n1 unchanged");
+        assert!(hub.config("n2").unwrap().version > v2, "n2 changed");
+        hub.remove_watch(&key("a"));
+        assert!(
+            hub.config("n1").is_none(),
+            "nothing targets n1 and no agent is there"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_session_starts_with_the_full_snapshot_and_sees_updates() {
+        let hub = Hub::new(HubOptions::default());
+        hub.set_watch(key("a"), targets(5, 30, vec![pod("1", "n1")]));
+        let mut s = hub.connect(&hello("n1")).expect("connects");
+        assert!(s.config.has_changed().unwrap(), "snapshot pending at once");
+        let first = s.config.borrow_and_update().clone();
+        assert_eq!(first.targets.len(), 1);
+        hub.set_watch(
+            key("a"),
+            targets(5, 30, vec![pod("1", "n1"), pod("2", "n1")]),
+        );
+        s.config.changed().await.expect("update");
+        let second = s.config.borrow_and_update().clone();
+        assert!(second.version > first.version);
+        assert_eq!(second.targets.len(), 2);
+        hub.ack(
+            "n1",
+            s.id,
+            &pb::ConfigAck {
+                version: second.version,
+                accepted: true,
+                reason: String::new(),
+            },
+        )
+        .expect("ack");
+        assert_eq!(
+            hub.ack(
+                "n1",
+                s.id,
+                &pb::ConfigAck {
+                    version: 7,
+                    accepted: true,
+                    reason: String::new()
+                }
+            ),
+            Err(HubError::UnknownVersion {
+                node: "n1".into(),
+                version: 7
+            })
+        );
+    }
+
+    #[test]
+    fn a_second_stream_replaces_the_first_and_bad_hellos_are_refused() {
+        let hub = Hub::new(HubOptions::default());
+        let mut a = hub.connect(&hello("n1")).expect("first");
+        let b = hub.connect(&hello("n1")).expect("second");
+        assert!(
+            a.replaced
+                .try_recv()
+                .is_err_and(|e| e == oneshot::error::TryRecvError::Closed)
+        );
+        hub.disconnect("n1", a.id);
+        assert_eq!(
+            hub.connected_agents(),
+            1,
+            "the old session ending leaves the new one"
+        );
+        hub.disconnect("n1", b.id);
+        assert_eq!(hub.connected_agents(), 0);
+        assert_eq!(hub.connect(&hello("")).err(), Some(HubError::NoNodeName));
+        let mut old = hello("n1");
+        old.protocol_version = 99;
+        assert!(matches!(hub.connect(&old), Err(HubError::Protocol(99, _))));
+    }
+
+    #[test]
+    fn nodes_are_missing_only_after_the_grace() {
+        let hub = Hub::new(HubOptions {
+            agent_grace: Duration::from_millis(50),
+            ..Default::default()
+        });
+        hub.set_watch(key("a"), targets(5, 30, vec![pod("1", "n1")]));
+        let nodes: BTreeSet<String> = ["n1".to_string()].into();
+        assert!(!hub.view(&nodes)[0].missing, "within the startup grace");
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(hub.view(&nodes)[0].missing);
+        let s = hub.connect(&hello("n1")).expect("connects");
+        hub.report("n1", s.id, pb::Report::default())
+            .expect("report");
+        let v = &hub.view(&nodes)[0];
+        assert!(v.reporting && !v.missing && v.last_report.is_some());
+        hub.disconnect("n1", s.id);
+        let v = &hub.view(&nodes)[0];
+        assert!(!v.reporting && !v.missing, "just lost: still within grace");
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(hub.view(&nodes)[0].missing);
+    }
+}

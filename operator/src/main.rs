@@ -1,0 +1,215 @@
+//! `resourcewatch-operator`: the controller, the agents' gRPC endpoint (mTLS), leader
+//! election and `/metrics`, until SIGTERM, then a drain bounded by `--drain-timeout`.
+
+use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use clap::Parser;
+use kube::{Client, runtime::events::Reporter};
+use resourcewatch_operator::{
+    controller,
+    grpc::AgentService,
+    hub::{Hub, HubOptions},
+    leader::LeaderElection,
+    metrics::{self, Metrics},
+    spec::parse_duration,
+    tls,
+};
+use resourcewatch_proto::agent_control_server::AgentControlServer;
+use tokio::sync::watch;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+#[derive(Parser)]
+#[command(name = "resourcewatch-operator", version, about)]
+struct Args {
+    /// Namespace of the operator's Secrets and Lease (the downward API's metadata.namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "resourcewatch-system")]
+    namespace: String,
+    /// This replica's identity in the Lease and in Events (metadata.name).
+    #[arg(long, env = "POD_NAME", default_value = "resourcewatch-operator")]
+    pod_name: String,
+    /// Where agents connect (gRPC over mTLS).
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    grpc_addr: SocketAddr,
+    /// /metrics, /healthz, /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Secret holding the CA (created at first start when absent).
+    #[arg(long, default_value = "resourcewatch-ca")]
+    ca_secret: String,
+    /// Secret the agents mount: CA and their client certificate (kept in sync).
+    #[arg(long, default_value = "resourcewatch-agent-tls")]
+    agent_secret: String,
+    #[arg(long, default_value = "resourcewatch-operator")]
+    lease_name: String,
+    /// How long a node may go without a report before it counts as lost.
+    #[arg(long, default_value = "20s", value_parser = duration)]
+    agent_grace: Duration,
+    /// HashPipe geometry pushed to every agent.
+    #[arg(long, default_value_t = 4)]
+    sketch_depth: u32,
+    #[arg(long, default_value_t = 1024)]
+    sketch_width: u32,
+    /// Time allowed for in-flight work after SIGTERM.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    drain_timeout: Duration,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s).ok_or_else(|| format!("{s:?} is not a duration such as 20s"))
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn,tower=warn,h2=warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    if !args.sketch_width.is_power_of_two() || !(1..=8).contains(&args.sketch_depth) {
+        eprintln!(
+            "resourcewatch-operator: --sketch-width must be a power of two and --sketch-depth 1-8"
+        );
+        return ExitCode::from(64);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("resourcewatch-operator: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("resourcewatch-operator: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes configuration (in-cluster or KUBECONFIG)")?;
+    let pki = tls::ensure_ca(&client, &args.namespace, &args.ca_secret)
+        .await
+        .context("CA Secret")?;
+    tls::ensure_agent_secret(&client, &args.namespace, &args.agent_secret, &pki)
+        .await
+        .context("agent certificate Secret")?;
+    let server_name = resourcewatch_proto::operator_server_name(&args.namespace);
+    let leaf = pki.server(&[
+        server_name,
+        "resourcewatch-operator".into(),
+        "localhost".into(),
+    ])?;
+
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let (leader_tx, leader) = watch::channel(false);
+    let metrics = Arc::new(Metrics::default());
+    let hub = Arc::new(Hub::new(HubOptions {
+        sketch_depth: args.sketch_depth,
+        sketch_width: args.sketch_width,
+        agent_grace: args.agent_grace,
+        ..Default::default()
+    }));
+
+    let election = LeaderElection::new(
+        client.clone(),
+        &args.namespace,
+        &args.lease_name,
+        &args.pod_name,
+    );
+    let leader_metric = metrics.clone();
+    let mut leader_watch = leader.clone();
+    tokio::spawn(async move {
+        while leader_watch.changed().await.is_ok() {
+            leader_metric.leader.set(i64::from(*leader_watch.borrow()));
+        }
+    });
+    let election_task = tokio::spawn(election.run(leader_tx, shutdown.clone()));
+
+    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("binding {}", args.metrics_addr))?;
+    let mut metrics_shutdown = shutdown.clone();
+    let router = metrics::router(metrics.clone());
+    let metrics_task = tokio::spawn(async move {
+        axum::serve(metrics_listener, router.into_make_service())
+            .with_graceful_shutdown(async move {
+                let _ = metrics_shutdown.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    let service = AgentService {
+        hub: hub.clone(),
+        metrics: metrics.clone(),
+        leader: leader.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let tls_config = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&leaf.cert, &leaf.key))
+        .client_ca_root(Certificate::from_pem(&pki.ca_cert));
+    let mut grpc_shutdown = shutdown.clone();
+    let grpc = Server::builder()
+        .tls_config(tls_config)
+        .context("TLS configuration")?
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .add_service(AgentControlServer::new(service))
+        .serve_with_shutdown(args.grpc_addr, async move {
+            let _ = grpc_shutdown.wait_for(|s| *s).await;
+        });
+    let grpc_task = tokio::spawn(grpc);
+    tracing::info!(grpc = %args.grpc_addr, metrics = %args.metrics_addr, "serving");
+
+    let reporter = Reporter {
+        controller: resourcewatch_operator::FIELD_MANAGER.into(),
+        instance: Some(args.pod_name.clone()),
+    };
+    let controller_task = tokio::spawn(controller::run(
+        client,
+        hub,
+        metrics,
+        reporter,
+        leader,
+        shutdown.clone(),
+    ));
+
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    shutdown_tx.send_replace(true);
+    let drain = async {
+        let _ = controller_task.await;
+        let _ = grpc_task.await;
+        let _ = election_task.await;
+        let _ = metrics_task.await;
+    };
+    if tokio::time::timeout(args.drain_timeout, drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain timed out");
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! What the CRD schema cannot check: durations' values (the interval floor), selector
+//! semantics, label syntax. A spec that fails here is reported as `Ready=False` with
+//! reason `InvalidSpec` and the message below; nothing is pushed to the nodes for it.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use resourcewatch_crds::{
+    LabelSelector, Metric, RemediationAction, ResourceWatchSpec, SelectorOperator,
+};
+
+/// Status writes (and so the agents' report cadence it drives) never go below this: a
+/// thousand watches at 1 s would be a thousand API writes per second.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A spec the operator can act on, with durations parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WatchSettings {
+    pub selector: LabelSelector,
+    pub top_k: u32,
+    pub cpu: bool,
+    pub memory: bool,
+    pub interval: Duration,
+    pub cpu_threshold: Option<f64>,
+    pub memory_threshold: Option<f64>,
+    pub leaks_enabled: bool,
+    pub min_confidence: u8,
+    pub horizon: Duration,
+    pub action: RemediationAction,
+    pub min_time_to_oom: Duration,
+    pub cooldown: Duration,
+    pub max_restarts: u32,
+    pub window: Duration,
+    pub dry_run: bool,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SpecError {
+    #[error("{field}: {value:?} is not a duration such as 30s, 1m30s or 500ms")]
+    Duration { field: &'static str, value: String },
+    #[error("interval {0:?} is below the 5s minimum that protects the API server")]
+    IntervalTooShort(String),
+    #[error("topK {0} is outside 1..100")]
+    TopK(u32),
+    #[error("selector: {0}")]
+    Selector(String),
+}
+
+impl WatchSettings {
+    pub fn from_spec(spec: &ResourceWatchSpec) -> Result<Self, SpecError> {
+        let interval = duration("interval", &spec.interval)?;
+        if interval < MIN_INTERVAL {
+            return Err(SpecError::IntervalTooShort(spec.interval.clone()));
+        }
+        // The schema bounds topK too; an older CRD version in the cluster may not.
+        if !(1..=100).contains(&spec.top_k) {
+            return Err(SpecError::TopK(spec.top_k));
+        }
+        validate_selector(&spec.selector).map_err(SpecError::Selector)?;
+        let r = &spec.remediation;
+        Ok(Self {
+            selector: spec.selector.clone(),
+            top_k: spec.top_k,
+            cpu: spec.metrics.contains(&Metric::Cpu),
+            memory: spec.metrics.contains(&Metric::Memory),
+            interval,
+            cpu_threshold: spec.thresholds.cpu_percent,
+            memory_threshold: spec.thresholds.memory_percent_of_limit,
+            leaks_enabled: spec.leak_detection.enabled,
+            min_confidence: spec.leak_detection.min_confidence.min(100),
+            horizon: duration("leakDetection.horizon", &spec.leak_detection.horizon)?,
+            action: r.action,
+            min_time_to_oom: duration("remediation.minTimeToOOM", &r.min_time_to_oom)?,
+            cooldown: duration("remediation.cooldown", &r.cooldown)?,
+            max_restarts: r.max_restarts,
+            window: duration("remediation.window", &r.window)?,
+            dry_run: r.dry_run,
+        })
+    }
+}
+
+fn duration(field: &'static str, value: &str) -> Result<Duration, SpecError> {
+    parse_duration(value).ok_or_else(|| SpecError::Duration {
+        field,
+        value: value.into(),
+    })
+}
+
+/// Parses a Go-style duration: one or more `<number><unit>` with units ms, s, m, h.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..end].parse().ok()?;
+        rest = &rest[end..];
+        let (unit, scale) = [("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)]
+            .into_iter()
+            .find(|(u, _)| rest.starts_with(u))?;
+        rest = &rest[unit.len()..];
+        total += number * scale;
+    }
+    (total.is_finite() && total < 1e9).then(|| Duration::from_secs_f64(total))
+}
+
+/// Formats a duration the way `kubectl` prints ages: `45s`, `4m30s`, `2h5m`.
+pub fn format_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 if s % 60 == 0 => format!("{}m", s / 60),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        _ if s % 3600 / 60 == 0 => format!("{}h", s / 3600),
+        _ => format!("{}h{}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// Label keys and values as Kubernetes defines them (a DNS-1123 subdomain prefix, a name
+/// of at most 63 characters); the schema only bounds their length.
+fn validate_selector(sel: &LabelSelector) -> Result<(), String> {
+    for (k, v) in &sel.match_labels {
+        valid_key(k)?;
+        valid_value(v).map_err(|e| format!("matchLabels[{k}]: {e}"))?;
+    }
+    for (i, r) in sel.match_expressions.iter().enumerate() {
+        valid_key(&r.key).map_err(|e| format!("matchExpressions[{i}]: {e}"))?;
+        match r.operator {
+            SelectorOperator::In | SelectorOperator::NotIn if r.values.is_empty() => {
+                return Err(format!(
+                    "matchExpressions[{i}]: operator {:?} needs at least one value",
+                    r.operator
+                ));
+            }
+            SelectorOperator::Exists | SelectorOperator::DoesNotExist if !r.values.is_empty() => {
+                return Err(format!(
+                    "matchExpressions[{i}]: operator {:?} takes no values",
+                    r.operator
+                ));
+            }
+            _ => {}
+        }
+        for v in &r.values {
+            valid_value(v).map_err(|e| format!("matchExpressions[{i}]: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn valid_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        let ok = !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
+        if !ok {
+            return Err(format!(
+                "label key {key:?}: prefix must be a DNS subdomain (lowercase, digits, '-', '.')"
+            ));
+        }
+    }
+    if name.is_empty() || name.len() > 63 || !is_label_name(name) {
+        return Err(format!(
+            "label key {key:?}: name must be 1-63 characters of [A-Za-z0-9_.-], starting and ending alphanumeric"
+        ));
+    }
+    Ok(())
+}
+
+fn valid_value(v: &str) -> Result<(), String> {
+    if v.is_empty() || (v.len() <= 63 && is_label_name(v)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "label value {v:?} must be at most 63 characters of [A-Za-z0-9_.-], starting and ending alphanumeric"
+        ))
+    }
+}
+
+fn is_label_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.iter()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// Whether a pod with these labels is selected (`metav1.LabelSelector` semantics; an
+/// empty selector selects everything).
+pub fn selects(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    sel.match_labels
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
+        && sel.match_expressions.iter().all(|r| {
+            let have = labels.get(&r.key);
+            match r.operator {
+                SelectorOperator::In => have.is_some_and(|v| r.values.contains(v)),
+                SelectorOperator::NotIn => have.is_none_or(|v| !r.values.contains(v)),
+                SelectorOperator::Exists => have.is_some(),
+                SelectorOperator::DoesNotExist => have.is_none(),
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use resourcewatch_crds::LabelSelectorRequirement;
+
+    fn spec(json: serde_json::Value) -> ResourceWatchSpec {
+        serde_json::from_value(json).expect("spec parses")
+    }
+
+    #[test]
+    fn durations_parse_like_go() {
+        assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5h"), Some(Duration::from_secs(5400)));
+        for bad in ["", "10", "5 d", "s", "1x"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+        assert_eq!(format_duration(Duration::from_secs(270)), "4m30s");
+        assert_eq!(format_duration(Duration::from_secs(7500)), "2h5m");
+        assert_eq!(format_duration(Duration::from_secs(42)), "42s");
+    }
+
+    #[test]
+    fn the_interval_floor_is_enforced_with_a_readable_reason() {
+        let e = WatchSettings::from_spec(&spec(serde_json::json!({"interval": "1s"})));
+        assert_eq!(e, Err(SpecError::IntervalTooShort("1s".into())));
+        assert!(e.unwrap_err().to_string().contains("5s minimum"));
+        let ok = WatchSettings::from_spec(&spec(serde_json::json!({"interval": "5s"})))
+            .expect("5s is allowed");
+        assert_eq!(ok.interval, Duration::from_secs(5));
+        assert!(ok.cpu && ok.memory);
+    }
+
+    #[test]
+    fn selector_semantics_the_schema_cannot_express_are_refused() {
+        let e = WatchSettings::from_spec(&spec(serde_json::json!({"selector": {
+            "matchExpressions": [{"key": "app", "operator": "In"}]}})))
+        .unwrap_err();
+        assert!(e.to_string().contains("needs at least one value"), "{e}");
+        let e = WatchSettings::from_spec(&spec(serde_json::json!({"selector": {
+            "matchLabels": {"bad key!": "x"}}})))
+        .unwrap_err();
+        assert!(e.to_string().contains("label key"), "{e}");
+        let e = WatchSettings::from_spec(&spec(serde_json::json!({"selector": {
+            "matchLabels": {"app": "-x"}}})))
+        .unwrap_err();
+        assert!(e.to_string().contains("label value"), "{e}");
+        assert!(
+            WatchSettings::from_spec(&spec(serde_json::json!({"selector": {
+                "matchLabels": {"app.kubernetes.io/name": "api"}}})))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn selectors_match_like_kubernetes() {
+        let labels: BTreeMap<String, String> = [("app", "api"), ("tier", "web")]
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        let mut sel = LabelSelector::default();
+        assert!(selects(&sel, &labels), "empty selects all");
+        sel.match_labels.insert("app".into(), "api".into());
+        assert!(selects(&sel, &labels));
+        sel.match_expressions.push(LabelSelectorRequirement {
+            key: "tier".into(),
+            operator: SelectorOperator::NotIn,
+            values: vec!["web".into()],
+        });
+        assert!(!selects(&sel, &labels));
+        sel.match_expressions[0].operator = SelectorOperator::In;
+        assert!(selects(&sel, &labels));
+        sel.match_expressions.push(LabelSelectorRequirement {
+            key: "canary".into(),
+            operator: SelectorOperator::DoesNotExist,
+            values: vec![],
+        });
+        assert!(selects(&sel, &labels));
+        sel.match_expressions[1].operator = SelectorOperator::Exists;
+        assert!(!selects(&sel, &labels));
+    }
+}

@@ -1,0 +1,945 @@
+//! A watch's status from its selected pods and what their nodes' agents reported, and the
+//! Events its transitions deserve. Pure functions: the reconciler feeds them and writes
+//! the result; tests feed them fixtures.
+//!
+//! Transitions are computed against the status stored in the object, not against memory,
+//! so a restarted operator does not repeat Events it already published.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use resourcewatch_crds::{
+    Condition, ConditionStatus, LeakEntry, Metric, NodeEntry, ResourceWatchStatus, Summary,
+    ThresholdEntry, TopEntry,
+};
+use resourcewatch_proto as pb;
+
+use crate::{
+    hub::NodeView,
+    spec::{SpecError, WatchSettings, format_duration},
+};
+
+/// A pod the watch's selector matched (scheduled or not).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelectedPod {
+    pub uid: String,
+    pub name: String,
+    pub node: Option<String>,
+    /// container id (no scheme) -> container name
+    pub containers: BTreeMap<String, String>,
+}
+
+/// An Event to publish: on the ResourceWatch, or on one of its pods when `pod` is set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventSpec {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+    pub pod: Option<String>,
+}
+
+pub struct Inputs<'a> {
+    pub generation: Option<i64>,
+    pub settings: &'a Result<WatchSettings, SpecError>,
+    pub pods: &'a [SelectedPod],
+    pub nodes: &'a [NodeView],
+    pub old: Option<&'a ResourceWatchStatus>,
+    /// RFC 3339, seconds.
+    pub now: &'a str,
+}
+
+pub enum Outcome {
+    /// Agents are still reconnecting after an operator start: keep the stored status
+    /// rather than publish a half picture (and Events for what merely looks new).
+    Hold,
+    Write {
+        status: Box<ResourceWatchStatus>,
+        events: Vec<EventSpec>,
+    },
+}
+
+pub fn compute(i: &Inputs<'_>) -> Outcome {
+    let settings = match i.settings {
+        Ok(s) => s,
+        Err(e) => return invalid(i, e),
+    };
+    let pending = i.nodes.iter().any(|n| !n.reporting && !n.missing);
+    let old_is_current = i
+        .old
+        .is_some_and(|o| o.observed_generation.is_some() && o.observed_generation == i.generation);
+    if pending && old_is_current {
+        return Outcome::Hold;
+    }
+
+    let by_uid: BTreeMap<&str, &SelectedPod> = i.pods.iter().map(|p| (p.uid.as_str(), p)).collect();
+    let mut top_cpu = Vec::new();
+    let mut top_memory = Vec::new();
+    let mut exceeding = Vec::new();
+    let mut leaks: BTreeMap<(String, String), (bool, LeakEntry)> = BTreeMap::new();
+    for n in i.nodes {
+        let Some(report) = &n.last_report else {
+            continue;
+        };
+        for c in &report.containers {
+            let Some(pod) = by_uid.get(c.pod_uid.as_str()) else {
+                continue;
+            };
+            let container = pod
+                .containers
+                .get(&c.container_id)
+                .cloned()
+                .unwrap_or_default();
+            for p in &c.processes {
+                let entry = |value| TopEntry {
+                    pod: pod.name.clone(),
+                    container: container.clone(),
+                    node: n.name.clone(),
+                    pid: p.pid,
+                    command: p.command.clone(),
+                    value,
+                };
+                top_cpu.push(entry(round2(p.cpu_percent)));
+                top_memory.push(entry(p.rss_bytes as f64));
+            }
+            if let Some(t) = settings.cpu_threshold.filter(|t| c.cpu_percent > *t) {
+                exceeding.push(ThresholdEntry {
+                    pod: pod.name.clone(),
+                    container: container.clone(),
+                    metric: Metric::Cpu,
+                    value: round2(c.cpu_percent),
+                    threshold: t,
+                });
+            }
+            if c.memory_limit_bytes > 0 {
+                let pct = c.memory_bytes as f64 * 100.0 / c.memory_limit_bytes as f64;
+                if let Some(t) = settings.memory_threshold.filter(|t| pct > *t) {
+                    exceeding.push(ThresholdEntry {
+                        pod: pod.name.clone(),
+                        container: container.clone(),
+                        metric: Metric::Memory,
+                        value: round2(pct),
+                        threshold: t,
+                    });
+                }
+            }
+        }
+        if settings.leaks_enabled {
+            for l in &report.leaks {
+                let Some(pod) = by_uid.get(l.pod_uid.as_str()) else {
+                    continue;
+                };
+                if l.confidence < settings.min_confidence as u32 {
+                    continue;
+                }
+                let container = pod
+                    .containers
+                    .get(&l.container_id)
+                    .cloned()
+                    .unwrap_or_default();
+                let tto = l
+                    .time_to_oom_seconds
+                    .filter(|s| *s <= settings.horizon.as_secs_f64());
+                let entry = LeakEntry {
+                    pod: pod.name.clone(),
+                    container: container.clone(),
+                    node: n.name.clone(),
+                    growth_bytes_per_second: l.growth_bytes_per_second.round(),
+                    confidence: l.confidence.min(100) as u8,
+                    time_to_oom_seconds: tto.map(|s| s.round()),
+                    limit_bytes: (l.limit_bytes > 0).then_some(l.limit_bytes),
+                };
+                // One entry per container: the container-level series (pid 0) wins, else
+                // the most confident process.
+                let k = (pod.name.clone(), container);
+                let container_level = l.pid == 0;
+                let replace = match leaks.get(&k) {
+                    None => true,
+                    Some((true, _)) => false,
+                    Some((false, _)) if container_level => true,
+                    Some((false, have)) => have.confidence < entry.confidence,
+                };
+                if replace {
+                    leaks.insert(k, (container_level, entry));
+                }
+            }
+        }
+    }
+    let k = settings.top_k as usize;
+    top_cpu.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.pid.cmp(&b.pid)));
+    top_cpu.truncate(if settings.cpu { k } else { 0 });
+    top_memory.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.pid.cmp(&b.pid)));
+    top_memory.truncate(if settings.memory { k } else { 0 });
+    let mut leaks: Vec<LeakEntry> = leaks.into_values().map(|(_, l)| l).collect();
+    leaks.sort_by(|a, b| {
+        let ka = a.time_to_oom_seconds.unwrap_or(f64::MAX);
+        let kb = b.time_to_oom_seconds.unwrap_or(f64::MAX);
+        ka.total_cmp(&kb).then(b.confidence.cmp(&a.confidence))
+    });
+
+    let node_entries: Vec<NodeEntry> = i
+        .nodes
+        .iter()
+        .map(|n| NodeEntry {
+            name: n.name.clone(),
+            reporting: !n.missing,
+            config_version: n.acked_version,
+            message: node_message(n),
+        })
+        .collect();
+    let expected = i.nodes.len() as u32;
+    let reporting = i.nodes.iter().filter(|n| n.reporting).count() as u32;
+    let missing: Vec<&str> = i
+        .nodes
+        .iter()
+        .filter(|n| n.missing)
+        .map(|n| n.name.as_str())
+        .collect();
+    let nacked: Vec<String> = i
+        .nodes
+        .iter()
+        .filter_map(|n| n.nack.as_ref().map(|(_, r)| format!("{}: {r}", n.name)))
+        .collect();
+    let unscheduled = i.pods.iter().filter(|p| p.node.is_none()).count();
+
+    let ready = if pending {
+        cond(
+            "Ready",
+            ConditionStatus::Unknown,
+            "WaitingForAgents",
+            "waiting for the agents of the selected pods' nodes to report".into(),
+        )
+    } else if i.pods.is_empty() {
+        cond(
+            "Ready",
+            ConditionStatus::True,
+            "NoPodsSelected",
+            "the selector matches no pod in this namespace".into(),
+        )
+    } else {
+        cond(
+            "Ready",
+            ConditionStatus::True,
+            "Watching",
+            format!(
+                "{} pods selected ({} not scheduled yet), {reporting}/{expected} nodes reporting",
+                i.pods.len(),
+                unscheduled
+            ),
+        )
+    };
+    let degraded = if !missing.is_empty() {
+        cond(
+            "Degraded",
+            ConditionStatus::True,
+            "AgentsMissing",
+            format!("no report from the agent of node(s) {}", missing.join(", ")),
+        )
+    } else if !nacked.is_empty() {
+        cond(
+            "Degraded",
+            ConditionStatus::True,
+            "ConfigRejected",
+            nacked.join("; "),
+        )
+    } else {
+        cond(
+            "Degraded",
+            ConditionStatus::False,
+            "AllAgentsReporting",
+            String::new(),
+        )
+    };
+
+    let summary = Summary {
+        top_cpu: top_cpu
+            .first()
+            .map(|e| format!("{} ({}%)", e.pod, e.value.round())),
+        top_memory: top_memory
+            .first()
+            .map(|e| format!("{} ({})", e.pod, format_bytes(e.value as u64))),
+        leaking: leaks.len() as u32,
+        soonest_oom: leaks
+            .iter()
+            .filter_map(|l| l.time_to_oom_seconds)
+            .min_by(f64::total_cmp)
+            .map(|s| format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))),
+    };
+    let mut status = ResourceWatchStatus {
+        observed_generation: i.generation,
+        conditions: vec![ready, degraded],
+        matched_pods: i.pods.len() as u32,
+        expected_nodes: expected,
+        reporting_nodes: reporting,
+        top_cpu,
+        top_memory,
+        leaks,
+        exceeding,
+        nodes: node_entries,
+        summary,
+        last_update_time: Some(i.now.to_owned()),
+    };
+    carry_transition_times(&mut status.conditions, i.old, i.now);
+    let events = if pending {
+        Vec::new()
+    } else {
+        transitions(i.old, &status, settings)
+    };
+    Outcome::Write {
+        status: Box::new(status),
+        events,
+    }
+}
+
+fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
+    let mut status = i.old.cloned().unwrap_or_default();
+    status.observed_generation = i.generation;
+    status.conditions = vec![
+        cond(
+            "Ready",
+            ConditionStatus::False,
+            "InvalidSpec",
+            e.to_string(),
+        ),
+        cond(
+            "Degraded",
+            ConditionStatus::False,
+            "InvalidSpec",
+            String::new(),
+        ),
+    ];
+    status.top_cpu.clear();
+    status.top_memory.clear();
+    status.leaks.clear();
+    status.exceeding.clear();
+    status.nodes.clear();
+    status.summary = Summary::default();
+    status.last_update_time = Some(i.now.to_owned());
+    carry_transition_times(&mut status.conditions, i.old, i.now);
+    let was = i.old.and_then(|o| find(&o.conditions, "Ready"));
+    let events = if was.is_some_and(|c| c.reason == "InvalidSpec" && c.message == e.to_string()) {
+        Vec::new()
+    } else {
+        vec![EventSpec {
+            warning: true,
+            reason: "InvalidSpec",
+            action: "Validate",
+            note: e.to_string(),
+            pod: None,
+        }]
+    };
+    Outcome::Write {
+        status: Box::new(status),
+        events,
+    }
+}
+
+fn transitions(
+    old: Option<&ResourceWatchStatus>,
+    new: &ResourceWatchStatus,
+    settings: &WatchSettings,
+) -> Vec<EventSpec> {
+    let mut out = Vec::new();
+    let was_ready = old
+        .and_then(|o| find(&o.conditions, "Ready"))
+        .is_some_and(|c| c.status == ConditionStatus::True);
+    if let Some(r) = find(&new.conditions, "Ready")
+        && r.status == ConditionStatus::True
+        && !was_ready
+    {
+        out.push(ev(
+            false,
+            "WatchReady",
+            "Reconcile",
+            r.message.clone(),
+            None,
+        ));
+    }
+    let old_nodes: BTreeMap<&str, bool> = old
+        .map(|o| {
+            o.nodes
+                .iter()
+                .map(|n| (n.name.as_str(), n.reporting))
+                .collect()
+        })
+        .unwrap_or_default();
+    for n in &new.nodes {
+        match (old_nodes.get(n.name.as_str()), n.reporting) {
+            (Some(true) | None, false) => out.push(ev(
+                true,
+                "AgentLost",
+                "Monitor",
+                format!("the agent on node {} stopped reporting: its pods' figures are missing from this status", n.name),
+                None,
+            )),
+            (Some(false), true) => out.push(ev(
+                false,
+                "AgentRecovered",
+                "Monitor",
+                format!("the agent on node {} reports again", n.name),
+                None,
+            )),
+            _ => {}
+        }
+        let old_msg = old
+            .and_then(|o| o.nodes.iter().find(|m| m.name == n.name))
+            .map(|m| m.message.as_str())
+            .unwrap_or("");
+        if n.message.starts_with("configuration rejected") && n.message != old_msg {
+            out.push(ev(
+                true,
+                "ConfigRejected",
+                "Configure",
+                format!("node {}: {}", n.name, n.message),
+                None,
+            ));
+        }
+    }
+    let old_leaks: BTreeSet<(&str, &str)> = old
+        .map(|o| {
+            o.leaks
+                .iter()
+                .map(|l| (l.pod.as_str(), l.container.as_str()))
+                .collect()
+        })
+        .unwrap_or_default();
+    for l in &new.leaks {
+        if old_leaks.contains(&(l.pod.as_str(), l.container.as_str())) {
+            continue;
+        }
+        let note = format!(
+            "{}/{} grows {}/s (confidence {}){}{}",
+            l.pod,
+            if l.container.is_empty() {
+                "?"
+            } else {
+                &l.container
+            },
+            format_bytes(l.growth_bytes_per_second.max(0.0) as u64),
+            l.confidence,
+            l.time_to_oom_seconds
+                .map(|s| format!(
+                    ", predicted OOM kill in {}",
+                    format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))
+                ))
+                .unwrap_or_default(),
+            l.limit_bytes
+                .map(|b| format!(" (limit {})", format_bytes(b)))
+                .unwrap_or_default(),
+        );
+        out.push(ev(true, "LeakDetected", "Predict", note.clone(), None));
+        if settings.action != resourcewatch_crds::RemediationAction::None {
+            out.push(ev(
+                true,
+                "LeakDetected",
+                "Predict",
+                note,
+                Some(l.pod.clone()),
+            ));
+        }
+    }
+    let old_ex: BTreeSet<(&str, &str, Metric)> = old
+        .map(|o| {
+            o.exceeding
+                .iter()
+                .map(|e| (e.pod.as_str(), e.container.as_str(), e.metric))
+                .collect()
+        })
+        .unwrap_or_default();
+    for e in &new.exceeding {
+        if old_ex.contains(&(e.pod.as_str(), e.container.as_str(), e.metric)) {
+            continue;
+        }
+        let what = match e.metric {
+            Metric::Cpu => format!("CPU {}% of a core, above {}%", e.value, e.threshold),
+            Metric::Memory => format!("memory {}% of its limit, above {}%", e.value, e.threshold),
+        };
+        out.push(ev(
+            true,
+            "ThresholdCrossed",
+            "Monitor",
+            format!("{}/{}: {what}", e.pod, e.container),
+            None,
+        ));
+    }
+    out
+}
+
+fn node_message(n: &NodeView) -> String {
+    if let Some((v, r)) = &n.nack {
+        return format!("configuration rejected (version {v}): {r}");
+    }
+    if n.missing {
+        return if n.connected {
+            "connected but not reporting".into()
+        } else {
+            "agent not connected".into()
+        };
+    }
+    if let Some(caps) = &n.capabilities
+        && !caps.missing.is_empty()
+    {
+        return format!("kernel: {}", caps.missing.join("; "));
+    }
+    if let Some(r) = &n.last_report
+        && let Some(h) = &r.health
+        && !h.unresolved_containers.is_empty()
+    {
+        return format!(
+            "containers not found on the node: {}",
+            h.unresolved_containers.join(", ")
+        );
+    }
+    String::new()
+}
+
+fn ev(
+    warning: bool,
+    reason: &'static str,
+    action: &'static str,
+    note: String,
+    pod: Option<String>,
+) -> EventSpec {
+    EventSpec {
+        warning,
+        reason,
+        action,
+        note,
+        pod,
+    }
+}
+
+fn cond(type_: &str, status: ConditionStatus, reason: &str, message: String) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status,
+        reason: reason.into(),
+        message,
+        last_transition_time: String::new(),
+        observed_generation: None,
+    }
+}
+
+fn find<'a>(conds: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conds.iter().find(|c| c.type_ == type_)
+}
+
+/// A condition keeps its transition time while its status does not change.
+fn carry_transition_times(conds: &mut [Condition], old: Option<&ResourceWatchStatus>, now: &str) {
+    for c in conds {
+        let prev = old.and_then(|o| find(&o.conditions, &c.type_));
+        c.last_transition_time = match prev {
+            Some(p) if p.status == c.status => p.last_transition_time.clone(),
+            _ => now.to_owned(),
+        };
+    }
+}
+
+/// Equal apart from the update time: no need to write.
+pub fn same_content(a: &ResourceWatchStatus, b: &ResourceWatchStatus) -> bool {
+    let strip = |s: &ResourceWatchStatus| ResourceWatchStatus {
+        last_update_time: None,
+        ..s.clone()
+    };
+    strip(a) == strip(b)
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// Binary units as `kubectl` shows quantities: 512Mi, 1.5Gi.
+pub fn format_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["", "Ki", "Mi", "Gi", "Ti"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 || v >= 100.0 || (v - v.round()).abs() < 0.05 {
+        format!("{}{}", v.round(), UNITS[u])
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
+/// The part of a report a watch sees, for tests and the load tool.
+pub fn process(pid: u32, command: &str, cpu: f64, rss: u64) -> pb::Process {
+    pb::Process {
+        pid,
+        command: command.into(),
+        cpu_percent: cpu,
+        rss_bytes: rss,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use resourcewatch_crds::ResourceWatchSpec;
+
+    fn settings(json: serde_json::Value) -> Result<WatchSettings, SpecError> {
+        let spec: ResourceWatchSpec = serde_json::from_value(json).expect("spec");
+        WatchSettings::from_spec(&spec)
+    }
+
+    fn pod(uid: &str, node: &str) -> SelectedPod {
+        SelectedPod {
+            uid: uid.into(),
+            name: format!("pod-{uid}"),
+            node: Some(node.into()),
+            containers: [(format!("cid-{uid}"), "app".to_string())].into(),
+        }
+    }
+
+    fn node(name: &str, containers: Vec<pb::ContainerReport>, leaks: Vec<pb::Leak>) -> NodeView {
+        NodeView {
+            name: name.into(),
+            connected: true,
+            reporting: true,
+            missing: false,
+            acked_version: Some(7),
+            last_report: Some(pb::Report {
+                containers,
+                leaks,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn container(
+        uid: &str,
+        cpu: f64,
+        mem: u64,
+        limit: u64,
+        procs: Vec<pb::Process>,
+    ) -> pb::ContainerReport {
+        pb::ContainerReport {
+            pod_uid: uid.into(),
+            container_id: format!("cid-{uid}"),
+            memory_bytes: mem,
+            memory_limit_bytes: limit,
+            cpu_percent: cpu,
+            processes: procs,
+        }
+    }
+
+    fn write(o: Outcome) -> (ResourceWatchStatus, Vec<EventSpec>) {
+        match o {
+            Outcome::Write { status, events } => (*status, events),
+            Outcome::Hold => panic!("expected a write"),
+        }
+    }
+
+    #[test]
+    fn top_lists_rank_across_nodes_and_ignore_unselected_pods() {
+        let s = settings(serde_json::json!({"topK": 2}));
+        let pods = [pod("a", "n1"), pod("b", "n2")];
+        let nodes = [
+            node(
+                "n1",
+                vec![container(
+                    "a",
+                    90.0,
+                    10 << 20,
+                    0,
+                    vec![
+                        process(10, "burn", 90.0, 1 << 20),
+                        process(11, "idle", 0.0, 5 << 20),
+                    ],
+                )],
+                vec![],
+            ),
+            node(
+                "n2",
+                vec![
+                    container(
+                        "b",
+                        20.0,
+                        300 << 20,
+                        0,
+                        vec![process(20, "cache", 20.0, 300 << 20)],
+                    ),
+                    container(
+                        "zzz",
+                        500.0,
+                        900 << 20,
+                        0,
+                        vec![process(30, "other", 500.0, 900 << 20)],
+                    ),
+                ],
+                vec![],
+            ),
+        ];
+        let (st, ev) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &nodes,
+            old: None,
+            now: "t0",
+        }));
+        let cpu: Vec<u32> = st.top_cpu.iter().map(|e| e.pid).collect();
+        let mem: Vec<u32> = st.top_memory.iter().map(|e| e.pid).collect();
+        assert_eq!(cpu, [10, 20], "pod zzz is not selected");
+        assert_eq!(mem, [20, 11]);
+        assert_eq!(st.top_cpu[0].container, "app");
+        assert_eq!(st.top_cpu[0].node, "n1");
+        assert_eq!(st.summary.top_cpu.as_deref(), Some("pod-a (90%)"));
+        assert_eq!(st.summary.top_memory.as_deref(), Some("pod-b (300Mi)"));
+        assert_eq!(
+            (st.matched_pods, st.expected_nodes, st.reporting_nodes),
+            (2, 2, 2)
+        );
+        assert_eq!(
+            ev.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            ["WatchReady"]
+        );
+    }
+
+    #[test]
+    fn leaks_are_listed_once_per_container_and_announced_once() {
+        let s = settings(serde_json::json!({"remediation": {"action": "Alert"}}));
+        let pods = [pod("a", "n1")];
+        let leak = |pid, conf, tto| pb::Leak {
+            pod_uid: "a".into(),
+            container_id: "cid-a".into(),
+            pid,
+            growth_bytes_per_second: 2e6,
+            confidence: conf,
+            limit_bytes: 128 << 20,
+            time_to_oom_seconds: tto,
+            ..Default::default()
+        };
+        let nodes = [node(
+            "n1",
+            vec![],
+            vec![
+                leak(0, 80, Some(45.0)),
+                leak(12, 95, Some(40.0)),
+                leak(13, 30, None),
+            ],
+        )];
+        let (st, ev) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &nodes,
+            old: None,
+            now: "t0",
+        }));
+        assert_eq!(st.leaks.len(), 1, "{:?}", st.leaks);
+        assert_eq!(
+            st.leaks[0].time_to_oom_seconds,
+            Some(45.0),
+            "container-level series wins"
+        );
+        assert_eq!(st.summary.leaking, 1);
+        assert_eq!(st.summary.soonest_oom.as_deref(), Some("45s"));
+        let leak_events: Vec<&EventSpec> =
+            ev.iter().filter(|e| e.reason == "LeakDetected").collect();
+        assert_eq!(
+            leak_events.len(),
+            2,
+            "on the watch and, with Alert, on the pod"
+        );
+        assert_eq!(leak_events[1].pod.as_deref(), Some("pod-a"));
+        assert!(
+            leak_events[0].note.contains("predicted OOM kill in 45s"),
+            "{}",
+            leak_events[0].note
+        );
+        let (_, again) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &nodes,
+            old: Some(&st),
+            now: "t1",
+        }));
+        assert!(again.is_empty(), "no repeat: {again:?}");
+    }
+
+    #[test]
+    fn a_lost_agent_degrades_the_watch_once_and_recovers() {
+        let s = settings(serde_json::json!({}));
+        let pods = [pod("a", "n1")];
+        let ok = [node("n1", vec![], vec![])];
+        let (st1, _) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &ok,
+            old: None,
+            now: "t0",
+        }));
+        let lost = [NodeView {
+            name: "n1".into(),
+            missing: true,
+            ..Default::default()
+        }];
+        let (st2, ev2) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &lost,
+            old: Some(&st1),
+            now: "t1",
+        }));
+        let d = find(&st2.conditions, "Degraded").unwrap();
+        assert_eq!(
+            (d.status, d.reason.as_str()),
+            (ConditionStatus::True, "AgentsMissing")
+        );
+        assert_eq!(d.last_transition_time, "t1");
+        assert_eq!(
+            ev2.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            ["AgentLost"]
+        );
+        let (st3, ev3) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &lost,
+            old: Some(&st2),
+            now: "t2",
+        }));
+        assert!(ev3.is_empty());
+        assert_eq!(
+            find(&st3.conditions, "Degraded")
+                .unwrap()
+                .last_transition_time,
+            "t1"
+        );
+        let (_, ev4) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &ok,
+            old: Some(&st3),
+            now: "t3",
+        }));
+        assert_eq!(
+            ev4.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            ["AgentRecovered"]
+        );
+    }
+
+    #[test]
+    fn reconnecting_agents_hold_the_stored_status() {
+        let s = settings(serde_json::json!({}));
+        let pods = [pod("a", "n1")];
+        let ok = [node("n1", vec![], vec![])];
+        let (st, _) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &ok,
+            old: None,
+            now: "t0",
+        }));
+        let pending = [NodeView {
+            name: "n1".into(),
+            ..Default::default()
+        }];
+        assert!(matches!(
+            compute(&Inputs {
+                generation: Some(1),
+                settings: &s,
+                pods: &pods,
+                nodes: &pending,
+                old: Some(&st),
+                now: "t1"
+            }),
+            Outcome::Hold
+        ));
+        // A new generation is written at once, but announces nothing yet.
+        let (st2, ev) = write(compute(&Inputs {
+            generation: Some(2),
+            settings: &s,
+            pods: &pods,
+            nodes: &pending,
+            old: Some(&st),
+            now: "t1",
+        }));
+        assert_eq!(
+            find(&st2.conditions, "Ready").unwrap().reason,
+            "WaitingForAgents"
+        );
+        assert!(ev.is_empty());
+    }
+
+    #[test]
+    fn an_invalid_spec_is_a_condition_and_one_event() {
+        let s = settings(serde_json::json!({"interval": "1s"}));
+        let (st, ev) = write(compute(&Inputs {
+            generation: Some(3),
+            settings: &s,
+            pods: &[],
+            nodes: &[],
+            old: None,
+            now: "t0",
+        }));
+        let r = find(&st.conditions, "Ready").unwrap();
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (ConditionStatus::False, "InvalidSpec")
+        );
+        assert!(r.message.contains("5s minimum"));
+        assert_eq!(st.observed_generation, Some(3));
+        assert_eq!(ev.len(), 1);
+        let (_, again) = write(compute(&Inputs {
+            generation: Some(3),
+            settings: &s,
+            pods: &[],
+            nodes: &[],
+            old: Some(&st),
+            now: "t1",
+        }));
+        assert!(again.is_empty());
+    }
+
+    #[test]
+    fn thresholds_fire_once_per_crossing() {
+        let s = settings(
+            serde_json::json!({"thresholds": {"cpuPercent": 50, "memoryPercentOfLimit": 90}}),
+        );
+        let pods = [pod("a", "n1")];
+        let hot = [node(
+            "n1",
+            vec![container("a", 80.0, 95 << 20, 100 << 20, vec![])],
+            vec![],
+        )];
+        let (st, ev) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &hot,
+            old: None,
+            now: "t0",
+        }));
+        assert_eq!(
+            ev.iter().filter(|e| e.reason == "ThresholdCrossed").count(),
+            2
+        );
+        assert_eq!(st.exceeding.len(), 2);
+        let (_, again) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &hot,
+            old: Some(&st),
+            now: "t1",
+        }));
+        assert!(again.is_empty());
+    }
+
+    #[test]
+    fn bytes_format_like_quantities() {
+        assert_eq!(format_bytes(128 << 20), "128Mi");
+        assert_eq!(format_bytes(1536 << 20), "1.5Gi");
+        assert_eq!(format_bytes(500), "500");
+    }
+}

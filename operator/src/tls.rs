@@ -1,0 +1,185 @@
+//! mTLS between the operator and its agents without cert-manager: a self-signed CA is
+//! generated once into a Secret; the operator issues its own serving certificate from it
+//! at every start, and a client certificate for the agents into a second Secret that the
+//! agent DaemonSet mounts (so agents need no API access at all).
+
+use k8s_openapi::{ByteString, api::core::v1::Secret};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+use crate::{Error, Result};
+
+pub const CA_CERT: &str = "ca.crt";
+pub const CA_KEY: &str = "ca.key";
+pub const TLS_CERT: &str = "tls.crt";
+pub const TLS_KEY: &str = "tls.key";
+
+/// A CA certificate and its key, PEM.
+#[derive(Clone, Debug)]
+pub struct Pki {
+    pub ca_cert: String,
+    pub ca_key: String,
+}
+
+/// A leaf certificate and key, PEM.
+#[derive(Clone, Debug)]
+pub struct Leaf {
+    pub cert: String,
+    pub key: String,
+}
+
+impl Pki {
+    pub fn generate() -> Result<Self> {
+        let key = KeyPair::generate()?;
+        let mut p = CertificateParams::new(Vec::<String>::new())?;
+        p.distinguished_name
+            .push(DnType::CommonName, "resourcewatch CA");
+        p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        p.not_before = rcgen::date_time_ymd(2024, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2036, 1, 1);
+        let cert = p.self_signed(&key)?;
+        Ok(Self {
+            ca_cert: cert.pem(),
+            ca_key: key.serialize_pem(),
+        })
+    }
+
+    /// A serving certificate for these DNS names (the agents verify one of them).
+    pub fn server(&self, dns_names: &[String]) -> Result<Leaf> {
+        self.issue(
+            dns_names
+                .first()
+                .map(String::as_str)
+                .unwrap_or("resourcewatch-operator"),
+            dns_names.to_vec(),
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
+    }
+
+    /// The agents' client certificate.
+    pub fn client(&self) -> Result<Leaf> {
+        self.issue(
+            resourcewatch_proto::AGENT_CERT_NAME,
+            vec![resourcewatch_proto::AGENT_CERT_NAME.to_owned()],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
+    }
+
+    fn issue(&self, cn: &str, sans: Vec<String>, usage: ExtendedKeyUsagePurpose) -> Result<Leaf> {
+        let ca_key = KeyPair::from_pem(&self.ca_key)?;
+        let issuer = Issuer::from_ca_cert_pem(&self.ca_cert, ca_key)?;
+        let key = KeyPair::generate()?;
+        let mut p = CertificateParams::new(sans)?;
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.extended_key_usages = vec![usage];
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        p.not_before = rcgen::date_time_ymd(2024, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2036, 1, 1);
+        let cert = p.signed_by(&key, &issuer)?;
+        Ok(Leaf {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        })
+    }
+}
+
+fn get(s: &Secret, k: &str) -> Option<String> {
+    s.data
+        .as_ref()?
+        .get(k)
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+}
+
+fn secret(ns: &str, name: &str, data: &[(&str, &str)]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            labels: Some(
+                [(
+                    "app.kubernetes.io/part-of".to_string(),
+                    "resourcewatch".to_string(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// The CA from its Secret, created on first start. Two replicas starting at once both try
+/// to create it; the loser reads the winner's.
+pub async fn ensure_ca(client: &Client, ns: &str, name: &str) -> Result<Pki> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    for _ in 0..3 {
+        if let Some(s) = api.get_opt(name).await? {
+            return match (get(&s, CA_CERT), get(&s, CA_KEY)) {
+                (Some(ca_cert), Some(ca_key)) => Ok(Pki { ca_cert, ca_key }),
+                _ => Err(Error::Tls(format!(
+                    "Secret {ns}/{name} lacks {CA_CERT} or {CA_KEY}; delete it to have a new CA generated"
+                ))),
+            };
+        }
+        let pki = Pki::generate()?;
+        let s = secret(ns, name, &[(CA_CERT, &pki.ca_cert), (CA_KEY, &pki.ca_key)]);
+        match api.create(&PostParams::default(), &s).await {
+            Ok(_) => return Ok(pki),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Tls(format!(
+        "could not create or read Secret {ns}/{name}"
+    )))
+}
+
+/// The agents' client certificate Secret (`ca.crt`, `tls.crt`, `tls.key`): created when
+/// missing, replaced when it was issued by another CA.
+pub async fn ensure_agent_secret(client: &Client, ns: &str, name: &str, pki: &Pki) -> Result<()> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let existing = api.get_opt(name).await?;
+    if let Some(s) = &existing
+        && get(s, CA_CERT).as_deref() == Some(pki.ca_cert.as_str())
+        && get(s, TLS_CERT).is_some()
+        && get(s, TLS_KEY).is_some()
+    {
+        return Ok(());
+    }
+    let leaf = pki.client()?;
+    let mut s = secret(
+        ns,
+        name,
+        &[
+            (CA_CERT, &pki.ca_cert),
+            (TLS_CERT, &leaf.cert),
+            (TLS_KEY, &leaf.key),
+        ],
+    );
+    match existing {
+        Some(old) => {
+            s.metadata.resource_version = old.metadata.resource_version;
+            api.replace(name, &PostParams::default(), &s).await?;
+        }
+        None => match api.create(&PostParams::default(), &s).await {
+            Ok(_) => {}
+            // Another replica made it at the same moment, from the same CA.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        },
+    }
+    Ok(())
+}
