@@ -1,0 +1,404 @@
+//! The agent protocol end to end in one process: the operator's real tonic server over
+//! mTLS, and clients built from the same proto. Versions, ACK/NACK, reconnects, replaced
+//! streams, bad messages and bad certificates.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use resourcewatch_operator::{
+    grpc::AgentService,
+    hub::{Hub, HubOptions, TargetPod, WatchKey, WatchTargets},
+    metrics::Metrics,
+    tls::{Leaf, Pki},
+};
+use resourcewatch_proto::{
+    self as pb, agent_control_client::AgentControlClient, agent_control_server::AgentControlServer,
+    agent_message::Msg, operator_message,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{
+    Code, Streaming,
+    transport::{
+        Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig,
+    },
+};
+
+const SERVER_NAME: &str = "resourcewatch-operator.test.svc";
+
+struct Fixture {
+    addr: SocketAddr,
+    pki: Pki,
+    client_leaf: Leaf,
+    hub: Arc<Hub>,
+    leader: watch::Sender<bool>,
+    _shutdown: watch::Sender<bool>,
+}
+
+async fn start() -> Fixture {
+    let pki = Pki::generate().expect("CA");
+    let server_leaf = pki.server(&[SERVER_NAME.into()]).expect("server cert");
+    let client_leaf = pki.client().expect("client cert");
+    let hub = Arc::new(Hub::new(HubOptions::default()));
+    let (leader, leader_rx) = watch::channel(true);
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let svc = AgentService {
+        hub: hub.clone(),
+        metrics: Arc::new(Metrics::default()),
+        leader: leader_rx,
+        shutdown: shutdown_rx,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&server_leaf.cert, &server_leaf.key))
+        .client_ca_root(Certificate::from_pem(&pki.ca_cert));
+    let server = Server::builder()
+        .tls_config(tls)
+        .expect("tls")
+        .add_service(AgentControlServer::new(svc))
+        .serve_with_incoming(TcpListenerStream::new(listener));
+    tokio::spawn(server);
+    Fixture {
+        addr,
+        pki,
+        client_leaf,
+        hub,
+        leader,
+        _shutdown: shutdown,
+    }
+}
+
+impl Fixture {
+    async fn channel_with(
+        &self,
+        identity: Option<&Leaf>,
+        ca: &str,
+    ) -> Result<Channel, tonic::transport::Error> {
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca))
+            .domain_name(SERVER_NAME);
+        if let Some(l) = identity {
+            tls = tls.identity(Identity::from_pem(&l.cert, &l.key));
+        }
+        Endpoint::from_shared(format!("https://{}", self.addr))
+            .expect("endpoint")
+            .tls_config(tls)?
+            .connect()
+            .await
+    }
+
+    async fn channel(&self) -> Channel {
+        self.channel_with(Some(&self.client_leaf), &self.pki.ca_cert)
+            .await
+            .expect("connect")
+    }
+
+    /// Opens a stream and sends `first`; returns the sender and the operator's stream.
+    async fn open(
+        &self,
+        first: Msg,
+    ) -> (
+        mpsc::Sender<pb::AgentMessage>,
+        Result<Streaming<pb::OperatorMessage>, tonic::Status>,
+    ) {
+        let mut client = AgentControlClient::new(self.channel().await);
+        let (tx, rx) = mpsc::channel(8);
+        tx.send(pb::AgentMessage { msg: Some(first) })
+            .await
+            .expect("queue");
+        let resp = client
+            .session(ReceiverStream::new(rx))
+            .await
+            .map(|r| r.into_inner());
+        (tx, resp)
+    }
+
+    fn target(&self, node: &str, uids: &[&str]) {
+        self.hub.set_watch(
+            WatchKey {
+                namespace: "ns".into(),
+                name: "w".into(),
+            },
+            WatchTargets {
+                top_k: 7,
+                interval: Duration::from_secs(10),
+                leaks_enabled: true,
+                min_confidence: 60,
+                horizon: Duration::from_secs(3600),
+                pods: uids
+                    .iter()
+                    .map(|u| TargetPod {
+                        uid: (*u).into(),
+                        namespace: "ns".into(),
+                        name: format!("pod-{u}"),
+                        node: node.into(),
+                        containers: vec![("app".into(), format!("{u:0>64}"))],
+                    })
+                    .collect(),
+            },
+        );
+    }
+}
+
+fn hello(node: &str) -> Msg {
+    Msg::Hello(pb::Hello {
+        node_name: node.into(),
+        agent_version: "test".into(),
+        protocol_version: pb::PROTOCOL_VERSION,
+        last_applied_version: 0,
+        capabilities: None,
+    })
+}
+
+async fn next_config(s: &mut Streaming<pb::OperatorMessage>) -> pb::NodeConfig {
+    let m = tokio::time::timeout(Duration::from_secs(5), s.message())
+        .await
+        .expect("a configuration within 5s")
+        .expect("stream ok")
+        .expect("stream open");
+    match m.msg {
+        Some(operator_message::Msg::Config(c)) => c,
+        other => panic!("expected a configuration, got {other:?}"),
+    }
+}
+
+async fn ack(tx: &mpsc::Sender<pb::AgentMessage>, version: u64, accepted: bool, reason: &str) {
+    tx.send(pb::AgentMessage {
+        msg: Some(Msg::Ack(pb::ConfigAck {
+            version,
+            accepted,
+            reason: reason.into(),
+        })),
+    })
+    .await
+    .expect("send ack");
+}
+
+async fn wait_until(what: &str, f: impl Fn() -> bool) {
+    for _ in 0..100 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+fn view(hub: &Hub, node: &str) -> resourcewatch_operator::hub::NodeView {
+    hub.view(&[node.to_string()].into()).remove(0)
+}
+
+#[tokio::test]
+async fn snapshot_on_connect_then_versioned_updates_with_ack_and_nack() {
+    let f = start().await;
+    f.target("n1", &["a"]);
+    let (tx, resp) = f.open(hello("n1")).await;
+    let mut rx = resp.expect("session accepted");
+    let c1 = next_config(&mut rx).await;
+    assert_eq!(c1.targets.len(), 1);
+    assert_eq!(c1.top_k, 7);
+    assert_eq!(c1.targets[0].containers[0].container_id.len(), 64);
+    ack(&tx, c1.version, true, "").await;
+    wait_until("the ack is recorded", || {
+        view(&f.hub, "n1").acked_version == Some(c1.version)
+    })
+    .await;
+
+    f.target("n1", &["a", "b"]);
+    let c2 = next_config(&mut rx).await;
+    assert!(c2.version > c1.version, "versions grow");
+    assert_eq!(c2.targets.len(), 2);
+    ack(
+        &tx,
+        c2.version,
+        false,
+        "sketch: width 3 is not a power of two",
+    )
+    .await;
+    wait_until("the nack is recorded", || view(&f.hub, "n1").nack.is_some()).await;
+    let v = view(&f.hub, "n1");
+    assert_eq!(
+        v.nack,
+        Some((c2.version, "sketch: width 3 is not a power of two".into()))
+    );
+    assert_eq!(v.acked_version, Some(c1.version));
+
+    tx.send(pb::AgentMessage {
+        msg: Some(Msg::Report(pb::Report {
+            config_version: c1.version,
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("report");
+    wait_until("the report is recorded", || view(&f.hub, "n1").reporting).await;
+}
+
+#[tokio::test]
+async fn a_reconnecting_agent_gets_the_full_snapshot_again() {
+    let f = start().await;
+    f.target("n1", &["a"]);
+    let (tx, resp) = f.open(hello("n1")).await;
+    let mut rx = resp.expect("session");
+    let c1 = next_config(&mut rx).await;
+    drop(tx);
+    drop(rx);
+    wait_until("the hub saw the stream end", || {
+        f.hub.connected_agents() == 0
+    })
+    .await;
+    let (_tx2, resp2) = f.open(hello("n1")).await;
+    let c2 = next_config(&mut resp2.expect("second session")).await;
+    assert_eq!(c2.version, c1.version, "same configuration, same version");
+    assert_eq!(c2.targets, c1.targets, "the whole snapshot, not a delta");
+}
+
+#[tokio::test]
+async fn a_newer_stream_from_the_same_node_ends_the_older_with_aborted() {
+    let f = start().await;
+    let (_tx1, resp1) = f.open(hello("n1")).await;
+    let mut old = resp1.expect("first");
+    let _ = next_config(&mut old).await;
+    let (_tx2, resp2) = f.open(hello("n1")).await;
+    let _ = next_config(&mut resp2.expect("second")).await;
+    let end = tokio::time::timeout(Duration::from_secs(5), old.message())
+        .await
+        .expect("old stream ends");
+    let status = end.expect_err("ends with a status");
+    assert_eq!(status.code(), Code::Aborted, "{status}");
+    assert_eq!(f.hub.connected_agents(), 1);
+}
+
+#[tokio::test]
+async fn bad_first_messages_get_precise_codes() {
+    let f = start().await;
+    let (_tx, resp) = f.open(Msg::Ack(pb::ConfigAck::default())).await;
+    let s = resp.err().or(None);
+    // The server may answer before or after the response headers: accept the status from
+    // either place.
+    let code = match s {
+        Some(s) => s.code(),
+        None => Code::Ok,
+    };
+    assert_eq!(code, Code::InvalidArgument);
+
+    let (_tx, resp) = f.open(hello("")).await;
+    assert_eq!(resp.err().map(|s| s.code()), Some(Code::InvalidArgument));
+
+    let (_tx, resp) = f
+        .open(Msg::Hello(pb::Hello {
+            node_name: "n1".into(),
+            protocol_version: 99,
+            ..Default::default()
+        }))
+        .await;
+    let s = resp.err().expect("refused");
+    assert_eq!(s.code(), Code::FailedPrecondition);
+    assert!(s.message().contains("99"), "{s}");
+}
+
+#[tokio::test]
+async fn protocol_violations_mid_stream_end_it_with_invalid_argument() {
+    let f = start().await;
+    let (tx, resp) = f.open(hello("n1")).await;
+    let mut rx = resp.expect("session");
+    let _ = next_config(&mut rx).await;
+    ack(&tx, 12345, true, "").await;
+    let end = tokio::time::timeout(Duration::from_secs(5), rx.message())
+        .await
+        .expect("ends");
+    let s = end.expect_err("status");
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert!(s.message().contains("never sent"), "{s}");
+
+    let (tx, resp) = f.open(hello("n2")).await;
+    let mut rx = resp.expect("session");
+    let _ = next_config(&mut rx).await;
+    tx.send(pb::AgentMessage {
+        msg: Some(hello("n2")),
+    })
+    .await
+    .expect("send");
+    let s = tokio::time::timeout(Duration::from_secs(5), rx.message())
+        .await
+        .expect("ends")
+        .expect_err("status");
+    assert_eq!(s.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn a_follower_refuses_agents_and_a_lost_leadership_ends_streams() {
+    let f = start().await;
+    let (_tx, resp) = f.open(hello("n1")).await;
+    let mut rx = resp.expect("session");
+    let _ = next_config(&mut rx).await;
+    f.leader.send_replace(false);
+    let s = tokio::time::timeout(Duration::from_secs(5), rx.message())
+        .await
+        .expect("ends")
+        .expect_err("status");
+    assert_eq!(s.code(), Code::Unavailable);
+    let (_tx, resp) = f.open(hello("n1")).await;
+    assert_eq!(resp.err().map(|s| s.code()), Some(Code::Unavailable));
+}
+
+#[tokio::test]
+async fn clients_without_a_certificate_from_our_ca_are_refused() {
+    let f = start().await;
+    // No client certificate at all.
+    let no_cert = f.channel_with(None, &f.pki.ca_cert).await;
+    let refused = match no_cert {
+        Err(_) => true,
+        Ok(ch) => {
+            let mut c = AgentControlClient::new(ch);
+            let (tx, rx) = mpsc::channel(1);
+            tx.send(pb::AgentMessage {
+                msg: Some(hello("n1")),
+            })
+            .await
+            .expect("queue");
+            c.session(ReceiverStream::new(rx)).await.is_err()
+        }
+    };
+    assert!(refused, "a client without a certificate got a session");
+    // A certificate from another CA.
+    let other = Pki::generate().expect("other CA");
+    let stranger = other.client().expect("cert");
+    let refused = match f.channel_with(Some(&stranger), &f.pki.ca_cert).await {
+        Err(_) => true,
+        Ok(ch) => {
+            let mut c = AgentControlClient::new(ch);
+            let (tx, rx) = mpsc::channel(1);
+            tx.send(pb::AgentMessage {
+                msg: Some(hello("n1")),
+            })
+            .await
+            .expect("queue");
+            c.session(ReceiverStream::new(rx)).await.is_err()
+        }
+    };
+    assert!(refused, "a certificate from another CA got a session");
+    assert_eq!(f.hub.connected_agents(), 0);
+    // And the agent refuses a server whose certificate is not from the agent's CA.
+    assert!(
+        f.channel_with(Some(&f.client_leaf), &other.ca_cert)
+            .await
+            .is_err()
+            || {
+                let ch = f
+                    .channel_with(Some(&f.client_leaf), &other.ca_cert)
+                    .await
+                    .expect("lazy");
+                let mut c = AgentControlClient::new(ch);
+                let (tx, rx) = mpsc::channel(1);
+                tx.send(pb::AgentMessage {
+                    msg: Some(hello("n1")),
+                })
+                .await
+                .expect("queue");
+                c.session(ReceiverStream::new(rx)).await.is_err()
+            }
+    );
+}
