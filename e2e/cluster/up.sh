@@ -184,7 +184,8 @@ start_daemon() {
   fi
   rm -f "$pidf"
   printf '\n===== %s starting %s %s\n' "$(date -Is)" "$bin" "$*" >>"$log"
-  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" "$bin" "$@" >>"$log" 2>&1 </dev/null &
+  # 8>&-: the daemon must not inherit (and so hold) the up.sh lock.
+  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" "$bin" "$@" >>"$log" 2>&1 </dev/null 8>&- &
   local i
   for i in $(seq 50); do [[ -s "$pidf" ]] && break; sleep 0.1; done
   [[ -s "$pidf" ]] || rw_die "$name did not start (log: $log)"

@@ -39,7 +39,7 @@ pub struct Context {
     /// Writes status and publishes Events.
     pub client: Client,
     /// Publishes Events as `resourcewatch-operator` (with this replica's name).
-    pub reporter: Reporter,
+    pub recorder: Recorder,
     /// Desired node configuration and the agents' latest reports.
     pub hub: Arc<Hub>,
     pub metrics: Arc<Metrics>,
@@ -268,7 +268,6 @@ async fn publish(ctx: &Context, rw: &ResourceWatch, pods: &[Arc<Pod>], e: &Event
             None => return,
         },
     };
-    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
     let ev = KubeEvent {
         type_: if e.warning {
             EventType::Warning
@@ -280,7 +279,7 @@ async fn publish(ctx: &Context, rw: &ResourceWatch, pods: &[Arc<Pod>], e: &Event
         action: e.action.into(),
         secondary: e.pod.as_ref().map(|_| rw.object_ref(&())),
     };
-    match tokio::time::timeout(ctx.write_timeout, recorder.publish(&ev, &reference)).await {
+    match tokio::time::timeout(ctx.write_timeout, ctx.recorder.publish(&ev, &reference)).await {
         Ok(Ok(())) => ctx.metrics.event(e.reason),
         Ok(Err(err)) => {
             tracing::warn!(reason = e.reason, error = %err, "could not publish an Event")
@@ -324,8 +323,8 @@ pub async fn run(
     let hub_changes = WatchStream::new(hub.subscribe_changes()).map(|_| ());
     let leader_changes = WatchStream::new(leader.clone()).map(|_| ());
     let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
         client,
-        reporter,
         hub,
         metrics: metrics.clone(),
         pods,
@@ -349,4 +348,379 @@ pub async fn run(
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    //! Reconciliation against a tower-test API server: each scenario states the requests
+    //! the reconciler must make, in order, and what the server answers.
+
+    use super::*;
+    use http::{Method, Request, Response};
+    use k8s_openapi::api::core::v1::{ContainerStatus, PodSpec, PodStatus};
+    use kube::{client::Body, runtime::watcher::Event as WatchEvent};
+    use resourcewatch_crds::{RemediationAction, ResourceWatchSpec};
+    use resourcewatch_proto as pb;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    const UID_A: &str = "3f1b2a6e-5c4d-4e8f-9a0b-1c2d3e4f5a6b";
+    const CID_A: &str = "9c2bd5b1a0f3c7e2d4b6a8f0e1c3d5b7a9f1e3c5d7b9a1f3e5c7d9b1a3f5e7c9";
+
+    fn watch_fixture(spec: serde_json::Value) -> ResourceWatch {
+        let spec: ResourceWatchSpec = serde_json::from_value(spec).expect("spec");
+        let mut rw = ResourceWatch::new("w", spec);
+        rw.metadata.namespace = Some("ns".into());
+        rw.metadata.generation = Some(1);
+        rw.metadata.uid = Some("rw-uid".into());
+        rw
+    }
+
+    fn pod_fixture(name: &str, uid: &str, cid: &str, labels: &[(&str, &str)], node: &str) -> Pod {
+        Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(uid.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: "app".into(),
+                    container_id: Some(format!("containerd://{cid}")),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn context(
+        pods: Vec<Pod>,
+        watches: Vec<ResourceWatch>,
+        hub: Arc<Hub>,
+    ) -> (Arc<Context>, Handle) {
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "default");
+        let (pod_store, mut pod_writer) = reflector::store();
+        pod_writer.apply_watcher_event(&WatchEvent::Init);
+        for p in pods {
+            pod_writer.apply_watcher_event(&WatchEvent::InitApply(p));
+        }
+        pod_writer.apply_watcher_event(&WatchEvent::InitDone);
+        let (rw_store, mut rw_writer) = reflector::store();
+        rw_writer.apply_watcher_event(&WatchEvent::Init);
+        for w in watches {
+            rw_writer.apply_watcher_event(&WatchEvent::InitApply(w));
+        }
+        rw_writer.apply_watcher_event(&WatchEvent::InitDone);
+        let ctx = Context {
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: FIELD_MANAGER.into(),
+                    instance: None,
+                },
+            ),
+            client,
+            hub,
+            metrics: Arc::new(Metrics::default()),
+            pods: pod_store,
+            watches: rw_store,
+            leader: watch::channel(true).1,
+            write_timeout: Duration::from_secs(5),
+        };
+        (Arc::new(ctx), handle)
+    }
+
+    async fn body_json(req: Request<Body>) -> serde_json::Value {
+        let bytes = req.into_body().collect_bytes().await.expect("body");
+        serde_json::from_slice(&bytes).expect("json body")
+    }
+
+    /// Expects a server-side-apply status patch; answers with the object; returns the
+    /// status sent.
+    async fn expect_status_apply(handle: &mut Handle, rw: &ResourceWatch) -> serde_json::Value {
+        let (req, send) = handle.next_request().await.expect("a status write");
+        assert_eq!(req.method(), Method::PATCH);
+        let uri = req.uri().to_string();
+        assert!(
+            uri.starts_with(
+                "/apis/resourcewatch.io/v1alpha1/namespaces/ns/resourcewatches/w/status?"
+            ),
+            "{uri}"
+        );
+        assert!(
+            uri.contains("fieldManager=resourcewatch-operator") && uri.contains("force=true"),
+            "{uri}"
+        );
+        assert_eq!(
+            req.headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/apply-patch+yaml")
+        );
+        let body = body_json(req).await;
+        assert_eq!(body["kind"], "ResourceWatch");
+        let mut answer = rw.clone();
+        answer.status = serde_json::from_value(body["status"].clone()).ok();
+        send.send_response(
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&answer).expect("json")))
+                .expect("response"),
+        );
+        body["status"].clone()
+    }
+
+    /// Expects an Event creation; returns (reason, regarding kind, note).
+    async fn expect_event(handle: &mut Handle) -> (String, String, String) {
+        let (req, send) = handle.next_request().await.expect("an Event");
+        assert_eq!(req.method(), Method::POST);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/events.k8s.io/v1/namespaces/ns/events"
+        );
+        let body = body_json(req).await;
+        let out = (
+            body["reason"].as_str().unwrap_or_default().to_owned(),
+            body["regarding"]["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            body["note"].as_str().unwrap_or_default().to_owned(),
+        );
+        send.send_response(
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&body).expect("json")))
+                .expect("response"),
+        );
+        out
+    }
+
+    fn reporting_hub(node: &str, report: pb::Report) -> Arc<Hub> {
+        let hub = Arc::new(Hub::new(Default::default()));
+        let s = hub
+            .connect(&pb::Hello {
+                node_name: node.into(),
+                protocol_version: pb::PROTOCOL_VERSION,
+                ..Default::default()
+            })
+            .expect("connect");
+        hub.report(node, s.id, report).expect("report");
+        std::mem::forget(s); // keep the session open for the test's lifetime
+        hub
+    }
+
+    #[tokio::test]
+    async fn a_reporting_watch_gets_its_status_and_a_ready_event() {
+        let rw = watch_fixture(
+            serde_json::json!({"selector": {"matchLabels": {"app": "api"}}, "topK": 3}),
+        );
+        let report = pb::Report {
+            containers: vec![pb::ContainerReport {
+                pod_uid: UID_A.into(),
+                container_id: CID_A.into(),
+                cpu_percent: 97.0,
+                processes: vec![crate::status::process(42, "burn", 97.0, 10 << 20)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let hub = reporting_hub("node-1", report);
+        let pods = vec![
+            pod_fixture("api-1", UID_A, CID_A, &[("app", "api")], "node-1"),
+            pod_fixture(
+                "other",
+                "00000000-0000-0000-0000-000000000001",
+                "x",
+                &[("app", "db")],
+                "node-1",
+            ),
+        ];
+        let (ctx, mut handle) = context(pods, vec![rw.clone()], hub.clone());
+        let server = tokio::spawn(async move {
+            let status = expect_status_apply(&mut handle, &rw).await;
+            let event = expect_event(&mut handle).await;
+            (status, event)
+        });
+        let action = reconcile(
+            Arc::new(watch_fixture(
+                serde_json::json!({"selector": {"matchLabels": {"app": "api"}}, "topK": 3}),
+            )),
+            ctx.clone(),
+        )
+        .await
+        .expect("reconcile");
+        assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+        let (status, (reason, kind, _)) = tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("server scenario ends")
+            .expect("scenario");
+        assert_eq!(
+            status["matchedPods"], 1,
+            "pod 'other' is not selected: {status}"
+        );
+        assert_eq!(status["topCPU"][0]["pod"], "api-1");
+        assert_eq!(status["topCPU"][0]["container"], "app");
+        assert_eq!(status["summary"]["topCPU"], "api-1 (97%)");
+        assert_eq!(status["conditions"][0]["type"], "Ready");
+        assert_eq!(status["conditions"][0]["status"], "True");
+        assert_eq!(status["observedGeneration"], 1);
+        assert_eq!(
+            (reason.as_str(), kind.as_str()),
+            ("WatchReady", "ResourceWatch")
+        );
+        // The hub now holds the node's targets.
+        let cfg = hub.config("node-1").expect("node configured");
+        assert_eq!(cfg.targets.len(), 1);
+        assert_eq!(cfg.targets[0].containers[0].container_id, CID_A);
+        assert_eq!(cfg.top_k, 3);
+    }
+
+    #[tokio::test]
+    async fn an_unchanged_status_is_not_written_again() {
+        let hub = reporting_hub("node-1", pb::Report::default());
+        let mut rw = watch_fixture(serde_json::json!({}));
+        let pods = vec![pod_fixture("api-1", UID_A, CID_A, &[], "node-1")];
+        // First pass computes the status; store it in the object as the API would.
+        let (ctx, mut handle) = context(pods.clone(), vec![rw.clone()], hub.clone());
+        let rw2 = rw.clone();
+        let server = tokio::spawn(async move {
+            let s = expect_status_apply(&mut handle, &rw2).await;
+            let _ = expect_event(&mut handle).await;
+            s
+        });
+        reconcile(Arc::new(rw.clone()), ctx).await.expect("first");
+        let status = server.await.expect("scenario");
+        rw.status = Some(serde_json::from_value(status).expect("status"));
+        // Second pass: nothing changed, so no request at all (the mock would hang otherwise).
+        let (ctx, mut handle) = context(pods, vec![rw.clone()], hub);
+        let action = reconcile(Arc::new(rw), ctx.clone()).await.expect("second");
+        assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+        assert!(
+            matches!(
+                tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await,
+                Err(_) | Ok(None)
+            ),
+            "no request expected"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_interval_below_the_floor_is_ready_false_with_one_event_and_no_targets() {
+        let rw = watch_fixture(
+            serde_json::json!({"interval": "1s", "remediation": {"action": "Restart"}}),
+        );
+        assert_eq!(rw.spec.remediation.action, RemediationAction::Restart);
+        let hub = Arc::new(Hub::new(Default::default()));
+        let pods = vec![pod_fixture("api-1", UID_A, CID_A, &[], "node-1")];
+        let (ctx, mut handle) = context(pods, vec![rw.clone()], hub.clone());
+        let rw2 = rw.clone();
+        let server = tokio::spawn(async move {
+            let s = expect_status_apply(&mut handle, &rw2).await;
+            let e = expect_event(&mut handle).await;
+            (s, e)
+        });
+        reconcile(Arc::new(rw), ctx).await.expect("reconcile");
+        let (status, (reason, _, note)) = server.await.expect("scenario");
+        assert_eq!(status["conditions"][0]["status"], "False");
+        assert_eq!(status["conditions"][0]["reason"], "InvalidSpec");
+        assert!(
+            status["conditions"][0]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("5s minimum")
+        );
+        assert_eq!(reason, "InvalidSpec");
+        assert!(note.contains("5s minimum"), "{note}");
+        assert!(
+            hub.config("node-1").is_none(),
+            "an invalid watch targets nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_status_write_is_an_error_and_publishes_nothing() {
+        let hub = reporting_hub("node-1", pb::Report::default());
+        let rw = watch_fixture(serde_json::json!({}));
+        let pods = vec![pod_fixture("api-1", UID_A, CID_A, &[], "node-1")];
+        let (ctx, mut handle) = context(pods, vec![rw.clone()], hub);
+        let server = tokio::spawn(async move {
+            let (_, send) = handle.next_request().await.expect("a status write");
+            send.send_response(
+                Response::builder()
+                    .status(409)
+                    .body(Body::from(
+                        serde_json::to_vec(&serde_json::json!({
+                            "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "message": "conflict", "reason": "Conflict", "code": 409
+                        }))
+                        .expect("json"),
+                    ))
+                    .expect("response"),
+            );
+            // No Event may follow a failed write (None: the client is gone, nothing came).
+            matches!(
+                tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await,
+                Err(_) | Ok(None)
+            )
+        });
+        let r = reconcile(Arc::new(rw), ctx).await;
+        assert!(matches!(r, Err(Error::Kube(_))), "{r:?}");
+        assert!(
+            server.await.expect("scenario"),
+            "an Event was published after a failed write"
+        );
+    }
+
+    #[tokio::test]
+    async fn deleted_watches_are_forgotten_by_the_hub() {
+        let hub = reporting_hub("node-1", pb::Report::default());
+        hub.set_watch(
+            WatchKey {
+                namespace: "ns".into(),
+                name: "gone".into(),
+            },
+            WatchTargets {
+                top_k: 5,
+                interval: Duration::from_secs(10),
+                leaks_enabled: false,
+                min_confidence: 60,
+                horizon: Duration::from_secs(60),
+                pods: vec![TargetPod {
+                    uid: "u".into(),
+                    namespace: "ns".into(),
+                    name: "p".into(),
+                    node: "node-2".into(),
+                    containers: vec![],
+                }],
+            },
+        );
+        assert!(hub.config("node-2").is_some());
+        let rw = watch_fixture(serde_json::json!({"selector": {"matchLabels": {"none": "x"}}}));
+        let (ctx, mut handle) = context(vec![], vec![rw.clone()], hub.clone());
+        let rw2 = rw.clone();
+        let server = tokio::spawn(async move {
+            let _ = expect_status_apply(&mut handle, &rw2).await;
+            let _ = expect_event(&mut handle).await;
+        });
+        reconcile(Arc::new(rw), ctx).await.expect("reconcile");
+        server.await.expect("scenario");
+        assert!(
+            hub.config("node-2").is_none(),
+            "the deleted watch's node was dropped"
+        );
+        assert_eq!(hub.watch_keys().len(), 1);
+    }
 }
