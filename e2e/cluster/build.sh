@@ -127,7 +127,7 @@ cd "${SRC_DIR}"
 if [[ ! -f vendor/github.com/modern-go/reflect2/.rw-1.0.2 ]]; then
   rw_log "replacing vendor/github.com/modern-go/reflect2 with 1.0.2"
   dl=$(mktemp -d)
-  chmod 755 "$dl"   # apt downloads as user _apt
+  chown _apt "$dl" 2>/dev/null || chmod 777 "$dl"   # apt downloads as user _apt
   ( cd "$dl" && apt-get download -qq golang-github-modern-go-reflect2-dev ) \
     || rw_die "apt-get download golang-github-modern-go-reflect2-dev failed"
   dpkg-deb -x "$dl"/golang-github-modern-go-reflect2-dev_*.deb "$dl/x"
@@ -145,6 +145,9 @@ if [[ ! -f vendor/github.com/modern-go/reflect2/.rw-1.0.2 ]]; then
     || rw_die "could not update reflect2 in vendor/modules.txt"
   touch vendor/github.com/modern-go/reflect2/.rw-1.0.2
 fi
+
+[[ -f vendor/github.com/modern-go/reflect2/go_above_118.go ]] \
+  || rw_die "vendor/github.com/modern-go/reflect2 is not 1.0.2 (no go_above_118.go); delete ${SRC_DIR} and re-run"
 
 # ---------------------------------------------------------------- compile
 export GOPATH="${SRC_DIR}/.go" CGO_ENABLED=0

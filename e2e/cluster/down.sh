@@ -228,6 +228,8 @@ for d in "${RW_HOST_DIRS[@]}"; do
   fi
   rm -rf --one-file-system "$d"
 done
+# libcni's result cache for our network, when /var/lib/cni was there before (else it is gone).
+rm -f /var/lib/cni/results/resourcewatch-e2e-* 2>/dev/null || true
 # Pod IPs, container runtime state and sockets: all pods are gone.
 rm -rf "${RW_DATA}/cni-ipam" 2>/dev/null || true
 if [[ -z "$(findmnt -rn -o TARGET | grep "^${RW_RUN}" || true)" ]]; then rm -rf "${RW_RUN}"; fi

@@ -26,7 +26,6 @@ done
 [[ $SMOKE -eq 1 && $APISERVER_ONLY -eq 1 ]] && rw_die "--smoke needs the node; drop --apiserver-only"
 
 T_START=$(date +%s)
-START_EPOCH=$T_START
 
 mkdir -p "${RW_STATE}"
 exec 8>"${RW_STATE}/.up.lock"
@@ -64,6 +63,15 @@ if [[ ! -f "${RW_BASELINE}/.active" ]]; then
   date +%s >"$tmp/.active"
   rm -rf "${RW_BASELINE}"; mv "$tmp" "${RW_BASELINE}"
 fi
+
+# write_if_changed FILE [MODE] < content: replaces FILE only when the content differs
+# (kube-proxy exits when its config file changes; the others need no restart either).
+write_if_changed() {
+  local f=$1 mode=${2:-644}
+  cat >"$f.tmp"
+  chmod "$mode" "$f.tmp"
+  if [[ -f "$f" ]] && cmp -s "$f.tmp" "$f"; then rm -f "$f.tmp"; else mv -f "$f.tmp" "$f"; fi
+}
 
 # ------------------------------------------------------------------ PKI
 CA_CRT="${RW_PKI}/ca.crt"; CA_KEY="${RW_PKI}/ca.key"
@@ -129,7 +137,7 @@ chmod 600 "${RW_PKI}"/*.key
 # write_kubeconfig FILE CERTNAME
 write_kubeconfig() {
   local f=$1 n=$2
-  cat >"$f.tmp" <<EOF
+  write_if_changed "$f" 600 <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -149,7 +157,6 @@ contexts:
     user: $n
 current-context: resourcewatch-e2e
 EOF
-  chmod 600 "$f.tmp"; mv "$f.tmp" "$f"
 }
 write_kubeconfig "${RW_ADMIN_KUBECONFIG}" admin
 write_kubeconfig "${RW_CONF}/controller-manager.kubeconfig" controller-manager
@@ -296,7 +303,7 @@ if [[ $APISERVER_ONLY -eq 0 ]]; then
   [[ -x "${RW_CNI_BIN_DIR}/bridge" && -x "${RW_CNI_BIN_DIR}/host-local" && -x "${RW_CNI_BIN_DIR}/portmap" \
      && -x "${RW_CNI_BIN_DIR}/loopback" ]] || rw_die "CNI plugins missing in ${RW_CNI_BIN_DIR}"
   # containerd's CRI sets up lo itself with the loopback plugin from bin_dir.
-  cat >"${RW_CNI_CONF_DIR}/10-resourcewatch.conflist.tmp" <<EOF
+  write_if_changed "${RW_CNI_CONF_DIR}/10-resourcewatch.conflist" <<EOF
 {
   "cniVersion": "0.4.0",
   "name": "resourcewatch-e2e",
@@ -318,11 +325,10 @@ if [[ $APISERVER_ONLY -eq 0 ]]; then
   ]
 }
 EOF
-  mv "${RW_CNI_CONF_DIR}/10-resourcewatch.conflist.tmp" "${RW_CNI_CONF_DIR}/10-resourcewatch.conflist"
 
   # ---------------------------------------------------------------- containerd
   mkdir -p "${RW_CONTAINERD_ROOT}" "${RW_CONTAINERD_STATE}" "${RW_DATA}/containerd-opt"
-  cat >"${RW_CONF}/containerd.toml" <<EOF
+  write_if_changed "${RW_CONF}/containerd.toml" <<EOF
 version = 2
 root = "${RW_CONTAINERD_ROOT}"
 state = "${RW_CONTAINERD_STATE}"
@@ -377,7 +383,7 @@ EOF
 
   # ---------------------------------------------------------------- kubelet
   for p in 10250 10248; do port_free_or_ours $p kubelet "${RW_BIN}/kubelet"; done
-  cat >"${RW_CONF}/kubelet.yaml" <<EOF
+  write_if_changed "${RW_CONF}/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 0.0.0.0
@@ -433,7 +439,7 @@ EOF
 
   # ---------------------------------------------------------------- kube-proxy
   for p in 10256 10249; do port_free_or_ours $p kube-proxy "${RW_BIN}/kube-proxy"; done
-  cat >"${RW_CONF}/kube-proxy.yaml" <<EOF
+  write_if_changed "${RW_CONF}/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
@@ -459,11 +465,14 @@ EOF
     local t
     t=$(K -n kube-node-lease get lease "${NODE_NAME}" -o 'jsonpath={.spec.renewTime}' 2>/dev/null) || return 1
     [[ -n "$t" ]] || return 1
-    (( $(date -d "$t" +%s) >= START_EPOCH ))
+    (( $(date -d "$t" +%s) >= KUBELET_STARTED ))
   }
   node_ready() {
     [[ "$(K get node "${NODE_NAME}" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
   }
+  # The lease must be renewed by the kubelet now running: after a restart the old Node
+  # object still says Ready. Its PID file was written when it started.
+  KUBELET_STARTED=$(stat -c %Y "${RW_PIDS}/kubelet.pid")
   wait_for kubelet 120 lease_fresh
   wait_for kubelet 120 node_ready
   rw_log "node ${NODE_NAME} registered, Ready, lease renewed"
@@ -497,11 +506,12 @@ EOF
     fi
     sleep 0.5
   done
-  K -n default get pod rw-smoke -o wide
+  K -n default get pod rw-smoke -o wide >&2
   K -n default delete pod rw-smoke --wait=true >/dev/null
   rw_log "smoke: pod ran and was deleted"
 fi
 
 rw_log "cluster up in $(( $(date +%s) - T_START ))s$([[ $APISERVER_ONLY -eq 1 ]] && echo ' (apiserver only)')"
+# stdout carries only these lines, so `eval "$(e2e/cluster/up.sh)"` works.
+echo "export PATH=${RW_BIN}:\$PATH"
 echo "export KUBECONFIG=${RW_ADMIN_KUBECONFIG}"
-echo "export PATH=${RW_BIN}:\$PATH   # kubectl ${K8S_VERSION}"

@@ -1,0 +1,223 @@
+//! The test cluster: a client from `KUBECONFIG`, the CRD, namespaces per test, fake nodes
+//! and pods for API-only runs, and waits with deadlines (never fixed sleeps).
+
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use k8s_openapi::{
+    api::core::v1::{Namespace, Node, Pod},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+};
+
+/// The repository root (this crate lives in `e2e/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// A client for the cluster `KUBECONFIG` names; a clear error when there is none.
+pub async fn client() -> anyhow::Result<Client> {
+    if std::env::var_os("KUBECONFIG").is_none() {
+        bail!(
+            "KUBECONFIG is not set: start the test cluster with `e2e/cluster/up.sh` (make e2e does)"
+        );
+    }
+    Client::try_default()
+        .await
+        .context("building a client from KUBECONFIG")
+}
+
+/// Polls `f` until it returns `Some`, or fails after `deadline` with `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let start = Instant::now();
+    let mut last_err = None;
+    loop {
+        match f().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if start.elapsed() > deadline {
+            bail!(
+                "timed out after {deadline:?} waiting for {what}{}",
+                last_err
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Applies the generated CRD (server-side) and waits until it is established.
+pub async fn install_crd(client: &Client) -> anyhow::Result<()> {
+    let yaml =
+        std::fs::read_to_string(repo_root().join("crds/resourcewatch.io_resourcewatches.yaml"))?;
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml)?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        "resourcewatches.resourcewatch.io",
+        &PatchParams::apply("resourcewatch-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .context("applying the CRD")?;
+    wait_for("the CRD to be established", Duration::from_secs(30), || {
+        let api = api.clone();
+        async move {
+            let crd = api.get("resourcewatches.resourcewatch.io").await?;
+            let ok = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(ok.then_some(()))
+        }
+    })
+    .await
+}
+
+/// A namespace for one test, deleted (without waiting) when dropped.
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    pub async fn create(client: &Client, prefix: &str) -> anyhow::Result<Self> {
+        let name = format!("{prefix}-{}", std::process::id() % 100_000);
+        let api: Api<Namespace> = Api::all(client.clone());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"resourcewatch.io/e2e": "true"}}
+        }))?;
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        // Pods need the namespace's default ServiceAccount (made by the controller-manager).
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &name);
+        wait_for(
+            "the default ServiceAccount",
+            Duration::from_secs(60),
+            || {
+                let sas = sas.clone();
+                async move { Ok(sas.get_opt("default").await?.map(|_| ())) }
+            },
+        )
+        .await?;
+        Ok(Self {
+            name,
+            client: client.clone(),
+        })
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if std::env::var_os("RW_E2E_KEEP").is_some() {
+            return;
+        }
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let name = self.name.clone();
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move {
+                let _ = api.delete(&name, &DeleteParams::background()).await;
+            });
+        }
+    }
+}
+
+/// A Node object with no kubelet behind it: API-only tests schedule pods to it by name.
+pub async fn fake_node(client: &Client, name: &str) -> anyhow::Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"resourcewatch.io/simulated": "true"}},
+        "spec": {"unschedulable": true}
+    }))?;
+    match api.create(&PostParams::default(), &node).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A pod bound to `node` whose status says its one container `app` runs with `container_id`
+/// (as kubelet would write it), for API-only tests where no kubelet runs.
+pub async fn fake_running_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    node: &str,
+    container_id: &str,
+) -> anyhow::Result<Pod> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "app", "image": "localhost/resourcewatch/none:0"}]
+        }
+    }))?;
+    let created = match api.create(&PostParams::default(), &pod).await {
+        Ok(p) => p,
+        Err(kube::Error::Api(e)) if e.code == 409 => api.get(name).await?,
+        Err(e) => return Err(e.into()),
+    };
+    let status = serde_json::json!({
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [{
+                "name": "app", "ready": true, "restartCount": 0,
+                "image": "localhost/resourcewatch/none:0", "imageID": "",
+                "containerID": format!("containerd://{container_id}"),
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+            }]
+        }
+    });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .context("writing the pod's status")?;
+    Ok(created)
+}
+
+/// A 64-hex container id derived from a name, as a runtime would make one.
+pub fn container_id(seed: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut out = String::new();
+    for round in 0..4u64 {
+        for b in seed.bytes().chain(round.to_le_bytes()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x100_0000_01b3);
+        }
+        out.push_str(&format!("{h:016x}"));
+    }
+    out
+}
+
+/// The kubectl the harness built (the right version for the cluster), else `kubectl`.
+pub fn kubectl() -> PathBuf {
+    std::env::var_os("KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/resourcewatch/k8s-1.20.2/bin/kubectl"))
+}

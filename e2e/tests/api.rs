@@ -1,0 +1,470 @@
+//! The operator against a real kube-apiserver (the e2e cluster, or any `KUBECONFIG`), with
+//! simulated agents speaking the real protocol. Run by `make e2e-api` (which starts the
+//! API server); ignored by plain `cargo test`, since they need a cluster.
+//!
+//! Each test makes its own namespace and its own operator process; tests run one at a
+//! time (`--test-threads=1`): two operators would both reconcile every watch.
+
+use std::{collections::BTreeMap, process::Command, sync::Arc, time::Duration};
+
+use k8s_openapi::api::events::v1::Event;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, PostParams},
+};
+use resourcewatch_crds::{ConditionStatus, ResourceWatch};
+use resourcewatch_e2e::{
+    cluster::{self, TestNamespace, wait_for},
+    operator::OperatorProcess,
+    sim::{AgentTls, PodPlan, SimAgent},
+};
+
+const MIB: u64 = 1 << 20;
+
+fn labels(app: &str) -> BTreeMap<String, String> {
+    [("app".to_string(), app.to_string())].into()
+}
+
+fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    use std::io::Write;
+    let mut cmd = Command::new(cluster::kubectl());
+    cmd.args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("kubectl runs");
+    if let Some(s) = stdin
+        && let Some(mut i) = child.stdin.take()
+    {
+        i.write_all(s.as_bytes()).expect("stdin");
+    }
+    let out = child.wait_with_output().expect("kubectl output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn events(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+async fn setup(prefix: &str) -> (Client, TestNamespace) {
+    let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
+    cluster::install_crd(&client).await.expect("CRD installs");
+    let ns = TestNamespace::create(&client, prefix)
+        .await
+        .expect("namespace");
+    (client, ns)
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn bad_specs_are_refused_by_the_api_server_with_a_readable_message() {
+    let (_client, ns) = setup("rw-bad").await;
+    let cases = [
+        ("topK: 0", "spec.topK", "greater than or equal to 1"),
+        ("topK: 1000000", "spec.topK", "less than or equal to 100"),
+        ("topK: ten", "spec.topK", "integer"),
+        (
+            "remediation: {action: Reboot}",
+            "spec.remediation.action",
+            "Unsupported value",
+        ),
+        (
+            "selector: {matchExpressions: [{key: app, operator: Like, values: [x]}]}",
+            "operator",
+            "Unsupported value",
+        ),
+        ("interval: fast", "spec.interval", "should match"),
+        (
+            "leakDetection: {minConfidence: 101}",
+            "spec.leakDetection.minConfidence",
+            "less than or equal to 100",
+        ),
+    ];
+    for (spec, field, words) in cases {
+        let yaml = format!(
+            "apiVersion: resourcewatch.io/v1alpha1\nkind: ResourceWatch\nmetadata: {{name: bad, namespace: {}}}\nspec: {{{spec}}}\n",
+            ns.name
+        );
+        let (ok, _, err) = kubectl(&["apply", "-f", "-"], Some(&yaml));
+        assert!(!ok, "{spec:?} was accepted");
+        assert!(
+            err.contains(field) && err.contains(words),
+            "{spec:?}: the message should name {field} and say {words:?}:\n{err}"
+        );
+    }
+    let good = format!(
+        "apiVersion: resourcewatch.io/v1alpha1\nkind: ResourceWatch\nmetadata: {{name: good, namespace: {}}}\nspec: {{topK: 5}}\n",
+        ns.name
+    );
+    let (ok, _, err) = kubectl(&["apply", "-f", "-"], Some(&good));
+    assert!(ok, "a valid spec was refused: {err}");
+    // The sample in config/ is accepted as is.
+    let sample =
+        std::fs::read_to_string(cluster::repo_root().join("config/samples/resourcewatch.yaml"))
+            .expect("sample");
+    let (ok, _, err) = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&sample));
+    assert!(ok, "the sample was refused: {err}");
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn status_columns_events_agent_loss_and_operator_restart() {
+    let (client, ns) = setup("rw-status").await;
+    let n = ns.name.clone();
+    let mut op =
+        OperatorProcess::start(&n, "op-1", &["--agent-grace", "4s"]).expect("operator starts");
+    op.wait_ready().await.expect("operator ready");
+    let node = format!("sim-{n}");
+    cluster::fake_node(&client, &node).await.expect("node");
+    let pods = [
+        ("api-burn", "api"),
+        ("api-leak", "api"),
+        ("api-idle", "api"),
+        ("db-hog", "db"),
+    ];
+    for (name, app) in pods {
+        cluster::fake_running_pod(
+            &client,
+            &n,
+            name,
+            &labels(app),
+            &node,
+            &cluster::container_id(&format!("{n}/{name}")),
+        )
+        .await
+        .expect("pod");
+    }
+    let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
+        "metadata": {"name": "api"},
+        "spec": {"selector": {"matchLabels": {"app": "api"}}, "topK": 5, "interval": "5s",
+                 "thresholds": {"cpuPercent": 90}}
+    }))
+    .expect("rw");
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), &n);
+    rws.create(&PostParams::default(), &rw)
+        .await
+        .expect("create rw");
+
+    let tls = AgentTls::from_secret(&client, &n, "resourcewatch-agent-tls")
+        .await
+        .expect("agent secret");
+    let endpoint = format!("https://{}", op.grpc);
+    let server_name = resourcewatch_proto::operator_server_name(&n);
+    let planner: resourcewatch_e2e::sim::Planner = Arc::new(|p| match p.name.as_str() {
+        "api-burn" => PodPlan {
+            cpu_percent: 95.0,
+            rss_bytes: 20 * MIB,
+            ..Default::default()
+        },
+        "api-leak" => PodPlan {
+            cpu_percent: 5.0,
+            rss_bytes: 100 * MIB,
+            limit_bytes: 128 * MIB,
+            leak: Some((2e6, 90, 61.0)),
+        },
+        "api-idle" => PodPlan {
+            cpu_percent: 0.0,
+            rss_bytes: 2 * MIB,
+            ..Default::default()
+        },
+        _ => PodPlan {
+            cpu_percent: 300.0,
+            rss_bytes: 900 * MIB,
+            ..Default::default()
+        },
+    });
+    let agent = SimAgent::spawn(
+        endpoint.clone(),
+        server_name.clone(),
+        tls.clone(),
+        node.clone(),
+        planner.clone(),
+    );
+
+    let status = wait_for(
+        "status with Top-K and the leak",
+        Duration::from_secs(30),
+        || {
+            let rws = rws.clone();
+            async move {
+                let s = rws.get("api").await?.status;
+                Ok(s.filter(|s| !s.top_cpu.is_empty() && !s.leaks.is_empty()))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\noperator log:\n{}", op.log_text()));
+    assert_eq!(status.matched_pods, 3);
+    assert_eq!(status.top_cpu[0].pod, "api-burn");
+    assert_eq!(status.top_memory[0].pod, "api-leak");
+    assert!(
+        status.top_cpu.iter().all(|e| e.pod != "db-hog"),
+        "an unselected pod appeared"
+    );
+    assert_eq!(status.leaks[0].pod, "api-leak");
+    assert_eq!(status.leaks[0].time_to_oom_seconds, Some(61.0));
+    assert_eq!(status.exceeding.len(), 1, "api-burn is above 90% CPU");
+    let targets = agent.stats.targets.lock().map(|t| t.len()).unwrap_or(0);
+    assert_eq!(
+        targets, 3,
+        "the node's configuration lists the three selected pods"
+    );
+
+    // What `kubectl get` shows.
+    let (ok, out, err) = kubectl(&["get", "resourcewatch", "-n", &n], None);
+    assert!(ok, "{err}");
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME", "TARGETS", "TOP", "CPU", "TOP", "MEMORY", "LEAKING", "OOM", "ETA", "READY",
+            "AGE"
+        ],
+        "{out}"
+    );
+    let row = out.lines().nth(1).unwrap_or("");
+    for want in [
+        "api", "3", "api-burn", "(95%)", "api-leak", "(100Mi)", "1", "1m1s", "True",
+    ] {
+        assert!(
+            row.split_whitespace().any(|w| w == want),
+            "{want:?} missing from the row: {out}"
+        );
+    }
+    let (ok, out, _) = kubectl(&["get", "rw", "-n", &n], None);
+    assert!(
+        ok && out.contains("api-burn"),
+        "the short name works: {out}"
+    );
+
+    // Events of the transitions.
+    let e = wait_for(
+        "WatchReady, LeakDetected and ThresholdCrossed Events",
+        Duration::from_secs(15),
+        || {
+            let client = client.clone();
+            let n = n.clone();
+            async move {
+                let r = (
+                    events(&client, &n, "WatchReady").await,
+                    events(&client, &n, "LeakDetected").await,
+                    events(&client, &n, "ThresholdCrossed").await,
+                );
+                Ok((!r.0.is_empty() && !r.1.is_empty() && !r.2.is_empty()).then_some(r))
+            }
+        },
+    )
+    .await
+    .expect("events");
+    assert!(
+        e.1[0]
+            .note
+            .as_deref()
+            .unwrap_or("")
+            .contains("predicted OOM kill in 1m1s"),
+        "{:?}",
+        e.1[0].note
+    );
+    assert_eq!(
+        e.0[0].reporting_controller.as_deref(),
+        Some("resourcewatch-operator")
+    );
+
+    // The agent goes away: Degraded after the grace, one AgentLost; back: AgentRecovered.
+    agent.stop().await;
+    wait_for(
+        "Degraded=True AgentsMissing",
+        Duration::from_secs(30),
+        || {
+            let rws = rws.clone();
+            async move {
+                let s = rws.get("api").await?.status.unwrap_or_default();
+                Ok(s.conditions
+                    .iter()
+                    .find(|c| c.type_ == "Degraded")
+                    .filter(|c| c.status == ConditionStatus::True && c.reason == "AgentsMissing")
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\noperator log:\n{}", op.log_text()));
+    assert_eq!(events(&client, &n, "AgentLost").await.len(), 1);
+    let agent = SimAgent::spawn(
+        endpoint,
+        server_name.clone(),
+        tls.clone(),
+        node.clone(),
+        planner.clone(),
+    );
+    wait_for(
+        "Degraded=False after the agent is back",
+        Duration::from_secs(30),
+        || {
+            let rws = rws.clone();
+            async move {
+                let s = rws.get("api").await?.status.unwrap_or_default();
+                Ok(s.conditions
+                    .iter()
+                    .find(|c| c.type_ == "Degraded")
+                    .filter(|c| c.status == ConditionStatus::False)
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await
+    .expect("recovered");
+    wait_for("AgentRecovered", Duration::from_secs(10), || {
+        let client = client.clone();
+        let n = n.clone();
+        async move { Ok((!events(&client, &n, "AgentRecovered").await.is_empty()).then_some(())) }
+    })
+    .await
+    .expect("AgentRecovered event");
+
+    // The operator restarts: status goes on, and no Event is published twice.
+    let before: Vec<usize> = futures::future::join_all(
+        [
+            "WatchReady",
+            "LeakDetected",
+            "ThresholdCrossed",
+            "AgentLost",
+            "AgentRecovered",
+        ]
+        .map(|r| {
+            let client = client.clone();
+            let n = n.clone();
+            async move { events(&client, &n, r).await.len() }
+        }),
+    )
+    .await;
+    let last_update = rws
+        .get("api")
+        .await
+        .expect("rw")
+        .status
+        .and_then(|s| s.last_update_time);
+    assert!(
+        op.stop(Duration::from_secs(15))
+            .await
+            .is_some_and(|s| s.success()),
+        "graceful exit on SIGTERM:\n{}",
+        op.log_text()
+    );
+    agent.stop().await;
+    let mut op2 =
+        OperatorProcess::start(&n, "op-2", &["--agent-grace", "4s"]).expect("operator restarts");
+    op2.wait_ready().await.expect("second operator ready");
+    let agent = SimAgent::spawn(
+        format!("https://{}", op2.grpc),
+        server_name,
+        tls,
+        node,
+        planner,
+    );
+    wait_for(
+        "a status update from the new operator",
+        Duration::from_secs(40),
+        || {
+            let rws = rws.clone();
+            let last = last_update.clone();
+            async move {
+                let s = rws.get("api").await?.status.unwrap_or_default();
+                Ok((s.last_update_time != last && !s.top_cpu.is_empty()).then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\noperator log:\n{}", op2.log_text()));
+    tokio::time::sleep(Duration::from_secs(6)).await; // one more interval for stray Events
+    let after: Vec<usize> = futures::future::join_all(
+        [
+            "WatchReady",
+            "LeakDetected",
+            "ThresholdCrossed",
+            "AgentLost",
+            "AgentRecovered",
+        ]
+        .map(|r| {
+            let client = client.clone();
+            let n = n.clone();
+            async move { events(&client, &n, r).await.len() }
+        }),
+    )
+    .await;
+    assert_eq!(
+        before,
+        after,
+        "Events repeated after an operator restart\nlog:\n{}",
+        op2.log_text()
+    );
+    agent.stop().await;
+    let m = op2
+        .metric("resourcewatch_operator_status_writes_total")
+        .unwrap_or(0.0);
+    assert!(m >= 1.0, "status writes are counted: {m}");
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn what_the_schema_cannot_check_is_a_ready_false_condition() {
+    let (client, ns) = setup("rw-floor").await;
+    let mut op = OperatorProcess::start(&ns.name, "op-floor", &[]).expect("operator");
+    op.wait_ready().await.expect("ready");
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), &ns.name);
+    for (name, spec) in [
+        ("too-fast", serde_json::json!({"interval": "1s"})),
+        (
+            "no-values",
+            serde_json::json!({"selector": {"matchExpressions": [{"key": "app", "operator": "In"}]}}),
+        ),
+    ] {
+        let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
+            "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .expect("rw");
+        rws.create(&PostParams::default(), &rw)
+            .await
+            .expect("the schema accepts it");
+        let cond = wait_for("Ready=False InvalidSpec", Duration::from_secs(20), || {
+            let rws = rws.clone();
+            async move {
+                let s = rws.get(name).await?.status.unwrap_or_default();
+                Ok(s.conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Ready" && c.reason == "InvalidSpec"))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", op.log_text()));
+        assert_eq!(cond.status, ConditionStatus::False);
+        assert!(!cond.message.is_empty());
+        let (_, out, _) = kubectl(&["get", "rw", name, "-n", &ns.name], None);
+        assert!(out.contains("False"), "{out}");
+    }
+    let e = events(&client, &ns.name, "InvalidSpec").await;
+    assert_eq!(
+        e.len(),
+        2,
+        "one Event per invalid watch: {:?}",
+        e.iter().map(|e| e.name_any()).collect::<Vec<_>>()
+    );
+}
