@@ -28,8 +28,9 @@ probe: deps ## Report what this kernel allows (BTF, tracepoints, cgroups, privil
 	$(CARGO) run --release -q -p resourcewatch-agent -- probe
 
 .PHONY: generate
-generate: ## Regenerate crds/resourcewatch.io_resourcewatches.yaml from the Rust types
+generate: ## Regenerate the CRD YAML (crds/ and config/crd/) from the Rust types
 	$(CARGO) run -q -p resourcewatch-crds --bin crdgen > crds/resourcewatch.io_resourcewatches.yaml
+	cp crds/resourcewatch.io_resourcewatches.yaml config/crd/resourcewatch.io_resourcewatches.yaml
 
 .PHONY: fmt
 fmt: ## Format the code
@@ -51,3 +52,16 @@ test: deps lint unit ## Everything CI runs: lint, unit, kernel and drift tests
 bench: deps ## Top-K precision, kernel cost and agent cost benchmarks (root; several minutes)
 	$(CARGO) build --release -p resourcewatch-agent
 	./target/release/resourcewatch-bench all
+
+IMAGE_TAG ?= 0.1.0
+STATIC_TARGET := x86_64-unknown-linux-gnu
+STATIC_DIR := target/$(STATIC_TARGET)/release
+
+.PHONY: images
+images: deps ## Build the operator, agent and workload images (static binaries; docker-archive tarballs in target/images/, no Docker needed)
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release --target $(STATIC_TARGET) \
+	  -p resourcewatch-operator -p resourcewatch-agent -p resourcewatch-workloads --bin resourcewatch-operator --bin resourcewatch-agent --bin leak-sim
+	mkdir -p target/images
+	e2e/cluster/image.sh localhost/resourcewatch/operator:$(IMAGE_TAG) target/images/operator.tar $(STATIC_DIR)/resourcewatch-operator
+	e2e/cluster/image.sh localhost/resourcewatch/agent:$(IMAGE_TAG) target/images/agent.tar $(STATIC_DIR)/resourcewatch-agent
+	e2e/cluster/image.sh localhost/resourcewatch/workloads:$(IMAGE_TAG) target/images/workloads.tar $(STATIC_DIR)/leak-sim

@@ -387,6 +387,15 @@ mod tests {
     }
 
     #[test]
+    fn the_kustomize_copy_matches_too() {
+        let copy = include_str!("../../config/crd/resourcewatch.io_resourcewatches.yaml");
+        assert!(
+            copy == COMMITTED,
+            "config/crd/resourcewatch.io_resourcewatches.yaml is stale: run `make generate` and commit it"
+        );
+    }
+
+    #[test]
     fn the_sample_is_a_valid_resourcewatch() {
         let sample = include_str!("../../config/samples/resourcewatch.yaml");
         let rw: ResourceWatch =

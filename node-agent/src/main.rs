@@ -176,6 +176,13 @@ fn run_agent(a: RunArgs) -> ExitCode {
         eprintln!("resourcewatch-agent run: --node-name (or NODE_NAME) is empty");
         return ExitCode::from(64);
     }
+    if a.operator.contains("$(") {
+        eprintln!(
+            "resourcewatch-agent run: --operator {:?} still holds a $(VAR): the operator's Service did not exist when this pod started; it is picked up at the next restart",
+            a.operator
+        );
+        return ExitCode::from(64);
+    }
     let opts = resourcewatch_agent::cluster::RunOptions {
         server_name: resourcewatch_proto::operator_server_name(&a.operator_namespace),
         node_name: a.node_name,

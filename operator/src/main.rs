@@ -50,6 +50,14 @@ struct Args {
     sketch_depth: u32,
     #[arg(long, default_value_t = 1024)]
     sketch_width: u32,
+    /// Cluster-wide master switch for `remediation.action: Restart`: while off, such watches
+    /// only report (`WouldRestart`), whatever they ask. Off by default.
+    #[arg(
+        long,
+        env = "RESOURCEWATCH_ENABLE_REMEDIATION",
+        default_value_t = false
+    )]
+    enable_remediation: bool,
     /// Time allowed for in-flight work after SIGTERM.
     #[arg(long, default_value = "10s", value_parser = duration)]
     drain_timeout: Duration,
@@ -166,7 +174,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let _ = grpc_shutdown.wait_for(|s| *s).await;
         });
     let grpc_task = tokio::spawn(grpc);
-    tracing::info!(grpc = %args.grpc_addr, metrics = %args.metrics_addr, "serving");
+    tracing::info!(grpc = %args.grpc_addr, metrics = %args.metrics_addr, remediation = args.enable_remediation, "serving");
 
     let reporter = Reporter {
         controller: resourcewatch_operator::FIELD_MANAGER.into(),

@@ -48,6 +48,8 @@ pub enum Pattern {
     /// Page cache: write a `size` file, then map it and read it at `rate` bytes/s, again and
     /// again: the growth is file-backed (RssFile), not anonymous.
     PageCache { size: u64, rate: u64 },
+    /// Spin on the CPU (one core), holding `size` of memory: the e2e tests' CPU hog.
+    Burn { size: u64 },
 }
 
 /// Anonymous memory, touched page by page; unmapped on drop.
@@ -132,6 +134,15 @@ pub fn run(p: &Pattern, stop: &dyn Fn() -> bool) {
             let _base = Chunk::new(*size);
             while !stop() {
                 std::thread::sleep(STEP);
+            }
+        }
+        Pattern::Burn { size } => {
+            let _base = Chunk::new(*size);
+            let mut x = 1u64;
+            while !stop() {
+                for _ in 0..1_000_000 {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
             }
         }
         Pattern::Sawtooth {

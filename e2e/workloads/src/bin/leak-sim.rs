@@ -2,7 +2,7 @@
 //! patterns a leak detector must not flag.
 //!
 //! leak-sim --pattern leak --rate 1MiB/s [--baseline 10MiB] [--duration 60s]
-//! leak-sim --pattern flat|sawtooth|plateau|bursty|pagecache [...]
+//! leak-sim --pattern flat|sawtooth|plateau|bursty|pagecache|burn [...]
 
 use std::{
     sync::atomic::{AtomicBool, Ordering},
@@ -20,7 +20,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 fn usage(msg: &str) -> ! {
     eprintln!("leak-sim: {msg}");
     eprintln!(
-        "usage: leak-sim --pattern leak|flat|sawtooth|plateau|bursty|pagecache [--rate R/s] [--baseline B] [--delay S] \
+        "usage: leak-sim --pattern leak|flat|sawtooth|plateau|bursty|pagecache|burn [--rate R/s] [--baseline B] [--delay S] \
          [--size B] [--period S] [--cap B] [--tau S] [--seed N] [--duration S]"
     );
     std::process::exit(64)
@@ -73,6 +73,9 @@ fn main() {
         "pagecache" => Pattern::PageCache {
             size: bytes("--size", 500 * MIB),
             rate: bytes("--rate", 5 * MIB),
+        },
+        "burn" => Pattern::Burn {
+            size: bytes("--size", 4 * MIB),
         },
         other => usage(&format!("unknown pattern {other:?}")),
     };
