@@ -1,0 +1,411 @@
+//! `resourcewatch-agent run` end to end on this machine: the real binary on the real
+//! kernel, a real cgroup named the way kubelet names a container's
+//! (`…/pod<UID>/<container id>`) with a real memory limit and a leaking process in it, and
+//! a stand-in operator speaking the real protocol over mTLS.
+//!
+//! Needs root and BPF; skipped (saying why) otherwise.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use resourcewatch_agent::{capabilities, cgroup_resolver::CgroupLayout};
+use resourcewatch_proto::{
+    self as pb,
+    agent_control_server::{AgentControl, AgentControlServer},
+    agent_message::Msg,
+    operator_message,
+};
+use resourcewatch_workloads::{MIB, Pattern};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{
+    Request, Response, Status, Streaming,
+    transport::{Certificate, Identity, Server, ServerTlsConfig},
+};
+
+const UID: &str = "5e1b2a6e-5c4d-4e8f-9a0b-1c2d3e4f5a6b";
+const CID: &str = "7c2bd5b1a0f3c7e2d4b6a8f0e1c3d5b7a9f1e3c5d7b9a1f3e5c7d9b1a3f5e7c9";
+const LIMIT: u64 = 512 * MIB;
+
+/// The operator's side, reduced to what the test drives: it answers a Hello with the
+/// configuration, forwards later configurations, and records every agent message.
+#[derive(Clone, Default)]
+struct FakeOperator {
+    received: Arc<Mutex<Vec<pb::AgentMessage>>>,
+    push: Arc<Mutex<Option<mpsc::Sender<Result<pb::OperatorMessage, Status>>>>>,
+}
+
+fn config(version: u64, width: u32) -> pb::OperatorMessage {
+    pb::OperatorMessage {
+        msg: Some(operator_message::Msg::Config(pb::NodeConfig {
+            version,
+            top_k: 5,
+            sketch_depth: 4,
+            sketch_width: width,
+            report_interval_ms: 1000,
+            leak: Some(pb::LeakSettings {
+                enabled: true,
+                min_confidence: 60,
+                horizon_secs: 3600,
+            }),
+            targets: vec![pb::TargetPod {
+                uid: UID.into(),
+                namespace: "ns".into(),
+                name: "leaky".into(),
+                containers: vec![pb::TargetContainer {
+                    name: "app".into(),
+                    container_id: CID.into(),
+                }],
+            }],
+        })),
+    }
+}
+
+#[tonic::async_trait]
+impl AgentControl for FakeOperator {
+    type SessionStream = ReceiverStream<Result<pb::OperatorMessage, Status>>;
+
+    async fn session(
+        &self,
+        req: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(8);
+        tx.send(Ok(config(1, 1024)))
+            .await
+            .map_err(|_| Status::internal("send"))?;
+        *self.push.lock().expect("lock") = Some(tx);
+        let received = self.received.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                received.lock().expect("lock").push(m);
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+struct Cgroup(PathBuf);
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Leaf first, then its parents made by the test.
+        let mut p = self.0.clone();
+        for _ in 0..3 {
+            let _ = std::fs::remove_dir(&p);
+            p.pop();
+        }
+    }
+}
+
+/// A forked workload; killed and reaped on drop.
+struct Forked(i32);
+
+impl Drop for Forked {
+    fn drop(&mut self) {
+        // SAFETY: signalling and reaping our own child.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// Forks a leaking workload that first moves itself into `cgroup`. Done before any
+/// runtime thread exists, so the child starts from a single-threaded parent.
+fn fork_leak_into(cgroup: &Path) -> Forked {
+    let procs = cgroup.join("cgroup.procs");
+    // SAFETY: the child writes one file, runs the workload (mmap, page touches, sleeps)
+    // and _exits; it never returns into the harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: prctl with constant arguments.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+        let me = std::process::id().to_string();
+        if std::fs::write(&procs, me).is_ok() {
+            let start = Instant::now();
+            resourcewatch_workloads::run(
+                &Pattern::Leak {
+                    baseline: 20 * MIB,
+                    rate: 6 * MIB,
+                    delay: Duration::from_secs(1),
+                },
+                &|| start.elapsed() > Duration::from_secs(90),
+            );
+        }
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    Forked(pid)
+}
+
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tls_files(dir: &Path) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.distinguished_name.push(DnType::CommonName, "test CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf = |san: &str, usage| {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(vec![san.to_string()]).expect("params");
+        p.extended_key_usages = vec![usage];
+        let cert = p.signed_by(&key, &issuer).expect("sign");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (scert, skey) = leaf(
+        "resourcewatch-operator.test.svc",
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (ccert, ckey) = leaf("resourcewatch-agent", ExtendedKeyUsagePurpose::ClientAuth);
+    std::fs::create_dir_all(dir).expect("dir");
+    for (name, text) in [
+        ("ca.crt", ca_cert.pem()),
+        ("tls.crt", ccert),
+        ("tls.key", ckey),
+        ("server.crt", scert),
+        ("server.key", skey),
+    ] {
+        std::fs::write(dir.join(name), text).expect("write");
+    }
+}
+
+fn reports(op: &FakeOperator) -> Vec<pb::Report> {
+    op.received
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter_map(|m| match &m.msg {
+            Some(Msg::Report(r)) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn acks(op: &FakeOperator) -> Vec<pb::ConfigAck> {
+    op.received
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter_map(|m| match &m.msg {
+            Some(Msg::Ack(a)) => Some(a.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "timed out after {secs}s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[test]
+fn run_mode_tracks_a_targeted_container_and_predicts_its_oom() {
+    if let Some(why) = capabilities::probe().fatal() {
+        eprintln!("SKIPPED run_mode_tracks_a_targeted_container_and_predicts_its_oom: {why}");
+        return;
+    }
+    let layout = CgroupLayout::detect().expect("cgroup layout");
+    // A container cgroup as kubelet's cgroupfs driver names it, with a memory limit.
+    let leaf = layout
+        .root()
+        .join(format!("rwtest-{}/pod{UID}/{CID}", std::process::id()));
+    std::fs::create_dir_all(&leaf).expect("creating the test cgroup (root needed)");
+    let _cg = Cgroup(leaf.clone());
+    let limit_file = if leaf.join("memory.max").exists() {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    std::fs::write(leaf.join(limit_file), LIMIT.to_string()).expect("setting the memory limit");
+
+    // The leaking workload, in the cgroup before it allocates.
+    let child = fork_leak_into(&leaf);
+    let pid = child.0 as u32;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(drive(leaf, pid));
+    drop(child);
+}
+
+async fn drive(leaf: PathBuf, pid: u32) {
+    let tmp = std::env::temp_dir().join(format!("rw-run-test-{}", std::process::id()));
+    tls_files(&tmp);
+    let op = FakeOperator::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(
+            std::fs::read_to_string(tmp.join("server.crt")).expect("cert"),
+            std::fs::read_to_string(tmp.join("server.key")).expect("key"),
+        ))
+        .client_ca_root(Certificate::from_pem(
+            std::fs::read_to_string(tmp.join("ca.crt")).expect("ca"),
+        ));
+    tokio::spawn(
+        Server::builder()
+            .tls_config(tls)
+            .expect("tls")
+            .add_service(AgentControlServer::new(op.clone()))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+
+    let agent = Command::new(env!("CARGO_BIN_EXE_resourcewatch-agent"))
+        .args([
+            "run",
+            "--node-name",
+            "test-node",
+            "--operator",
+            &format!("https://{addr}"),
+        ])
+        .args(["--operator-namespace", "test", "--tls-dir"])
+        .arg(&tmp)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("agent starts");
+    let mut agent = Proc(agent);
+
+    // Hello first, with the node name and what the kernel allows.
+    let hello = wait_until("the agent's Hello", 30, || {
+        op.received
+            .lock()
+            .expect("lock")
+            .iter()
+            .find_map(|m| match &m.msg {
+                Some(Msg::Hello(h)) => Some(h.clone()),
+                _ => None,
+            })
+    })
+    .await;
+    assert_eq!(hello.node_name, "test-node");
+    assert_eq!(hello.protocol_version, pb::PROTOCOL_VERSION);
+    assert!(
+        hello
+            .capabilities
+            .as_ref()
+            .is_some_and(|c| c.btf && c.missing.iter().all(|m| !m.contains("btf")))
+    );
+
+    // The configuration is applied and the container found.
+    let ack = wait_until("the ACK of version 1", 30, || {
+        acks(&op).into_iter().find(|a| a.version == 1)
+    })
+    .await;
+    assert!(ack.accepted, "refused: {}", ack.reason);
+    assert!(
+        ack.reason.is_empty(),
+        "the container should be found: {}",
+        ack.reason
+    );
+
+    // Exact figures of the container's process, and the cgroup's limit.
+    let r = wait_until("a report with the workload above its baseline", 30, || {
+        reports(&op).into_iter().rev().find(|r| {
+            r.containers.iter().any(|c| {
+                c.processes
+                    .iter()
+                    .any(|p| p.pid == pid && p.rss_bytes > 30 * MIB)
+            })
+        })
+    })
+    .await;
+    let c = &r.containers[0];
+    assert_eq!((c.pod_uid.as_str(), c.container_id.as_str()), (UID, CID));
+    assert_eq!(c.memory_limit_bytes, LIMIT);
+    assert!(
+        c.memory_bytes >= 20 * MIB,
+        "the cgroup charge: {}",
+        c.memory_bytes
+    );
+    assert!(
+        r.health
+            .as_ref()
+            .is_some_and(|h| h.unresolved_containers.is_empty())
+    );
+
+    // The leak, with a time to OOM against the container's own limit.
+    let leak = wait_until("a leak of the targeted container", 75, || {
+        reports(&op).into_iter().rev().find_map(|r| {
+            r.leaks.into_iter().find(|l| {
+                l.container_id == CID && l.confidence >= 60 && l.time_to_oom_seconds.is_some()
+            })
+        })
+    })
+    .await;
+    let rate = leak.growth_bytes_per_second / MIB as f64;
+    assert!(
+        (4.5..7.5).contains(&rate),
+        "growth {rate:.2} MiB/s, expected about 6"
+    );
+    assert_eq!(leak.limit_bytes, LIMIT);
+    assert_eq!(leak.pod_uid, UID);
+    let tto = leak.time_to_oom_seconds.unwrap_or(0.0);
+    let left = (LIMIT - c.memory_bytes.min(LIMIT)) as f64 / (6.0 * MIB as f64);
+    assert!(
+        tto > 0.0 && tto < left * 1.5,
+        "time to OOM {tto:.0}s, at most about {left:.0}s left"
+    );
+
+    // A configuration the agent cannot apply is refused with a reason; it keeps running.
+    let push = op.push.lock().expect("lock").clone().expect("stream open");
+    push.send(Ok(config(2, 1000))).await.expect("push");
+    let nack = wait_until("the NACK of version 2", 15, || {
+        acks(&op).into_iter().find(|a| a.version == 2)
+    })
+    .await;
+    assert!(!nack.accepted && nack.reason.contains("sketch"), "{nack:?}");
+    let n = reports(&op).len();
+    wait_until("reports to continue after the NACK", 10, || {
+        (reports(&op).len() > n + 1).then_some(())
+    })
+    .await;
+
+    // SIGTERM ends it promptly and cleanly.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = agent.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the agent ignored SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+    let _ = std::fs::remove_dir_all(&tmp);
+    let _ = leaf;
+}
