@@ -31,12 +31,14 @@ const UID: &str = "5e1b2a6e-5c4d-4e8f-9a0b-1c2d3e4f5a6b";
 const CID: &str = "7c2bd5b1a0f3c7e2d4b6a8f0e1c3d5b7a9f1e3c5d7b9a1f3e5c7d9b1a3f5e7c9";
 const LIMIT: u64 = 512 * MIB;
 
+type Push = mpsc::Sender<Result<pb::OperatorMessage, Status>>;
+
 /// The operator's side, reduced to what the test drives: it answers a Hello with the
 /// configuration, forwards later configurations, and records every agent message.
 #[derive(Clone, Default)]
 struct FakeOperator {
     received: Arc<Mutex<Vec<pb::AgentMessage>>>,
-    push: Arc<Mutex<Option<mpsc::Sender<Result<pb::OperatorMessage, Status>>>>>,
+    push: Arc<Mutex<Option<Push>>>,
 }
 
 fn config(version: u64, width: u32) -> pb::OperatorMessage {

@@ -351,6 +351,7 @@ pub async fn run(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests {
     //! Reconciliation against a tower-test API server: each scenario states the requests
     //! the reconciler must make, in order, and what the server answers.

@@ -521,6 +521,7 @@ fn report_interval_ms(status_interval: Duration) -> u64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests {
     use super::*;
 

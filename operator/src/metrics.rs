@@ -38,9 +38,7 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("resourcewatch_operator");
         let m = Self {
             reconciliations: Family::default(),
-            reconcile_seconds: Histogram::new(
-                [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0].into_iter(),
-            ),
+            reconcile_seconds: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
             status_writes: Family::default(),
             status_skipped: Counter::default(),
             events: Family::default(),

@@ -575,6 +575,7 @@ pub fn process(pid: u32, command: &str, cpu: f64, rss: u64) -> pb::Process {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests {
     use super::*;
     use resourcewatch_crds::ResourceWatchSpec;

@@ -294,7 +294,7 @@ async fn bad_first_messages_get_precise_codes() {
             ..Default::default()
         }))
         .await;
-    let s = resp.err().expect("refused");
+    let s = resp.expect_err("refused");
     assert_eq!(s.code(), Code::FailedPrecondition);
     assert!(s.message().contains("99"), "{s}");
 }

@@ -43,7 +43,7 @@ pub fn build(i: ReportInputs<'_>) -> pb::Report {
             let mut by_cpu = live.clone();
             by_cpu.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
             let mut by_mem = live;
-            by_mem.sort_by(|a, b| b.rss_bytes.cmp(&a.rss_bytes));
+            by_mem.sort_by_key(|r| std::cmp::Reverse(r.rss_bytes));
             let mut chosen: BTreeMap<u32, &TargetRow> = BTreeMap::new();
             for r in by_cpu.iter().take(k).chain(by_mem.iter().take(k)) {
                 chosen.insert(r.pid, r);
@@ -71,7 +71,7 @@ pub fn build(i: ReportInputs<'_>) -> pb::Report {
             }
         })
         .collect();
-    let leak_cfg = i.config.leak.clone().unwrap_or_default();
+    let leak_cfg = i.config.leak.unwrap_or_default();
     let targeted = |who: &Attribution| {
         who.container_id
             .as_deref()
