@@ -45,8 +45,12 @@ lint: deps ## rustfmt check and clippy with warnings as errors
 unit: deps ## Unit and kernel integration tests (kernel tests skip, saying why, without root/BTF)
 	$(CARGO) test --workspace -- --test-threads=1
 
+.PHONY: e2e-api
+e2e-api: deps ## Operator API tests against a real kube-apiserver (started and stopped here unless KUBECONFIG is set)
+	e2e/run-api-tests.sh
+
 .PHONY: test
-test: deps lint unit ## Everything CI runs: lint, unit, kernel and drift tests
+test: deps lint unit e2e-api ## Everything CI runs: lint, unit, kernel, drift and API tests
 
 .PHONY: bench
 bench: deps ## Top-K precision, kernel cost and agent cost benchmarks (root; several minutes)

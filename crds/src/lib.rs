@@ -166,7 +166,7 @@ pub struct Remediation {
     #[serde(default)]
     pub action: RemediationAction,
     /// Act when the predicted time to OOM drops below this, e.g. "5m".
-    #[serde(default = "default_min_time_to_oom")]
+    #[serde(default = "default_min_time_to_oom", rename = "minTimeToOOM")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub min_time_to_oom: String,
     /// After a restart, leave the workload alone this long, e.g. "30m".
@@ -273,7 +273,8 @@ pub struct Condition {
     pub status: ConditionStatus,
     /// PascalCase, e.g. `AgentsReporting`, `InvalidSelector`.
     pub reason: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
     pub message: String,
     /// RFC 3339.
     pub last_transition_time: String,
@@ -293,10 +294,15 @@ pub enum ConditionStatus {
 #[serde(rename_all = "camelCase")]
 pub struct TopEntry {
     pub pod: String,
-    #[serde(default)]
+    /// Absent when the container could not be named. (Empty strings are never written:
+    /// Kubernetes 1.20's server-side apply turns them into nulls, which the schema refuses.)
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
     pub container: String,
     pub node: String,
     pub pid: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
     pub command: String,
     /// CPU in percent of one core, or memory in bytes.
     pub value: f64,
@@ -306,7 +312,10 @@ pub struct TopEntry {
 #[serde(rename_all = "camelCase")]
 pub struct LeakEntry {
     pub pod: String,
-    #[serde(default)]
+    /// Absent when the container could not be named. (Empty strings are never written:
+    /// Kubernetes 1.20's server-side apply turns them into nulls, which the schema refuses.)
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
     pub container: String,
     pub node: String,
     pub growth_bytes_per_second: f64,
@@ -325,7 +334,10 @@ pub struct LeakEntry {
 #[serde(rename_all = "camelCase")]
 pub struct ThresholdEntry {
     pub pod: String,
-    #[serde(default)]
+    /// Absent when the container could not be named. (Empty strings are never written:
+    /// Kubernetes 1.20's server-side apply turns them into nulls, which the schema refuses.)
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
     pub container: String,
     pub metric: Metric,
     /// CPU percent of one core, or memory percent of the container's limit.
@@ -405,6 +417,35 @@ mod tests {
             rw.spec.selector.match_labels.get("app").map(String::as_str),
             Some("api")
         );
+    }
+
+    /// serde ignores unknown fields, the API server prunes them: a misspelt field in the
+    /// sample would silently fall back to its default. Every field of the sample must
+    /// survive a round trip through the types.
+    #[test]
+    fn the_sample_has_no_field_the_types_do_not_know() {
+        fn paths(v: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+            if let serde_json::Value::Object(m) = v {
+                for (k, v) in m {
+                    let p = format!("{prefix}.{k}");
+                    out.push(p.clone());
+                    paths(v, &p, out);
+                }
+            }
+        }
+        let sample = include_str!("../../config/samples/resourcewatch.yaml");
+        let raw: serde_json::Value = serde_yaml::from_str(sample).expect("yaml");
+        let typed: ResourceWatch = serde_yaml::from_str(sample).expect("typed");
+        let back = serde_json::to_value(&typed).expect("json");
+        let (mut want, mut have) = (Vec::new(), Vec::new());
+        paths(&raw["spec"], "spec", &mut want);
+        paths(&back["spec"], "spec", &mut have);
+        for p in want {
+            assert!(
+                have.contains(&p),
+                "config/samples/resourcewatch.yaml: {p} is not a field of the API"
+            );
+        }
     }
 
     #[test]

@@ -70,6 +70,14 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
     if !*ctx.leader.borrow() {
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
+    // Until the pod watch has listed once, every selector would match nothing: a status
+    // written then would drop every entry, and re-add them (with Events) a moment later.
+    if tokio::time::timeout(Duration::from_millis(1), ctx.pods.wait_until_ready())
+        .await
+        .is_err()
+    {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
     forget_deleted(ctx);
     let ns = rw.namespace().ok_or(Error::NotNamespaced)?;
     let key = WatchKey {

@@ -73,6 +73,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,kube=warn,tower=warn,h2=warn".into()),
         )
+        .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
     if !args.sketch_width.is_power_of_two() || !(1..=8).contains(&args.sketch_depth) {

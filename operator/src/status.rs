@@ -164,6 +164,54 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
             }
         }
     }
+    // A node that stopped reporting keeps its last known entries (the Degraded condition
+    // says they are stale): dropping them would turn every agent restart into a
+    // LeakDetected / ThresholdCrossed the moment it reports again.
+    if let Some(old) = i.old {
+        let stale: BTreeSet<&str> = i
+            .nodes
+            .iter()
+            .filter(|n| !n.reporting)
+            .map(|n| n.name.as_str())
+            .collect();
+        let live_pods: BTreeMap<&str, Option<&str>> = i
+            .pods
+            .iter()
+            .map(|p| (p.name.as_str(), p.node.as_deref()))
+            .collect();
+        let keep = |pod: &str, node: &str| {
+            stale.contains(node) && live_pods.get(pod).is_some_and(|n| *n == Some(node))
+        };
+        top_cpu.extend(
+            old.top_cpu
+                .iter()
+                .filter(|e| keep(&e.pod, &e.node))
+                .cloned(),
+        );
+        top_memory.extend(
+            old.top_memory
+                .iter()
+                .filter(|e| keep(&e.pod, &e.node))
+                .cloned(),
+        );
+        for l in old.leaks.iter().filter(|l| keep(&l.pod, &l.node)) {
+            leaks
+                .entry((l.pod.clone(), l.container.clone()))
+                .or_insert((true, l.clone()));
+        }
+        exceeding.extend(
+            old.exceeding
+                .iter()
+                .filter(|e| {
+                    live_pods
+                        .get(e.pod.as_str())
+                        .copied()
+                        .flatten()
+                        .is_some_and(|n| stale.contains(n))
+                })
+                .cloned(),
+        );
+    }
     let k = settings.top_k as usize;
     top_cpu.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.pid.cmp(&b.pid)));
     top_cpu.truncate(if settings.cpu { k } else { 0 });
@@ -767,7 +815,24 @@ mod tests {
     fn a_lost_agent_degrades_the_watch_once_and_recovers() {
         let s = settings(serde_json::json!({}));
         let pods = [pod("a", "n1")];
-        let ok = [node("n1", vec![], vec![])];
+        let leak = pb::Leak {
+            pod_uid: "a".into(),
+            container_id: "cid-a".into(),
+            confidence: 90,
+            growth_bytes_per_second: 1e6,
+            ..Default::default()
+        };
+        let ok = [node(
+            "n1",
+            vec![container(
+                "a",
+                5.0,
+                1 << 20,
+                0,
+                vec![process(7, "app", 5.0, 1 << 20)],
+            )],
+            vec![leak],
+        )];
         let (st1, _) = write(compute(&Inputs {
             generation: Some(1),
             settings: &s,
