@@ -28,9 +28,10 @@ probe: deps ## Report what this kernel allows (BTF, tracepoints, cgroups, privil
 	$(CARGO) run --release -q -p resourcewatch-agent -- probe
 
 .PHONY: generate
-generate: ## Regenerate the CRD YAML (crds/ and config/crd/) from the Rust types
+generate: ## Regenerate the CRD YAML (crds/, config/crd/, the chart's crds/) from the Rust types
 	$(CARGO) run -q -p resourcewatch-crds --bin crdgen > crds/resourcewatch.io_resourcewatches.yaml
 	cp crds/resourcewatch.io_resourcewatches.yaml config/crd/resourcewatch.io_resourcewatches.yaml
+	cp crds/resourcewatch.io_resourcewatches.yaml charts/resourcewatch/crds/resourcewatch.io_resourcewatches.yaml
 
 .PHONY: fmt
 fmt: ## Format the code
@@ -49,8 +50,12 @@ unit: deps ## Unit and kernel integration tests (kernel tests skip, saying why, 
 e2e-api: deps ## Operator API tests against a real kube-apiserver (started and stopped here unless KUBECONFIG is set)
 	e2e/run-api-tests.sh
 
+.PHONY: chart
+chart: ## Render the Helm chart offline and check it against config/ (see charts/README.md)
+	charts/check.sh
+
 .PHONY: test
-test: deps lint unit e2e-api ## Everything CI runs: lint, unit, kernel, drift and API tests
+test: deps lint unit chart e2e-api ## Everything CI runs: lint, unit, kernel, drift and API tests
 
 .PHONY: bench
 bench: deps ## Top-K precision, kernel cost and agent cost benchmarks (root; several minutes)

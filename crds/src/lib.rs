@@ -400,11 +400,23 @@ mod tests {
 
     #[test]
     fn the_kustomize_copy_matches_too() {
-        let copy = include_str!("../../config/crd/resourcewatch.io_resourcewatches.yaml");
-        assert!(
-            copy == COMMITTED,
-            "config/crd/resourcewatch.io_resourcewatches.yaml is stale: run `make generate` and commit it"
-        );
+        for (path, copy) in [
+            (
+                "config/crd/resourcewatch.io_resourcewatches.yaml",
+                include_str!("../../config/crd/resourcewatch.io_resourcewatches.yaml"),
+            ),
+            (
+                "charts/resourcewatch/crds/resourcewatch.io_resourcewatches.yaml",
+                include_str!(
+                    "../../charts/resourcewatch/crds/resourcewatch.io_resourcewatches.yaml"
+                ),
+            ),
+        ] {
+            assert!(
+                copy == COMMITTED,
+                "{path} is stale: run `make generate` and commit it"
+            );
+        }
     }
 
     #[test]

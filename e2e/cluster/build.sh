@@ -54,11 +54,11 @@ install_pkgs() {
   missing=$(missing_pkgs "$@")
   [[ -z "$missing" ]] && return 0
   apt_update
-  rw_log "apt-get install: $(echo $missing)"
+  rw_log "apt-get install: $(tr '\n' ' ' <<<"$missing")"
   # shellcheck disable=SC2086
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing \
     >"${RW_CACHE}/apt-install.log" 2>&1 \
-    || { tail -n 20 "${RW_CACHE}/apt-install.log" >&2; rw_die "apt-get install failed for: $(echo $missing) (log: ${RW_CACHE}/apt-install.log)"; }
+    || { tail -n 20 "${RW_CACHE}/apt-install.log" >&2; rw_die "apt-get install failed for: $(tr '\n' ' ' <<<"$missing")(log: ${RW_CACHE}/apt-install.log)"; }
 }
 
 binaries_cached() {

@@ -66,7 +66,7 @@ stop_daemon() { # NAME [TIMEOUT_S]
 }
 kill_pids() { # SIGNAL PID...
   local sig=$1; shift
-  [[ $# -gt 0 ]] && kill "-$sig" "$@" 2>/dev/null || true
+  if [[ $# -gt 0 ]]; then kill "-$sig" "$@" 2>/dev/null || true; fi
 }
 kubepods_pids() {
   local d
@@ -80,6 +80,7 @@ stop_daemon kubelet 20
 
 # ------------------------------------------------------------------ containers and sandboxes
 CONTAINERD_UP=0
+CRI_DIRS_UNUSED=0
 if [[ -S "${RW_CONTAINERD_SOCK}" ]] && timeout 10 ctr --address "${RW_CONTAINERD_SOCK}" version >/dev/null 2>&1; then
   CONTAINERD_UP=1
 fi
@@ -102,6 +103,9 @@ if [[ $CONTAINERD_UP -eq 1 ]]; then
       timeout 60 ctr --address "${RW_CONTAINERD_SOCK}" -n "$ns" containers rm $ctrs >/dev/null 2>&1 || true
     fi
   done
+  if [[ -z "$(timeout 10 ctr --address "${RW_CONTAINERD_SOCK}" -n k8s.io containers ls -q 2>/dev/null || echo x)" ]]; then
+    CRI_DIRS_UNUSED=1   # no container left: CRI's per-container dirs can go once containerd stops
+  fi
 fi
 # Whatever is still in a kubepods cgroup (containerd dead, or a task that escaped ctr).
 pids=$(kubepods_pids)
@@ -110,12 +114,16 @@ if [[ -n "$pids" ]]; then
   # shellcheck disable=SC2086
   kill_pids KILL $pids
   # shellcheck disable=SC2086
-  wait_gone 10 $pids || rw_log "warning: container processes still alive: $(echo $pids)"
+  wait_gone 10 $pids || rw_log "warning: container processes still alive: $(tr '\n' ' ' <<<"$pids")"
 fi
 
 # ------------------------------------------------------------------ kube-proxy, containerd, shims
 stop_daemon kube-proxy 10
 stop_daemon containerd 20
+if [[ $CRI_DIRS_UNUSED -eq 1 ]]; then
+  rm -rf --one-file-system "${RW_CONTAINERD_ROOT}/io.containerd.grpc.v1.cri/sandboxes/"* \
+    "${RW_CONTAINERD_ROOT}/io.containerd.grpc.v1.cri/containers/"* 2>/dev/null || true
+fi
 shims=()
 for p in /proc/[0-9]*; do
   p=${p#/proc/}
@@ -148,7 +156,7 @@ for attempt in 1 2 3; do
   done <<<"$mounts"
 done
 mounts=$(rw_harness_mounts)
-[[ -z "$mounts" ]] || rw_log "warning: could not unmount: $(echo $mounts)"
+[[ -z "$mounts" ]] || rw_log "warning: could not unmount: $(tr '\n' ' ' <<<"$mounts")"
 rm -f /run/netns/cni-* 2>/dev/null || true
 
 # ------------------------------------------------------------------ control plane
@@ -185,14 +193,16 @@ for bin in $(rw_iptables_bins); do
       in_base "$bin $table $line" && continue
       eval "set -- ${line}" || continue
       shift 1
-      "$bin" -w 5 -t "$table" -D "$@" 2>/dev/null && ipt_removed=$((ipt_removed + 1)) || true
+      if "$bin" -w 5 -t "$table" -D "$@" 2>/dev/null; then ipt_removed=$((ipt_removed + 1)); fi
     done <<<"$rules"
     # 2. our chains: flush all, then delete
     chains=$(grep -E '^-N (KUBE-|CNI-)' <<<"$rules" | awk '{print $2}' || true)
     mine=()
     for c in $chains; do in_base "$bin $table -N $c" || mine+=("$c"); done
     for c in "${mine[@]}"; do "$bin" -w 5 -t "$table" -F "$c" 2>/dev/null || true; done
-    for c in "${mine[@]}"; do "$bin" -w 5 -t "$table" -X "$c" 2>/dev/null && ipt_removed=$((ipt_removed + 1)) || true; done
+    for c in "${mine[@]}"; do
+      if "$bin" -w 5 -t "$table" -X "$c" 2>/dev/null; then ipt_removed=$((ipt_removed + 1)); fi
+    done
   done
 done
 [[ $ipt_removed -gt 0 ]] && rw_log "removed $ipt_removed iptables rule(s)/chain(s)"

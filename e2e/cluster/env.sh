@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 # Sourced by the e2e cluster scripts (and by tests): paths, KUBECTL, KUBECONFIG.
 # Everything can be overridden from the environment before sourcing.
 
@@ -12,7 +12,6 @@ RW_PKI="${RW_STATE}/pki"
 RW_LOGS="${RW_STATE}/logs"
 RW_PIDS="${RW_STATE}/pids"
 RW_DATA="${RW_STATE}/data"
-RW_SAVED="${RW_STATE}/saved"            # sysctls / baseline recorded by up.sh
 RW_CONF="${RW_STATE}/conf"
 
 RW_ETCD_DATA="${RW_DATA}/etcd"

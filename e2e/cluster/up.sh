@@ -31,7 +31,7 @@ mkdir -p "${RW_STATE}"
 exec 8>"${RW_STATE}/.up.lock"
 flock -n 8 || rw_die "another up.sh/down.sh is running (lock ${RW_STATE}/.up.lock)"
 
-"${HERE}/build.sh"
+"${HERE}/build.sh" >&2
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl pause; do
   [[ -x "${RW_BIN}/$b" ]] || rw_die "${RW_BIN}/$b missing after build.sh"
 done
@@ -192,9 +192,9 @@ start_daemon() {
   rm -f "$pidf"
   printf '\n===== %s starting %s %s\n' "$(date -Is)" "$bin" "$*" >>"$log"
   # 8>&-: the daemon must not inherit (and so hold) the up.sh lock.
+  # shellcheck disable=SC2016  # $$ and $@ expand in the child shell
   setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" "$bin" "$@" >>"$log" 2>&1 </dev/null 8>&- &
-  local i
-  for i in $(seq 50); do [[ -s "$pidf" ]] && break; sleep 0.1; done
+  for _ in $(seq 50); do [[ -s "$pidf" ]] && break; sleep 0.1; done
   [[ -s "$pidf" ]] || rw_die "$name did not start (log: $log)"
   rw_log "started $name (pid $(<"$pidf"), log $log)"
 }
@@ -294,8 +294,11 @@ if [[ $APISERVER_ONLY -eq 0 ]]; then
     sysctl -qw net.bridge.bridge-nf-call-iptables=1
   else
     modprobe br_netfilter 2>/dev/null || true
-    [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] && sysctl -qw net.bridge.bridge-nf-call-iptables=1 \
-      || rw_log "warning: br_netfilter not available; Service traffic between pods on the bridge may not work"
+    if [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]]; then
+      sysctl -qw net.bridge.bridge-nf-call-iptables=1
+    else
+      rw_log "warning: br_netfilter not available; Service traffic between pods on the bridge may not work"
+    fi
   fi
 
   # ---------------------------------------------------------------- CNI config

@@ -1,0 +1,507 @@
+#!/usr/bin/env python3
+"""The checks behind charts/check.sh (run that, not this). Each subcommand prints what it
+checked and exits 1 on a failure.
+
+  docs RENDER [--namespace NS]     every document is YAML with apiVersion/kind/metadata.name
+  kustomize DIR                    a minimal `kubectl kustomize` (fallback when no kubectl)
+  compare RENDER REFERENCE         object-by-object equality with config/ (readable diff)
+  remediation OFF_RENDER ON_RENDER the --enable-remediation master switch
+  schema CHART_DIR                 values.yaml vs values.schema.json, bad values rejected
+  values-file RENDER               the custom values file reached the objects
+  crd CHART_DIR REPO_CRD RENDER    crds/ is a verbatim copy and is rendered first
+  helm-oracle SPEC.json            (needs helm-python-sdk) compare with Helm's own engine
+"""
+import argparse
+import copy
+import difflib
+import json
+import os
+import re
+import sys
+
+import yaml
+
+HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance"}
+# Cluster-scoped kinds (the ones kustomize's namespace transformer leaves alone).
+CLUSTER_SCOPED = {
+    "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+    "PersistentVolume", "StorageClass", "PriorityClass", "APIService", "IngressClass",
+    "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "RuntimeClass",
+    "CSIDriver", "CSINode", "VolumeAttachment", "PodSecurityPolicy", "Node",
+    "CertificateSigningRequest", "ComponentStatus", "FlowSchema",
+    "PriorityLevelConfiguration",
+}
+
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print(f"  FAIL: {msg}")
+
+
+def ok(msg):
+    print(f"  ok: {msg}")
+
+
+def finish():
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        sys.exit(1)
+
+
+def split_docs(text):
+    """[(source, text)] for each '---'-separated document of a helm-style stream."""
+    out = []
+    for chunk in re.split(r"(?m)^---[ \t]*$", text):
+        if not chunk.strip():
+            continue
+        m = re.search(r"(?m)^# Source: (\S+)", chunk)
+        out.append((m.group(1) if m else None, chunk))
+    return out
+
+
+def load_objects(path):
+    with open(path) as f:
+        text = f.read()
+    objs = []
+    for source, chunk in split_docs(text):
+        obj = yaml.safe_load(chunk)
+        if obj is None:
+            continue
+        objs.append((source, obj))
+    return objs
+
+
+def key(obj):
+    md = obj.get("metadata") or {}
+    return (obj.get("kind"), md.get("namespace") or "", md.get("name"))
+
+
+def fmt_key(k):
+    kind, ns, name = k
+    return f"{kind} {ns + '/' if ns else ''}{name}"
+
+
+# ---- docs -------------------------------------------------------------------------------
+
+def cmd_docs(a):
+    with open(a.render) as f:
+        text = f.read()
+    docs = split_docs(text)
+    if not docs:
+        fail(f"{a.render}: no documents")
+    seen = {}
+    for i, (source, chunk) in enumerate(docs):
+        where = f"{a.render} document {i + 1} ({source})"
+        if source is None:
+            fail(f"{where}: no '# Source:' line")
+        try:
+            obj = yaml.safe_load(chunk)
+        except yaml.YAMLError as e:
+            fail(f"{where}: not YAML: {e}")
+            continue
+        if not isinstance(obj, dict):
+            fail(f"{where}: not a mapping ({type(obj).__name__})")
+            continue
+        md = obj.get("metadata")
+        for field, val in (("apiVersion", obj.get("apiVersion")), ("kind", obj.get("kind")),
+                           ("metadata.name", md.get("name") if isinstance(md, dict) else None)):
+            if not isinstance(val, str) or not val:
+                fail(f"{where}: missing or empty {field}")
+        if not isinstance(md, dict):
+            continue
+        for field in ("labels", "annotations"):
+            for k, v in (md.get(field) or {}).items():
+                if not isinstance(v, str):
+                    fail(f"{where}: metadata.{field}.{k} is {type(v).__name__}, not a string")
+        k = key(obj)
+        if k in seen:
+            fail(f"{where}: duplicate of {seen[k]}: {fmt_key(k)}")
+        seen[k] = where
+        if a.namespace is not None:
+            ns = md.get("namespace")
+            if obj.get("kind") in CLUSTER_SCOPED:
+                if ns:
+                    fail(f"{where}: cluster-scoped {obj['kind']} has namespace {ns}")
+            elif ns != a.namespace:
+                fail(f"{where}: {fmt_key(k)} is in namespace {ns!r}, want {a.namespace!r}")
+    ok(f"{a.render}: {len(docs)} documents parse as YAML with apiVersion, kind, metadata.name"
+       + (f", namespaced ones in {a.namespace}" if a.namespace else ""))
+    finish()
+
+
+# ---- kustomize fallback -----------------------------------------------------------------
+
+def kustomize(directory, namespace=None):
+    """Follow kustomization.yaml `resources`, set `namespace` on namespaced objects and on
+    ServiceAccount subjects of (Cluster)RoleBindings naming a ServiceAccount of the build
+    (kustomize's namespace transformer). Nothing else kustomize can do is supported."""
+    with open(os.path.join(directory, "kustomization.yaml")) as f:
+        k = yaml.safe_load(f) or {}
+    unsupported = set(k) - {"resources", "bases", "namespace", "apiVersion", "kind"}
+    if unsupported:
+        raise SystemExit(f"{directory}/kustomization.yaml uses {sorted(unsupported)}: "
+                         "the fallback loader only knows resources, bases and namespace")
+    objs = []
+    # kustomize 2 (kubectl 1.20) builds `resources` first, then `bases`.
+    for r in (k.get("resources") or []) + (k.get("bases") or []):
+        p = os.path.normpath(os.path.join(directory, r))
+        if os.path.isdir(p):
+            objs += kustomize(p)
+        else:
+            with open(p) as f:
+                objs += [o for o in yaml.safe_load_all(f) if o is not None]
+    ns = k.get("namespace") or namespace
+    if ns:
+        sas = {o["metadata"]["name"] for o in objs if o.get("kind") == "ServiceAccount"} | {"default"}
+        for o in objs:
+            if o.get("kind") not in CLUSTER_SCOPED:
+                o.setdefault("metadata", {})["namespace"] = ns
+            if o.get("kind") in ("RoleBinding", "ClusterRoleBinding"):
+                for s in o.get("subjects") or []:
+                    if s.get("kind") == "ServiceAccount" and s.get("name") in sas:
+                        s["namespace"] = ns
+    return objs
+
+
+def cmd_kustomize(a):
+    yaml.safe_dump_all(kustomize(a.dir), sys.stdout, sort_keys=False)
+
+
+# ---- compare ----------------------------------------------------------------------------
+
+def normalize(obj):
+    obj = copy.deepcopy(obj)
+    labels = (obj.get("metadata") or {}).get("labels")
+    if isinstance(labels, dict):
+        for k in HELM_LABELS:
+            labels.pop(k, None)
+        if not labels:
+            del obj["metadata"]["labels"]
+    return obj
+
+
+def cmd_compare(a):
+    ours = {}
+    for _, o in load_objects(a.render):
+        ours[key(o)] = normalize(o)
+    ref = {}
+    for _, o in load_objects(a.reference):
+        if o.get("kind") == "Namespace" and not a.include_namespace:
+            continue  # helm install --create-namespace makes it
+        ref[key(o)] = normalize(o)
+    for k in sorted(set(ref) - set(ours), key=str):
+        fail(f"missing from the chart: {fmt_key(k)}")
+    for k in sorted(set(ours) - set(ref), key=str):
+        fail(f"only in the chart: {fmt_key(k)}")
+    same = 0
+    for k in sorted(set(ours) & set(ref), key=str):
+        if ours[k] == ref[k]:
+            same += 1
+            continue
+        fail(f"{fmt_key(k)} differs ({a.reference_name} -> chart):")
+        diff = difflib.unified_diff(
+            yaml.safe_dump(ref[k], sort_keys=True).splitlines(),
+            yaml.safe_dump(ours[k], sort_keys=True).splitlines(),
+            a.reference_name, "chart", lineterm="", n=3)
+        for line in diff:
+            print("      " + line)
+    if not failures:
+        ignored = "" if a.include_namespace else "the Namespace object and "
+        ok(f"{same} objects identical to {a.reference_name} (ignoring {ignored}"
+           f"the labels {', '.join(sorted(HELM_LABELS))})")
+    finish()
+
+
+# ---- remediation switch -----------------------------------------------------------------
+
+def operator_args(path):
+    for _, o in load_objects(path):
+        if o.get("kind") == "Deployment" and o["metadata"]["name"] == "resourcewatch-operator":
+            for c in o["spec"]["template"]["spec"]["containers"]:
+                if c["name"] == "operator":
+                    return c.get("args") or [], c.get("env") or []
+    raise SystemExit(f"{path}: no resourcewatch-operator Deployment")
+
+
+def cmd_remediation(a):
+    off, off_env = operator_args(a.off)
+    on, on_env = operator_args(a.on)
+    flag = "--enable-remediation"
+    if any(x.startswith(flag) for x in off):
+        fail(f"default render passes {flag}: {off}")
+    else:
+        ok(f"default render: no {flag} (args {off})")
+    if any(e.get("name") == "RESOURCEWATCH_ENABLE_REMEDIATION" for e in off_env + on_env):
+        fail("RESOURCEWATCH_ENABLE_REMEDIATION set in the env: the switch must be the flag only")
+    if on.count(flag) != 1:
+        fail(f"remediation.enabled=true render: want {flag} exactly once, args {on}")
+    elif [x for x in on if x != flag] != off:
+        fail(f"remediation.enabled=true changes other args: {off} -> {on}")
+    else:
+        ok(f"remediation.enabled=true render: {flag} added, nothing else changed (args {on})")
+    finish()
+
+
+# ---- schema -----------------------------------------------------------------------------
+
+def set_path(values, dotted, value):
+    values = copy.deepcopy(values)
+    cur = values
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return values
+
+
+# (path, value, why) the schema must reject / accept.
+BAD_VALUES = [
+    ("operator.replicas", "two", "replicas must be an integer"),
+    ("operator.replicas", -1, "replicas must be >= 0"),
+    ("remediation.enabled", "yes", "the master switch must be a boolean"),
+    ("remediation.enable", True, "a misspelt switch must not be silently ignored"),
+    ("operator.agentGrace", "20", "agentGrace needs a unit"),
+    ("operator.agentGrace", "soon", "agentGrace must be a duration"),
+    ("operator.image.pullPolicy", "Sometimes", "pullPolicy is an enum"),
+    ("operator.image.tag", 1, "a tag must be a string (use --set-string)"),
+    ("operator.image.repository", "", "repository must not be empty"),
+    ("agent.image.repository", "localhost/x:1.0", "the tag goes in image.tag"),
+    ("agent.tolerations", {"operator": "Exists"}, "tolerations is a list"),
+    ("agent.tolerations", [{"operator": "Sometimes"}], "toleration operator is an enum"),
+    ("agent.resources.limits.memory", "lots", "resources are Kubernetes quantities"),
+    ("agent.podAnnotations", {"a": 1}, "annotations are strings"),
+    ("operator.nodeSelector", ["linux"], "nodeSelector is a map"),
+    ("imagePullSecrets", ["regcred"], "imagePullSecrets are {name: ...} objects"),
+    ("unknownTopLevel", 1, "unknown top-level keys are typos"),
+]
+GOOD_VALUES = [
+    ("operator.replicas", 2), ("operator.replicas", 0),
+    ("remediation.enabled", True),
+    ("operator.agentGrace", "1m30s"), ("operator.agentGrace", "500ms"),
+    ("operator.agentGrace", "1.5h"),
+    ("operator.image.tag", ""), ("operator.image.tag", "v0.2.0-rc.1"),
+    ("operator.image.repository", "registry.example.com:5000/team/operator"),
+    ("agent.tolerations", []),
+    ("agent.resources.limits.cpu", 1), ("agent.resources.limits.memory", "1.5Gi"),
+    ("agent.nodeSelector", {"kubernetes.io/os": "linux"}),
+    ("operator.podAnnotations", {"prometheus.io/scrape": "true"}),
+    ("imagePullSecrets", [{"name": "regcred"}]),
+    ("global", {"anything": 1}),
+]
+
+
+def cmd_schema(a):
+    import jsonschema
+    with open(os.path.join(a.chart, "values.schema.json")) as f:
+        schema = json.load(f)
+    with open(os.path.join(a.chart, "values.yaml")) as f:
+        values = yaml.safe_load(f)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    ok(f"values.schema.json is a valid {cls.__name__} schema")
+    v = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    errs = list(v.iter_errors(values))
+    if errs:
+        for e in errs:
+            fail(f"values.yaml: {'.'.join(map(str, e.path))}: {e.message}")
+    else:
+        ok("values.yaml validates against values.schema.json")
+    for path, val, why in BAD_VALUES:
+        if v.is_valid(set_path(values, path, val)):
+            fail(f"schema accepts {path}={val!r} ({why})")
+    ok(f"schema rejects {len(BAD_VALUES)} bad values, e.g. operator.replicas=\"two\"")
+    for path, val in GOOD_VALUES:
+        errs = list(v.iter_errors(set_path(values, path, val)))
+        if errs:
+            fail(f"schema rejects the valid {path}={val!r}: {errs[0].message}")
+    ok(f"schema accepts {len(GOOD_VALUES)} valid variants")
+    finish()
+
+
+# ---- the values-file scenario -----------------------------------------------------------
+
+def cmd_values_file(a):
+    objs = {key(o)[0] + "/" + key(o)[2]: o for _, o in load_objects(a.render)}
+    dep = objs["Deployment/resourcewatch-operator"]
+    ds = objs["DaemonSet/resourcewatch-agent"]
+    op = dep["spec"]["template"]["spec"]
+    ag = ds["spec"]["template"]["spec"]
+    opc, agc = op["containers"][0], ag["containers"][0]
+    env = {e["name"]: e.get("value") for e in opc["env"]}
+    expect = [
+        ("operator image", opc["image"], "registry.example.com:5000/rw/operator:1.2.3"),
+        ("operator pullPolicy", opc["imagePullPolicy"], "Always"),
+        ("agent image", agc["image"], "registry.example.com:5000/rw/agent:0.1.0"),
+        ("agent pullPolicy", agc["imagePullPolicy"], "Never"),
+        ("replicas", dep["spec"]["replicas"], 2),
+        ("RUST_LOG", env.get("RUST_LOG"), "debug"),
+        ("--agent-grace", "--agent-grace=45s" in opc["args"], True),
+        ("operator resources", opc["resources"], {"requests": {"cpu": "100m", "memory": "64Mi"},
+                                                   "limits": {"memory": "512Mi"}}),
+        ("agent tolerations", ag.get("tolerations"),
+         [{"key": "dedicated", "operator": "Equal", "value": "monitoring", "effect": "NoSchedule"}]),
+        ("agent nodeSelector", ag.get("nodeSelector"), {"kubernetes.io/os": "linux"}),
+        ("operator nodeSelector", op.get("nodeSelector"), {"node-role.kubernetes.io/control-plane": ""}),
+        ("agent podAnnotations", ds["spec"]["template"]["metadata"].get("annotations"),
+         {"example.com/team": "sre"}),
+        ("imagePullSecrets", (op.get("imagePullSecrets"), ag.get("imagePullSecrets")),
+         ([{"name": "regcred"}], [{"name": "regcred"}])),
+        ("ClusterRoleBinding subject namespace",
+         objs["ClusterRoleBinding/resourcewatch-operator"]["subjects"][0]["namespace"], "monitoring"),
+        ("selector unchanged", dep["spec"]["selector"],
+         {"matchLabels": {"app.kubernetes.io/name": "resourcewatch-operator"}}),
+        ("instance label", dep["metadata"]["labels"].get("app.kubernetes.io/instance"), "rw-test"),
+    ]
+    for what, got, want in expect:
+        if got != want:
+            fail(f"values file: {what} is {got!r}, want {want!r}")
+    if not failures:
+        ok(f"values file: {len(expect)} overrides reached the objects (images, pull policies, "
+           "replicas, logLevel, agentGrace, resources, tolerations, nodeSelectors, annotations, "
+           "pull secrets, release name and namespace)")
+    finish()
+
+
+# ---- CRD --------------------------------------------------------------------------------
+
+def cmd_crd(a):
+    chart_crd = os.path.join(a.chart, "crds", "resourcewatch.io_resourcewatches.yaml")
+    with open(chart_crd, "rb") as f:
+        data = f.read()
+    with open(a.repo_crd, "rb") as f:
+        repo = f.read()
+    if data != repo:
+        fail(f"{chart_crd} differs from {a.repo_crd}: copy it again after `make generate`")
+    else:
+        ok(f"{chart_crd} is a verbatim copy of {a.repo_crd}")
+    with open(a.render) as f:
+        docs = split_docs(f.read())
+    src, chunk = docs[0]
+    if src != "resourcewatch/crds/resourcewatch.io_resourcewatches.yaml":
+        fail(f"first rendered document is {src}, want the CRD")
+    elif yaml.safe_load(chunk) != yaml.safe_load(data):
+        fail("the rendered CRD is not the crds/ file")
+    else:
+        ok("the CRD is rendered first, untemplated")
+    finish()
+
+
+# ---- Helm's own engine (helm-python-sdk: Helm's Go SDK behind a C ABI) ------------------
+
+def merge_maps(a, b):
+    out = dict(a)
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge_maps(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def cmd_helm_oracle(a):
+    import helm_python as helm
+
+    with open(a.spec) as f:
+        spec = json.load(f)
+    print(f"  Helm SDK {helm.helm_sdk_version()} (helm-c {helm.helm_c_version()})")
+    chart_dir = spec["chart"]
+    kubeconfig = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
+
+    def user_values(files, sets):
+        v = {}
+        for p in files:
+            with open(p) as f:
+                v = merge_maps(v, helm.values_from_yaml(f.read()) or {})
+        for s in sets:
+            v = merge_maps(v, helm.parse_set_string(s))
+        return v
+
+    lint = helm.lint(chart_dir, strict=True, kube_version=spec["kube_version"])
+    bad = [m for m in lint["messages"] if m["severity"] >= 2] + [
+        {"severity": 3, "path": "", "error": e} for e in lint["errors"]]
+    for m in bad:
+        fail(f"helm lint --strict: {m['path']}: {m['error']}")
+    if not bad:
+        ok("helm lint --strict: no warnings or errors ("
+           + "; ".join(m["error"] for m in lint["messages"]) + ")")
+
+    with helm.Chart.load(chart_dir) as ch:
+        crd_docs = "".join(f"---\n# Source: {c['filename']}\n{c['data']}\n" for c in ch.crds)
+        for sc in spec["scenarios"]:
+            vals = user_values(sc["values_files"], sc["sets"])
+            with helm.Config(namespace=sc["namespace"], storage_driver="memory",
+                             kubeconfig_content=kubeconfig) as cfg:
+                rel = cfg.install(ch, sc["release"], vals, namespace=sc["namespace"],
+                                  dry_run="client")
+            # helm template --include-crds = CRDs, then the release manifest, trimmed.
+            want = (crd_docs + rel["manifest"]).strip() + "\n"
+            with open(sc["render"]) as f:
+                got = f.read()
+            if got != want:
+                fail(f"{sc['name']}: our render differs from Helm's:")
+                for line in difflib.unified_diff(want.splitlines(), got.splitlines(), "helm",
+                                                 "charts/render", lineterm="", n=2):
+                    print("      " + line)
+            else:
+                ok(f"{sc['name']}: byte-identical to Helm's `template --include-crds` output")
+            with open(sc["notes"]) as f:
+                notes = f.read()
+            notes = notes.split("NOTES:\n", 1)[-1].strip()
+            if notes != (rel.get("notes") or "").strip():
+                fail(f"{sc['name']}: NOTES.txt differs from Helm's")
+            with open(sc["values"]) as f:
+                our_values = yaml.safe_load(f)
+            if our_values != ch.merge_values(vals):
+                fail(f"{sc['name']}: coalesced values differ from Helm's merge_values")
+            else:
+                ok(f"{sc['name']}: NOTES.txt and coalesced values identical to Helm's")
+
+        # --set parsing: ours (render --print-values) against Helm's strvals.
+        for expr, path in spec["strvals"]:
+            with open(path) as f:
+                ours = yaml.safe_load(f)
+            theirs = ch.merge_values(helm.parse_set_string(expr))
+            if ours != theirs:
+                fail(f"--set {expr!r}: ours {json.dumps(ours, sort_keys=True)[:300]} != "
+                     f"helm {json.dumps(theirs, sort_keys=True)[:300]}")
+        ok(f"{len(spec['strvals'])} --set expressions parse and coalesce as Helm's strvals does")
+
+        with helm.Config(namespace="default", storage_driver="memory",
+                         kubeconfig_content=kubeconfig) as cfg:
+            for s in spec["bad_sets"]:
+                try:
+                    cfg.install(ch, "resourcewatch", user_values([], [s]), dry_run="client")
+                    fail(f"Helm accepts --set {s}")
+                except helm.HelmError as e:
+                    if "schema" not in str(e):
+                        fail(f"Helm rejects --set {s}, but not by the schema: {e}")
+        ok(f"Helm's schema validation rejects the {len(spec['bad_sets'])} bad --set values too")
+    finish()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("docs"); s.add_argument("render"); s.add_argument("--namespace")
+    s.set_defaults(f=cmd_docs)
+    s = sub.add_parser("kustomize"); s.add_argument("dir"); s.set_defaults(f=cmd_kustomize)
+    s = sub.add_parser("compare"); s.add_argument("render"); s.add_argument("reference")
+    s.add_argument("--reference-name", default="config/default")
+    s.add_argument("--include-namespace", action="store_true",
+                   help="compare Namespace objects too (for two kustomize outputs)")
+    s.set_defaults(f=cmd_compare)
+    s = sub.add_parser("remediation"); s.add_argument("off"); s.add_argument("on")
+    s.set_defaults(f=cmd_remediation)
+    s = sub.add_parser("schema"); s.add_argument("chart"); s.set_defaults(f=cmd_schema)
+    s = sub.add_parser("values-file"); s.add_argument("render"); s.set_defaults(f=cmd_values_file)
+    s = sub.add_parser("crd"); s.add_argument("chart"); s.add_argument("repo_crd")
+    s.add_argument("render"); s.set_defaults(f=cmd_crd)
+    s = sub.add_parser("helm-oracle"); s.add_argument("spec"); s.set_defaults(f=cmd_helm_oracle)
+    a = p.parse_args()
+    a.f(a)
+
+
+if __name__ == "__main__":
+    main()
