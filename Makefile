@@ -55,7 +55,7 @@ chart: ## Render the Helm chart offline and check it against config/ (see charts
 	charts/check.sh
 
 .PHONY: test
-test: deps lint unit chart e2e-api ## Everything CI runs: lint, unit, kernel, drift and API tests
+test: deps lint unit e2e-api chart ## Everything CI runs: lint, unit, kernel, drift and API tests
 
 .PHONY: bench
 bench: deps ## Top-K precision, kernel cost and agent cost benchmarks (root; several minutes)
