@@ -46,6 +46,19 @@ lint: deps ## rustfmt check and clippy with warnings as errors
 unit: deps ## Unit and kernel integration tests (kernel tests skip, saying why, without root/BTF)
 	$(CARGO) test --workspace -- --test-threads=1
 
+.PHONY: demo
+demo: deps ## Local cluster demo: cluster up, images, install via config/, workloads + sample, kubectl get resourcewatch -o wide
+	e2e/demo.sh
+
+.PHONY: down
+down: ## Stop the local cluster and leave the machine as it was (then checks it)
+	e2e/cluster/down.sh
+	e2e/cluster/check-clean.sh
+
+.PHONY: e2e
+e2e: deps ## End-to-end tests on the real single-node cluster (installs through config/; down + clean check after)
+	e2e/run-cluster-tests.sh
+
 .PHONY: e2e-api
 e2e-api: deps ## Operator API tests against a real kube-apiserver (started and stopped here unless KUBECONFIG is set)
 	e2e/run-api-tests.sh
@@ -55,7 +68,7 @@ chart: ## Render the Helm chart offline and check it against config/ (see charts
 	charts/check.sh
 
 .PHONY: test
-test: deps lint unit e2e-api chart ## Everything CI runs: lint, unit, kernel, drift and API tests
+test: deps lint unit e2e-api chart e2e ## Everything CI runs: lint, unit, kernel, drift, API, chart and cluster e2e tests
 
 .PHONY: bench
 bench: deps ## Top-K precision, kernel cost and agent cost benchmarks (root; several minutes)

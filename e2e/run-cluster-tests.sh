@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# End-to-end tests on a real single-node cluster: builds the images, installs
+# resourcewatch through config/ (kubectl apply -k), and runs e2e/tests/cluster.rs.
+# With KUBECONFIG set, that cluster is used (the images must be loadable there: set
+# RW_E2E_SKIP_IMPORT=1 if you pushed them yourself). Otherwise the harness cluster is
+# started (built once, cached), and stopped afterwards; then check-clean.sh proves that
+# nothing of it is left on the machine. On failure: cluster state and component logs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+timings=()
+t0=$(date +%s)
+lap() { local now; now=$(date +%s); timings+=("$1 $((now - t0))s"); t0=$now; }
+started=0
+if [[ -z "${KUBECONFIG:-}" ]]; then
+  e2e/cluster/up.sh >/dev/null
+  started=1
+  lap "cluster up (incl. build when not cached)"
+fi
+# shellcheck source=cluster/env.sh
+source e2e/cluster/env.sh
+export KUBECTL
+[[ -n "${KUBECONFIG:-}" ]] && export KUBECONFIG
+K="$KUBECTL"
+
+dump() {
+  echo "== cluster state" >&2
+  "$K" get nodes,all -A -o wide >&2 2>&1 || true
+  "$K" get resourcewatches -A -o yaml >&2 2>&1 | tail -120 || true
+  "$K" get events -A --sort-by=.lastTimestamp >&2 2>&1 | tail -60 || true
+  for app in resourcewatch-operator resourcewatch-agent; do
+    for p in $("$K" -n resourcewatch-system get pods -l app.kubernetes.io/name=$app -o name 2>/dev/null); do
+      echo "== logs $p" >&2; "$K" -n resourcewatch-system logs "$p" --tail=80 >&2 2>&1 || true
+      "$K" -n resourcewatch-system logs "$p" --previous --tail=40 >&2 2>/dev/null || true
+    done
+  done
+  if [[ $started -eq 1 ]]; then
+    for f in "$RW_LOGS"/kubelet.log "$RW_LOGS"/containerd.log; do
+      echo "== $f (tail)" >&2; tail -30 "$f" >&2 || true
+    done
+  fi
+}
+cleanup() {
+  rc=$?
+  [[ $rc -ne 0 ]] && dump
+  if [[ $started -eq 1 ]]; then
+    e2e/cluster/down.sh >/dev/null || rc=1
+    if ! e2e/cluster/check-clean.sh; then
+      echo "== the harness left something behind (above)" >&2; rc=1
+    fi
+    lap "cluster down + clean check"
+  fi
+  printf '== timing: %s\n' "${timings[@]}"
+  exit $rc
+}
+trap cleanup EXIT
+
+make -s images
+if [[ "${RW_E2E_SKIP_IMPORT:-0}" != 1 ]]; then
+  for i in operator agent workloads; do rw_ctr -n k8s.io images import "target/images/$i.tar" >/dev/null; done
+fi
+lap "images built and imported"
+
+"$K" apply -k config/default
+"$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
+"$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=120s
+# The chart's rendering is accepted by this API server too (server-side dry run).
+charts/render.sh --namespace resourcewatch-system | "$K" apply --dry-run=server -f - >/dev/null
+lap "installed through config/ (and the chart dry-run)"
+
+cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1
+lap "e2e tests"
