@@ -77,7 +77,7 @@ bench: deps ## Top-K precision, kernel cost and agent cost benchmarks (root; sev
 
 IMAGE_TAG ?= 0.1.0
 STATIC_TARGET := x86_64-unknown-linux-gnu
-STATIC_DIR := target/$(STATIC_TARGET)/release
+STATIC_DIR := $(or $(CARGO_TARGET_DIR),target)/$(STATIC_TARGET)/release
 
 .PHONY: images
 images: deps ## Build the operator, agent and workload images (static binaries; docker-archive tarballs in target/images/, no Docker needed)
