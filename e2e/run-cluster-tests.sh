@@ -67,5 +67,5 @@ lap "images built and imported"
 charts/render.sh --namespace resourcewatch-system | "$K" apply --dry-run=server -f - >/dev/null
 lap "installed through config/ (and the chart dry-run)"
 
-cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1
+cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture
 lap "e2e tests"
