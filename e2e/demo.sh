@@ -38,9 +38,10 @@ pod api-burn --pattern burn
 pod api-cache --pattern flat --size 150MiB
 pod api-leak --pattern leak --baseline 20MiB --rate 1MiB/s --delay 20
 "$K" -n demo apply -f config/samples/resourcewatch.yaml
-echo "waiting for the first status (the sample's interval is 30s)..." >&2
-for _ in $(seq 1 60); do
-  if [[ -n "$("$K" -n demo get resourcewatch api -o jsonpath='{.status.summary.topCPU}' 2>/dev/null)" ]]; then break; fi
+echo "waiting for a status with the CPU measured over a whole interval (the sample's is 30s)..." >&2
+for _ in $(seq 1 45); do
+  top=$("$K" -n demo get resourcewatch api -o jsonpath='{.status.summary.topCPU}' 2>/dev/null || true)
+  if [[ -n "$top" && "$top" != *"(0%)"* ]]; then break; fi
   sleep 2
 done
 "$K" -n demo get resourcewatch -o wide

@@ -43,7 +43,8 @@ cleanup() {
   rc=$?
   [[ $rc -ne 0 ]] && dump
   if [[ $started -eq 1 ]]; then
-    e2e/cluster/down.sh >/dev/null || rc=1
+    # --purge: the next run starts from an empty etcd, with no workload of this one.
+    e2e/cluster/down.sh --purge >/dev/null || rc=1
     if ! e2e/cluster/check-clean.sh; then
       echo "== the harness left something behind (above)" >&2; rc=1
     fi

@@ -130,6 +130,29 @@ impl TestNamespace {
     }
 }
 
+impl TestNamespace {
+    /// Deletes the namespace and waits until it is gone, so no workload of this test
+    /// outlives it (a `Drop` alone can't wait: the test's runtime is ending).
+    pub async fn delete(self) {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        if std::env::var_os("RW_E2E_KEEP").is_none() {
+            let _ = api.delete(&self.name, &DeleteParams::background()).await;
+            let name = self.name.clone();
+            let _ = wait_for(
+                "the test namespace to be gone",
+                Duration::from_secs(90),
+                || {
+                    let api = api.clone();
+                    let name = name.clone();
+                    async move { Ok(api.get_opt(&name).await?.is_none().then_some(())) }
+                },
+            )
+            .await;
+        }
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         if std::env::var_os("RW_E2E_KEEP").is_some() {

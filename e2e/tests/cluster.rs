@@ -19,15 +19,29 @@ const SYSTEM: &str = "resourcewatch-system";
 const WORKLOADS: &str = "localhost/resourcewatch/workloads:0.1.0";
 
 fn kubectl(args: &[&str]) -> (bool, String) {
-    let out = Command::new(cluster::kubectl()).args(args).output().expect("kubectl runs");
+    let out = Command::new(cluster::kubectl())
+        .args(args)
+        .output()
+        .expect("kubectl runs");
     (
         out.status.success(),
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
     )
 }
 
 /// A pod running the workload simulator with `args`, memory-limited to `limit`.
-async fn workload(client: &Client, ns: &str, name: &str, app: &str, args: &[&str], limit: &str) -> Pod {
+async fn workload(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    app: &str,
+    args: &[&str],
+    limit: &str,
+) -> Pod {
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"app": app}},
         "spec": {
@@ -53,13 +67,20 @@ async fn workload(client: &Client, ns: &str, name: &str, app: &str, args: &[&str
 async fn wait_running(client: &Client, ns: &str, names: &[&str]) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     for name in names {
-        wait_for(&format!("pod {name} Running"), Duration::from_secs(90), || {
-            let pods = pods.clone();
-            async move {
-                let p = pods.get(name).await?;
-                Ok((p.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
-            }
-        })
+        wait_for(
+            &format!("pod {name} Running"),
+            Duration::from_secs(90),
+            || {
+                let pods = pods.clone();
+                async move {
+                    let p = pods.get(name).await?;
+                    Ok(
+                        (p.status.and_then(|s| s.phase).as_deref() == Some("Running"))
+                            .then_some(()),
+                    )
+                }
+            },
+        )
         .await
         .expect("pod runs");
     }
@@ -91,12 +112,20 @@ async fn event_count(client: &Client, ns: &str, reason: &str) -> usize {
     Api::<Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
-        .map(|l| l.items.iter().filter(|e| e.reason.as_deref() == Some(reason)).count())
+        .map(|l| {
+            l.items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .count()
+        })
         .unwrap_or(0)
 }
 
 fn condition(s: &ResourceWatchStatus, t: &str) -> Option<(ConditionStatus, String)> {
-    s.conditions.iter().find(|c| c.type_ == t).map(|c| (c.status, c.reason.clone()))
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == t)
+        .map(|c| (c.status, c.reason.clone()))
 }
 
 async fn apply_watch(rws: &Api<ResourceWatch>, name: &str, spec: serde_json::Value) {
@@ -105,70 +134,179 @@ async fn apply_watch(rws: &Api<ResourceWatch>, name: &str, spec: serde_json::Val
         "metadata": {"name": name}, "spec": spec
     }))
     .expect("rw json");
-    rws.create(&PostParams::default(), &rw).await.expect("create rw");
+    rws.create(&PostParams::default(), &rw)
+        .await
+        .expect("create rw");
 }
 
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
     let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-top").await.expect("ns");
+    let ns = TestNamespace::create(&client, "rw-e2e-top")
+        .await
+        .expect("ns");
     let n = ns.name.as_str();
-    workload(&client, n, "api-burn", "api", &["--pattern", "burn"], "64Mi").await;
-    workload(&client, n, "api-mem", "api", &["--pattern", "flat", "--size", "300MiB"], "512Mi").await;
-    workload(&client, n, "api-idle", "api", &["--pattern", "flat", "--size", "4MiB"], "64Mi").await;
-    workload(&client, n, "other-burn", "other", &["--pattern", "burn", "--size", "400MiB"], "512Mi").await;
-    wait_running(&client, n, &["api-burn", "api-mem", "api-idle", "other-burn"]).await;
+    workload(
+        &client,
+        n,
+        "api-burn",
+        "api",
+        &["--pattern", "burn"],
+        "64Mi",
+    )
+    .await;
+    workload(
+        &client,
+        n,
+        "api-mem",
+        "api",
+        &["--pattern", "flat", "--size", "300MiB"],
+        "512Mi",
+    )
+    .await;
+    workload(
+        &client,
+        n,
+        "api-idle",
+        "api",
+        &["--pattern", "flat", "--size", "4MiB"],
+        "64Mi",
+    )
+    .await;
+    workload(
+        &client,
+        n,
+        "other-burn",
+        "other",
+        &["--pattern", "burn", "--size", "400MiB"],
+        "512Mi",
+    )
+    .await;
+    wait_running(
+        &client,
+        n,
+        &["api-burn", "api-mem", "api-idle", "other-burn"],
+    )
+    .await;
 
     // The sample as users apply it (selector app=api, interval 30s).
-    let (ok, out) = kubectl(&["apply", "-n", n, "-f", &cluster::repo_root().join("config/samples/resourcewatch.yaml").to_string_lossy()]);
+    let (ok, out) = kubectl(&[
+        "apply",
+        "-n",
+        n,
+        "-f",
+        &cluster::repo_root()
+            .join("config/samples/resourcewatch.yaml")
+            .to_string_lossy(),
+    ]);
     assert!(ok, "{out}");
     let applied = std::time::Instant::now();
     let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
-    let s = status_where(&rws, "api", "Top-K of the three api pods (two intervals)", 65, |s| {
-        s.top_cpu.first().is_some_and(|e| e.pod == "api-burn")
-            && s.top_memory.first().is_some_and(|e| e.pod == "api-mem")
-            && s.reporting_nodes == 1
-    })
+    let s = status_where(
+        &rws,
+        "api",
+        "Top-K of the three api pods (two intervals)",
+        65,
+        |s| {
+            s.top_cpu.first().is_some_and(|e| e.pod == "api-burn")
+                && s.top_memory.first().is_some_and(|e| e.pod == "api-mem")
+                && s.reporting_nodes == 1
+        },
+    )
     .await;
-    eprintln!("status filled {:.0}s after apply", applied.elapsed().as_secs_f64());
+    eprintln!(
+        "status filled {:.0}s after apply",
+        applied.elapsed().as_secs_f64()
+    );
     assert_eq!(s.matched_pods, 3);
     for e in s.top_cpu.iter().chain(&s.top_memory) {
         assert_ne!(e.pod, "other-burn", "a pod outside the selector appeared");
         assert_eq!(e.container, "main");
         assert!(!e.node.is_empty() && e.pid > 0);
     }
-    assert!(s.top_cpu[0].value > 50.0, "the burner uses a core: {}", s.top_cpu[0].value);
-    assert!(s.top_memory[0].value > 250.0 * 1048576.0, "300 MiB resident: {}", s.top_memory[0].value);
+    assert!(
+        s.top_cpu[0].value > 50.0,
+        "the burner uses a core: {}",
+        s.top_cpu[0].value
+    );
+    assert!(
+        s.top_memory[0].value > 250.0 * 1048576.0,
+        "300 MiB resident: {}",
+        s.top_memory[0].value
+    );
     assert_ne!(s.top_cpu[0].pod, "api-idle");
     assert_ne!(s.top_memory[0].pod, "api-idle");
-    assert_eq!(condition(&s, "Ready").map(|c| c.0), Some(ConditionStatus::True));
+    assert_eq!(
+        condition(&s, "Ready").map(|c| c.0),
+        Some(ConditionStatus::True)
+    );
 
     let (ok, out) = kubectl(&["get", "resourcewatch", "-n", n, "-o", "wide"]);
     assert!(ok, "{out}");
     eprintln!("{out}");
-    let row: Vec<&str> = out.lines().nth(1).unwrap_or("").split_whitespace().collect();
-    assert!(row.contains(&"3") && row.contains(&"api-burn") && row.contains(&"api-mem") && row.contains(&"True"), "{out}");
+    let row: Vec<&str> = out
+        .lines()
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert!(
+        row.contains(&"3")
+            && row.contains(&"api-burn")
+            && row.contains(&"api-mem")
+            && row.contains(&"True"),
+        "{out}"
+    );
+    ns.delete().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn losing_the_agent_degrades_and_recovers_and_an_operator_restart_repeats_no_event() {
     let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-loss").await.expect("ns");
+    let ns = TestNamespace::create(&client, "rw-e2e-loss")
+        .await
+        .expect("ns");
     let n = ns.name.as_str();
-    workload(&client, n, "api-burn", "api", &["--pattern", "burn"], "64Mi").await;
+    workload(
+        &client,
+        n,
+        "api-burn",
+        "api",
+        &["--pattern", "burn"],
+        "64Mi",
+    )
+    .await;
     wait_running(&client, n, &["api-burn"]).await;
     let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
-    apply_watch(&rws, "w", serde_json::json!({"selector": {"matchLabels": {"app": "api"}}, "interval": "5s"})).await;
-    status_where(&rws, "w", "a reporting watch", 60, |s| !s.top_cpu.is_empty() && s.reporting_nodes == 1).await;
+    apply_watch(
+        &rws,
+        "w",
+        serde_json::json!({"selector": {"matchLabels": {"app": "api"}}, "interval": "5s"}),
+    )
+    .await;
+    status_where(&rws, "w", "a reporting watch", 60, |s| {
+        !s.top_cpu.is_empty() && s.reporting_nodes == 1
+    })
+    .await;
 
     // The agent pod is deleted and, while the DaemonSet is held off the node, not replaced.
     let dss: Api<DaemonSet> = Api::namespaced(client.clone(), SYSTEM);
     let hold = serde_json::json!({"spec": {"template": {"spec": {"nodeSelector": {"resourcewatch.io/e2e-hold": "true"}}}}});
-    dss.patch("resourcewatch-agent", &PatchParams::default(), &Patch::Merge(&hold)).await.expect("hold the agent");
+    dss.patch(
+        "resourcewatch-agent",
+        &PatchParams::default(),
+        &Patch::Merge(&hold),
+    )
+    .await
+    .expect("hold the agent");
     let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM);
-    for p in pods.list(&ListParams::default().labels("app.kubernetes.io/name=resourcewatch-agent")).await.expect("list") {
+    for p in pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=resourcewatch-agent"))
+        .await
+        .expect("list")
+    {
         let _ = pods.delete(&p.name_any(), &DeleteParams::default()).await;
     }
     let s = status_where(&rws, "w", "Degraded=True AgentsMissing", 90, |s| {
@@ -183,10 +321,23 @@ async fn losing_the_agent_degrades_and_recovers_and_an_operator_restart_repeats_
     .await
     .expect("AgentLost");
     let release = serde_json::json!({"spec": {"template": {"spec": {"nodeSelector": null}}}});
-    dss.patch("resourcewatch-agent", &PatchParams::default(), &Patch::Merge(&release)).await.expect("release the agent");
-    status_where(&rws, "w", "Degraded=False after the agent is back", 120, |s| {
-        condition(s, "Degraded").is_some_and(|c| c.0 == ConditionStatus::False) && s.reporting_nodes == 1
-    })
+    dss.patch(
+        "resourcewatch-agent",
+        &PatchParams::default(),
+        &Patch::Merge(&release),
+    )
+    .await
+    .expect("release the agent");
+    status_where(
+        &rws,
+        "w",
+        "Degraded=False after the agent is back",
+        120,
+        |s| {
+            condition(s, "Degraded").is_some_and(|c| c.0 == ConditionStatus::False)
+                && s.reporting_nodes == 1
+        },
+    )
     .await;
     wait_for("an AgentRecovered Event", Duration::from_secs(15), || {
         let client = client.clone();
@@ -196,42 +347,99 @@ async fn losing_the_agent_degrades_and_recovers_and_an_operator_restart_repeats_
     .expect("AgentRecovered");
 
     // The operator pod is deleted: its replacement continues the status, repeating nothing.
-    let reasons = ["WatchReady", "AgentLost", "AgentRecovered", "LeakDetected", "ThresholdCrossed"];
+    let reasons = [
+        "WatchReady",
+        "AgentLost",
+        "AgentRecovered",
+        "LeakDetected",
+        "ThresholdCrossed",
+    ];
     let mut before = Vec::new();
     for r in reasons {
         before.push(event_count(&client, n, r).await);
     }
-    let last = rws.get("w").await.expect("rw").status.and_then(|s| s.last_update_time);
-    for p in pods.list(&ListParams::default().labels("app.kubernetes.io/name=resourcewatch-operator")).await.expect("list") {
-        pods.delete(&p.name_any(), &DeleteParams::default()).await.expect("delete operator pod");
+    let last = rws
+        .get("w")
+        .await
+        .expect("rw")
+        .status
+        .and_then(|s| s.last_update_time);
+    for p in pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=resourcewatch-operator"))
+        .await
+        .expect("list")
+    {
+        pods.delete(&p.name_any(), &DeleteParams::default())
+            .await
+            .expect("delete operator pod");
     }
-    status_where(&rws, "w", "a status update from the new operator", 120, |s| {
-        s.last_update_time != last && s.reporting_nodes == 1 && !s.top_cpu.is_empty()
-    })
+    status_where(
+        &rws,
+        "w",
+        "a status update from the new operator",
+        120,
+        |s| s.last_update_time != last && s.reporting_nodes == 1 && !s.top_cpu.is_empty(),
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(6)).await; // one more interval for stray Events
     let mut after = Vec::new();
     for r in reasons {
         after.push(event_count(&client, n, r).await);
     }
-    assert_eq!(before, after, "Events by reason {reasons:?} changed across the operator restart");
+    assert_eq!(
+        before, after,
+        "Events by reason {reasons:?} changed across the operator restart"
+    );
+    ns.delete().await;
 }
 
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_leak_is_listed_with_its_time_to_oom_before_the_kernel_kills_it() {
     let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-leak").await.expect("ns");
+    let ns = TestNamespace::create(&client, "rw-e2e-leak")
+        .await
+        .expect("ns");
     let n = ns.name.as_str();
     let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
-    apply_watch(&rws, "w", serde_json::json!({"selector": {"matchLabels": {"app": "leaky"}}, "interval": "5s"})).await;
+    apply_watch(
+        &rws,
+        "w",
+        serde_json::json!({"selector": {"matchLabels": {"app": "leaky"}}, "interval": "5s"}),
+    )
+    .await;
     // 20 MiB, flat for 20 s, then 2 MiB/s against a 128Mi limit: OOM about 74 s after start.
-    workload(&client, n, "leaky", "leaky", &["--pattern", "leak", "--baseline", "20MiB", "--rate", "2MiB/s", "--delay", "20"], "128Mi").await;
+    workload(
+        &client,
+        n,
+        "leaky",
+        "leaky",
+        &[
+            "--pattern",
+            "leak",
+            "--baseline",
+            "20MiB",
+            "--rate",
+            "2MiB/s",
+            "--delay",
+            "20",
+        ],
+        "128Mi",
+    )
+    .await;
     wait_running(&client, n, &["leaky"]).await;
     let started = std::time::Instant::now();
-    let s = status_where(&rws, "w", "the leak in status with a time to OOM", 100, |s| {
-        s.leaks.iter().any(|l| l.pod == "leaky" && l.time_to_oom_seconds.is_some())
-    })
+    let s = status_where(
+        &rws,
+        "w",
+        "the leak in status with a time to OOM",
+        100,
+        |s| {
+            s.leaks
+                .iter()
+                .any(|l| l.pod == "leaky" && l.time_to_oom_seconds.is_some())
+        },
+    )
     .await;
     let seen_at = started.elapsed();
     let leak = s.leaks.iter().find(|l| l.pod == "leaky").expect("leak");
@@ -245,13 +453,23 @@ async fn a_leak_is_listed_with_its_time_to_oom_before_the_kernel_kills_it() {
         .and_then(|c| c.state.as_ref())
         .and_then(|s| s.terminated.as_ref())
         .is_some();
-    assert!(!terminated, "the leak was reported only after the container died");
+    assert!(
+        !terminated,
+        "the leak was reported only after the container died"
+    );
     assert_eq!(leak.container, "main");
     assert_eq!(leak.limit_bytes, Some(128 << 20));
     let rate = leak.growth_bytes_per_second / 1048576.0;
-    assert!((1.4..2.8).contains(&rate), "growth {rate:.2} MiB/s, expected about 2");
+    assert!(
+        (1.4..2.8).contains(&rate),
+        "growth {rate:.2} MiB/s, expected about 2"
+    );
     let tto = leak.time_to_oom_seconds.unwrap_or(0.0);
-    eprintln!("leak listed {:.0}s after start with time to OOM {tto:.0}s, confidence {}", seen_at.as_secs_f64(), leak.confidence);
+    eprintln!(
+        "leak listed {:.0}s after start with time to OOM {tto:.0}s, confidence {}",
+        seen_at.as_secs_f64(),
+        leak.confidence
+    );
     assert_eq!(s.summary.leaking, 1);
     assert!(s.summary.soonest_oom.is_some());
     // And the kernel does kill it, after the prediction.
@@ -276,4 +494,5 @@ async fn a_leak_is_listed_with_its_time_to_oom_before_the_kernel_kills_it() {
         killed_at.as_secs_f64(),
         (killed_at - seen_at).as_secs_f64()
     );
+    ns.delete().await;
 }
