@@ -257,6 +257,11 @@ pub struct ResourceWatchStatus {
     /// it runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeEntry>,
+    /// Pre-OOM remediation: every decision to restart a pod (or not), newest last. An
+    /// eviction is recorded here as `Pending` before it is attempted, so an operator
+    /// killed in between finishes it on restart instead of losing or repeating it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remediations: Vec<RemediationRecord>,
     /// What `kubectl get resourcewatch` shows.
     #[serde(default)]
     pub summary: Summary,
@@ -343,6 +348,41 @@ pub struct ThresholdEntry {
     /// CPU percent of one core, or memory percent of the container's limit.
     pub value: f64,
     pub threshold: f64,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RemediationRecord {
+    pub pod: String,
+    #[serde(rename = "podUID")]
+    pub pod_uid: String,
+    /// The controller that replaces the pod, e.g. `Deployment/api`; absent for a bare pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+    pub action: RemediationOutcome,
+    /// Why, in words (`PodDisruptionBudget`, `Cooldown`, `NoController`, `DryRun`, ...).
+    pub reason: String,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "timeToOOMSeconds"
+    )]
+    pub time_to_oom_seconds: Option<f64>,
+    pub confidence: u8,
+    /// RFC 3339.
+    pub time: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RemediationOutcome {
+    /// Decided and recorded; the eviction is being attempted.
+    Pending,
+    /// Evicted through the Eviction API.
+    Restarted,
+    /// Refused by a rail or by the API (a PodDisruptionBudget).
+    Blocked,
+    /// `dryRun`, `action: Alert` or the operator's master switch off: reported only.
+    WouldRestart,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

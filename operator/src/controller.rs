@@ -13,7 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{Patch, PatchParams},
+    api::{EvictParams, Patch, PatchParams},
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
@@ -22,7 +22,9 @@ use kube::{
         watcher,
     },
 };
-use resourcewatch_crds::{ResourceWatch, ResourceWatchStatus};
+use resourcewatch_crds::{
+    RemediationAction, RemediationOutcome, RemediationRecord, ResourceWatch, ResourceWatchStatus,
+};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 
@@ -30,6 +32,7 @@ use crate::{
     Error, FIELD_MANAGER, Result,
     hub::{Hub, TargetPod, WatchKey, WatchTargets},
     metrics::Metrics,
+    remediation::{self, Decision, PodFacts},
     spec::{WatchSettings, selects},
     status::{self, EventSpec, Inputs, Outcome, SelectedPod},
 };
@@ -50,6 +53,8 @@ pub struct Context {
     pub watches: Store<ResourceWatch>,
     /// Only the leader reconciles: a follower would fight it over status.
     pub leader: watch::Receiver<bool>,
+    /// The cluster-wide master switch: without it, `Restart` watches only report.
+    pub remediation_enabled: bool,
     /// Each status write and Event is bounded by this, so a slow API server cannot stall
     /// reconciliation of every other watch.
     pub write_timeout: Duration,
@@ -133,18 +138,32 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
         Outcome::Hold => return Ok(Action::requeue(Duration::from_secs(2))),
         Outcome::Write { status, events } => (status, events),
     };
+    let (mut status, mut events) = (status, events);
+    // Remediation decisions are recorded in status before anything is evicted.
+    let evictions = match &settings {
+        Ok(s) => plan_remediation(ctx, s, &selected, old, &mut status, &mut events, &now).await?,
+        Err(_) => Vec::new(),
+    };
     let same_generation = old.and_then(|o| o.observed_generation) == rw.meta().generation;
+    let urgent = evictions.len()
+        + events
+            .iter()
+            .filter(|e| e.reason.contains("Restart"))
+            .count()
+        > 0;
     if let Some(o) = old
         && same_generation
+        && !urgent
         && status::same_content(o, &status)
     {
         ctx.metrics.status_skipped.inc();
         return Ok(Action::requeue(interval));
     }
-    // At most one write per interval, unless the user changed the spec or a condition
-    // changed (a lost agent should not wait 30 s to show).
+    // At most one write per interval, unless the user changed the spec, a condition
+    // changed (a lost agent should not wait 30 s to show) or a restart is decided.
     if let Some(o) = old
         && same_generation
+        && !urgent
         && o.conditions == status.conditions
         && let Some(wait) = time_until_next_write(o, interval)
     {
@@ -152,10 +171,257 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
         return Ok(Action::requeue(wait));
     }
     write_status(ctx, &ns, &key.name, &status).await?;
+    if !evictions.is_empty() {
+        // The intents are stored: now act, then record the outcomes.
+        let mut more = Vec::new();
+        evict_recorded(ctx, &ns, &evictions, &mut status, &mut more, &now).await;
+        write_status(ctx, &ns, &key.name, &status).await?;
+        events.extend(more);
+    }
     for e in &events {
         publish(ctx, rw, &selected, e).await;
     }
-    Ok(Action::requeue(interval))
+    Ok(Action::requeue(
+        if status
+            .remediations
+            .iter()
+            .any(|r| r.action == RemediationOutcome::Pending)
+        {
+            Duration::from_secs(2)
+        } else {
+            interval
+        },
+    ))
+}
+
+/// Decides remediation for the watch's leaks, carrying the stored records over. Returns
+/// the indexes (in `status.remediations`) of `Pending` records to evict now: new ones, and
+/// ones a previous operator recorded but may not have carried out.
+async fn plan_remediation(
+    ctx: &Context,
+    s: &WatchSettings,
+    selected: &[Arc<Pod>],
+    old: Option<&ResourceWatchStatus>,
+    status: &mut ResourceWatchStatus,
+    events: &mut Vec<EventSpec>,
+    now: &str,
+) -> Result<Vec<usize>> {
+    status.remediations = old.map(|o| o.remediations.clone()).unwrap_or_default();
+    let now_s = jiff::Timestamp::now().as_second();
+    let mut evict = Vec::new();
+    // Intents of an earlier run: evict if the pod still runs, else it already happened.
+    for (i, r) in status.remediations.iter_mut().enumerate() {
+        if r.action != RemediationOutcome::Pending {
+            continue;
+        }
+        match selected
+            .iter()
+            .find(|p| p.uid().as_deref() == Some(r.pod_uid.as_str()))
+        {
+            Some(p) if p.metadata.deletion_timestamp.is_none() => evict.push(i),
+            _ => {
+                r.action = RemediationOutcome::Restarted;
+                r.reason = "Evicted".into();
+            }
+        }
+    }
+    if s.action != RemediationAction::Restart {
+        return Ok(evict);
+    }
+    let history: Vec<(RemediationRecord, i64)> = status
+        .remediations
+        .iter()
+        .map(|r| {
+            (
+                r.clone(),
+                r.time
+                    .parse::<jiff::Timestamp>()
+                    .map(|t| t.as_second())
+                    .unwrap_or(0),
+            )
+        })
+        .collect();
+    let leaks = status.leaks.clone();
+    for leak in &leaks {
+        if !remediation::triggered(s, leak) {
+            continue;
+        }
+        let Some(pod) = selected.iter().find(|p| p.name_any() == leak.pod) else {
+            continue;
+        };
+        let facts = PodFacts {
+            name: pod.name_any(),
+            uid: pod.uid().unwrap_or_default(),
+            workload: workload_of(ctx, pod).await,
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+        };
+        let decision =
+            remediation::decide(s, ctx.remediation_enabled, leak, &facts, &history, now_s);
+        let record = |action, reason: &str| RemediationRecord {
+            pod: facts.name.clone(),
+            pod_uid: facts.uid.clone(),
+            workload: facts.workload.clone(),
+            action,
+            reason: reason.into(),
+            time_to_oom_seconds: leak.time_to_oom_seconds,
+            confidence: leak.confidence,
+            time: now.to_owned(),
+        };
+        match decision {
+            Decision::Nothing => {}
+            Decision::Evict => {
+                status
+                    .remediations
+                    .push(record(RemediationOutcome::Pending, "Decided"));
+                evict.push(status.remediations.len() - 1);
+            }
+            Decision::Report {
+                outcome,
+                reason,
+                message,
+            } => {
+                status.remediations.push(record(outcome, reason));
+                let ev_reason = if outcome == RemediationOutcome::WouldRestart {
+                    "WouldRestart"
+                } else {
+                    "RestartBlocked"
+                };
+                ctx.metrics.remediation(reason);
+                for pod in [None, Some(facts.name.clone())] {
+                    events.push(EventSpec {
+                        warning: true,
+                        reason: ev_reason,
+                        action: "Remediate",
+                        note: format!("{}: {message}", facts.name),
+                        pod,
+                    });
+                }
+            }
+        }
+    }
+    // Oldest records go first; pending ones are never dropped.
+    while status.remediations.len() > remediation::MAX_RECORDS {
+        let Some(i) = status
+            .remediations
+            .iter()
+            .position(|r| r.action != RemediationOutcome::Pending)
+        else {
+            break;
+        };
+        status.remediations.remove(i);
+        evict.retain(|j| *j != i);
+        for j in evict.iter_mut() {
+            if *j > i {
+                *j -= 1;
+            }
+        }
+    }
+    Ok(evict)
+}
+
+/// Carries out recorded evictions through the Eviction API (PodDisruptionBudgets hold;
+/// the pod's own termination grace period applies) and records each outcome.
+async fn evict_recorded(
+    ctx: &Context,
+    ns: &str,
+    which: &[usize],
+    status: &mut ResourceWatchStatus,
+    events: &mut Vec<EventSpec>,
+    now: &str,
+) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    for &i in which {
+        let Some(r) = status.remediations.get_mut(i) else {
+            continue;
+        };
+        let result = tokio::time::timeout(
+            ctx.write_timeout,
+            pods.evict(&r.pod, &EvictParams::default()),
+        )
+        .await;
+        let (outcome, reason, warning, ev, note) = match result {
+            Ok(Ok(_)) => (
+                RemediationOutcome::Restarted,
+                "Evicted",
+                false,
+                "Restarted",
+                format!(
+                    "{}: evicted {}s before its predicted OOM kill (confidence {}); {} replaces it",
+                    r.pod,
+                    r.time_to_oom_seconds.unwrap_or(0.0).round(),
+                    r.confidence,
+                    r.workload.as_deref().unwrap_or("its controller")
+                ),
+            ),
+            Ok(Err(kube::Error::Api(e))) if e.code == 429 => (
+                RemediationOutcome::Blocked,
+                "PodDisruptionBudget",
+                true,
+                "RestartBlocked",
+                format!("{}: the eviction was refused: {}", r.pod, e.message),
+            ),
+            Ok(Err(kube::Error::Api(e))) if e.code == 404 => (
+                RemediationOutcome::Restarted,
+                "Gone",
+                false,
+                "",
+                String::new(),
+            ),
+            Ok(Err(e)) => {
+                tracing::warn!(pod = %r.pod, error = %e, "eviction failed; retrying");
+                continue;
+            }
+            Err(_) => {
+                tracing::warn!(pod = %r.pod, "eviction timed out; retrying");
+                continue;
+            }
+        };
+        r.action = outcome;
+        r.reason = reason.into();
+        r.time = now.to_owned();
+        ctx.metrics.remediation(reason);
+        if !ev.is_empty() {
+            for pod in [None, Some(r.pod.clone())] {
+                events.push(EventSpec {
+                    warning,
+                    reason: ev,
+                    action: "Remediate",
+                    note: note.clone(),
+                    pod,
+                });
+            }
+        }
+    }
+}
+
+/// The controller that will replace a pod: a ReplicaSet's Deployment, a StatefulSet, a
+/// DaemonSet, a ReplicaSet or ReplicationController. None for bare pods and Jobs.
+async fn workload_of(ctx: &Context, pod: &Pod) -> Option<String> {
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))?;
+    match owner.kind.as_str() {
+        "ReplicaSet" => {
+            let ns = pod.namespace()?;
+            let rs: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
+                Api::namespaced(ctx.client.clone(), &ns);
+            let deployment = rs.get_opt(&owner.name).await.ok().flatten().and_then(|rs| {
+                rs.owner_references()
+                    .iter()
+                    .find(|o| o.controller == Some(true) && o.kind == "Deployment")
+                    .map(|o| o.name.clone())
+            });
+            Some(match deployment {
+                Some(d) => format!("Deployment/{d}"),
+                None => format!("ReplicaSet/{}", owner.name),
+            })
+        }
+        "StatefulSet" | "DaemonSet" | "ReplicationController" => {
+            Some(format!("{}/{}", owner.kind, owner.name))
+        }
+        _ => None,
+    }
 }
 
 pub fn error_policy(rw: Arc<ResourceWatch>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -304,6 +570,7 @@ pub async fn run(
     reporter: Reporter,
     leader: watch::Receiver<bool>,
     shutdown: watch::Receiver<bool>,
+    remediation_enabled: bool,
 ) {
     let watches: Api<ResourceWatch> = Api::all(client.clone());
     let (pods, pods_writer) = reflector::store();
@@ -339,6 +606,7 @@ pub async fn run(
         watches: rw_store,
         leader,
         write_timeout: Duration::from_secs(10),
+        remediation_enabled,
     });
     let mut shutdown_signal = shutdown.clone();
     metrics
@@ -449,6 +717,7 @@ mod tests {
             watches: rw_store,
             leader: watch::channel(true).1,
             write_timeout: Duration::from_secs(5),
+            remediation_enabled: false,
         };
         (Arc::new(ctx), handle)
     }

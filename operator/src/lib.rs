@@ -11,6 +11,7 @@ pub mod grpc;
 pub mod hub;
 pub mod leader;
 pub mod metrics;
+pub mod remediation;
 pub mod spec;
 pub mod status;
 pub mod tls;

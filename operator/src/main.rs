@@ -188,6 +188,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         reporter,
         leader,
         shutdown.clone(),
+        args.enable_remediation,
     ));
 
     wait_for_signal().await;

@@ -28,6 +28,8 @@ pub struct Metrics {
     pub config_nacks: Counter,
     pub protocol_errors: Family<Labels, Counter>,
     pub leader: Gauge,
+    /// Remediation decisions and outcomes, by reason.
+    pub remediations: Family<Labels, Counter>,
     pub watches: Gauge,
     /// Set once the controller runs: `/readyz` answers 200 from then on.
     pub ready: AtomicBool,
@@ -48,6 +50,7 @@ impl Default for Metrics {
             config_nacks: Counter::default(),
             protocol_errors: Family::default(),
             leader: Gauge::default(),
+            remediations: Family::default(),
             watches: Gauge::default(),
             ready: AtomicBool::new(false),
             registry: Registry::default(),
@@ -107,6 +110,7 @@ impl Default for Metrics {
             "1 while this replica holds the leader Lease",
             m.leader.clone(),
         );
+        registry.register("remediations", "Pre-OOM remediation outcomes, by reason (Evicted, PodDisruptionBudget, Cooldown, DryRun, ...)", m.remediations.clone());
         registry.register("watches", "ResourceWatch objects known", m.watches.clone());
         Self { registry, ..m }
     }
@@ -128,6 +132,12 @@ impl Metrics {
     pub fn status_write(&self, result: &'static str) {
         self.status_writes
             .get_or_create(&vec![("result", result.to_string())])
+            .inc();
+    }
+
+    pub fn remediation(&self, reason: &str) {
+        self.remediations
+            .get_or_create(&vec![("reason", reason.to_string())])
             .inc();
     }
 

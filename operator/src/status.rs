@@ -323,6 +323,7 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         leaks,
         exceeding,
         nodes: node_entries,
+        remediations: i.old.map(|o| o.remediations.clone()).unwrap_or_default(),
         summary,
         last_update_time: Some(i.now.to_owned()),
     };
