@@ -70,3 +70,10 @@ lap "installed through config/ (and the chart dry-run)"
 
 cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture
 lap "e2e tests"
+
+# Remediation: the master switch on (it is off in config/ and in the chart).
+"$K" -n resourcewatch-system patch deploy resourcewatch-operator --type=json \
+  -p='[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--enable-remediation"}]'
+"$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
+cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture
+lap "remediation e2e tests"

@@ -1,0 +1,519 @@
+//! Pre-OOM remediation on the real cluster: a leaking Deployment is OOM-killed without a
+//! watch (the control) and evicted before any OOM kill with `action: Restart`; stable
+//! pods near their limit are never restarted; a PodDisruptionBudget blocks the eviction;
+//! `dryRun` only reports; an intent recorded by a dying operator is carried out once.
+//! Run by `make e2e` after the cluster tests; the runner turns the operator's master
+//! switch on for these.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod, events::v1::Event};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use resourcewatch_crds::{RemediationOutcome, ResourceWatch};
+use resourcewatch_e2e::cluster::{self, TestNamespace, wait_for};
+
+const WORKLOADS: &str = "localhost/resourcewatch/workloads:0.1.0";
+
+fn container(args: &[&str], limit: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": "main", "image": WORKLOADS, "imagePullPolicy": "Never",
+        "command": ["/leak-sim"], "args": args,
+        "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
+    })
+}
+
+async fn deployment(client: &Client, ns: &str, name: &str, args: &[&str], limit: &str) {
+    let d: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "watched": "yes"}},
+                "spec": {"terminationGracePeriodSeconds": 2, "containers": [container(args, limit)]}
+            }
+        }
+    }))
+    .expect("deployment json");
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &d)
+        .await
+        .expect("create deployment");
+}
+
+async fn watch(
+    client: &Client,
+    ns: &str,
+    selector: serde_json::Value,
+    remediation: serde_json::Value,
+) {
+    let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
+        "metadata": {"name": "w"},
+        "spec": {"selector": selector, "interval": "5s", "remediation": remediation}
+    }))
+    .expect("rw json");
+    Api::<ResourceWatch>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &rw)
+        .await
+        .expect("create rw");
+}
+
+async fn pods_of(client: &Client, ns: &str, app: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+fn oom_killed(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+                let now = c.state.as_ref().and_then(|s| s.terminated.as_ref());
+                [last, now]
+                    .into_iter()
+                    .flatten()
+                    .any(|t| t.reason.as_deref() == Some("OOMKilled"))
+            })
+        })
+}
+
+async fn events(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map(|l| {
+            l.items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// 20 MiB, flat 20 s (the detector sees a baseline), then `rate` against 128Mi.
+fn leak_args(rate: &str) -> Vec<&str> {
+    vec![
+        "--pattern",
+        "leak",
+        "--baseline",
+        "20MiB",
+        "--rate",
+        rate,
+        "--delay",
+        "20",
+    ]
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster with remediation on: make e2e"]
+async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_is_killed() {
+    let client = cluster::client().await.expect("cluster");
+    let ns = TestNamespace::create(&client, "rw-e2e-restart")
+        .await
+        .expect("ns");
+    let n = ns.name.as_str();
+    // Only `fixed` is watched; `control` leaks the same way with nobody watching.
+    watch(
+        &client,
+        n,
+        serde_json::json!({"matchLabels": {"app": "fixed"}}),
+        serde_json::json!({"action": "Restart", "minTimeToOOM": "40s", "cooldown": "10m"}),
+    )
+    .await;
+    deployment(&client, n, "control", &leak_args("2MiB/s"), "128Mi").await;
+    deployment(&client, n, "fixed", &leak_args("2MiB/s"), "128Mi").await;
+    let start = Instant::now();
+    let first = wait_for("the watched pod", Duration::from_secs(60), || {
+        let client = client.clone();
+        async move {
+            Ok(pods_of(&client, n, "fixed")
+                .await
+                .into_iter()
+                .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))
+        }
+    })
+    .await
+    .expect("fixed runs");
+    let first_uid = first.uid().unwrap_or_default();
+
+    // The control is OOM-killed.
+    let control_oom = wait_for("the control's OOM kill", Duration::from_secs(150), || {
+        let client = client.clone();
+        async move {
+            Ok(pods_of(&client, n, "control")
+                .await
+                .iter()
+                .any(oom_killed)
+                .then(|| start.elapsed()))
+        }
+    })
+    .await
+    .expect("control OOM-killed");
+    // The watched pod was evicted before any OOM kill, and replaced.
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
+    let rec = wait_for("a Restarted record", Duration::from_secs(60), || {
+        let rws = rws.clone();
+        async move {
+            let s = rws.get("w").await?.status.unwrap_or_default();
+            Ok(s.remediations
+                .into_iter()
+                .find(|r| r.action == RemediationOutcome::Restarted))
+        }
+    })
+    .await
+    .expect("restarted");
+    assert_eq!(rec.pod_uid, first_uid);
+    assert_eq!(rec.workload.as_deref(), Some("Deployment/fixed"));
+    let replacement = wait_for(
+        "the replacement pod Running",
+        Duration::from_secs(60),
+        || {
+            let client = client.clone();
+            let first_uid = first_uid.clone();
+            async move {
+                Ok(pods_of(&client, n, "fixed").await.into_iter().find(|p| {
+                    p.uid().as_deref() != Some(first_uid.as_str())
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                }))
+            }
+        },
+    )
+    .await
+    .expect("replacement");
+    assert!(!oom_killed(&replacement));
+    let restarted = events(&client, n, "Restarted").await;
+    assert!(!restarted.is_empty(), "a Restarted Event");
+    assert!(events(&client, n, "RestartBlocked").await.is_empty());
+    // The evicted pod never reported an OOM kill: its record was written before the kernel
+    // acted (the control, leaking identically, was killed at `control_oom`).
+    eprintln!(
+        "control OOM-killed {:.0}s after start; fixed evicted with {}s predicted to OOM (confidence {})",
+        control_oom.as_secs_f64(),
+        rec.time_to_oom_seconds.unwrap_or(0.0),
+        rec.confidence
+    );
+    ns.delete().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster with remediation on: make e2e"]
+async fn stable_pods_near_their_limit_are_never_restarted() {
+    let client = cluster::client().await.expect("cluster");
+    let ns = TestNamespace::create(&client, "rw-e2e-stable")
+        .await
+        .expect("ns");
+    let n = ns.name.as_str();
+    watch(
+        &client,
+        n,
+        serde_json::json!({"matchLabels": {"watched": "yes"}}),
+        serde_json::json!({"action": "Restart", "minTimeToOOM": "5m"}),
+    )
+    .await;
+    deployment(
+        &client,
+        n,
+        "flat",
+        &["--pattern", "flat", "--size", "100MiB"],
+        "128Mi",
+    )
+    .await;
+    deployment(
+        &client,
+        n,
+        "gc",
+        &[
+            "--pattern",
+            "sawtooth",
+            "--baseline",
+            "60MiB",
+            "--rate",
+            "4MiB",
+            "--period",
+            "8",
+        ],
+        "128Mi",
+    )
+    .await;
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
+    wait_for("both pods in status", Duration::from_secs(60), || {
+        let rws = rws.clone();
+        async move {
+            let s = rws.get("w").await?.status.unwrap_or_default();
+            Ok((s.top_memory.len() >= 2).then_some(()))
+        }
+    })
+    .await
+    .expect("reported");
+    // Ninety seconds: ten sawtooth periods and more than the detector needs for a leak.
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    let s = rws.get("w").await.expect("rw").status.unwrap_or_default();
+    assert!(
+        s.remediations.is_empty(),
+        "stable pods were acted on: {:?}",
+        s.remediations
+    );
+    assert!(
+        s.leaks.is_empty(),
+        "stable pods listed as leaking: {:?}",
+        s.leaks
+    );
+    for app in ["flat", "gc"] {
+        let pods = pods_of(&client, n, app).await;
+        assert_eq!(pods.len(), 1, "{app} was replaced");
+        assert!(!oom_killed(&pods[0]));
+    }
+    ns.delete().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster with remediation on: make e2e"]
+async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
+    let client = cluster::client().await.expect("cluster");
+    let ns = TestNamespace::create(&client, "rw-e2e-rails")
+        .await
+        .expect("ns");
+    let n = ns.name.as_str();
+    // Guarded by a PDB (minAvailable 1 over one replica), and a dry-run watch's pod.
+    let pdb: serde_json::Value = serde_json::json!({
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guarded", "namespace": n},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}
+    });
+    let (ok, out) = {
+        use std::io::Write;
+        let mut c = std::process::Command::new(cluster::kubectl())
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        c.stdin
+            .take()
+            .expect("stdin")
+            .write_all(pdb.to_string().as_bytes())
+            .expect("write");
+        let o = c.wait_with_output().expect("kubectl output");
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    assert!(ok, "PDB: {out}");
+    watch(
+        &client,
+        n,
+        serde_json::json!({"matchLabels": {"app": "guarded"}}),
+        serde_json::json!({"action": "Restart", "minTimeToOOM": "40s"}),
+    )
+    .await;
+    deployment(&client, n, "guarded", &leak_args("2MiB/s"), "128Mi").await;
+    let first = wait_for("the guarded pod", Duration::from_secs(60), || {
+        let client = client.clone();
+        async move { Ok(pods_of(&client, n, "guarded").await.into_iter().next()) }
+    })
+    .await
+    .expect("pod");
+    let blocked = wait_for("a RestartBlocked Event", Duration::from_secs(120), || {
+        let client = client.clone();
+        async move {
+            Ok(events(&client, n, "RestartBlocked")
+                .await
+                .into_iter()
+                .next())
+        }
+    })
+    .await
+    .expect("blocked");
+    let note = blocked.note.unwrap_or_default();
+    assert!(
+        note.contains("disruption budget") || note.contains("refused"),
+        "{note}"
+    );
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
+    let s = rws.get("w").await.expect("rw").status.unwrap_or_default();
+    assert!(
+        s.remediations
+            .iter()
+            .any(|r| r.action == RemediationOutcome::Blocked && r.reason == "PodDisruptionBudget"),
+        "{:?}",
+        s.remediations
+    );
+    let now = pods_of(&client, n, "guarded").await;
+    assert!(
+        now.iter()
+            .any(|p| p.uid() == first.uid() && p.metadata.deletion_timestamp.is_none()),
+        "the guarded pod was deleted"
+    );
+    ns.delete().await;
+
+    let ns = TestNamespace::create(&client, "rw-e2e-dry")
+        .await
+        .expect("ns");
+    let n = ns.name.as_str();
+    watch(
+        &client,
+        n,
+        serde_json::json!({"matchLabels": {"app": "dry"}}),
+        serde_json::json!({"action": "Restart", "minTimeToOOM": "40s", "dryRun": true}),
+    )
+    .await;
+    deployment(&client, n, "dry", &leak_args("2MiB/s"), "128Mi").await;
+    let first = wait_for("the dry pod", Duration::from_secs(60), || {
+        let client = client.clone();
+        async move { Ok(pods_of(&client, n, "dry").await.into_iter().next()) }
+    })
+    .await
+    .expect("pod");
+    wait_for("a WouldRestart Event", Duration::from_secs(120), || {
+        let client = client.clone();
+        async move { Ok((!events(&client, n, "WouldRestart").await.is_empty()).then_some(())) }
+    })
+    .await
+    .expect("WouldRestart");
+    // Untouched: the kernel OOM-kills it in the end.
+    wait_for(
+        "the dry-run pod's OOM kill",
+        Duration::from_secs(120),
+        || {
+            let client = client.clone();
+            let uid = first.uid();
+            async move {
+                Ok(pods_of(&client, n, "dry")
+                    .await
+                    .iter()
+                    .any(|p| p.uid() == uid && oom_killed(p))
+                    .then_some(()))
+            }
+        },
+    )
+    .await
+    .expect("OOM-killed");
+    assert!(events(&client, n, "Restarted").await.is_empty());
+    ns.delete().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster with remediation on: make e2e"]
+async fn an_intent_left_by_a_dead_operator_is_carried_out_exactly_once() {
+    let client = cluster::client().await.expect("cluster");
+    let ns = TestNamespace::create(&client, "rw-e2e-once")
+        .await
+        .expect("ns");
+    let n = ns.name.as_str();
+    // A flat pod that never triggers by itself; the watch's status carries a Pending
+    // intent for it, as an operator killed between recording and evicting leaves it.
+    deployment(
+        &client,
+        n,
+        "victim",
+        &["--pattern", "flat", "--size", "8MiB"],
+        "128Mi",
+    )
+    .await;
+    watch(
+        &client,
+        n,
+        serde_json::json!({"matchLabels": {"app": "victim"}}),
+        serde_json::json!({"action": "Restart", "minTimeToOOM": "40s"}),
+    )
+    .await;
+    let pod = wait_for("the victim Running", Duration::from_secs(60), || {
+        let client = client.clone();
+        async move {
+            Ok(pods_of(&client, n, "victim")
+                .await
+                .into_iter()
+                .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))
+        }
+    })
+    .await
+    .expect("victim");
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
+    wait_for("a first status", Duration::from_secs(60), || {
+        let rws = rws.clone();
+        async move {
+            Ok(rws
+                .get("w")
+                .await?
+                .status
+                .filter(|s| s.matched_pods == 1)
+                .map(|_| ()))
+        }
+    })
+    .await
+    .expect("status");
+    // Kill the operator, then leave its intent (another field manager, as a dying
+    // operator's last write would be).
+    let sys: Api<Pod> = Api::namespaced(client.clone(), "resourcewatch-system");
+    for p in sys
+        .list(&ListParams::default().labels("app.kubernetes.io/name=resourcewatch-operator"))
+        .await
+        .expect("list")
+    {
+        let _ = sys.delete(&p.name_any(), &Default::default()).await;
+    }
+    let intent = serde_json::json!({"status": {"remediations": [{
+        "pod": pod.name_any(), "podUID": pod.uid(), "workload": "Deployment/victim",
+        "action": "Pending", "reason": "Decided", "timeToOOMSeconds": 30.0, "confidence": 90,
+        "time": jiff_now()
+    }]}});
+    rws.patch_status("w", &PatchParams::default(), &Patch::Merge(&intent))
+        .await
+        .expect("intent");
+    let restarted = wait_for("the intent carried out", Duration::from_secs(120), || {
+        let rws = rws.clone();
+        async move {
+            let s = rws.get("w").await?.status.unwrap_or_default();
+            Ok(s.remediations
+                .into_iter()
+                .find(|r| r.action == RemediationOutcome::Restarted))
+        }
+    })
+    .await
+    .expect("carried out");
+    assert_eq!(restarted.pod_uid, pod.uid().unwrap_or_default());
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let pods = pods_of(&client, n, "victim").await;
+    assert!(
+        pods.iter()
+            .all(|p| p.uid() != pod.uid() || p.metadata.deletion_timestamp.is_some()),
+        "the victim still runs"
+    );
+    let evicted = events(&client, n, "Restarted")
+        .await
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Pod"))
+        .count();
+    assert!(evicted <= 1, "{evicted} evictions announced for one intent");
+    let s = rws.get("w").await.expect("rw").status.unwrap_or_default();
+    assert_eq!(
+        s.remediations
+            .iter()
+            .filter(|r| r.pod_uid == pod.uid().unwrap_or_default())
+            .count(),
+        1,
+        "{:?}",
+        s.remediations
+    );
+    let replacement = pods.iter().filter(|p| p.uid() != pod.uid()).count();
+    assert_eq!(replacement, 1, "exactly one replacement pod");
+    ns.delete().await;
+}
+
+fn jiff_now() -> String {
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
