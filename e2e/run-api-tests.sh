@@ -24,7 +24,11 @@ cleanup() {
       echo "== $f (tail)" >&2; tail -40 "$f" >&2
     done
   fi
-  if [[ $started -eq 1 ]]; then e2e/cluster/down.sh --purge || rc=1; fi
+  if [[ $started -eq 1 ]]; then
+    e2e/cluster/down.sh || rc=1
+    e2e/cluster/check-clean.sh || rc=1
+    e2e/cluster/down.sh --purge >/dev/null || rc=1
+  fi
   exit $rc
 }
 trap cleanup EXIT

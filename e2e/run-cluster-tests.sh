@@ -43,11 +43,13 @@ cleanup() {
   rc=$?
   [[ $rc -ne 0 ]] && dump
   if [[ $started -eq 1 ]]; then
-    # --purge: the next run starts from an empty etcd, with no workload of this one.
-    e2e/cluster/down.sh --purge >/dev/null || rc=1
+    e2e/cluster/down.sh >/dev/null || rc=1
+    # Checked against the baseline up.sh recorded, before --purge deletes it.
     if ! e2e/cluster/check-clean.sh; then
       echo "== the harness left something behind (above)" >&2; rc=1
     fi
+    # --purge: the next run starts from an empty etcd, with no workload of this one.
+    e2e/cluster/down.sh --purge >/dev/null || rc=1
     lap "cluster down + clean check"
   fi
   printf '== timing: %s\n' "${timings[@]}"

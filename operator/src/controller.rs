@@ -53,6 +53,9 @@ pub struct Context {
     pub watches: Store<ResourceWatch>,
     /// Only the leader reconciles: a follower would fight it over status.
     pub leader: watch::Receiver<bool>,
+    /// For the Eviction API only: without kube's retry on 429, which is how the API
+    /// server says a PodDisruptionBudget refuses (retrying would hide the refusal).
+    pub eviction_client: Client,
     /// The cluster-wide master switch: without it, `Restart` watches only report.
     pub remediation_enabled: bool,
     /// Each status write and Event is bounded by this, so a slow API server cannot stall
@@ -329,7 +332,7 @@ async fn evict_recorded(
     events: &mut Vec<EventSpec>,
     now: &str,
 ) {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.eviction_client.clone(), ns);
     for &i in which {
         let Some(r) = status.remediations.get_mut(i) else {
             continue;
@@ -562,15 +565,23 @@ async fn publish(ctx: &Context, rw: &ResourceWatch, pods: &[Arc<Pod>], e: &Event
     }
 }
 
+/// What the controller is given besides its inputs.
+pub struct Settings {
+    pub reporter: Reporter,
+    /// See [`Context::eviction_client`].
+    pub eviction_client: Client,
+    /// See [`Context::remediation_enabled`].
+    pub remediation_enabled: bool,
+}
+
 /// Builds the controller and runs it until `shutdown`.
 pub async fn run(
     client: Client,
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
-    reporter: Reporter,
     leader: watch::Receiver<bool>,
     shutdown: watch::Receiver<bool>,
-    remediation_enabled: bool,
+    settings: Settings,
 ) {
     let watches: Api<ResourceWatch> = Api::all(client.clone());
     let (pods, pods_writer) = reflector::store();
@@ -598,7 +609,7 @@ pub async fn run(
     let hub_changes = WatchStream::new(hub.subscribe_changes()).map(|_| ());
     let leader_changes = WatchStream::new(leader.clone()).map(|_| ());
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: Recorder::new(client.clone(), settings.reporter),
         client,
         hub,
         metrics: metrics.clone(),
@@ -606,7 +617,8 @@ pub async fn run(
         watches: rw_store,
         leader,
         write_timeout: Duration::from_secs(10),
-        remediation_enabled,
+        eviction_client: settings.eviction_client,
+        remediation_enabled: settings.remediation_enabled,
     });
     let mut shutdown_signal = shutdown.clone();
     metrics
@@ -690,6 +702,7 @@ mod tests {
     ) -> (Arc<Context>, Handle) {
         let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(svc, "default");
+        let eviction_client_for_tests = client.clone();
         let (pod_store, mut pod_writer) = reflector::store();
         pod_writer.apply_watcher_event(&WatchEvent::Init);
         for p in pods {
@@ -717,6 +730,7 @@ mod tests {
             watches: rw_store,
             leader: watch::channel(true).1,
             write_timeout: Duration::from_secs(5),
+            eviction_client: eviction_client_for_tests,
             remediation_enabled: false,
         };
         (Arc::new(ctx), handle)

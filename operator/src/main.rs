@@ -102,9 +102,13 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let client = Client::try_default()
+    let mut config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration (in-cluster or KUBECONFIG)")?;
+    let client = Client::try_from(config.clone()).context("Kubernetes client")?;
+    // Evictions must see a PodDisruptionBudget's 429 at once, not retry it.
+    config.default_retry = false;
+    let eviction_client = Client::try_from(config).context("Kubernetes client")?;
     let pki = tls::ensure_ca(&client, &args.namespace, &args.ca_secret)
         .await
         .context("CA Secret")?;
@@ -185,10 +189,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         client,
         hub,
         metrics,
-        reporter,
         leader,
         shutdown.clone(),
-        args.enable_remediation,
+        controller::Settings {
+            reporter,
+            eviction_client,
+            remediation_enabled: args.enable_remediation,
+        },
     ));
 
     wait_for_signal().await;

@@ -224,6 +224,12 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         ka.total_cmp(&kb).then(b.confidence.cmp(&a.confidence))
     });
 
+    // A node's health speaks for every watch on it; each watch shows only its own containers.
+    let my_containers: BTreeSet<&str> = i
+        .pods
+        .iter()
+        .flat_map(|p| p.containers.keys().map(String::as_str))
+        .collect();
     let node_entries: Vec<NodeEntry> = i
         .nodes
         .iter()
@@ -231,7 +237,7 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
             name: n.name.clone(),
             reporting: !n.missing,
             config_version: n.acked_version,
-            message: node_message(n),
+            message: node_message(n, &my_containers),
         })
         .collect();
     let expected = i.nodes.len() as u32;
@@ -513,7 +519,7 @@ fn transitions(
     out
 }
 
-fn node_message(n: &NodeView) -> String {
+fn node_message(n: &NodeView, mine: &BTreeSet<&str>) -> String {
     if let Some((v, r)) = &n.nack {
         return format!("configuration rejected (version {v}): {r}");
     }
@@ -531,12 +537,16 @@ fn node_message(n: &NodeView) -> String {
     }
     if let Some(r) = &n.last_report
         && let Some(h) = &r.health
-        && !h.unresolved_containers.is_empty()
     {
-        return format!(
-            "containers not found on the node: {}",
-            h.unresolved_containers.join(", ")
-        );
+        let missing: Vec<&str> = h
+            .unresolved_containers
+            .iter()
+            .map(String::as_str)
+            .filter(|c| mine.contains(c))
+            .collect();
+        if !missing.is_empty() {
+            return format!("containers not found on the node: {}", missing.join(", "));
+        }
     }
     String::new()
 }
