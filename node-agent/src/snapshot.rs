@@ -2,7 +2,7 @@
 //! allocation totals, each process attributed to its cgroup, container and pod. This is
 //! what `top` prints and what the agent reports to the operator.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
@@ -361,10 +361,15 @@ impl FrameBuilder {
             })
             .collect();
         let targets = match pipes.targets() {
-            Ok(t) => t
-                .into_iter()
-                .map(|t| self.target_row(t, interval_ns, now))
-                .collect(),
+            Ok(t) => {
+                // Forget processes no longer tracked (untargeted, or gone): if one is
+                // targeted again, the kernel counts from 0 again.
+                let live: HashSet<u32> = t.iter().map(|p| p.tgid).collect();
+                self.prev_target_cpu.retain(|tgid, _| live.contains(tgid));
+                t.into_iter()
+                    .map(|t| self.target_row(t, interval_ns, now))
+                    .collect()
+            }
             Err(e) => {
                 tracing::warn!("reading exact targets failed: {e}");
                 Vec::new()
@@ -396,7 +401,10 @@ impl FrameBuilder {
 
     fn target_row(&mut self, t: TargetProcess, interval_ns: u64, now: u64) -> TargetRow {
         let prev = self.prev_target_cpu.insert(t.tgid, t.cpu_ns);
-        let delta = prev.map(|p| t.cpu_ns.saturating_sub(p)).unwrap_or(0);
+        // First seen: the kernel began counting it after the previous frame was read
+        // (a new process, or targets just programmed), so all it counted is this
+        // interval's. Reporting 0 here showed every newly targeted container idle.
+        let delta = prev.map_or(t.cpu_ns, |p| t.cpu_ns.saturating_sub(p));
         if t.exited {
             self.prev_target_cpu.remove(&t.tgid);
         }
