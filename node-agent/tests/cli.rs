@@ -141,3 +141,80 @@ fn json_prints_one_object_per_interval_with_the_documented_fields() {
         assert!(rss.windows(2).all(|w| w[0] >= w[1]), "{rss:?}");
     }
 }
+
+/// The DaemonSet grants the agent CAP_BPF and CAP_PERFMON and nothing else (root uid, but
+/// no CAP_DAC_OVERRIDE, CAP_SYS_PTRACE or CAP_SYS_ADMIN). This runs `top` the same way and
+/// checks that what cluster mode needs still works on another user's process: exact
+/// tracking of a targeted PID and its attribution (comm, cgroup) from /proc.
+#[test]
+fn with_only_cap_bpf_and_cap_perfmon_other_users_processes_are_tracked_and_attributed() {
+    const TEST: &str =
+        "with_only_cap_bpf_and_cap_perfmon_other_users_processes_are_tracked_and_attributed";
+    if let Some(why) = resourcewatch_agent::capabilities::probe().fatal() {
+        eprintln!("SKIPPED {TEST}: {why}");
+        return;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("SKIPPED {TEST}: needs setpriv to drop capabilities");
+        return;
+    }
+    // A busy process of another user (nobody), alive for the whole run.
+    let mut other = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["sh", "-c", "while :; do :; done"])
+        .spawn()
+        .expect("spawn a busy loop as nobody");
+    let pid = other.id();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let out = Command::new("setpriv")
+        .args([
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+            "--bounding-set=-all,+bpf,+perfmon",
+            "--",
+        ])
+        .arg(env!("CARGO_BIN_EXE_resourcewatch-agent"))
+        .args([
+            "top",
+            "--json",
+            "--count",
+            "2",
+            "--interval",
+            "500ms",
+            "-k",
+            "20",
+        ])
+        .args(["--target-pid", &pid.to_string()])
+        .output()
+        .expect("runs");
+    let _ = other.kill();
+    let _ = other.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    let frames: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    // Both frames: the first one too, which once showed a newly targeted process idle.
+    for f in &frames {
+        let t = f["targets"]
+            .as_array()
+            .expect("targets")
+            .iter()
+            .find(|t| t["pid"].as_u64() == Some(u64::from(pid)))
+            .unwrap_or_else(|| panic!("the targeted PID {pid} is tracked: {f}"));
+        assert_eq!(t["comm"], "sh", "{t}");
+        assert!(t["rss_bytes"].as_u64().unwrap_or(0) > 0, "{t}");
+        assert!(t["cgroup"].is_string(), "attributed to a cgroup: {t}");
+        assert!(t["cpu_percent"].as_f64().unwrap_or(0.0) > 20.0, "busy: {t}");
+    }
+    let last = frames.last().expect("a frame");
+    // Every memory row of a process still alive is attributed.
+    for r in last["memory"].as_array().expect("memory") {
+        let p = r["pid"].as_u64().expect("pid");
+        if std::path::Path::new(&format!("/proc/{p}")).exists() {
+            assert!(r["comm"].is_string() && r["cgroup"].is_string(), "{r}");
+        }
+    }
+}
