@@ -26,7 +26,7 @@ use resourcewatch_crds::{
     RemediationAction, RemediationOutcome, RemediationRecord, ResourceWatch, ResourceWatchStatus,
 };
 use tokio::sync::watch;
-use tokio_stream::wrappers::WatchStream;
+use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 
 use crate::{
     Error, FIELD_MANAGER, Result,
@@ -607,6 +607,12 @@ pub async fn run(
             .collect::<Vec<_>>()
     });
     let hub_changes = WatchStream::new(hub.subscribe_changes()).map(|_| ());
+    let leak_triggers = match hub.take_leak_triggers() {
+        Some(rx) => ReceiverStream::new(rx)
+            .map(|k| ObjectRef::new(&k.name).within(&k.namespace))
+            .boxed(),
+        None => futures::stream::empty().boxed(),
+    };
     let leader_changes = WatchStream::new(leader.clone()).map(|_| ());
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), settings.reporter),
@@ -626,6 +632,7 @@ pub async fn run(
         .store(true, std::sync::atomic::Ordering::SeqCst);
     controller
         .reconcile_all_on(futures::stream::select(hub_changes, leader_changes))
+        .reconcile_on(leak_triggers)
         .graceful_shutdown_on(async move {
             let _ = shutdown_signal.wait_for(|s| *s).await;
         })

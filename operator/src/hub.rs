@@ -16,7 +16,7 @@ use std::{
 };
 
 use resourcewatch_proto as pb;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// A ResourceWatch, by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -133,6 +133,12 @@ pub struct Hub {
     /// Bumped when a node connects, disconnects or refuses a configuration, so the
     /// controller re-reconciles without waiting for its next interval.
     changed: watch::Sender<u64>,
+    /// Watches with a confident leak in a fresh report, for the controller to reconcile
+    /// at once: a remediation decision must not wait for the watch's next interval
+    /// (at 8 MiB/s a 128Mi container lives about 16 s). Bounded; when full, a trigger is
+    /// dropped and the periodic reconcile decides instead.
+    leak_tx: mpsc::Sender<WatchKey>,
+    leak_rx: Mutex<Option<mpsc::Receiver<WatchKey>>>,
 }
 
 #[derive(Default)]
@@ -155,6 +161,7 @@ impl Hub {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(1);
+        let (leak_tx, leak_rx) = mpsc::channel(LEAK_TRIGGER_CAPACITY);
         Self {
             opts,
             inner: Mutex::new(Inner::default()),
@@ -162,7 +169,19 @@ impl Hub {
             next_session: AtomicU64::new(1),
             started: Instant::now(),
             changed: watch::channel(0).0,
+            leak_tx,
+            leak_rx: Mutex::new(Some(leak_rx)),
         }
+    }
+
+    /// The stream of watches to reconcile now because a report shows a leak in one of
+    /// their containers at or above their `minConfidence`. There is one consumer: the
+    /// first call takes it, later calls get `None`.
+    pub fn take_leak_triggers(&self) -> Option<mpsc::Receiver<WatchKey>> {
+        self.leak_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     pub fn options(&self) -> &HubOptions {
@@ -425,17 +444,23 @@ impl Hub {
     }
 
     pub fn report(&self, node: &str, session: u64, report: pb::Report) -> Result<(), HubError> {
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let n = inner
             .nodes
             .get_mut(node)
             .filter(|n| n.session.as_ref().is_some_and(|s| s.id == session))
             .ok_or_else(|| HubError::NoSession(node.into()))?;
         let first = n.last_report.is_none();
+        let leaking = leaking_watches(&inner.watches, &report);
         n.last_report = Some((Instant::now(), report));
-        drop(inner);
+        drop(guard);
         if first {
             self.notify();
+        }
+        for key in leaking {
+            // Full: the controller is behind; its periodic reconcile covers this watch.
+            let _ = self.leak_tx.try_send(key);
         }
         Ok(())
     }
@@ -502,6 +527,30 @@ impl Hub {
     pub fn past_startup_grace(&self) -> bool {
         self.started.elapsed() > self.opts.agent_grace
     }
+}
+
+const LEAK_TRIGGER_CAPACITY: usize = 256;
+
+/// The watches that target a container this report shows leaking at or above the
+/// watch's own confidence floor.
+fn leaking_watches(
+    watches: &BTreeMap<WatchKey, WatchTargets>,
+    report: &pb::Report,
+) -> Vec<WatchKey> {
+    watches
+        .iter()
+        .filter(|(_, w)| {
+            w.leaks_enabled
+                && report.leaks.iter().any(|l| {
+                    l.confidence >= u32::from(w.min_confidence)
+                        && w.pods.iter().any(|p| {
+                            p.uid == l.pod_uid
+                                && p.containers.iter().any(|(_, id)| *id == l.container_id)
+                        })
+                })
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
 }
 
 fn same_body(a: &pb::NodeConfig, b: &pb::NodeConfig) -> bool {
@@ -656,6 +705,43 @@ mod tests {
                 version: 7
             })
         );
+    }
+
+    #[test]
+    fn a_confident_leak_of_a_targeted_container_triggers_its_watch_at_once() {
+        let hub = Hub::new(HubOptions::default());
+        let mut triggers = hub.take_leak_triggers().expect("first take");
+        assert!(hub.take_leak_triggers().is_none(), "one consumer");
+        hub.set_watch(key("a"), targets(5, 30, vec![pod("1", "n1")]));
+        let mut strict = targets(5, 30, vec![pod("1", "n1")]);
+        strict.min_confidence = 90;
+        hub.set_watch(key("strict"), strict);
+        hub.set_watch(key("other"), targets(5, 30, vec![pod("2", "n1")]));
+        let s = hub.connect(&hello("n1")).expect("connects");
+        let leak = |uid: &str, confidence| pb::Report {
+            leaks: vec![pb::Leak {
+                pod_uid: uid.into(),
+                container_id: format!("cid-{uid}"),
+                confidence,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        // Below every floor, an untargeted pod, no leak at all: nothing.
+        hub.report("n1", s.id, leak("1", 59)).expect("report");
+        hub.report("n1", s.id, leak("9", 99)).expect("report");
+        hub.report("n1", s.id, pb::Report::default())
+            .expect("report");
+        assert!(triggers.try_recv().is_err());
+        // 70: the watch with floor 60 only; 95: both watches of pod 1, never "other".
+        hub.report("n1", s.id, leak("1", 70)).expect("report");
+        assert_eq!(triggers.try_recv().expect("triggered"), key("a"));
+        assert!(triggers.try_recv().is_err());
+        hub.report("n1", s.id, leak("1", 95)).expect("report");
+        let mut got = vec![triggers.try_recv().unwrap(), triggers.try_recv().unwrap()];
+        got.sort();
+        assert_eq!(got, vec![key("a"), key("strict")]);
+        assert!(triggers.try_recv().is_err());
     }
 
     #[test]
