@@ -47,6 +47,10 @@ async fn workload(
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
+            // No API access needed; and on clusters that still make token Secrets (< 1.24)
+            // a pod that mounts one is refused ("No API token found ... retry") until the
+            // token controller has caught up with the new namespace.
+            "automountServiceAccountToken": false,
             "containers": [{
                 "name": "main",
                 "image": WORKLOADS,

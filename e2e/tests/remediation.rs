@@ -33,7 +33,7 @@ async fn deployment(client: &Client, ns: &str, name: &str, args: &[&str], limit:
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name, "watched": "yes"}},
-                "spec": {"terminationGracePeriodSeconds": 2, "containers": [container(args, limit)]}
+                "spec": {"terminationGracePeriodSeconds": 2, "automountServiceAccountToken": false, "containers": [container(args, limit)]}
             }
         }
     }))

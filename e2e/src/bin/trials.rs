@@ -44,7 +44,7 @@ fn deployment(name: &str, watched: bool, args: Vec<String>) -> Deployment {
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name, "watched": if watched { "yes" } else { "no" }}},
-                "spec": {"terminationGracePeriodSeconds": 2, "containers": [{
+                "spec": {"terminationGracePeriodSeconds": 2, "automountServiceAccountToken": false, "containers": [{
                     "name": "main", "image": WORKLOADS, "imagePullPolicy": "Never",
                     "command": ["/leak-sim"], "args": args,
                     "resources": {"limits": {"memory": "128Mi"}, "requests": {"memory": "8Mi", "cpu": "5m"}}
