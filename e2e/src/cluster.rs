@@ -93,6 +93,24 @@ pub async fn install_crd(client: &Client) -> anyhow::Result<()> {
     .await
 }
 
+/// The workload simulator's image (`make images`; imported, never pulled).
+pub const WORKLOADS_IMAGE: &str = "localhost/resourcewatch/workloads:0.1.0";
+
+/// `leak-sim` arguments of the stable pods remediation must never restart: 100 MiB held
+/// flat, and a GC-like sawtooth from 60 MiB up 4 MiB/s every 8 s. The e2e test and the
+/// trial report use the same ones.
+pub const FLAT_ARGS: &[&str] = &["--pattern", "flat", "--size", "100MiB"];
+pub const SAWTOOTH_ARGS: &[&str] = &[
+    "--pattern",
+    "sawtooth",
+    "--baseline",
+    "60MiB",
+    "--rate",
+    "4MiB",
+    "--period",
+    "8",
+];
+
 /// A namespace for one test, deleted (without waiting) when dropped.
 pub struct TestNamespace {
     pub name: String,

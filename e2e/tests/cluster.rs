@@ -16,7 +16,6 @@ use resourcewatch_crds::{ConditionStatus, ResourceWatch, ResourceWatchStatus};
 use resourcewatch_e2e::cluster::{self, TestNamespace, wait_for};
 
 const SYSTEM: &str = "resourcewatch-system";
-const WORKLOADS: &str = "localhost/resourcewatch/workloads:0.1.0";
 
 fn kubectl(args: &[&str]) -> (bool, String) {
     let out = Command::new(cluster::kubectl())
@@ -53,7 +52,7 @@ async fn workload(
             "automountServiceAccountToken": false,
             "containers": [{
                 "name": "main",
-                "image": WORKLOADS,
+                "image": cluster::WORKLOADS_IMAGE,
                 "imagePullPolicy": "Never",
                 "command": ["/leak-sim"],
                 "args": args,

@@ -15,11 +15,9 @@ use kube::{
 use resourcewatch_crds::{RemediationOutcome, ResourceWatch};
 use resourcewatch_e2e::cluster::{self, TestNamespace, wait_for};
 
-const WORKLOADS: &str = "localhost/resourcewatch/workloads:0.1.0";
-
 fn container(args: &[&str], limit: &str) -> serde_json::Value {
     serde_json::json!({
-        "name": "main", "image": WORKLOADS, "imagePullPolicy": "Never",
+        "name": "main", "image": cluster::WORKLOADS_IMAGE, "imagePullPolicy": "Never",
         "command": ["/leak-sim"], "args": args,
         "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
     })
@@ -219,31 +217,8 @@ async fn stable_pods_near_their_limit_are_never_restarted() {
         serde_json::json!({"action": "Restart", "minTimeToOOM": "5m"}),
     )
     .await;
-    deployment(
-        &client,
-        n,
-        "flat",
-        &["--pattern", "flat", "--size", "100MiB"],
-        "128Mi",
-    )
-    .await;
-    deployment(
-        &client,
-        n,
-        "gc",
-        &[
-            "--pattern",
-            "sawtooth",
-            "--baseline",
-            "60MiB",
-            "--rate",
-            "4MiB",
-            "--period",
-            "8",
-        ],
-        "128Mi",
-    )
-    .await;
+    deployment(&client, n, "flat", cluster::FLAT_ARGS, "128Mi").await;
+    deployment(&client, n, "gc", cluster::SAWTOOTH_ARGS, "128Mi").await;
     let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
     wait_for("both pods in status", Duration::from_secs(60), || {
         let rws = rws.clone();

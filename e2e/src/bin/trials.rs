@@ -33,7 +33,6 @@ struct Args {
     stable: usize,
 }
 
-const WORKLOADS: &str = "localhost/resourcewatch/workloads:0.1.0";
 const DELAY_S: u64 = 40;
 
 fn deployment(name: &str, watched: bool, args: Vec<String>) -> Deployment {
@@ -45,7 +44,7 @@ fn deployment(name: &str, watched: bool, args: Vec<String>) -> Deployment {
             "template": {
                 "metadata": {"labels": {"app": name, "watched": if watched { "yes" } else { "no" }}},
                 "spec": {"terminationGracePeriodSeconds": 2, "automountServiceAccountToken": false, "containers": [{
-                    "name": "main", "image": WORKLOADS, "imagePullPolicy": "Never",
+                    "name": "main", "image": cluster::WORKLOADS_IMAGE, "imagePullPolicy": "Never",
                     "command": ["/leak-sim"], "args": args,
                     "resources": {"limits": {"memory": "128Mi"}, "requests": {"memory": "8Mi", "cpu": "5m"}}
                 }]}
@@ -121,23 +120,8 @@ async fn main() -> anyhow::Result<()> {
     let deps: Api<Deployment> = Api::namespaced(client.clone(), &n);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &n);
     for i in 0..a.stable {
-        for (kind, args) in [
-            ("flat", vec!["--pattern", "flat", "--size", "100MiB"]),
-            (
-                "gc",
-                vec![
-                    "--pattern",
-                    "sawtooth",
-                    "--baseline",
-                    "60MiB",
-                    "--rate",
-                    "4MiB",
-                    "--period",
-                    "8",
-                ],
-            ),
-        ] {
-            let args = args.into_iter().map(String::from).collect();
+        for (kind, args) in [("flat", cluster::FLAT_ARGS), ("gc", cluster::SAWTOOTH_ARGS)] {
+            let args = args.iter().map(|a| a.to_string()).collect();
             deps.create(
                 &PostParams::default(),
                 &deployment(&format!("stable-{kind}-{i}"), true, args),
