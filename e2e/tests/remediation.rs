@@ -458,6 +458,8 @@ async fn an_intent_left_by_a_dead_operator_is_carried_out_exactly_once() {
     .await
     .expect("carried out");
     assert_eq!(restarted.pod_uid, pod.uid().unwrap_or_default());
+    // An absence check, so a window rather than a wait: a repeated eviction would come from
+    // the next reconciles (every 2 s while an intent is Pending, then every interval, 5 s).
     tokio::time::sleep(Duration::from_secs(15)).await;
     let pods = pods_of(&client, n, "victim").await;
     assert!(
