@@ -67,6 +67,7 @@ struct signal_struct {
 struct sched_entity {
 	u64 exec_start;
 	u64 sum_exec_runtime;
+	u64 prev_sum_exec_runtime; /* sum_exec_runtime when the task was last picked */
 };
 
 struct task_struct {

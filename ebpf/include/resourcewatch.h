@@ -76,7 +76,8 @@ struct rw_oncpu {
 	__u64 start_runtime; /* the task's se.sum_exec_runtime at switch-in */
 	__s64 clock_offset;  /* CLOCK_MONOTONIC minus the scheduler's task clock, on this CPU */
 	__u64 calib_epoch;   /* epoch_word when clock_offset was measured */
-	__u64 _pad1[2];
+	__u64 credited_ns;   /* the running part up to here was credited by rw_cpu_sync */
+	__u64 _pad1;
 };
 
 /* Exact, never-evicted values of a targeted process (hash map keyed by tgid). */

@@ -18,6 +18,7 @@ pub mod programs {
     pub const SCHED_SWITCH: &str = "rw_sched_switch";
     pub const RSS_STAT: &str = "rw_rss_stat";
     pub const PROCESS_EXIT: &str = "rw_process_exit";
+    pub const CPU_SYNC: &str = "rw_cpu_sync";
     pub const MALLOC_ENTER: &str = "rw_malloc_enter";
     pub const CALLOC_ENTER: &str = "rw_calloc_enter";
     pub const REALLOC_ENTER: &str = "rw_realloc_enter";

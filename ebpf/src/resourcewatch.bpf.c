@@ -124,6 +124,7 @@ enum {
 	RW_STAT_PROC_MEM_FULL = 2,  /* rw_proc_mem insert failed: no sample for that event */
 	RW_STAT_TARGETS_FULL = 3,   /* rw_target_procs full: a target is not tracked */
 	RW_STAT_ALLOC_PTRS_FULL = 4,
+	RW_STAT_SWITCH_IN_UNSEEN = 5, /* a task switched out whose switch-in never fired */
 	RW_STAT_MAX = 8,
 };
 
@@ -351,10 +352,48 @@ static __always_inline struct rw_control *control(void)
  *   two clocks drift by at most the IRQ time the task clock excludes.
  *
  * The switch-in state lives in a per-CPU array slot, not a hash keyed by thread id: an
- * array slot is a few instructions, a hash lookup tens of nanoseconds. Time before the
- * current epoch started was already credited by user space when it closed that epoch
- * (from rw_oncpu), so that part is subtracted here.
+ * array slot is a few instructions, a hash lookup tens of nanoseconds. The running part
+ * of the slice up to the slot's credited_ns was already credited by rw_cpu_sync when an
+ * epoch closed on this CPU, so that part is subtracted here.
  */
+/*
+ * `prev` is switched out but this CPU's slot never saw it switched in: it was already
+ * running when the programs attached, or the tracepoint did not fire for its switch-in.
+ * The second happens: on the Firecracker guest kernel CI runs on, ftrace's own
+ * sched_switch event shows no switch away from some tasks (the idle task of one CPU, the
+ * init process's threads), so whoever those switched to runs unannounced. Without this,
+ * that task's whole slice was lost (up to a third of an epoch, measured with
+ * node-agent/tests/kernel.rs running_time_is_split_across_short_epochs under load).
+ *
+ * The slice is the scheduler's own: time since the task was last picked
+ * (prev_sum_exec_runtime, kept by the fair class). It cannot have begun before this
+ * slot's last recorded switch, which bounds it for classes that do not keep that field.
+ * rw_cpu_sync credited the slot's task, not `prev`, for any running part, so nothing is
+ * subtracted; a slice that straddles an epoch close lands whole in the current epoch.
+ */
+static __attribute__((noinline)) void credit_unseen_slice(struct rw_control *ctl, struct rw_oncpu *oc,
+							  struct task_struct *prev, __u64 epoch, __u64 now)
+{
+	__u64 runtime = prev->se.sum_exec_runtime;
+	__u64 picked = bpf_core_field_exists(prev->se.prev_sum_exec_runtime) ?
+			       prev->se.prev_sum_exec_runtime : 0;
+	__u64 slice = runtime > picked ? runtime - picked : 0;
+	__u64 bound = now > oc->start_ns ? now - oc->start_ns : 0;
+	if (slice > bound)
+		slice = bound;
+	__u32 tgid = prev->tgid;
+	stat_inc(RW_STAT_SWITCH_IN_UNSEEN);
+	if (!slice)
+		return;
+	cpu_sketch_add(epoch & 1, tgid, slice);
+	__u32 targets = ctl->targets;
+	if (targets && is_target(targets, tgid, (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(prev) : 0)) {
+		struct rw_target_proc *tp = target_entry(tgid, 0);
+		if (tp)
+			__sync_fetch_and_add(&tp->cpu_ns, slice);
+	}
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(rw_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
@@ -378,8 +417,7 @@ int BPF_PROG(rw_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	if (tgid && oc->pid == (__u32)prev->pid) {
 		__u64 runtime = prev->se.sum_exec_runtime;
 		__u64 slice = runtime > oc->start_runtime ? runtime - oc->start_runtime : 0;
-		__u64 epoch_start = epoch & ~1ULL;
-		__u64 credited = epoch_start > oc->start_ns ? epoch_start - oc->start_ns : 0;
+		__u64 credited = oc->credited_ns > oc->start_ns ? oc->credited_ns - oc->start_ns : 0;
 		if (slice > credited)
 			cpu_sketch_add(epoch & 1, tgid, slice - credited);
 		/* Exact targets are cumulative, so they get the whole slice; user space adds the
@@ -389,16 +427,81 @@ int BPF_PROG(rw_sched_switch, bool preempt, struct task_struct *prev, struct tas
 			if (tp)
 				__sync_fetch_and_add(&tp->cpu_ns, slice);
 		}
+	} else if (prev->tgid) {
+		credit_unseen_slice(ctl, oc, prev, epoch, now);
 	}
 
 	__u32 targets = ctl->targets;
 	__u32 next_tgid = next->tgid;
 	oc->start_ns = now;
+	oc->credited_ns = 0;
 	oc->start_runtime = next->se.sum_exec_runtime;
 	oc->tgid = next_tgid;
 	oc->pid = next->pid;
 	oc->target = targets && next_tgid &&
 		     is_target(targets, next_tgid, (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(next) : 0);
+	return 0;
+}
+
+/*
+ * Run by user space on one CPU at a time (BPF_PROG_TEST_RUN with BPF_F_TEST_RUN_ON_CPU: an
+ * IPI with interrupts off, so no sched_switch runs on that CPU meanwhile), after it moved
+ * the epoch word on. ctx[0] = 1 closes the epoch on this CPU, 0 only resynchronises.
+ *
+ * Crediting tasks still running at a close here, rather than in user space from a copy of
+ * the slot, removes two errors: a switch between user space moving the epoch on and
+ * reading the slot lost the old epoch's part of that slice, and a slot left stale by a
+ * switch the tracepoint never reported (see credit_unseen_slice) credited the wrong task
+ * while the one really running got nothing. Here the running task is known for certain.
+ */
+SEC("raw_tp")
+int rw_cpu_sync(__u64 *ctx)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct rw_oncpu *oc = bpf_map_lookup_elem(&rw_oncpu, &cpu);
+	struct rw_control *ctl = control();
+	if (!oc || !ctl)
+		return 0;
+	__u64 close = ctx[0];
+	__u64 now = bpf_ktime_get_ns();
+	struct task_struct *cur = bpf_get_current_task_btf();
+	__u32 pid = BPF_CORE_READ(cur, pid);
+
+	if (pid != oc->pid) {
+		/* The slot is stale: `cur` was switched in unannounced. Its slice so far is the
+		 * scheduler's (up to a tick behind); it began after the slot's last switch. */
+		__u32 tgid = pid ? BPF_CORE_READ(cur, tgid) : 0;
+		__u64 runtime = BPF_CORE_READ(cur, se.sum_exec_runtime);
+		__u64 picked = runtime;
+		if (bpf_core_field_exists(cur->se.prev_sum_exec_runtime))
+			picked = BPF_CORE_READ(cur, se.prev_sum_exec_runtime);
+		__u64 ran = runtime > picked ? runtime - picked : 0;
+		__u64 start = now > ran ? now - ran : 0;
+		if (start < oc->start_ns)
+			start = oc->start_ns;
+		__u32 targets = ctl->targets;
+		oc->start_ns = start;
+		oc->credited_ns = 0;
+		oc->start_runtime = picked;
+		oc->tgid = tgid;
+		oc->pid = pid;
+		oc->target = targets && tgid &&
+			     is_target(targets, tgid, (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(cur) : 0);
+		if (tgid)
+			stat_inc(RW_STAT_SWITCH_IN_UNSEEN);
+	}
+	if (!close)
+		return 0;
+
+	__u64 epoch = ctl->epoch_word;
+	__u64 cutoff = epoch & ~1ULL; /* the new epoch's start is the closed one's end */
+	if (oc->tgid) {
+		__u64 from = oc->start_ns > oc->credited_ns ? oc->start_ns : oc->credited_ns;
+		if (cutoff > from)
+			cpu_sketch_add((epoch & 1) ^ 1, oc->tgid, cutoff - from);
+	}
+	if (cutoff > oc->credited_ns)
+		oc->credited_ns = cutoff;
 	return 0;
 }
 

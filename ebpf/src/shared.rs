@@ -27,6 +27,8 @@ pub mod stat {
     pub const PROC_MEM_FULL: u32 = 2;
     pub const TARGETS_FULL: u32 = 3;
     pub const ALLOC_PTRS_FULL: u32 = 4;
+    /// Switch-outs of a task whose switch-in the sched_switch program never saw.
+    pub const SWITCH_IN_UNSEEN: u32 = 5;
     pub const COUNT: u32 = 8;
 }
 
@@ -63,7 +65,8 @@ pub struct RwOncpu {
     pub start_runtime: u64,
     pub clock_offset: i64,
     pub calib_epoch: u64,
-    pub _pad1: [u64; 2],
+    pub credited_ns: u64,
+    pub _pad1: u64,
 }
 
 #[repr(C)]
@@ -172,7 +175,7 @@ mod tests {
         let rust = layout! {
             "rw_config" => RwConfig { cpu_depth, cpu_width_shift, mem_depth, mem_width_shift, cgroup_v1_memory, page_shift },
             "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns, ring_coalesce_ns },
-            "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, start_runtime, clock_offset, calib_epoch, _pad1 },
+            "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, start_runtime, clock_offset, calib_epoch, credited_ns, _pad1 },
             "rw_target_proc" => RwTargetProc { cpu_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, updated_ns, exited, _pad0 },
             "rw_proc_mem" => RwProcMem { last_emit_pages, last_emit_ns, ring_head, ring_count, ring_mib, ring_ds },
             "rw_mem_sample" => RwMemSample { ts_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, tgid, kind, comm },

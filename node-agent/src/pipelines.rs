@@ -6,7 +6,7 @@ use std::{
     collections::{HashMap, HashSet},
     fs,
     num::NonZeroU32,
-    os::fd::AsRawFd,
+    os::fd::{AsFd, AsRawFd, BorrowedFd},
     ptr::NonNull,
     sync::atomic::{AtomicU64, Ordering},
     time::Duration,
@@ -15,7 +15,7 @@ use std::{
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, UProbe, uprobe::UProbeScope},
+    programs::{BtfTracePoint, ProgramFd, RawTracePoint, UProbe, uprobe::UProbeScope},
 };
 use resourcewatch_ebpf::{
     CONFIG_GLOBAL, OBJECT, maps, programs as progs,
@@ -100,6 +100,14 @@ pub enum PipelineError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "running rw_cpu_sync on CPU {cpu} failed (BPF_PROG_TEST_RUN on a CPU needs kernel >= 5.10): {source}"
+    )]
+    CpuSync {
+        cpu: u32,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("allocation mode is off: start with allocation mode to trace PID {0}")]
     AllocationModeOff(u32),
     #[error("PID {pid}: no libc found in /proc/{pid}/maps (statically linked, or exited)")]
@@ -117,6 +125,60 @@ fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> PipelineEr
     move |source| PipelineError::Map {
         name,
         source: Box::new(source),
+    }
+}
+
+/// `union bpf_attr` as BPF_PROG_TEST_RUN reads it (linux/bpf.h, 5.10+).
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
+
+/// Runs a raw tracepoint program once on `cpu` with `arg` as its only argument. aya has no
+/// wrapper for BPF_PROG_TEST_RUN, hence the raw syscall.
+fn run_on_cpu(prog: BorrowedFd<'_>, cpu: u32, arg: u64) -> std::io::Result<()> {
+    let ctx = [arg];
+    let mut attr = TestRunAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        ctx_size_in: size_of_val(&ctx) as u32,
+        ctx_in: ctx.as_ptr() as u64,
+        flags: BPF_F_TEST_RUN_ON_CPU,
+        cpu,
+        ..Default::default()
+    };
+    // SAFETY: attr is a valid, fully initialised bpf_attr prefix of the size passed; ctx
+    // outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &mut attr as *mut TestRunAttr,
+            size_of::<TestRunAttr>(),
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
     }
 }
 
@@ -161,6 +223,13 @@ impl<T> MmapArray<T> {
         Ok(Self { ptr, len, bytes })
     }
 
+    /// Overwrites element `i`; only before the programs that write it are attached.
+    fn write(&self, i: usize, value: T) {
+        assert!(i < self.len);
+        // SAFETY: in bounds of a live, writable mapping.
+        unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(i), value) }
+    }
+
     /// A torn-free copy of element `i` (the kernel may be writing it).
     fn read(&self, i: usize) -> T {
         assert!(i < self.len);
@@ -191,7 +260,6 @@ trait AsFdRaw {
 
 impl AsFdRaw for aya::maps::MapFd {
     fn as_fd_raw(&self) -> i32 {
-        use std::os::fd::AsFd;
         self.as_fd().as_raw_fd()
     }
 }
@@ -234,6 +302,12 @@ pub struct KernelStats {
     pub proc_mem_full: u64,
     pub targets_full: u64,
     pub alloc_ptrs_full: u64,
+    /// Tasks switched out whose switch-in was never reported (running at attach, or a
+    /// tracepoint the kernel skipped); their slice is credited from the scheduler's own
+    /// bookkeeping instead.
+    pub switch_ins_unseen: u64,
+    /// rw_cpu_sync runs that failed (the running part of an epoch went uncredited).
+    pub cpu_sync_failures: u64,
 }
 
 /// The loaded, attached pipelines.
@@ -249,6 +323,9 @@ pub struct Pipelines {
     ncpus: u32,
     page: u64,
     alloc_pids: HashSet<u32>,
+    /// rw_cpu_sync, run on each CPU in turn (never attached).
+    cpu_sync: ProgramFd,
+    sync_failures: AtomicU64,
     bpf: Ebpf,
 }
 
@@ -287,6 +364,25 @@ impl Pipelines {
             .load(OBJECT)
             .map_err(|e| PipelineError::Load(Box::new(e)))?;
 
+        let cpu_sync = {
+            let program = progs::CPU_SYNC;
+            let err = |source| PipelineError::Program {
+                program,
+                tracepoint: "none (run on each CPU)",
+                source: Box::new(source),
+            };
+            let prog: &mut RawTracePoint = bpf
+                .program_mut(program)
+                .ok_or(PipelineError::MissingMap(program))?
+                .try_into()
+                .map_err(err)?;
+            prog.load().map_err(err)?;
+            prog.fd()
+                .map_err(err)?
+                .try_clone()
+                .map_err(|e| err(aya::programs::ProgramError::IOError(e)))?
+        };
+
         let control = MmapArray::<u64>::new(&bpf, maps::CONTROL, size_of::<RwControl>() / 8)?;
         let cpu_sketch = MmapArray::<u64>::new(&bpf, maps::CPU_SKETCH, 2 * opts.cpu.slots())?;
         let mem_sketch = MmapArray::<u64>::new(&bpf, maps::MEM_SKETCH, opts.mem.slots())?;
@@ -309,11 +405,27 @@ impl Pipelines {
             ncpus,
             page,
             alloc_pids: HashSet::new(),
+            cpu_sync,
+            sync_failures: AtomicU64::new(0),
             bpf,
         };
         // The first epoch starts now; the sample filter is configured before any event.
+        let start = procfs::monotonic_ns() & !1;
         this.control_word(CONTROL_EPOCH)
-            .store(procfs::monotonic_ns() & !1, Ordering::SeqCst);
+            .store(start, Ordering::SeqCst);
+        // Each CPU is already running something the program never saw switched in. Its
+        // slot says "unknown task since now", so that task's first switch-out is credited
+        // from the scheduler's own slice bookkeeping, bounded to the time since attach.
+        for cpu in 0..ncpus as usize {
+            this.oncpu.write(
+                cpu,
+                RwOncpu {
+                    start_ns: start,
+                    pid: u32::MAX,
+                    ..Default::default()
+                },
+            );
+        }
         this.control_word(CONTROL_MIN_DELTA).store(
             this.opts.sample_min_delta_bytes.div_ceil(page).max(1),
             Ordering::SeqCst,
@@ -349,6 +461,16 @@ impl Pipelines {
                 .map_err(err)?;
             prog.load(tracepoint, &btf).map_err(err)?;
             prog.attach().map_err(err)?;
+        }
+        // Learn what each CPU is running now rather than at its first switch, and find out
+        // here, loudly, if this kernel cannot run the program on a given CPU.
+        for cpu in 0..this.ncpus {
+            match run_on_cpu(this.cpu_sync.as_fd(), cpu, 0) {
+                Err(e) if e.raw_os_error() != Some(libc::ENXIO) => {
+                    return Err(PipelineError::CpuSync { cpu, source: e });
+                }
+                _ => {}
+            }
         }
         if this.opts.allocation_mode {
             let unique: HashSet<&'static str> = ALLOC_PROGRAMS.iter().map(|(p, _)| *p).collect();
@@ -405,19 +527,13 @@ impl Pipelines {
         let old = epoch.load(Ordering::SeqCst);
         let (old_half, old_start) = ((old & 1) as usize, old & !1);
         epoch.store((now & !1) | (old_half as u64 ^ 1), Ordering::SeqCst);
+        // Each CPU credits its running task's part of the closed epoch to the closed half,
+        // on that CPU (see rw_cpu_sync); only then is the half complete.
+        self.sync_cpus(true);
 
         let n = self.opts.cpu.slots();
         let half = &self.cpu_sketch.atomics()[old_half * n..(old_half + 1) * n];
-        let mut per_tgid = hashpipe::collect(half, true);
-        for cpu in 0..self.ncpus as usize {
-            let oc = self.oncpu.read(cpu);
-            if oc.tgid != 0 {
-                let from = oc.start_ns.max(old_start);
-                if now > from {
-                    *per_tgid.entry(oc.tgid).or_default() += now - from;
-                }
-            }
-        }
+        let per_tgid = hashpipe::collect(half, true);
         CpuEpoch {
             start_ns: old_start,
             end_ns: now,
@@ -489,8 +605,25 @@ impl Pipelines {
         Ok(())
     }
 
+    /// Runs rw_cpu_sync on every CPU (closing the epoch there when `close`). A CPU that
+    /// is offline has nothing running to credit; any other failure is counted.
+    fn sync_cpus(&self, close: bool) {
+        for cpu in 0..self.ncpus {
+            match run_on_cpu(self.cpu_sync.as_fd(), cpu, close as u64) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
+                Err(_) => {
+                    self.sync_failures.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     /// Exact values of every tracked process; exited ones are returned once, then removed.
     pub fn targets(&mut self) -> Result<Vec<TargetProcess>, PipelineError> {
+        // Resynchronise every CPU's slot first, so the running part below is the running
+        // task's, even after a switch the tracepoint did not report.
+        self.sync_cpus(false);
         let now = procfs::monotonic_ns();
         let mut running: HashMap<u32, u64> = HashMap::new();
         for cpu in 0..self.ncpus as usize {
@@ -585,6 +718,8 @@ impl Pipelines {
             proc_mem_full: get(shared::stat::PROC_MEM_FULL),
             targets_full: get(shared::stat::TARGETS_FULL),
             alloc_ptrs_full: get(shared::stat::ALLOC_PTRS_FULL),
+            switch_ins_unseen: get(shared::stat::SWITCH_IN_UNSEEN),
+            cpu_sync_failures: self.sync_failures.load(Ordering::Relaxed),
         }
     }
 
@@ -594,10 +729,7 @@ impl Pipelines {
         let mut out = Vec::new();
         for (name, prog) in self.bpf.programs() {
             let Ok(fd) = prog.fd() else { continue };
-            let raw = {
-                use std::os::fd::AsFd;
-                fd.as_fd().as_raw_fd()
-            };
+            let raw = { fd.as_fd().as_raw_fd() };
             let Ok(info) = fs::read_to_string(format!("/proc/self/fdinfo/{raw}")) else {
                 continue;
             };
@@ -629,10 +761,7 @@ impl Pipelines {
                 | Map::RingBuf(d) => d.fd(),
                 _ => continue,
             };
-            let raw = {
-                use std::os::fd::AsFd;
-                fd.as_fd().as_raw_fd()
-            };
+            let raw = { fd.as_fd().as_raw_fd() };
             let Ok(info) = fs::read_to_string(format!("/proc/self/fdinfo/{raw}")) else {
                 continue;
             };
