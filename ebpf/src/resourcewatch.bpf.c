@@ -124,7 +124,7 @@ enum {
 	RW_STAT_PROC_MEM_FULL = 2,  /* rw_proc_mem insert failed: no sample for that event */
 	RW_STAT_TARGETS_FULL = 3,   /* rw_target_procs full: a target is not tracked */
 	RW_STAT_ALLOC_PTRS_FULL = 4,
-	RW_STAT_SWITCH_IN_UNSEEN = 5, /* a task switched out whose switch-in never fired */
+	RW_STAT_SWITCH_IN_UNSEEN = 5, /* a task found on a CPU whose switch-in never fired */
 	RW_STAT_MAX = 8,
 };
 
@@ -329,6 +329,21 @@ static __always_inline struct rw_target_proc *target_entry(__u32 tgid, __u64 cgr
 	return tp;
 }
 
+/* Whether the task is exactly tracked, by its process or its cgroup. */
+static __always_inline bool task_is_target(__u32 targets, __u32 tgid, struct task_struct *task)
+{
+	return targets && tgid &&
+	       is_target(targets, tgid, (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(task) : 0);
+}
+
+/* Exact targets are cumulative: a slice is added whole. */
+static __always_inline void target_add_cpu(__u32 tgid, __u64 ns)
+{
+	struct rw_target_proc *tp = target_entry(tgid, 0);
+	if (tp)
+		__sync_fetch_and_add(&tp->cpu_ns, ns);
+}
+
 /* ---- CPU pipeline ---------------------------------------------------------------------- */
 
 static __always_inline struct rw_control *control(void)
@@ -357,6 +372,22 @@ static __always_inline struct rw_control *control(void)
  * epoch closed on this CPU, so that part is subtracted here.
  */
 /*
+ * How long `task` has been on the CPU since it was last picked, at most `max`: the
+ * scheduler's own bookkeeping (prev_sum_exec_runtime, kept by the fair class; `max` bounds
+ * it for classes that do not keep it). For a task whose switch-in this program never saw.
+ */
+static __always_inline __u64 ran_since_pick(struct task_struct *task, __u64 max)
+{
+	__u64 ran = max;
+	if (bpf_core_field_exists(task->se.prev_sum_exec_runtime)) {
+		__u64 runtime = BPF_CORE_READ(task, se.sum_exec_runtime);
+		__u64 picked = BPF_CORE_READ(task, se.prev_sum_exec_runtime);
+		ran = runtime > picked ? runtime - picked : 0;
+	}
+	return ran < max ? ran : max;
+}
+
+/*
  * `prev` is switched out but this CPU's slot never saw it switched in: it was already
  * running when the programs attached, or the tracepoint did not fire for its switch-in.
  * The second happens: on the Firecracker guest kernel CI runs on, ftrace's own
@@ -365,33 +396,21 @@ static __always_inline struct rw_control *control(void)
  * that task's whole slice was lost (up to a third of an epoch, measured with
  * node-agent/tests/kernel.rs running_time_is_split_across_short_epochs under load).
  *
- * The slice is the scheduler's own: time since the task was last picked
- * (prev_sum_exec_runtime, kept by the fair class). It cannot have begun before this
- * slot's last recorded switch, which bounds it for classes that do not keep that field.
- * rw_cpu_sync credited the slot's task, not `prev`, for any running part, so nothing is
+ * The slice is the scheduler's own (ran_since_pick); it cannot have begun before this
+ * slot's last recorded switch. rw_cpu_sync credited the slot's task, not `prev`, for any running part, so nothing is
  * subtracted; a slice that straddles an epoch close lands whole in the current epoch.
  */
 static __attribute__((noinline)) void credit_unseen_slice(struct rw_control *ctl, struct rw_oncpu *oc,
 							  struct task_struct *prev, __u64 epoch, __u64 now)
 {
-	__u64 runtime = prev->se.sum_exec_runtime;
-	__u64 picked = bpf_core_field_exists(prev->se.prev_sum_exec_runtime) ?
-			       prev->se.prev_sum_exec_runtime : 0;
-	__u64 slice = runtime > picked ? runtime - picked : 0;
-	__u64 bound = now > oc->start_ns ? now - oc->start_ns : 0;
-	if (slice > bound)
-		slice = bound;
+	__u64 slice = ran_since_pick(prev, now > oc->start_ns ? now - oc->start_ns : 0);
 	__u32 tgid = prev->tgid;
 	stat_inc(RW_STAT_SWITCH_IN_UNSEEN);
 	if (!slice)
 		return;
 	cpu_sketch_add(epoch & 1, tgid, slice);
-	__u32 targets = ctl->targets;
-	if (targets && is_target(targets, tgid, (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(prev) : 0)) {
-		struct rw_target_proc *tp = target_entry(tgid, 0);
-		if (tp)
-			__sync_fetch_and_add(&tp->cpu_ns, slice);
-	}
+	if (task_is_target(ctl->targets, tgid, prev))
+		target_add_cpu(tgid, slice);
 }
 
 SEC("tp_btf/sched_switch")
@@ -420,26 +439,21 @@ int BPF_PROG(rw_sched_switch, bool preempt, struct task_struct *prev, struct tas
 		__u64 credited = oc->credited_ns > oc->start_ns ? oc->credited_ns - oc->start_ns : 0;
 		if (slice > credited)
 			cpu_sketch_add(epoch & 1, tgid, slice - credited);
-		/* Exact targets are cumulative, so they get the whole slice; user space adds the
-		 * running part of a slice when it reads, without storing it. */
-		if (oc->target && slice) {
-			struct rw_target_proc *tp = target_entry(tgid, 0);
-			if (tp)
-				__sync_fetch_and_add(&tp->cpu_ns, slice);
-		}
+		/* User space adds the running part of a target's slice when it reads, without
+		 * storing it. */
+		if (oc->target && slice)
+			target_add_cpu(tgid, slice);
 	} else if (prev->tgid) {
 		credit_unseen_slice(ctl, oc, prev, epoch, now);
 	}
 
-	__u32 targets = ctl->targets;
 	__u32 next_tgid = next->tgid;
 	oc->start_ns = now;
 	oc->credited_ns = 0;
 	oc->start_runtime = next->se.sum_exec_runtime;
 	oc->tgid = next_tgid;
 	oc->pid = next->pid;
-	oc->target = targets && next_tgid &&
-		     is_target(targets, next_tgid, (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(next) : 0);
+	oc->target = task_is_target(ctl->targets, next_tgid, next);
 	return 0;
 }
 
@@ -468,25 +482,17 @@ int rw_cpu_sync(__u64 *ctx)
 	__u32 pid = BPF_CORE_READ(cur, pid);
 
 	if (pid != oc->pid) {
-		/* The slot is stale: `cur` was switched in unannounced. Its slice so far is the
-		 * scheduler's (up to a tick behind); it began after the slot's last switch. */
+		/* The slot is stale: `cur` was switched in unannounced, after the slot's last
+		 * switch. Its slice so far is the scheduler's (up to a tick behind). */
 		__u32 tgid = pid ? BPF_CORE_READ(cur, tgid) : 0;
-		__u64 runtime = BPF_CORE_READ(cur, se.sum_exec_runtime);
-		__u64 picked = runtime;
-		if (bpf_core_field_exists(cur->se.prev_sum_exec_runtime))
-			picked = BPF_CORE_READ(cur, se.prev_sum_exec_runtime);
-		__u64 ran = runtime > picked ? runtime - picked : 0;
-		__u64 start = now > ran ? now - ran : 0;
-		if (start < oc->start_ns)
-			start = oc->start_ns;
-		__u32 targets = ctl->targets;
-		oc->start_ns = start;
+		__u64 ran = ran_since_pick(cur, now > oc->start_ns ? now - oc->start_ns : 0);
+		oc->start_ns = now - ran;
 		oc->credited_ns = 0;
-		oc->start_runtime = picked;
+		__u64 runtime = BPF_CORE_READ(cur, se.sum_exec_runtime);
+		oc->start_runtime = runtime > ran ? runtime - ran : 0;
 		oc->tgid = tgid;
 		oc->pid = pid;
-		oc->target = targets && tgid &&
-			     is_target(targets, tgid, (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(cur) : 0);
+		oc->target = task_is_target(ctl->targets, tgid, cur);
 		if (tgid)
 			stat_inc(RW_STAT_SWITCH_IN_UNSEEN);
 	}

@@ -27,7 +27,8 @@ pub mod stat {
     pub const PROC_MEM_FULL: u32 = 2;
     pub const TARGETS_FULL: u32 = 3;
     pub const ALLOC_PTRS_FULL: u32 = 4;
-    /// Switch-outs of a task whose switch-in the sched_switch program never saw.
+    /// A task found on a CPU (switched out, or running at a close) whose switch-in the
+    /// sched_switch program never saw.
     pub const SWITCH_IN_UNSEEN: u32 = 5;
     pub const COUNT: u32 = 8;
 }

@@ -464,14 +464,7 @@ impl Pipelines {
         }
         // Learn what each CPU is running now rather than at its first switch, and find out
         // here, loudly, if this kernel cannot run the program on a given CPU.
-        for cpu in 0..this.ncpus {
-            match run_on_cpu(this.cpu_sync.as_fd(), cpu, 0) {
-                Err(e) if e.raw_os_error() != Some(libc::ENXIO) => {
-                    return Err(PipelineError::CpuSync { cpu, source: e });
-                }
-                _ => {}
-            }
-        }
+        this.sync_cpus(false)?;
         if this.opts.allocation_mode {
             let unique: HashSet<&'static str> = ALLOC_PROGRAMS.iter().map(|(p, _)| *p).collect();
             for name in unique {
@@ -529,7 +522,8 @@ impl Pipelines {
         epoch.store((now & !1) | (old_half as u64 ^ 1), Ordering::SeqCst);
         // Each CPU credits its running task's part of the closed epoch to the closed half,
         // on that CPU (see rw_cpu_sync); only then is the half complete.
-        self.sync_cpus(true);
+        // A failure is counted in kernel_stats(); that CPU's running part is late, not lost.
+        let _ = self.sync_cpus(true);
 
         let n = self.opts.cpu.slots();
         let half = &self.cpu_sketch.atomics()[old_half * n..(old_half + 1) * n];
@@ -606,24 +600,30 @@ impl Pipelines {
     }
 
     /// Runs rw_cpu_sync on every CPU (closing the epoch there when `close`). A CPU that
-    /// is offline has nothing running to credit; any other failure is counted.
-    fn sync_cpus(&self, close: bool) {
+    /// is offline has nothing running to credit; any other failure is counted, the other
+    /// CPUs are still done, and the first failure is returned.
+    fn sync_cpus(&self, close: bool) -> Result<(), PipelineError> {
+        let mut first = Ok(());
         for cpu in 0..self.ncpus {
             match run_on_cpu(self.cpu_sync.as_fd(), cpu, close as u64) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
-                Err(_) => {
+                Err(e) if e.raw_os_error() != Some(libc::ENXIO) => {
                     self.sync_failures.fetch_add(1, Ordering::Relaxed);
+                    if first.is_ok() {
+                        first = Err(PipelineError::CpuSync { cpu, source: e });
+                    }
                 }
+                _ => {}
             }
         }
+        first
     }
 
     /// Exact values of every tracked process; exited ones are returned once, then removed.
     pub fn targets(&mut self) -> Result<Vec<TargetProcess>, PipelineError> {
         // Resynchronise every CPU's slot first, so the running part below is the running
         // task's, even after a switch the tracepoint did not report.
-        self.sync_cpus(false);
+        // A failure is counted in kernel_stats(); the slots are then as the switches left them.
+        let _ = self.sync_cpus(false);
         let now = procfs::monotonic_ns();
         let mut running: HashMap<u32, u64> = HashMap::new();
         for cpu in 0..self.ncpus as usize {
@@ -729,7 +729,7 @@ impl Pipelines {
         let mut out = Vec::new();
         for (name, prog) in self.bpf.programs() {
             let Ok(fd) = prog.fd() else { continue };
-            let raw = { fd.as_fd().as_raw_fd() };
+            let raw = fd.as_fd().as_raw_fd();
             let Ok(info) = fs::read_to_string(format!("/proc/self/fdinfo/{raw}")) else {
                 continue;
             };
@@ -761,7 +761,7 @@ impl Pipelines {
                 | Map::RingBuf(d) => d.fd(),
                 _ => continue,
             };
-            let raw = { fd.as_fd().as_raw_fd() };
+            let raw = fd.as_fd().as_raw_fd();
             let Ok(info) = fs::read_to_string(format!("/proc/self/fdinfo/{raw}")) else {
                 continue;
             };

@@ -165,7 +165,15 @@ fn with_only_cap_bpf_and_cap_perfmon_other_users_processes_are_tracked_and_attri
         .spawn()
         .expect("spawn a busy loop as nobody");
     let pid = other.id();
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // setpriv execs the shell: wait for it, so the process's name is "sh" from frame one.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::fs::read_to_string(format!("/proc/{pid}/comm")).map_or(true, |c| c.trim() != "sh") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "setpriv did not exec sh within 5 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let out = Command::new("setpriv")
         .args([
             "--inh-caps=-all",
