@@ -72,6 +72,16 @@ enum Cmd {
         #[arg(long, default_value = "2MiB/s")]
         rate: String,
     },
+    /// Per-epoch CPU accuracy of a CPU hog against /proc while short-lived processes
+    /// (each touching 50 MiB) start every `churn` period: how many epochs are off.
+    Epochs {
+        #[arg(long, default_value_t = 200)]
+        epochs: u32,
+        #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+        epoch: Duration,
+        #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+        churn: Duration,
+    },
     /// User-space cost of `resourcewatch-agent top --json`.
     Agent {
         #[arg(long, default_value = "2s", value_parser = parse_duration)]
@@ -121,6 +131,11 @@ fn main() {
             with_workload,
         } => agent(interval, duration, with_workload),
         Cmd::Leaks { duration } => leaks(duration),
+        Cmd::Epochs {
+            epochs,
+            epoch,
+            churn,
+        } => epochs_under_churn(epochs, epoch, churn),
         Cmd::Oom { limit, rate } => oom(
             resourcewatch_workloads::parse_bytes(&limit).unwrap_or_else(|e| fail(&e)),
             resourcewatch_workloads::parse_bytes(&rate).unwrap_or_else(|e| fail(&e)),
@@ -165,6 +180,53 @@ fn fork(work: impl FnOnce()) -> u32 {
         unsafe { libc::_exit(0) };
     }
     pid as u32
+}
+
+fn epochs_under_churn(epochs: u32, epoch: Duration, churn: Duration) {
+    let hog = fork(|| {
+        loop {
+            std::hint::spin_loop();
+        }
+    });
+    let churner = fork(move || {
+        loop {
+            let kid = fork(|| touch_anon(50 << 20));
+            // SAFETY: reaping our own child.
+            unsafe { libc::waitpid(kid as i32, std::ptr::null_mut(), 0) };
+            std::thread::sleep(churn);
+        }
+    });
+    let _workload = Workload {
+        pids: vec![hog, churner],
+    };
+    let pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+    pipes.close_cpu_epoch();
+    let mut prev = procfs::cpu_ns(hog).unwrap_or_else(|| fail(&"the hog exited"));
+    let (mut off, mut worst) = (0, 1.0f64);
+    for _ in 0..epochs {
+        std::thread::sleep(epoch);
+        let truth = procfs::cpu_ns(hog).unwrap_or_else(|| fail(&"the hog exited"));
+        let got = pipes
+            .close_cpu_epoch()
+            .per_tgid
+            .get(&hog)
+            .copied()
+            .unwrap_or(0);
+        let ratio = got as f64 / (truth - prev).max(1) as f64;
+        if (ratio - 1.0).abs() > 0.10 {
+            off += 1;
+        }
+        if (ratio - 1.0).abs() > (worst - 1.0).abs() {
+            worst = ratio;
+        }
+        prev = truth;
+    }
+    let k = pipes.kernel_stats();
+    println!(
+        "{epochs} epochs of {epoch:?}, churn every {churn:?}: {off} off by more than 10 % \
+         against /proc (worst ratio {worst:.3}); switch-ins unseen {}, rw_cpu_sync failures {}",
+        k.switch_ins_unseen, k.cpu_sync_failures
+    );
 }
 
 fn touch_anon(bytes: usize) {
