@@ -15,6 +15,38 @@ use serde::{Deserialize, Serialize};
 /// A Go-style duration such as `10s`, `1m30s`, `500ms`, `2h`.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
 
+/// Bounds of the spec, so that a hostile or mistaken object is refused by the API server
+/// (with the field named) before it reaches etcd or the operator. Label keys and values
+/// as Kubernetes bounds them: a value of at most 63 characters, a key of a 253-character
+/// prefix, a slash and a 63-character name.
+pub const MAX_MATCH_LABELS: usize = 64;
+pub const MAX_MATCH_EXPRESSIONS: usize = 32;
+pub const MAX_SELECTOR_VALUES: usize = 64;
+pub const MAX_LABEL_VALUE: usize = 63;
+pub const MAX_LABEL_KEY: usize = 317;
+
+/// Caps of the status, so that the largest status (K = 100, 1,000 nodes, every list full)
+/// stays far below etcd's 1.5 MiB object limit; what a cap cut is counted in
+/// `status.truncated`.
+pub const MAX_STATUS_LEAKS: usize = 100;
+pub const MAX_STATUS_EXCEEDING: usize = 100;
+pub const MAX_STATUS_NODES: usize = 100;
+pub const MAX_STATUS_REMEDIATIONS: usize = 50;
+/// Free text written into status (messages, reasons from agents) is cut to this many
+/// characters.
+pub const MAX_MESSAGE: usize = 1024;
+
+/// The annotation the operator's admission webhook writes on a `Restart` watch applied by
+/// someone allowed to evict pods in its namespace: who, and an HMAC over who and the
+/// fields that decide what may be evicted (namespace, name, selector, leakDetection,
+/// remediation). Without a valid one a watch never evicts.
+pub const AUTHORIZATION_ANNOTATION: &str = "resourcewatch.io/remediation-authorized-by";
+
+/// The Namespace label a cluster admin sets to allow evictions there.
+pub const NAMESPACE_OPT_IN_LABEL: &str = "resourcewatch.io/remediation";
+/// Its value that allows evictions.
+pub const NAMESPACE_OPT_IN_VALUE: &str = "enabled";
+
 /// Watch the pods selected in this namespace: their Top-K processes by CPU and memory,
 /// leaks with a predicted time to OOM, and optionally act before the kernel OOM-kills.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -24,6 +56,7 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
     kind = "ResourceWatch",
     namespaced,
     shortname = "rw",
+    doc = "A ResourceWatch selects pods in its namespace and keeps, in its status, their Top-K processes by CPU and memory, the containers predicted to leak with their time to OOM, and what pre-OOM remediation decided.",
     status = "ResourceWatchStatus",
     printcolumn = r#"{"name":"Targets","type":"integer","description":"Pods selected","jsonPath":".status.matchedPods"}"#,
     printcolumn = r#"{"name":"Top CPU","type":"string","description":"Heaviest pod by CPU","jsonPath":".status.summary.topCPU"}"#,
@@ -38,22 +71,25 @@ pub struct ResourceWatchSpec {
     /// Pods in this namespace to watch; empty selects every pod.
     #[serde(default)]
     pub selector: LabelSelector,
-    /// How many processes each Top-K list holds.
+    /// How many processes each Top-K list holds (1-100).
     #[serde(default = "default_top_k")]
     #[schemars(range(min = 1, max = 100))]
     pub top_k: u32,
-    /// What to rank by.
+    /// What to rank by: `cpu`, `memory` or both.
     #[serde(default = "default_metrics")]
     #[schemars(length(min = 1, max = 2))]
     pub metrics: Vec<Metric>,
     /// How often status is refreshed, e.g. "30s". At least 5s, to protect the API server.
     #[serde(default = "default_interval")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
     pub interval: String,
+    /// `ThresholdCrossed` Events above these.
     #[serde(default)]
     pub thresholds: Thresholds,
+    /// Leak prediction for the selected containers.
     #[serde(default)]
     pub leak_detection: LeakDetection,
+    /// What to do about a container predicted to be OOM-killed soon.
     #[serde(default)]
     pub remediation: Remediation,
 }
@@ -84,19 +120,27 @@ pub enum Metric {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LabelSelector {
+    /// Labels a pod must carry, all of them (at most 64).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = MAX_MATCH_LABELS, "additionalProperties" = {"type": "string", "maxLength": MAX_LABEL_VALUE}))]
     pub match_labels: std::collections::BTreeMap<String, String>,
+    /// Requirements a pod's labels must meet, all of them (at most 32).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_MATCH_EXPRESSIONS))]
     pub match_expressions: Vec<LabelSelectorRequirement>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LabelSelectorRequirement {
-    #[schemars(length(min = 1, max = 317))]
+    /// The label key, e.g. `app.kubernetes.io/name`.
+    #[schemars(length(min = 1, max = MAX_LABEL_KEY))]
     pub key: String,
+    /// `In`, `NotIn`, `Exists` or `DoesNotExist`.
     pub operator: SelectorOperator,
+    /// For `In` and `NotIn`: at least one (at most 64); none for `Exists`/`DoesNotExist`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_SELECTOR_VALUES), inner(length(max = MAX_LABEL_VALUE)))]
     pub values: Vec<String>,
 }
 
@@ -125,6 +169,7 @@ pub struct Thresholds {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LeakDetection {
+    /// Predict leaks of the selected containers (default true).
     #[serde(default = "yes")]
     pub enabled: bool,
     /// A container is reported as leaking from this confidence (0-100) up.
@@ -133,7 +178,7 @@ pub struct LeakDetection {
     pub min_confidence: u8,
     /// Only time-to-OOM predictions within this horizon are reported, e.g. "2h".
     #[serde(default = "default_horizon")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
     pub horizon: String,
 }
 
@@ -163,22 +208,27 @@ impl Default for LeakDetection {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Remediation {
+    /// `None` (status only), `Alert` (also Events on the pod) or `Restart` (evict before the
+    /// predicted OOM kill: needs the operator's `--enable-remediation`, a namespace an admin
+    /// opted in, and a watch applied by someone allowed to evict pods here).
     #[serde(default)]
     pub action: RemediationAction,
     /// Act when the predicted time to OOM drops below this, e.g. "5m".
     #[serde(default = "default_min_time_to_oom", rename = "minTimeToOOM")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
     pub min_time_to_oom: String,
-    /// After a restart, leave the workload alone this long, e.g. "30m".
+    /// After a restart, leave the workload alone this long, e.g. "30m" (at least the
+    /// operator's floor).
     #[serde(default = "default_cooldown")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
     pub cooldown: String,
     /// At most this many restarts of one workload per `window`.
     #[serde(default = "default_max_restarts")]
     #[schemars(range(min = 1, max = 100))]
     pub max_restarts: u32,
+    /// The window `maxRestarts` counts over, e.g. "1h" (at least the operator's floor).
     #[serde(default = "default_window")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
     pub window: String,
     /// Decide and report (`WouldRestart` Events), but touch nothing.
     #[serde(default)]
@@ -230,12 +280,15 @@ pub enum RemediationAction {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceWatchStatus {
+    /// The `metadata.generation` this status was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` and `Degraded`, each with a reason.
+    /// `Ready`, `Degraded` and, for a `Restart` watch, `Remediation` (whether it may evict
+    /// now, and if not why), each with a reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// Pods the selector matches.
     #[serde(default)]
     pub matched_pods: u32,
     /// Nodes running selected pods, and how many of their agents reported.
@@ -243,10 +296,14 @@ pub struct ResourceWatchStatus {
     pub expected_nodes: u32,
     #[serde(default)]
     pub reporting_nodes: u32,
+    /// The K processes of the selected pods with the most CPU, heaviest first.
     #[serde(default, rename = "topCPU", skip_serializing_if = "Vec::is_empty")]
     pub top_cpu: Vec<TopEntry>,
+    /// The K processes of the selected pods with the most resident memory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub top_memory: Vec<TopEntry>,
+    /// Containers predicted to leak (confidence at least `minConfidence`), soonest OOM
+    /// first (at most 100).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leaks: Vec<LeakEntry>,
     /// Containers above a threshold, kept so a `ThresholdCrossed` Event is published once
@@ -260,29 +317,51 @@ pub struct ResourceWatchStatus {
     /// Pre-OOM remediation: every decision to restart a pod (or not), newest last. An
     /// eviction is recorded here as `Pending` before it is attempted, so an operator
     /// killed in between finishes it on restart instead of losing or repeating it.
+    /// A log of what was decided, for people: the operator never acts on it (the
+    /// workload's own record, in the operator's namespace, holds the rails).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remediations: Vec<RemediationRecord>,
     /// What `kubectl get resourcewatch` shows.
     #[serde(default)]
     pub summary: Summary,
+    /// How many entries each capped list left out (absent when nothing was cut).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<Truncated>,
     /// RFC 3339.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_update_time: Option<String>,
 }
 
+/// Entries left out of the status by its caps.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Truncated {
+    #[serde(default)]
+    pub leaks: u32,
+    #[serde(default)]
+    pub exceeding: u32,
+    #[serde(default)]
+    pub nodes: u32,
+}
+
+/// A condition, as in `metav1.Condition`.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
+    /// `Ready`, `Degraded` or `Remediation`.
     #[serde(rename = "type")]
     pub type_: String,
+    /// `True`, `False` or `Unknown`.
     pub status: ConditionStatus,
     /// PascalCase, e.g. `AgentsReporting`, `InvalidSelector`.
     pub reason: String,
+    /// Details for people.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(with = "Option<String>")]
     pub message: String,
-    /// RFC 3339.
+    /// When `status` last changed, RFC 3339.
     pub last_transition_time: String,
+    /// The generation the condition was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
@@ -298,14 +377,18 @@ pub enum ConditionStatus {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TopEntry {
+    /// The pod's name.
     pub pod: String,
     /// Absent when the container could not be named. (Empty strings are never written:
     /// Kubernetes 1.20's server-side apply turns them into nulls, which the schema refuses.)
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(with = "Option<String>")]
     pub container: String,
+    /// The node it runs on.
     pub node: String,
+    /// The process id on the node (the host's PID namespace).
     pub pid: u32,
+    /// The process's command name (`comm`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(with = "Option<String>")]
     pub command: String,
@@ -316,21 +399,28 @@ pub struct TopEntry {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LeakEntry {
+    /// The pod's name.
     pub pod: String,
     /// Absent when the container could not be named. (Empty strings are never written:
     /// Kubernetes 1.20's server-side apply turns them into nulls, which the schema refuses.)
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(with = "Option<String>")]
     pub container: String,
+    /// The node whose agent reported it.
     pub node: String,
+    /// Estimated growth of resident memory.
     pub growth_bytes_per_second: f64,
+    /// 0-100; how the agent computes it is in node-agent/src/leak/README.md.
     pub confidence: u8,
+    /// Predicted seconds until the container reaches its memory limit; absent when the
+    /// trend does not support a number or it lies beyond `horizon`.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         rename = "timeToOOMSeconds"
     )]
     pub time_to_oom_seconds: Option<f64>,
+    /// The memory limit the prediction is against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_bytes: Option<u64>,
 }
@@ -338,38 +428,49 @@ pub struct LeakEntry {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ThresholdEntry {
+    /// The pod's name.
     pub pod: String,
     /// Absent when the container could not be named. (Empty strings are never written:
     /// Kubernetes 1.20's server-side apply turns them into nulls, which the schema refuses.)
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(with = "Option<String>")]
     pub container: String,
+    /// `cpu` or `memory`.
     pub metric: Metric,
     /// CPU percent of one core, or memory percent of the container's limit.
     pub value: f64,
+    /// The threshold it is above.
     pub threshold: f64,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RemediationRecord {
+    /// The pod's name.
     pub pod: String,
+    /// The pod's UID.
     #[serde(rename = "podUID")]
     pub pod_uid: String,
     /// The controller that replaces the pod, e.g. `Deployment/api`; absent for a bare pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
+    /// `Pending`, `Restarted`, `Blocked`, `WouldRestart` or `Expired`.
     pub action: RemediationOutcome,
-    /// Why, in words (`PodDisruptionBudget`, `Cooldown`, `NoController`, `DryRun`, ...).
+    /// Why, PascalCase (`PodDisruptionBudget`, `Cooldown`, `NoController`, `DryRun`, ...).
     pub reason: String,
+    /// The same in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
+    pub message: String,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         rename = "timeToOOMSeconds"
     )]
     pub time_to_oom_seconds: Option<f64>,
+    /// The prediction's confidence when decided.
     pub confidence: u8,
-    /// RFC 3339.
+    /// When decided, RFC 3339.
     pub time: String,
 }
 
@@ -381,13 +482,17 @@ pub enum RemediationOutcome {
     Restarted,
     /// Refused by a rail or by the API (a PodDisruptionBudget).
     Blocked,
-    /// `dryRun`, `action: Alert` or the operator's master switch off: reported only.
+    /// `dryRun` or the operator's master switch off: reported only.
     WouldRestart,
+    /// A pending restart that was not carried out: the prediction no longer held, a rail
+    /// or the master switch said no when it was re-checked, or it outlived its window.
+    Expired,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeEntry {
+    /// The node's name.
     pub name: String,
     /// The node's agent is connected and its last report is recent.
     pub reporting: bool,
@@ -402,10 +507,13 @@ pub struct NodeEntry {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
+    /// The heaviest pod by CPU, e.g. "api-1 (97%)".
     #[serde(default, rename = "topCPU", skip_serializing_if = "Option::is_none")]
     pub top_cpu: Option<String>,
+    /// The heaviest pod by memory, e.g. "api-2 (151Mi)".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_memory: Option<String>,
+    /// Containers listed in `leaks`.
     #[serde(default)]
     pub leaking: u32,
     /// e.g. "4m30s", or absent when no OOM is predicted.

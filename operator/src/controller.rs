@@ -1,16 +1,16 @@
 //! The ResourceWatch controller: resolves each watch's pods to nodes, hands the hub what
-//! the nodes must track, and writes what the agents reported into status (server-side
-//! apply, field manager `resourcewatch-operator`), at most once per `interval` and only
-//! when something changed, then publishes the Events of its transitions.
+//! the nodes must track, gathers what a decision needs, and carries out the plan of
+//! [`decide::decide`]: the workload ledger, the status (server-side apply, field manager
+//! `resourcewatch-operator`), evictions, Events. Only I/O lives here.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{EvictParams, Patch, PatchParams},
@@ -22,20 +22,35 @@ use kube::{
         watcher,
     },
 };
-use resourcewatch_crds::{
-    RemediationAction, RemediationOutcome, RemediationRecord, ResourceWatch, ResourceWatchStatus,
-};
+use resourcewatch_crds::{RemediationAction, ResourceWatch, ResourceWatchStatus};
 use tokio::sync::watch;
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 
 use crate::{
     Error, FIELD_MANAGER, Result,
+    authz::{AccessReviewer, Signer},
+    decide::{self, EvictResult, LedgerChange},
     hub::{Hub, TargetPod, WatchKey, WatchTargets},
+    ledger::{Conflict, Ledger, LedgerStore, Versioned, Workload},
     metrics::Metrics,
-    remediation::{self, Decision, PodFacts},
-    spec::{WatchSettings, selects},
-    status::{self, EventSpec, Inputs, Outcome, SelectedPod},
+    remediation::{Gate, PodFacts},
+    spec::{Floors, WatchSettings, selects},
+    status::{EventSpec, Inputs, SelectedPod},
 };
+
+/// What remediation decisions depend on besides the watch.
+pub struct RemediationContext {
+    /// The cluster-wide master switch: without it, `Restart` watches only report.
+    pub enabled: bool,
+    /// The admin's floors; a `Restart` watch below them is `Ready=False`.
+    pub floors: Floors,
+    /// Verifies a watch's authorization record.
+    pub signer: Signer,
+    /// Whether the recorded author may (still) evict.
+    pub reviewer: Arc<dyn AccessReviewer>,
+    /// The workloads' rails.
+    pub ledgers: LedgerStore,
+}
 
 /// Everything a reconciliation needs; one per controller.
 pub struct Context {
@@ -56,8 +71,8 @@ pub struct Context {
     /// For the Eviction API only: without kube's retry on 429, which is how the API
     /// server says a PodDisruptionBudget refuses (retrying would hide the refusal).
     pub eviction_client: Client,
-    /// The cluster-wide master switch: without it, `Restart` watches only report.
-    pub remediation_enabled: bool,
+    /// Switch, floors, authorization and ledgers of pre-OOM remediation.
+    pub remediation: RemediationContext,
     /// Each status write and Event is bounded by this, so a slow API server cannot stall
     /// reconciliation of every other watch.
     pub write_timeout: Duration,
@@ -92,7 +107,7 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
         namespace: ns.clone(),
         name: rw.name_any(),
     };
-    let settings = WatchSettings::from_spec(&rw.spec);
+    let settings = WatchSettings::from_spec(&rw.spec, &ctx.remediation.floors);
     let selected: Vec<Arc<Pod>> = match &settings {
         Ok(s) => ctx
             .pods
@@ -121,278 +136,240 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
     }
     let nodes: BTreeSet<String> = pods.iter().filter_map(|p| p.node.clone()).collect();
     let views = ctx.hub.view(&nodes);
-    let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+    let now_s = jiff::Timestamp::now().as_second();
+    let now = jiff::Timestamp::from_second(now_s)
         .map_err(|e| Error::Internal(e.to_string()))?
         .to_string();
-    let old = rw.status.as_ref();
-    let interval = settings
-        .as_ref()
-        .map(|s| s.interval)
-        .unwrap_or(Duration::from_secs(30));
-    let (status, events) = match status::compute(&Inputs {
+    let status_inputs = Inputs {
         generation: rw.meta().generation,
         settings: &settings,
         pods: &pods,
         nodes: &views,
-        old,
+        old: rw.status.as_ref(),
         now: &now,
-    }) {
-        // Agents are reconnecting: look again soon.
-        Outcome::Hold => return Ok(Action::requeue(Duration::from_secs(2))),
-        Outcome::Write { status, events } => (status, events),
     };
-    let (mut status, mut events) = (status, events);
-    // Remediation decisions are recorded in status before anything is evicted.
-    let evictions = match &settings {
-        Ok(s) => plan_remediation(ctx, s, &selected, old, &mut status, &mut events, &now).await?,
-        Err(_) => Vec::new(),
+    // The API calls remediation needs are made only for the pods it may concern.
+    let names = decide::candidates(&status_inputs);
+    let facts = if names.is_empty() {
+        Facts::default()
+    } else {
+        gather(ctx, rw, &ns, &selected, &names, settings.as_ref().ok()).await?
     };
-    let same_generation = old.and_then(|o| o.observed_generation) == rw.meta().generation;
-    let urgent = evictions.len()
-        + events
+    let watch_id = key.to_string();
+    let plan = decide::decide(&decide::Inputs {
+        status: status_inputs,
+        watch: &watch_id,
+        gate: facts.gate.as_ref(),
+        pods: &facts.pods,
+        ledgers: &facts
+            .ledgers
             .iter()
-            .filter(|e| e.reason.contains("Restart"))
-            .count()
-        > 0;
-    if let Some(o) = old
-        && same_generation
-        && !urgent
-        && status::same_content(o, &status)
-    {
-        ctx.metrics.status_skipped.inc();
-        return Ok(Action::requeue(interval));
+            .map(|(w, v)| (w.clone(), v.ledger.clone()))
+            .collect(),
+        now: now_s,
+    });
+    if plan.hold {
+        return Ok(Action::requeue(plan.requeue));
     }
-    // At most one write per interval, unless the user changed the spec, a condition
-    // changed (a lost agent should not wait 30 s to show) or a restart is decided.
-    if let Some(o) = old
-        && same_generation
-        && !urgent
-        && o.conditions == status.conditions
-        && let Some(wait) = time_until_next_write(o, interval)
-    {
+    let mut versions = facts.ledgers;
+    // The workload ledger first: an intent is recorded there before anything is evicted,
+    // and a conflict means another watch decided for the workload meanwhile.
+    for change in &plan.ledger {
+        if apply_ledger(ctx, change, &mut versions).await?.is_err() {
+            ctx.metrics.remediation("LedgerConflict");
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+    }
+    if let decide::Write::Skip(wait) = plan.write {
         ctx.metrics.status_skipped.inc();
         return Ok(Action::requeue(wait));
     }
+    let mut status = plan.status;
+    let mut events = plan.events;
     write_status(ctx, &ns, &key.name, &status).await?;
-    if !evictions.is_empty() {
-        // The intents are stored: now act, then record the outcomes.
-        let mut more = Vec::new();
-        evict_recorded(ctx, &ns, &evictions, &mut status, &mut more, &now).await;
+    if !plan.evictions.is_empty() {
+        for ev in &plan.evictions {
+            let Some(result) = evict(ctx, &ns, ev).await else {
+                continue; // a transient failure: the intent stays, the next reconcile retries
+            };
+            ctx.metrics.remediation(match &result {
+                EvictResult::Evicted => "Evicted",
+                EvictResult::Refused(_) => "PodDisruptionBudget",
+                EvictResult::Gone => "Gone",
+            });
+            for _ in 0..3 {
+                let entry = versions.entry(ev.workload.clone()).or_default();
+                let mut book = entry.ledger.clone();
+                let mut trial = status.clone();
+                let more = decide::after_eviction(ev, &result, now_s, &now, &mut trial, &mut book);
+                match ctx
+                    .remediation
+                    .ledgers
+                    .write(&ev.workload, &book, entry.resource_version.as_deref())
+                    .await?
+                {
+                    Ok(rv) => {
+                        *entry = Versioned {
+                            ledger: book,
+                            resource_version: Some(rv),
+                        };
+                        status = trial;
+                        events.extend(more);
+                        break;
+                    }
+                    Err(Conflict) => {
+                        *entry = ctx.remediation.ledgers.read(&ev.workload).await?;
+                    }
+                }
+            }
+        }
         write_status(ctx, &ns, &key.name, &status).await?;
-        events.extend(more);
     }
     for e in &events {
         publish(ctx, rw, &selected, e).await;
     }
-    Ok(Action::requeue(
-        if status
-            .remediations
-            .iter()
-            .any(|r| r.action == RemediationOutcome::Pending)
-        {
-            Duration::from_secs(2)
-        } else {
-            interval
-        },
-    ))
+    Ok(Action::requeue(plan.requeue))
 }
 
-/// Decides remediation for the watch's leaks, carrying the stored records over. Returns
-/// the indexes (in `status.remediations`) of `Pending` records to evict now: new ones, and
-/// ones a previous operator recorded but may not have carried out.
-async fn plan_remediation(
+/// What a remediation decision needs from the API server.
+#[derive(Default)]
+struct Facts {
+    gate: Option<Gate>,
+    pods: BTreeMap<String, PodFacts>,
+    ledgers: BTreeMap<Workload, Versioned>,
+}
+
+async fn gather(
     ctx: &Context,
-    s: &WatchSettings,
+    rw: &ResourceWatch,
+    ns: &str,
     selected: &[Arc<Pod>],
-    old: Option<&ResourceWatchStatus>,
-    status: &mut ResourceWatchStatus,
-    events: &mut Vec<EventSpec>,
-    now: &str,
-) -> Result<Vec<usize>> {
-    status.remediations = old.map(|o| o.remediations.clone()).unwrap_or_default();
-    let now_s = jiff::Timestamp::now().as_second();
-    let mut evict = Vec::new();
-    // Intents of an earlier run: evict if the pod still runs, else it already happened.
-    for (i, r) in status.remediations.iter_mut().enumerate() {
-        if r.action != RemediationOutcome::Pending {
-            continue;
-        }
-        match selected
-            .iter()
-            .find(|p| p.uid().as_deref() == Some(r.pod_uid.as_str()))
-        {
-            Some(p) if p.metadata.deletion_timestamp.is_none() => evict.push(i),
-            _ => {
-                r.action = RemediationOutcome::Restarted;
-                r.reason = "Evicted".into();
-            }
-        }
-    }
-    if s.action != RemediationAction::Restart {
-        return Ok(evict);
-    }
-    let history: Vec<(RemediationRecord, i64)> = status
-        .remediations
-        .iter()
-        .map(|r| {
-            (
-                r.clone(),
-                r.time
-                    .parse::<jiff::Timestamp>()
-                    .map(|t| t.as_second())
-                    .unwrap_or(0),
-            )
-        })
-        .collect();
-    let leaks = status.leaks.clone();
-    for leak in &leaks {
-        if !remediation::triggered(s, leak) {
-            continue;
-        }
-        let Some(pod) = selected.iter().find(|p| p.name_any() == leak.pod) else {
+    names: &[String],
+    settings: Option<&WatchSettings>,
+) -> Result<Facts> {
+    let mut facts = Facts::default();
+    for name in names {
+        let Some(pod) = selected.iter().find(|p| p.name_any() == *name) else {
             continue;
         };
-        let facts = PodFacts {
+        let f = PodFacts {
             name: pod.name_any(),
             uid: pod.uid().unwrap_or_default(),
-            workload: workload_of(ctx, pod).await,
+            workload: workload_of(ctx, pod).await.map(|kind_name| Workload {
+                namespace: ns.to_owned(),
+                kind_name,
+            }),
             deleting: pod.metadata.deletion_timestamp.is_some(),
         };
-        let decision =
-            remediation::decide(s, ctx.remediation_enabled, leak, &facts, &history, now_s);
-        let record = |action, reason: &str| RemediationRecord {
-            pod: facts.name.clone(),
-            pod_uid: facts.uid.clone(),
-            workload: facts.workload.clone(),
-            action,
-            reason: reason.into(),
-            time_to_oom_seconds: leak.time_to_oom_seconds,
-            confidence: leak.confidence,
-            time: now.to_owned(),
-        };
-        match decision {
-            Decision::Nothing => {}
-            Decision::Evict => {
-                status
-                    .remediations
-                    .push(record(RemediationOutcome::Pending, "Decided"));
-                evict.push(status.remediations.len() - 1);
-            }
-            Decision::Report {
-                outcome,
-                reason,
-                message,
-            } => {
-                status.remediations.push(record(outcome, reason));
-                let ev_reason = if outcome == RemediationOutcome::WouldRestart {
-                    "WouldRestart"
-                } else {
-                    "RestartBlocked"
-                };
-                ctx.metrics.remediation(reason);
-                for pod in [None, Some(facts.name.clone())] {
-                    events.push(EventSpec {
-                        warning: true,
-                        reason: ev_reason,
-                        action: "Remediate",
-                        note: format!("{}: {message}", facts.name),
-                        pod,
-                    });
-                }
-            }
+        if let Some(w) = &f.workload
+            && !facts.ledgers.contains_key(w)
+        {
+            facts
+                .ledgers
+                .insert(w.clone(), ctx.remediation.ledgers.read(w).await?);
         }
+        facts.pods.insert(f.uid.clone(), f);
     }
-    // Oldest records go first; pending ones are never dropped.
-    while status.remediations.len() > remediation::MAX_RECORDS {
-        let Some(i) = status
-            .remediations
-            .iter()
-            .position(|r| r.action != RemediationOutcome::Pending)
-        else {
-            break;
-        };
-        status.remediations.remove(i);
-        evict.retain(|j| *j != i);
-        for j in evict.iter_mut() {
-            if *j > i {
-                *j -= 1;
-            }
-        }
+    if settings.is_some_and(|s| s.action == RemediationAction::Restart) {
+        facts.gate = Some(Gate {
+            master_switch: ctx.remediation.enabled,
+            namespace_opted_in: namespace_opted_in(ctx, ns).await?,
+            authorization: authorized(ctx, rw, ns).await,
+        });
     }
-    Ok(evict)
+    Ok(facts)
 }
 
-/// Carries out recorded evictions through the Eviction API (PodDisruptionBudgets hold;
-/// the pod's own termination grace period applies) and records each outcome.
-async fn evict_recorded(
+async fn namespace_opted_in(ctx: &Context, ns: &str) -> Result<bool> {
+    let api: Api<Namespace> = Api::all(ctx.client.clone());
+    let got = tokio::time::timeout(ctx.write_timeout, api.get_opt(ns))
+        .await
+        .map_err(|_| Error::Timeout("namespace read"))??;
+    Ok(got.is_some_and(|n| {
+        n.labels()
+            .get(resourcewatch_crds::NAMESPACE_OPT_IN_LABEL)
+            .map(String::as_str)
+            == Some(resourcewatch_crds::NAMESPACE_OPT_IN_VALUE)
+    }))
+}
+
+/// Ok(author) when the watch's authorization record is valid and its author may still
+/// evict in the namespace; else why not, for the condition and the Events.
+async fn authorized(
     ctx: &Context,
+    rw: &ResourceWatch,
     ns: &str,
-    which: &[usize],
-    status: &mut ResourceWatchStatus,
-    events: &mut Vec<EventSpec>,
-    now: &str,
-) {
+) -> std::result::Result<String, String> {
+    let author = ctx
+        .remediation
+        .signer
+        .verify_watch(rw)
+        .map_err(|e| e.to_string())?;
+    match ctx.remediation.reviewer.may_evict(&author, ns).await {
+        Ok(true) => Ok(author.user),
+        Ok(false) => Err(format!(
+            "the watch's author {} may not create pods/eviction in {ns} (any more)",
+            author.user
+        )),
+        Err(e) => Err(format!("could not check the author's rights: {e}")),
+    }
+}
+
+async fn apply_ledger(
+    ctx: &Context,
+    change: &LedgerChange,
+    versions: &mut BTreeMap<Workload, Versioned>,
+) -> Result<std::result::Result<(), Conflict>> {
+    let w = match change {
+        LedgerChange::Record { workload, .. } | LedgerChange::Clear { workload, .. } => workload,
+    };
+    let entry = versions.entry(w.clone()).or_default();
+    let mut book: Ledger = entry.ledger.clone();
+    match change {
+        LedgerChange::Record { intent, .. } => book.pending = Some(intent.clone()),
+        LedgerChange::Clear { pod_uid, .. } => {
+            if book.pending.as_ref().is_some_and(|p| p.pod_uid == *pod_uid) {
+                book.pending = None;
+            }
+        }
+    }
+    match ctx
+        .remediation
+        .ledgers
+        .write(w, &book, entry.resource_version.as_deref())
+        .await?
+    {
+        Ok(rv) => {
+            *entry = Versioned {
+                ledger: book,
+                resource_version: Some(rv),
+            };
+            Ok(Ok(()))
+        }
+        Err(c) => Ok(Err(c)),
+    }
+}
+
+/// Evicts through the Eviction API (PodDisruptionBudgets hold; the pod's own termination
+/// grace period applies). None: a transient failure, to retry.
+async fn evict(ctx: &Context, ns: &str, ev: &decide::Eviction) -> Option<EvictResult> {
     let pods: Api<Pod> = Api::namespaced(ctx.eviction_client.clone(), ns);
-    for &i in which {
-        let Some(r) = status.remediations.get_mut(i) else {
-            continue;
-        };
-        let result = tokio::time::timeout(
-            ctx.write_timeout,
-            pods.evict(&r.pod, &EvictParams::default()),
-        )
-        .await;
-        let (outcome, reason, warning, ev, note) = match result {
-            Ok(Ok(_)) => (
-                RemediationOutcome::Restarted,
-                "Evicted",
-                false,
-                "Restarted",
-                format!(
-                    "{}: evicted {}s before its predicted OOM kill (confidence {}); {} replaces it",
-                    r.pod,
-                    r.time_to_oom_seconds.unwrap_or(0.0).round(),
-                    r.confidence,
-                    r.workload.as_deref().unwrap_or("its controller")
-                ),
-            ),
-            Ok(Err(kube::Error::Api(e))) if e.code == 429 => (
-                RemediationOutcome::Blocked,
-                "PodDisruptionBudget",
-                true,
-                "RestartBlocked",
-                format!("{}: the eviction was refused: {}", r.pod, e.message),
-            ),
-            Ok(Err(kube::Error::Api(e))) if e.code == 404 => (
-                RemediationOutcome::Restarted,
-                "Gone",
-                false,
-                "",
-                String::new(),
-            ),
-            Ok(Err(e)) => {
-                tracing::warn!(pod = %r.pod, error = %e, "eviction failed; retrying");
-                continue;
-            }
-            Err(_) => {
-                tracing::warn!(pod = %r.pod, "eviction timed out; retrying");
-                continue;
-            }
-        };
-        r.action = outcome;
-        r.reason = reason.into();
-        r.time = now.to_owned();
-        ctx.metrics.remediation(reason);
-        if !ev.is_empty() {
-            for pod in [None, Some(r.pod.clone())] {
-                events.push(EventSpec {
-                    warning,
-                    reason: ev,
-                    action: "Remediate",
-                    note: note.clone(),
-                    pod,
-                });
-            }
+    match tokio::time::timeout(
+        ctx.write_timeout,
+        pods.evict(&ev.pod, &EvictParams::default()),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Some(EvictResult::Evicted),
+        Ok(Err(kube::Error::Api(e))) if e.code == 429 => Some(EvictResult::Refused(e.message)),
+        Ok(Err(kube::Error::Api(e))) if e.code == 404 => Some(EvictResult::Gone),
+        Ok(Err(e)) => {
+            tracing::warn!(pod = %ev.pod, error = %e, "eviction failed; retrying");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(pod = %ev.pod, "eviction timed out; retrying");
+            None
         }
     }
 }
@@ -496,13 +473,6 @@ fn target_pods(ns: &str, pods: &[SelectedPod]) -> Vec<TargetPod> {
         .collect()
 }
 
-fn time_until_next_write(old: &ResourceWatchStatus, interval: Duration) -> Option<Duration> {
-    let last: jiff::Timestamp = old.last_update_time.as_deref()?.parse().ok()?;
-    let age = jiff::Timestamp::now().duration_since(last);
-    let age = Duration::try_from(age).ok()?;
-    interval.checked_sub(age).filter(|d| !d.is_zero())
-}
-
 async fn write_status(
     ctx: &Context,
     ns: &str,
@@ -551,17 +521,17 @@ async fn publish(ctx: &Context, rw: &ResourceWatch, pods: &[Arc<Pod>], e: &Event
         } else {
             EventType::Normal
         },
-        reason: e.reason.into(),
+        reason: e.reason.as_str().into(),
         note: Some(e.note.chars().take(1000).collect()),
-        action: e.action.into(),
+        action: e.action.as_str().into(),
         secondary: e.pod.as_ref().map(|_| rw.object_ref(&())),
     };
     match tokio::time::timeout(ctx.write_timeout, ctx.recorder.publish(&ev, &reference)).await {
-        Ok(Ok(())) => ctx.metrics.event(e.reason),
+        Ok(Ok(())) => ctx.metrics.event(e.reason.as_str()),
         Ok(Err(err)) => {
-            tracing::warn!(reason = e.reason, error = %err, "could not publish an Event")
+            tracing::warn!(reason = %e.reason, error = %err, "could not publish an Event")
         }
-        Err(_) => tracing::warn!(reason = e.reason, "publishing an Event timed out"),
+        Err(_) => tracing::warn!(reason = %e.reason, "publishing an Event timed out"),
     }
 }
 
@@ -570,8 +540,8 @@ pub struct Settings {
     pub reporter: Reporter,
     /// See [`Context::eviction_client`].
     pub eviction_client: Client,
-    /// See [`Context::remediation_enabled`].
-    pub remediation_enabled: bool,
+    /// See [`Context::remediation`].
+    pub remediation: RemediationContext,
 }
 
 /// Builds the controller and runs it until `shutdown`.
@@ -624,7 +594,7 @@ pub async fn run(
         leader,
         write_timeout: Duration::from_secs(10),
         eviction_client: settings.eviction_client,
-        remediation_enabled: settings.remediation_enabled,
+        remediation: settings.remediation,
     });
     let mut shutdown_signal = shutdown.clone();
     metrics
@@ -737,8 +707,21 @@ mod tests {
             watches: rw_store,
             leader: watch::channel(true).1,
             write_timeout: Duration::from_secs(5),
-            eviction_client: eviction_client_for_tests,
-            remediation_enabled: false,
+            eviction_client: eviction_client_for_tests.clone(),
+            remediation: RemediationContext {
+                enabled: false,
+                floors: Floors::default(),
+                signer: crate::authz::Signer::new(b"test"),
+                reviewer: Arc::new(crate::authz::SubjectAccessReviewer {
+                    client: eviction_client_for_tests.clone(),
+                    timeout: Duration::from_secs(1),
+                }),
+                ledgers: LedgerStore::new(
+                    eviction_client_for_tests,
+                    "rw-system",
+                    Duration::from_secs(1),
+                ),
+            },
         };
         (Arc::new(ctx), handle)
     }
@@ -809,6 +792,27 @@ mod tests {
 
     fn reporting_hub(node: &str, report: pb::Report) -> Arc<Hub> {
         let hub = Arc::new(Hub::new(Default::default()));
+        // The node was asked to track pod A (a report may speak only for its targets).
+        hub.set_watch(
+            WatchKey {
+                namespace: "ns".into(),
+                name: "earlier".into(),
+            },
+            WatchTargets {
+                top_k: 3,
+                interval: Duration::from_secs(30),
+                leaks_enabled: true,
+                min_confidence: 60,
+                horizon: Duration::from_secs(7200),
+                pods: vec![TargetPod {
+                    uid: UID_A.into(),
+                    namespace: "ns".into(),
+                    name: "api-1".into(),
+                    node: node.into(),
+                    containers: vec![("app".into(), CID_A.into())],
+                }],
+            },
+        );
         let s = hub
             .connect(&pb::Hello {
                 node_name: node.into(),

@@ -1,6 +1,11 @@
 //! The operator's end of the agent protocol: one long-lived bidirectional stream per node,
-//! over mTLS. The transport is a thin shell over [`Hub`]; every protocol rule (first
-//! message, versions, replaced streams) maps to a precise `tonic::Status`.
+//! over mTLS. The transport is a thin shell over [`Hub`]; every protocol rule (identity,
+//! first message, versions, replaced streams) maps to a precise `tonic::Status`.
+//!
+//! A stream is authenticated before any message of it is read: the agent's token (gRPC
+//! metadata) must prove the node its Hello then claims ([`crate::identity`]). Until
+//! then the hub does not know the stream exists, so a refused one cannot replace or
+//! disturb the real agent's.
 
 use std::{pin::Pin, sync::Arc, time::Duration};
 
@@ -14,6 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
     hub::{Hub, HubError, Session},
+    identity::{AgentIdentity, Authenticator},
     metrics::Metrics,
 };
 
@@ -24,6 +30,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct AgentService {
     pub hub: Arc<Hub>,
     pub metrics: Arc<Metrics>,
+    /// Proves which node a stream speaks for.
+    pub auth: Arc<dyn Authenticator>,
     /// True while this replica holds the leader Lease: only the leader serves agents, so
     /// only one replica's view of the nodes feeds status.
     pub leader: watch::Receiver<bool>,
@@ -62,6 +70,40 @@ impl AgentControl for AgentService {
         if *self.shutdown.borrow() {
             return Err(Status::unavailable("the operator is shutting down"));
         }
+        let token = request
+            .metadata()
+            .get(resourcewatch_proto::AUTHORIZATION_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .map(str::to_owned);
+        let claimed = request
+            .metadata()
+            .get(resourcewatch_proto::NODE_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .unwrap_or_default();
+        if claimed.is_empty() {
+            self.metrics.protocol_error("no_node_metadata");
+            return Err(Status::invalid_argument(format!(
+                "the stream must carry the {} metadata",
+                resourcewatch_proto::NODE_METADATA
+            )));
+        }
+        let identity = self
+            .auth
+            .authenticate(token.as_deref(), &claimed)
+            .await
+            .map_err(|e| {
+                Metrics::labelled(
+                    &self.metrics.agent_auth_failures,
+                    "reason",
+                    e.metric_label(),
+                    1,
+                );
+                tracing::warn!(node = %claimed, error = %e, "agent stream refused");
+                e.status()
+            })?;
         let mut inbound = request.into_inner();
         let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
             Err(_) => return Err(Status::deadline_exceeded("no Hello within 10s")),
@@ -75,6 +117,18 @@ impl AgentControl for AgentService {
                 "the first message must be a Hello",
             ));
         };
+        if hello.node_name != identity.node {
+            Metrics::labelled(
+                &self.metrics.agent_auth_failures,
+                "reason",
+                "hello_node_mismatch",
+                1,
+            );
+            return Err(Status::permission_denied(format!(
+                "the Hello claims node {:?} but the stream was authenticated for {}",
+                hello.node_name, identity.node
+            )));
+        }
         let session = self.hub.connect(&hello).inspect_err(|e| {
             self.metrics.protocol_error(match e {
                 HubError::Protocol(..) => "protocol_version",
@@ -86,6 +140,7 @@ impl AgentControl for AgentService {
         tokio::spawn(run_session(
             self.hub.clone(),
             self.metrics.clone(),
+            identity,
             session,
             inbound,
             tx,
@@ -99,6 +154,7 @@ impl AgentControl for AgentService {
 async fn run_session(
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
+    identity: AgentIdentity,
     mut session: Session,
     mut inbound: Streaming<pb::AgentMessage>,
     tx: mpsc::Sender<Result<pb::OperatorMessage, Status>>,
@@ -107,8 +163,19 @@ async fn run_session(
 ) {
     let node = session.node.clone();
     metrics.agents_connected.inc();
+    // The stream lives no longer than the token that opened it; the agent reconnects with
+    // the one kubelet refreshed meanwhile.
+    let token_left = identity
+        .expires
+        .and_then(|e| e.duration_since(std::time::SystemTime::now()).ok())
+        .unwrap_or(Duration::MAX);
+    let expiry = tokio::time::sleep(token_left.min(Duration::from_secs(365 * 86_400)));
+    tokio::pin!(expiry);
     let end: Option<Status> = loop {
         tokio::select! {
+            _ = &mut expiry => {
+                break Some(Status::unauthenticated("the agent's token expired: reconnect with the refreshed one"));
+            }
             changed = session.config.changed() => {
                 if changed.is_err() {
                     break Some(Status::unavailable("the node's configuration was dropped"));
@@ -137,8 +204,9 @@ async fn run_session(
                 }
                 Ok(None) => break None,
                 Err(s) => {
-                    tracing::debug!(%node, error = %s, "agent stream failed");
-                    break None;
+                    // A message over MAX_MESSAGE_BYTES lands here too: say so.
+                    tracing::warn!(%node, error = %s, "agent stream failed");
+                    break Some(s);
                 }
             }
         }
@@ -170,7 +238,16 @@ fn handle(hub: &Hub, metrics: &Metrics, s: &Session, m: pb::AgentMessage) -> Res
         }
         Some(Msg::Report(r)) => {
             metrics.reports.inc();
-            hub.report(&s.node, s.id, r).map_err(Status::from)
+            let dropped = hub.report(&s.node, s.id, r).map_err(Status::from)?;
+            for (why, n) in dropped {
+                Metrics::labelled(
+                    &metrics.report_entries_dropped,
+                    "reason",
+                    why.metric_label(),
+                    n,
+                );
+            }
+            Ok(())
         }
         None => {
             metrics.protocol_error("empty");

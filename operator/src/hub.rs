@@ -387,7 +387,10 @@ impl Hub {
         let (kill, replaced) = oneshot::channel();
         let id = self.next_session.fetch_add(1, Ordering::SeqCst);
         n.session = Some(SessionState { id, _kill: kill });
-        n.capabilities = hello.capabilities.clone();
+        n.capabilities = hello.capabilities.clone().map(|mut c| {
+            crate::validate::capabilities(&mut c);
+            c
+        });
         n.nack = None;
         // The receiver starts "unseen", so the session sends the full snapshot first.
         let mut config = n.config_tx.subscribe();
@@ -433,7 +436,9 @@ impl Hub {
             n.acked = Some(n.acked.map_or(ack.version, |a| a.max(ack.version)));
             n.nack.take().is_some()
         } else {
-            n.nack = Some((ack.version, ack.reason.clone()));
+            let mut reason = ack.reason.clone();
+            crate::validate::truncate(&mut reason, crate::validate::MAX_TEXT);
+            n.nack = Some((ack.version, reason));
             true
         };
         drop(inner);
@@ -443,7 +448,14 @@ impl Hub {
         Ok(())
     }
 
-    pub fn report(&self, node: &str, session: u64, report: pb::Report) -> Result<(), HubError> {
+    /// Stores a node's report, cleaned first ([`crate::validate::report`]): it may speak
+    /// only for the containers this node was asked to track. Returns what was dropped.
+    pub fn report(
+        &self,
+        node: &str,
+        session: u64,
+        mut report: pb::Report,
+    ) -> Result<crate::validate::Dropped, HubError> {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let n = inner
@@ -451,6 +463,8 @@ impl Hub {
             .get_mut(node)
             .filter(|n| n.session.as_ref().is_some_and(|s| s.id == session))
             .ok_or_else(|| HubError::NoSession(node.into()))?;
+        let dropped =
+            crate::validate::report(&mut report, &crate::validate::NodeTargets::new(&n.config));
         let first = n.last_report.is_none();
         let leaking = leaking_watches(&inner.watches, &report);
         n.last_report = Some((Instant::now(), report));
@@ -462,7 +476,7 @@ impl Hub {
             // Full: the controller is behind; its periodic reconcile covers this watch.
             let _ = self.leak_tx.try_send(key);
         }
-        Ok(())
+        Ok(dropped)
     }
 
     /// The current configuration of a node (tests, diagnostics).

@@ -6,15 +6,21 @@
 //! without a cluster; [`controller`], [`leader`] and [`tls`] talk to the API server;
 //! [`grpc`] is the transport.
 
+pub mod authz;
 pub mod controller;
+pub mod decide;
 pub mod grpc;
 pub mod hub;
+pub mod identity;
 pub mod leader;
+pub mod ledger;
 pub mod metrics;
+pub mod model;
 pub mod remediation;
 pub mod spec;
 pub mod status;
 pub mod tls;
+pub mod validate;
 
 /// The field manager of every status write.
 pub const FIELD_MANAGER: &str = "resourcewatch-operator";

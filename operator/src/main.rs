@@ -7,12 +7,15 @@ use anyhow::Context as _;
 use clap::Parser;
 use kube::{Client, runtime::events::Reporter};
 use resourcewatch_operator::{
-    controller,
+    authz::{self, Signer, SubjectAccessReviewer},
+    controller::{self, RemediationContext},
     grpc::AgentService,
     hub::{Hub, HubOptions},
+    identity::TokenReviewer,
     leader::LeaderElection,
+    ledger::LedgerStore,
     metrics::{self, Metrics},
-    spec::parse_duration,
+    spec::{Floors, parse_duration},
     tls,
 };
 use resourcewatch_proto::agent_control_server::AgentControlServer;
@@ -58,6 +61,28 @@ struct Args {
         default_value_t = false
     )]
     enable_remediation: bool,
+    /// The agents' ServiceAccount (in --namespace): a stream is accepted only with a token
+    /// of it, bound to the agent pod of the node the stream claims.
+    #[arg(long, default_value = "resourcewatch-agent")]
+    agent_service_account: String,
+    /// Where the API server calls the admission webhook (HTTPS).
+    #[arg(long, default_value = "0.0.0.0:9444")]
+    webhook_addr: SocketAddr,
+    /// The MutatingWebhookConfiguration whose caBundle this operator keeps current.
+    #[arg(long, default_value = "resourcewatch-operator")]
+    webhook_configuration: String,
+    /// Floor: a Restart watch's leakDetection.minConfidence must be at least this.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u8).range(0..=100))]
+    remediation_min_confidence: u8,
+    /// Floor: a Restart watch's cooldown must be at least this.
+    #[arg(long, default_value = "5m", value_parser = duration)]
+    remediation_min_cooldown: Duration,
+    /// Floor: a Restart watch's window must be at least this.
+    #[arg(long, default_value = "30m", value_parser = duration)]
+    remediation_min_window: Duration,
+    /// Ceiling: a Restart watch's maxRestarts may be at most this.
+    #[arg(long, default_value_t = 10)]
+    remediation_max_restarts: u32,
     /// Time allowed for in-flight work after SIGTERM.
     #[arg(long, default_value = "10s", value_parser = duration)]
     drain_timeout: Duration,
@@ -163,6 +188,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let service = AgentService {
         hub: hub.clone(),
         metrics: metrics.clone(),
+        auth: Arc::new(TokenReviewer {
+            client: client.clone(),
+            namespace: args.namespace.clone(),
+            service_account: args.agent_service_account.clone(),
+            timeout: Duration::from_secs(10),
+        }),
         leader: leader.clone(),
         shutdown: shutdown.clone(),
     };
@@ -170,21 +201,61 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .identity(Identity::from_pem(&leaf.cert, &leaf.key))
         .client_ca_root(Certificate::from_pem(&pki.ca_cert));
     let mut grpc_shutdown = shutdown.clone();
+    // One node's agent cannot make the operator decode more than MAX_MESSAGE_BYTES at a
+    // time: one stream per connection, messages capped.
     let grpc = Server::builder()
         .tls_config(tls_config)
         .context("TLS configuration")?
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
-        .add_service(AgentControlServer::new(service))
+        .max_concurrent_streams(4)
+        .concurrency_limit_per_connection(4)
+        .add_service(
+            AgentControlServer::new(service)
+                .max_decoding_message_size(resourcewatch_proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(resourcewatch_proto::MAX_MESSAGE_BYTES),
+        )
         .serve_with_shutdown(args.grpc_addr, async move {
             let _ = grpc_shutdown.wait_for(|s| *s).await;
         });
     let grpc_task = tokio::spawn(grpc);
+
+    // The admission webhook that records who may turn a watch into evictions. Every
+    // replica serves it (the Service spreads the API server's calls).
+    let signer = Signer::new(pki.authz_key.as_bytes());
+    let reviewer: Arc<dyn authz::AccessReviewer> = Arc::new(SubjectAccessReviewer {
+        client: client.clone(),
+        timeout: Duration::from_secs(5),
+    });
+    match tls::ensure_webhook_ca(&client, &args.webhook_configuration, &pki.ca_cert).await {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            configuration = %args.webhook_configuration,
+            "no MutatingWebhookConfiguration: no watch can be authorized to evict"
+        ),
+        Err(e) => tracing::warn!(error = %e, "could not update the webhook's CA bundle"),
+    }
+    let webhook_tls = ServerTlsConfig::new().identity(Identity::from_pem(&leaf.cert, &leaf.key));
+    let mut webhook_shutdown = shutdown.clone();
+    let webhook = Server::builder()
+        .tls_config(webhook_tls)
+        .context("webhook TLS configuration")?
+        .accept_http1(true)
+        .add_routes(tonic::service::Routes::from(authz::router(
+            signer.clone(),
+            reviewer.clone(),
+            metrics.clone(),
+        )))
+        .serve_with_shutdown(args.webhook_addr, async move {
+            let _ = webhook_shutdown.wait_for(|s| *s).await;
+        });
+    let webhook_task = tokio::spawn(webhook);
     tracing::info!(grpc = %args.grpc_addr, metrics = %args.metrics_addr, remediation = args.enable_remediation, "serving");
 
     let reporter = Reporter {
         controller: resourcewatch_operator::FIELD_MANAGER.into(),
         instance: Some(args.pod_name.clone()),
     };
+    let ledger_client = client.clone();
     let controller_task = tokio::spawn(controller::run(
         client,
         hub,
@@ -194,7 +265,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         controller::Settings {
             reporter,
             eviction_client,
-            remediation_enabled: args.enable_remediation,
+            remediation: RemediationContext {
+                enabled: args.enable_remediation,
+                floors: Floors {
+                    min_confidence: args.remediation_min_confidence,
+                    min_cooldown: args.remediation_min_cooldown,
+                    min_window: args.remediation_min_window,
+                    max_restarts: args.remediation_max_restarts,
+                },
+                signer,
+                reviewer,
+                ledgers: LedgerStore::new(ledger_client, &args.namespace, Duration::from_secs(10)),
+            },
         },
     ));
 
@@ -204,6 +286,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let drain = async {
         let _ = controller_task.await;
         let _ = grpc_task.await;
+        let _ = webhook_task.await;
         let _ = election_task.await;
         let _ = metrics_task.await;
     };

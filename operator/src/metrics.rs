@@ -31,6 +31,12 @@ pub struct Metrics {
     /// Remediation decisions and outcomes, by reason.
     pub remediations: Family<Labels, Counter>,
     pub watches: Gauge,
+    /// Agent streams refused by identity checks, by reason (no_token, node_mismatch, ...).
+    pub agent_auth_failures: Family<Labels, Counter>,
+    /// Report entries dropped before they reached the hub, by reason (not_on_node, ...).
+    pub report_entries_dropped: Family<Labels, Counter>,
+    /// Admission reviews of ResourceWatches, by result (authorized, not_authorized, ...).
+    pub admission_reviews: Family<Labels, Counter>,
     /// Set once the controller runs: `/readyz` answers 200 from then on.
     pub ready: AtomicBool,
 }
@@ -52,6 +58,9 @@ impl Default for Metrics {
             leader: Gauge::default(),
             remediations: Family::default(),
             watches: Gauge::default(),
+            agent_auth_failures: Family::default(),
+            report_entries_dropped: Family::default(),
+            admission_reviews: Family::default(),
             ready: AtomicBool::new(false),
             registry: Registry::default(),
         };
@@ -112,6 +121,21 @@ impl Default for Metrics {
         );
         registry.register("remediations", "Pre-OOM remediation outcomes, by reason (Evicted, PodDisruptionBudget, Cooldown, DryRun, ...)", m.remediations.clone());
         registry.register("watches", "ResourceWatch objects known", m.watches.clone());
+        registry.register(
+            "agent_auth_failures",
+            "Agent streams refused because the token did not prove the claimed node, by reason",
+            m.agent_auth_failures.clone(),
+        );
+        registry.register(
+            "report_entries_dropped",
+            "Report entries dropped before use (another node's pods, duplicates, NaN, over a cap), by reason",
+            m.report_entries_dropped.clone(),
+        );
+        registry.register(
+            "admission_reviews",
+            "ResourceWatch admission reviews, by result",
+            m.admission_reviews.clone(),
+        );
         Self { registry, ..m }
     }
 }
@@ -139,6 +163,12 @@ impl Metrics {
         self.remediations
             .get_or_create(&vec![("reason", reason.to_string())])
             .inc();
+    }
+
+    pub fn labelled(family: &Family<Labels, Counter>, key: &'static str, value: &str, n: u64) {
+        family
+            .get_or_create(&vec![(key, value.to_string())])
+            .inc_by(n);
     }
 
     pub fn event(&self, reason: &str) {

@@ -1,49 +1,71 @@
 //! Pre-OOM remediation: whether a leaking pod is restarted (evicted) before its predicted
-//! OOM kill, and every rail that says no. Pure: the reconciler supplies the facts and
-//! carries out the decision (record first, then evict).
+//! OOM kill, and every rail that says no. Pure: the reconciler supplies the facts (the
+//! watch's gate, the pod's controller, the workload's ledger) and carries out the
+//! decision (ledger first, then the eviction).
 //!
-//! Rails, in order: a pod already being deleted is left alone; one decision per pod (by
-//! UID); `dryRun`, and the operator's master switch when off, only report
-//! (`WouldRestart`); a bare pod is never evicted (nothing would replace it); per workload a
-//! cooldown after a restart, at most `maxRestarts` per `window`, and never a second pod
-//! while one restart is pending. PodDisruptionBudgets are the Eviction API's to enforce:
-//! a refusal is recorded as `Blocked` and retried while the prediction holds.
+//! Gates, in order, each re-checked at every decision (also for an intent recorded
+//! earlier): a fresh, confident prediction below `minTimeToOOM` (a lost node's last
+//! report never counts); `dryRun` and the operator's master switch only report
+//! (`WouldRestart`); the namespace opted in by an admin; the watch's author allowed to
+//! evict there; a controller that replaces the pod (never a bare pod). Then the rails of
+//! the workload's ledger, across every watch that selects it: one pending restart, a
+//! cooldown after a restart, at most `maxRestarts` per `window`. A refusal is a decision
+//! for that moment: the next reconcile decides again. PodDisruptionBudgets are the
+//! Eviction API's to enforce; a refusal is retried every [`PDB_RETRY`] while the
+//! prediction holds.
 
 use std::time::Duration;
 
-use resourcewatch_crds::{LeakEntry, RemediationAction, RemediationOutcome, RemediationRecord};
+use resourcewatch_crds::{LeakEntry, RemediationAction, RemediationOutcome};
 
-use crate::spec::WatchSettings;
+use crate::{
+    ledger::{Intent, Ledger, Workload},
+    model::RemediationReason,
+    spec::WatchSettings,
+};
 
 /// What the reconciler knows of a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodFacts {
     pub name: String,
     pub uid: String,
-    /// `Kind/name` of the controller that replaces it (a ReplicaSet's Deployment when
-    /// there is one); None for a bare pod or one whose owner would not replace it.
-    pub workload: Option<String>,
+    /// The controller that replaces it (a ReplicaSet's Deployment when there is one);
+    /// None for a bare pod or one whose owner would not replace it.
+    pub workload: Option<Workload>,
     pub deleting: bool,
+}
+
+/// What holds for the whole watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gate {
+    /// The operator's `--enable-remediation`.
+    pub master_switch: bool,
+    /// The namespace carries the admin's opt-in label.
+    pub namespace_opted_in: bool,
+    /// Ok(author) when the watch's authorization record is valid and its author may evict
+    /// in the namespace now; else why not.
+    pub authorization: Result<String, String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     /// Not (or no longer) a case for remediation.
     Nothing,
-    /// Record `Pending`, then evict.
-    Evict,
+    /// Record the intent in the workload's ledger, then evict.
+    Evict(Intent),
+    /// The ledger already holds this pod's intent and every gate and rail still agrees:
+    /// carry it out (an operator stopped between recording and evicting).
+    Resume,
     /// Record and announce, touch nothing.
     Report {
         outcome: RemediationOutcome,
-        reason: &'static str,
+        reason: RemediationReason,
         message: String,
     },
 }
 
 /// A PDB refusal is retried this often while the pod still heads for an OOM kill.
 pub const PDB_RETRY: Duration = Duration::from_secs(30);
-/// Records kept in status (newest last).
-pub const MAX_RECORDS: usize = 50;
 
 pub fn triggered(s: &WatchSettings, leak: &LeakEntry) -> bool {
     s.action == RemediationAction::Restart
@@ -53,117 +75,145 @@ pub fn triggered(s: &WatchSettings, leak: &LeakEntry) -> bool {
             .is_some_and(|t| t <= s.min_time_to_oom.as_secs_f64())
 }
 
-/// `now` and record times are seconds since the epoch.
+fn report(outcome: RemediationOutcome, reason: RemediationReason, message: String) -> Decision {
+    Decision::Report {
+        outcome,
+        reason,
+        message,
+    }
+}
+
+/// `now` and ledger times are seconds since the epoch; `watch` is `namespace/name`.
 pub fn decide(
     s: &WatchSettings,
-    master_switch: bool,
+    gate: &Gate,
     leak: &LeakEntry,
     pod: &PodFacts,
-    history: &[(RemediationRecord, i64)],
+    ledger: Option<&Ledger>,
+    watch: &str,
     now: i64,
 ) -> Decision {
+    use RemediationOutcome::{Blocked, WouldRestart};
     if !triggered(s, leak) || pod.deleting {
         return Decision::Nothing;
     }
-    let mine: Vec<&(RemediationRecord, i64)> = history
-        .iter()
-        .filter(|(r, _)| r.pod_uid == pod.uid)
-        .collect();
-    if let Some((last, at)) = mine.last() {
-        let pdb_retry = last.action == RemediationOutcome::Blocked
-            && last.reason == "PodDisruptionBudget"
-            && now - at >= PDB_RETRY.as_secs() as i64;
-        if !pdb_retry {
-            return Decision::Nothing;
-        }
-    }
+    let tto = leak.time_to_oom_seconds.unwrap_or(0.0);
     let why = format!(
-        "predicted OOM kill in {:.0}s (below minTimeToOOM {}s) at confidence {}",
-        leak.time_to_oom_seconds.unwrap_or(0.0),
+        "predicted OOM kill in {tto:.0}s (below minTimeToOOM {}s) at confidence {}",
         s.min_time_to_oom.as_secs(),
         leak.confidence
     );
     if s.dry_run {
-        return Decision::Report {
-            outcome: RemediationOutcome::WouldRestart,
-            reason: "DryRun",
-            message: format!("would restart: {why} (dryRun)"),
-        };
+        return report(
+            WouldRestart,
+            RemediationReason::DryRun,
+            format!("would restart: {why} (dryRun)"),
+        );
     }
-    if !master_switch {
-        return Decision::Report {
-            outcome: RemediationOutcome::WouldRestart,
-            reason: "RemediationDisabled",
-            message: format!(
+    if !gate.master_switch {
+        return report(
+            WouldRestart,
+            RemediationReason::RemediationDisabled,
+            format!(
                 "would restart: {why}, but remediation is off in the operator (--enable-remediation)"
             ),
-        };
+        );
+    }
+    if !gate.namespace_opted_in {
+        return report(
+            Blocked,
+            RemediationReason::NamespaceNotOptedIn,
+            format!(
+                "not restarted: {why}, but this namespace is not opted in (a cluster admin labels it {}={})",
+                resourcewatch_crds::NAMESPACE_OPT_IN_LABEL,
+                resourcewatch_crds::NAMESPACE_OPT_IN_VALUE
+            ),
+        );
+    }
+    if let Err(e) = &gate.authorization {
+        return report(
+            Blocked,
+            RemediationReason::NotAuthorized,
+            format!("not restarted: {why}, but {e}"),
+        );
     }
     let Some(workload) = &pod.workload else {
-        return Decision::Report {
-            outcome: RemediationOutcome::Blocked,
-            reason: "NoController",
-            message: format!("not restarted: {why}, but no controller would replace this pod"),
-        };
+        return report(
+            Blocked,
+            RemediationReason::NoController,
+            format!("not restarted: {why}, but no controller would replace this pod"),
+        );
     };
-    let of_workload = || {
-        history
-            .iter()
-            .filter(move |(r, _)| r.workload.as_deref() == Some(workload.as_str()))
+    let empty = Ledger::default();
+    let ledger = ledger.unwrap_or(&empty);
+    let resume = match ledger.live_pending(now) {
+        Some(p) if p.pod_uid == pod.uid => true,
+        Some(p) => {
+            return report(
+                Blocked,
+                RemediationReason::RestartInProgress,
+                format!(
+                    "not restarted: {why}, but pod {} of {} is being restarted",
+                    p.pod, workload.kind_name
+                ),
+            );
+        }
+        None => false,
     };
-    if of_workload().any(|(r, _)| r.action == RemediationOutcome::Pending) {
-        return Decision::Report {
-            outcome: RemediationOutcome::Blocked,
-            reason: "RestartInProgress",
-            message: format!(
-                "not restarted: {why}, but another pod of {workload} is being restarted"
-            ),
-        };
-    }
-    let restarts: Vec<i64> = of_workload()
-        .filter(|(r, _)| r.action == RemediationOutcome::Restarted)
-        .map(|(_, at)| *at)
-        .collect();
-    if let Some(last) = restarts.iter().max()
+    if let Some(last) = ledger.restarts.iter().map(|r| r.at).max()
         && now - last < s.cooldown.as_secs() as i64
     {
-        return Decision::Report {
-            outcome: RemediationOutcome::Blocked,
-            reason: "Cooldown",
-            message: format!(
-                "not restarted: {why}, but {workload} was restarted {}s ago (cooldown {}s)",
+        return report(
+            Blocked,
+            RemediationReason::Cooldown,
+            format!(
+                "not restarted: {why}, but {} was restarted {}s ago (cooldown {}s)",
+                workload.kind_name,
                 now - last,
                 s.cooldown.as_secs()
             ),
-        };
+        );
     }
-    let in_window = restarts
+    let in_window = ledger
+        .restarts
         .iter()
-        .filter(|at| now - **at < s.window.as_secs() as i64)
+        .filter(|r| now - r.at < s.window.as_secs() as i64)
         .count();
     if in_window >= s.max_restarts as usize {
-        return Decision::Report {
-            outcome: RemediationOutcome::Blocked,
-            reason: "MaxRestarts",
-            message: format!(
-                "not restarted: {why}, but {workload} had {in_window} restarts in the last {}s (maxRestarts {})",
+        return report(
+            Blocked,
+            RemediationReason::MaxRestarts,
+            format!(
+                "not restarted: {why}, but {} had {in_window} restarts in the last {}s (maxRestarts {})",
+                workload.kind_name,
                 s.window.as_secs(),
                 s.max_restarts
             ),
-        };
+        );
     }
-    Decision::Evict
+    if resume {
+        return Decision::Resume;
+    }
+    Decision::Evict(Intent {
+        pod: pod.name.clone(),
+        pod_uid: pod.uid.clone(),
+        at: now,
+        // The OOM kill would have happened by then: an older intent means nothing.
+        expires: now + (tto.ceil() as i64).max(10),
+        by: watch.to_owned(),
+    })
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::ledger::Restart;
     use resourcewatch_crds::ResourceWatchSpec;
 
     fn settings(json: serde_json::Value) -> WatchSettings {
         let spec: ResourceWatchSpec = serde_json::from_value(json).unwrap();
-        WatchSettings::from_spec(&spec).unwrap()
+        WatchSettings::from_spec(&spec, &crate::spec::Floors::none()).unwrap()
     }
 
     fn restart(extra: serde_json::Value) -> WatchSettings {
@@ -186,79 +236,31 @@ mod tests {
         }
     }
 
-    fn pod(workload: Option<&str>) -> PodFacts {
+    fn workload() -> Workload {
+        Workload {
+            namespace: "ns".into(),
+            kind_name: "Deployment/api".into(),
+        }
+    }
+
+    fn pod(bare: bool) -> PodFacts {
         PodFacts {
             name: "api-1".into(),
             uid: "uid-1".into(),
-            workload: workload.map(Into::into),
+            workload: (!bare).then(workload),
             deleting: false,
         }
     }
 
-    fn record(
-        uid: &str,
-        action: RemediationOutcome,
-        reason: &str,
-        at: i64,
-    ) -> (RemediationRecord, i64) {
-        (
-            RemediationRecord {
-                pod: "p".into(),
-                pod_uid: uid.into(),
-                workload: Some("Deployment/api".into()),
-                action,
-                reason: reason.into(),
-                time_to_oom_seconds: Some(30.0),
-                confidence: 90,
-                time: String::new(),
-            },
-            at,
-        )
+    fn open() -> Gate {
+        Gate {
+            master_switch: true,
+            namespace_opted_in: true,
+            authorization: Ok("alice".into()),
+        }
     }
 
-    #[test]
-    fn only_a_confident_prediction_below_the_threshold_triggers() {
-        let s = restart(serde_json::json!({}));
-        let p = pod(Some("Deployment/api"));
-        assert_eq!(
-            decide(&s, true, &leak(Some(30.0), 90), &p, &[], 0),
-            Decision::Evict
-        );
-        assert_eq!(
-            decide(&s, true, &leak(Some(300.0), 90), &p, &[], 0),
-            Decision::Nothing,
-            "not soon enough"
-        );
-        assert_eq!(
-            decide(&s, true, &leak(Some(30.0), 40), &p, &[], 0),
-            Decision::Nothing,
-            "not confident"
-        );
-        assert_eq!(
-            decide(&s, true, &leak(None, 90), &p, &[], 0),
-            Decision::Nothing,
-            "no prediction"
-        );
-        let alert = settings(
-            serde_json::json!({"remediation": {"action": "Alert", "minTimeToOOM": "60s"}}),
-        );
-        assert_eq!(
-            decide(&alert, true, &leak(Some(30.0), 90), &p, &[], 0),
-            Decision::Nothing,
-            "Alert never restarts"
-        );
-        let deleting = PodFacts {
-            deleting: true,
-            ..p
-        };
-        assert_eq!(
-            decide(&s, true, &leak(Some(30.0), 90), &deleting, &[], 0),
-            Decision::Nothing
-        );
-    }
-
-    /// What a decision records and announces, without its message.
-    fn reported(d: &Decision) -> Option<(RemediationOutcome, &'static str)> {
+    fn reason(d: &Decision) -> Option<(RemediationOutcome, RemediationReason)> {
         match d {
             Decision::Report {
                 outcome, reason, ..
@@ -267,127 +269,186 @@ mod tests {
         }
     }
 
+    fn restarted(at: i64) -> Restart {
+        Restart {
+            pod: "p".into(),
+            pod_uid: format!("uid-{at}"),
+            at,
+            by: "ns/w".into(),
+        }
+    }
+
     #[test]
-    fn dry_run_the_master_switch_and_bare_pods_touch_nothing() {
-        let p = pod(Some("Deployment/api"));
+    fn only_a_confident_prediction_below_the_threshold_triggers() {
+        let s = restart(serde_json::json!({}));
         let d = decide(
-            &restart(serde_json::json!({"dryRun": true})),
-            true,
+            &s,
+            &open(),
             &leak(Some(30.0), 90),
-            &p,
-            &[],
-            0,
+            &pod(false),
+            None,
+            "ns/w",
+            1000,
         );
         assert_eq!(
-            reported(&d),
-            Some((RemediationOutcome::WouldRestart, "DryRun"))
+            d,
+            Decision::Evict(Intent {
+                pod: "api-1".into(),
+                pod_uid: "uid-1".into(),
+                at: 1000,
+                expires: 1030,
+                by: "ns/w".into()
+            })
         );
-        let d = decide(
-            &restart(serde_json::json!({})),
-            false,
-            &leak(Some(30.0), 90),
-            &p,
-            &[],
-            0,
-        );
-        assert_eq!(
-            reported(&d),
-            Some((RemediationOutcome::WouldRestart, "RemediationDisabled"))
-        );
-        let d = decide(
-            &restart(serde_json::json!({})),
-            true,
-            &leak(Some(30.0), 90),
-            &pod(None),
-            &[],
-            0,
+        for (tto, conf) in [(Some(300.0), 90), (Some(30.0), 40), (None, 90)] {
+            assert_eq!(
+                decide(&s, &open(), &leak(tto, conf), &pod(false), None, "ns/w", 0),
+                Decision::Nothing
+            );
+        }
+        let alert = settings(
+            serde_json::json!({"remediation": {"action": "Alert", "minTimeToOOM": "60s"}}),
         );
         assert_eq!(
-            reported(&d),
-            Some((RemediationOutcome::Blocked, "NoController"))
+            decide(
+                &alert,
+                &open(),
+                &leak(Some(30.0), 90),
+                &pod(false),
+                None,
+                "ns/w",
+                0
+            ),
+            Decision::Nothing
         );
     }
 
     #[test]
-    fn one_decision_per_pod_and_the_workload_rails() {
+    fn every_gate_says_why_it_refuses() {
         let s = restart(serde_json::json!({}));
-        let p = pod(Some("Deployment/api"));
         let l = leak(Some(30.0), 90);
-        // Already decided for this pod: nothing more (no repeated eviction, no repeated Event).
+        let p = pod(false);
+        let dry = restart(serde_json::json!({"dryRun": true}));
         assert_eq!(
-            decide(
+            reason(&decide(&dry, &open(), &l, &p, None, "w", 0)),
+            Some((RemediationOutcome::WouldRestart, RemediationReason::DryRun))
+        );
+        let off = Gate {
+            master_switch: false,
+            ..open()
+        };
+        assert_eq!(
+            reason(&decide(&s, &off, &l, &p, None, "w", 0)),
+            Some((
+                RemediationOutcome::WouldRestart,
+                RemediationReason::RemediationDisabled
+            ))
+        );
+        let closed = Gate {
+            namespace_opted_in: false,
+            ..open()
+        };
+        assert_eq!(
+            reason(&decide(&s, &closed, &l, &p, None, "w", 0)),
+            Some((
+                RemediationOutcome::Blocked,
+                RemediationReason::NamespaceNotOptedIn
+            ))
+        );
+        let nobody = Gate {
+            authorization: Err("bob may not evict".into()),
+            ..open()
+        };
+        let d = decide(&s, &nobody, &l, &p, None, "w", 0);
+        assert_eq!(
+            reason(&d),
+            Some((
+                RemediationOutcome::Blocked,
+                RemediationReason::NotAuthorized
+            ))
+        );
+        assert!(
+            matches!(d, Decision::Report { message, .. } if message.contains("bob may not evict"))
+        );
+        assert_eq!(
+            reason(&decide(&s, &open(), &l, &pod(true), None, "w", 0)),
+            Some((RemediationOutcome::Blocked, RemediationReason::NoController))
+        );
+    }
+
+    #[test]
+    fn the_workload_ledger_holds_the_rails_for_every_watch() {
+        let s = restart(serde_json::json!({}));
+        let l = leak(Some(30.0), 90);
+        let p = pod(false);
+        let other_pending = Ledger {
+            pending: Some(Intent {
+                pod: "api-0".into(),
+                pod_uid: "uid-0".into(),
+                at: 0,
+                expires: 60,
+                by: "ns/other-watch".into(),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            reason(&decide(
                 &s,
-                true,
+                &open(),
                 &l,
                 &p,
-                &[record("uid-1", RemediationOutcome::Pending, "", 0)],
+                Some(&other_pending),
+                "ns/w",
                 5
+            )),
+            Some((
+                RemediationOutcome::Blocked,
+                RemediationReason::RestartInProgress
+            ))
+        );
+        // An expired intent is no intent.
+        assert!(matches!(
+            decide(&s, &open(), &l, &p, Some(&other_pending), "ns/w", 61),
+            Decision::Evict(_)
+        ));
+        // This pod's own intent, still holding: carried out (by whichever watch sees it).
+        let mine = Ledger {
+            pending: Some(Intent {
+                pod_uid: "uid-1".into(),
+                expires: 60,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide(&s, &open(), &l, &p, Some(&mine), "ns/w2", 5),
+            Decision::Resume
+        );
+        let recent = Ledger {
+            restarts: vec![restarted(0)],
+            ..Default::default()
+        };
+        assert_eq!(
+            reason(&decide(&s, &open(), &l, &p, Some(&recent), "ns/w", 300)),
+            Some((RemediationOutcome::Blocked, RemediationReason::Cooldown))
+        );
+        assert!(matches!(
+            decide(&s, &open(), &l, &p, Some(&recent), "ns/w", 700),
+            Decision::Evict(_)
+        ));
+        let two = Ledger {
+            restarts: vec![restarted(0), restarted(1000)],
+            ..Default::default()
+        };
+        assert_eq!(
+            reason(&decide(&s, &open(), &l, &p, Some(&two), "ns/w", 2000)),
+            Some((RemediationOutcome::Blocked, RemediationReason::MaxRestarts))
+        );
+        assert!(
+            matches!(
+                decide(&s, &open(), &l, &p, Some(&two), "ns/w", 3700),
+                Decision::Evict(_)
             ),
-            Decision::Nothing
-        );
-        assert_eq!(
-            decide(
-                &s,
-                true,
-                &l,
-                &p,
-                &[record("uid-1", RemediationOutcome::Restarted, "", 0)],
-                5
-            ),
-            Decision::Nothing
-        );
-        // A PDB refusal is retried after PDB_RETRY.
-        let pdb = [record(
-            "uid-1",
-            RemediationOutcome::Blocked,
-            "PodDisruptionBudget",
-            0,
-        )];
-        assert_eq!(decide(&s, true, &l, &p, &pdb, 10), Decision::Nothing);
-        assert_eq!(decide(&s, true, &l, &p, &pdb, 31), Decision::Evict);
-        // Another pod of the workload: in progress, cooldown, max restarts.
-        let d = decide(
-            &s,
-            true,
-            &l,
-            &p,
-            &[record("uid-0", RemediationOutcome::Pending, "", 0)],
-            5,
-        );
-        assert_eq!(
-            reported(&d).map(|(_, r)| r),
-            Some("RestartInProgress"),
-            "{d:?}"
-        );
-        let d = decide(
-            &s,
-            true,
-            &l,
-            &p,
-            &[record("uid-0", RemediationOutcome::Restarted, "", 0)],
-            300,
-        );
-        assert_eq!(reported(&d).map(|(_, r)| r), Some("Cooldown"), "{d:?}");
-        assert_eq!(
-            decide(
-                &s,
-                true,
-                &l,
-                &p,
-                &[record("uid-0", RemediationOutcome::Restarted, "", 0)],
-                700
-            ),
-            Decision::Evict
-        );
-        let two = [
-            record("uid-a", RemediationOutcome::Restarted, "", 0),
-            record("uid-b", RemediationOutcome::Restarted, "", 1000),
-        ];
-        let d = decide(&s, true, &l, &p, &two, 2000);
-        assert_eq!(reported(&d).map(|(_, r)| r), Some("MaxRestarts"), "{d:?}");
-        assert_eq!(
-            decide(&s, true, &l, &p, &two, 3700),
-            Decision::Evict,
             "the window slid"
         );
     }

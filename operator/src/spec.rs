@@ -33,8 +33,44 @@ pub struct WatchSettings {
     pub dry_run: bool,
 }
 
+/// The admin's floors for `Restart` watches (operator flags): a watch asking for less
+/// caution is `Ready=False` and never acts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Floors {
+    pub min_confidence: u8,
+    pub min_cooldown: Duration,
+    pub min_window: Duration,
+    pub max_restarts: u32,
+}
+
+impl Floors {
+    /// No floor at all (tests of the rails themselves).
+    pub fn none() -> Self {
+        Self {
+            min_confidence: 0,
+            min_cooldown: Duration::ZERO,
+            min_window: Duration::ZERO,
+            max_restarts: u32::MAX,
+        }
+    }
+}
+
+impl Default for Floors {
+    /// The operator's defaults.
+    fn default() -> Self {
+        Self {
+            min_confidence: 60,
+            min_cooldown: Duration::from_secs(5 * 60),
+            min_window: Duration::from_secs(30 * 60),
+            max_restarts: 10,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
+    #[error("remediation is below the operator's floors: {0}")]
+    BelowFloor(String),
     #[error("{field}: {value:?} is not a duration such as 30s, 1m30s or 500ms")]
     Duration { field: &'static str, value: String },
     #[error("interval {0:?} is below the 5s minimum that protects the API server")]
@@ -46,7 +82,7 @@ pub enum SpecError {
 }
 
 impl WatchSettings {
-    pub fn from_spec(spec: &ResourceWatchSpec) -> Result<Self, SpecError> {
+    pub fn from_spec(spec: &ResourceWatchSpec, floors: &Floors) -> Result<Self, SpecError> {
         let interval = duration("interval", &spec.interval)?;
         if interval < MIN_INTERVAL {
             return Err(SpecError::IntervalTooShort(spec.interval.clone()));
@@ -57,7 +93,7 @@ impl WatchSettings {
         }
         validate_selector(&spec.selector).map_err(SpecError::Selector)?;
         let r = &spec.remediation;
-        Ok(Self {
+        let settings = Self {
             selector: spec.selector.clone(),
             top_k: spec.top_k,
             cpu: spec.metrics.contains(&Metric::Cpu),
@@ -74,7 +110,54 @@ impl WatchSettings {
             max_restarts: r.max_restarts,
             window: duration("remediation.window", &r.window)?,
             dry_run: r.dry_run,
-        })
+        };
+        settings.check_floors(floors)?;
+        Ok(settings)
+    }
+
+    fn check_floors(&self, f: &Floors) -> Result<(), SpecError> {
+        if self.action != RemediationAction::Restart {
+            return Ok(());
+        }
+        let mut below = Vec::new();
+        if self.min_confidence < f.min_confidence {
+            below.push(format!(
+                "leakDetection.minConfidence {} < {}",
+                self.min_confidence, f.min_confidence
+            ));
+        }
+        if self.cooldown < f.min_cooldown {
+            below.push(format!(
+                "remediation.cooldown {} < {}",
+                format_duration(self.cooldown),
+                format_duration(f.min_cooldown)
+            ));
+        }
+        if self.window < f.min_window {
+            below.push(format!(
+                "remediation.window {} < {}",
+                format_duration(self.window),
+                format_duration(f.min_window)
+            ));
+        }
+        if self.max_restarts > f.max_restarts {
+            below.push(format!(
+                "remediation.maxRestarts {} > {}",
+                self.max_restarts, f.max_restarts
+            ));
+        }
+        if below.is_empty() {
+            Ok(())
+        } else {
+            Err(SpecError::BelowFloor(below.join(", ")))
+        }
+    }
+}
+
+#[cfg(test)]
+impl WatchSettings {
+    fn from_spec_default(spec: &ResourceWatchSpec) -> Result<Self, SpecError> {
+        Self::from_spec(spec, &Floors::default())
     }
 }
 
@@ -241,10 +324,10 @@ mod tests {
 
     #[test]
     fn the_interval_floor_is_enforced_with_a_readable_reason() {
-        let e = WatchSettings::from_spec(&spec(serde_json::json!({"interval": "1s"})));
+        let e = WatchSettings::from_spec_default(&spec(serde_json::json!({"interval": "1s"})));
         assert_eq!(e, Err(SpecError::IntervalTooShort("1s".into())));
         assert!(e.unwrap_err().to_string().contains("5s minimum"));
-        let ok = WatchSettings::from_spec(&spec(serde_json::json!({"interval": "5s"})))
+        let ok = WatchSettings::from_spec_default(&spec(serde_json::json!({"interval": "5s"})))
             .expect("5s is allowed");
         assert_eq!(ok.interval, Duration::from_secs(5));
         assert!(ok.cpu && ok.memory);
@@ -252,21 +335,45 @@ mod tests {
 
     #[test]
     fn selector_semantics_the_schema_cannot_express_are_refused() {
-        let e = WatchSettings::from_spec(&spec(serde_json::json!({"selector": {
+        let e = WatchSettings::from_spec_default(&spec(serde_json::json!({"selector": {
             "matchExpressions": [{"key": "app", "operator": "In"}]}})))
         .unwrap_err();
         assert!(e.to_string().contains("needs at least one value"), "{e}");
-        let e = WatchSettings::from_spec(&spec(serde_json::json!({"selector": {
+        let e = WatchSettings::from_spec_default(&spec(serde_json::json!({"selector": {
             "matchLabels": {"bad key!": "x"}}})))
         .unwrap_err();
         assert!(e.to_string().contains("label key"), "{e}");
-        let e = WatchSettings::from_spec(&spec(serde_json::json!({"selector": {
+        let e = WatchSettings::from_spec_default(&spec(serde_json::json!({"selector": {
             "matchLabels": {"app": "-x"}}})))
         .unwrap_err();
         assert!(e.to_string().contains("label value"), "{e}");
         assert!(
-            WatchSettings::from_spec(&spec(serde_json::json!({"selector": {
+            WatchSettings::from_spec_default(&spec(serde_json::json!({"selector": {
                 "matchLabels": {"app.kubernetes.io/name": "api"}}})))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_restart_watch_below_the_floors_is_refused_with_each_floor_named() {
+        let e = WatchSettings::from_spec_default(&spec(serde_json::json!({
+            "leakDetection": {"minConfidence": 0},
+            "remediation": {"action": "Restart", "cooldown": "0s", "window": "1ms", "maxRestarts": 100}})))
+        .unwrap_err();
+        let m = e.to_string();
+        for part in [
+            "minConfidence 0 < 60",
+            "cooldown 0s < 5m",
+            "window 0s < 30m",
+            "maxRestarts 100 > 10",
+        ] {
+            assert!(m.contains(part), "{m}");
+        }
+        // The same numbers are fine for a watch that never evicts.
+        assert!(
+            WatchSettings::from_spec_default(&spec(serde_json::json!({
+            "leakDetection": {"minConfidence": 0},
+            "remediation": {"action": "Alert", "cooldown": "0s"}})))
             .is_ok()
         );
     }

@@ -15,6 +15,7 @@ use resourcewatch_proto as pb;
 
 use crate::{
     hub::NodeView,
+    model::{ConditionType, EventAction, EventReason},
     spec::{SpecError, WatchSettings, format_duration},
 };
 
@@ -32,8 +33,8 @@ pub struct SelectedPod {
 #[derive(Clone, Debug, PartialEq)]
 pub struct EventSpec {
     pub warning: bool,
-    pub reason: &'static str,
-    pub action: &'static str,
+    pub reason: EventReason,
+    pub action: EventAction,
     pub note: String,
     pub pod: Option<String>,
 }
@@ -55,6 +56,9 @@ pub enum Outcome {
     Write {
         status: Box<ResourceWatchStatus>,
         events: Vec<EventSpec>,
+        /// The leaks of nodes reporting now. `status.leaks` also keeps a lost node's
+        /// last entries (for people); only these may drive a remediation.
+        fresh_leaks: Vec<LeakEntry>,
     },
 }
 
@@ -164,9 +168,10 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
             }
         }
     }
+    let fresh_leaks: Vec<LeakEntry> = leaks.values().map(|(_, l)| l.clone()).collect();
     // A node that stopped reporting keeps its last known entries (the Degraded condition
     // says they are stale): dropping them would turn every agent restart into a
-    // LeakDetected / ThresholdCrossed the moment it reports again.
+    // LeakDetected / ThresholdCrossed the moment it reports again. They are never acted on.
     if let Some(old) = i.old {
         let stale: BTreeSet<&str> = i
             .nodes
@@ -223,6 +228,13 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         let kb = b.time_to_oom_seconds.unwrap_or(f64::MAX);
         ka.total_cmp(&kb).then(b.confidence.cmp(&a.confidence))
     });
+    exceeding.sort_by(|a, b| b.value.total_cmp(&a.value));
+    let mut truncated = resourcewatch_crds::Truncated::default();
+    let cap = |n: usize, max: usize| n.saturating_sub(max) as u32;
+    truncated.leaks = cap(leaks.len(), resourcewatch_crds::MAX_STATUS_LEAKS);
+    leaks.truncate(resourcewatch_crds::MAX_STATUS_LEAKS);
+    truncated.exceeding = cap(exceeding.len(), resourcewatch_crds::MAX_STATUS_EXCEEDING);
+    exceeding.truncate(resourcewatch_crds::MAX_STATUS_EXCEEDING);
 
     // A node's health speaks for every watch on it; each watch shows only its own containers.
     let my_containers: BTreeSet<&str> = i
@@ -230,16 +242,25 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         .iter()
         .flat_map(|p| p.containers.keys().map(String::as_str))
         .collect();
-    let node_entries: Vec<NodeEntry> = i
+    // Nodes with something to say first, so a cap never hides a problem behind healthy ones.
+    let mut node_entries: Vec<NodeEntry> = i
         .nodes
         .iter()
-        .map(|n| NodeEntry {
-            name: n.name.clone(),
-            reporting: !n.missing,
-            config_version: n.acked_version,
-            message: node_message(n, &my_containers),
+        .map(|n| {
+            let mut message = node_message(n, &my_containers);
+            crate::validate::truncate(&mut message, resourcewatch_crds::MAX_MESSAGE);
+            NodeEntry {
+                name: n.name.clone(),
+                reporting: !n.missing,
+                config_version: n.acked_version,
+                message,
+            }
         })
         .collect();
+    node_entries.sort_by_key(|n| (n.reporting, n.message.is_empty()));
+    truncated.nodes = cap(node_entries.len(), resourcewatch_crds::MAX_STATUS_NODES);
+    node_entries.truncate(resourcewatch_crds::MAX_STATUS_NODES);
+    node_entries.sort_by(|a, b| a.name.cmp(&b.name));
     let expected = i.nodes.len() as u32;
     let reporting = i.nodes.iter().filter(|n| n.reporting).count() as u32;
     let missing: Vec<&str> = i
@@ -257,21 +278,21 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
 
     let ready = if pending {
         cond(
-            "Ready",
+            ConditionType::Ready,
             ConditionStatus::Unknown,
             "WaitingForAgents",
             "waiting for the agents of the selected pods' nodes to report".into(),
         )
     } else if i.pods.is_empty() {
         cond(
-            "Ready",
+            ConditionType::Ready,
             ConditionStatus::True,
             "NoPodsSelected",
             "the selector matches no pod in this namespace".into(),
         )
     } else {
         cond(
-            "Ready",
+            ConditionType::Ready,
             ConditionStatus::True,
             "Watching",
             format!(
@@ -283,21 +304,27 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
     };
     let degraded = if !missing.is_empty() {
         cond(
-            "Degraded",
+            ConditionType::Degraded,
             ConditionStatus::True,
             "AgentsMissing",
-            format!("no report from the agent of node(s) {}", missing.join(", ")),
+            format!(
+                "no report from the agent of node(s) {}",
+                list_some(&missing)
+            ),
         )
     } else if !nacked.is_empty() {
         cond(
-            "Degraded",
+            ConditionType::Degraded,
             ConditionStatus::True,
             "ConfigRejected",
-            nacked.join("; "),
+            {
+                let n: Vec<&str> = nacked.iter().map(String::as_str).collect();
+                list_some(&n)
+            },
         )
     } else {
         cond(
-            "Degraded",
+            ConditionType::Degraded,
             ConditionStatus::False,
             "AllAgentsReporting",
             String::new(),
@@ -332,6 +359,7 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         remediations: i.old.map(|o| o.remediations.clone()).unwrap_or_default(),
         summary,
         last_update_time: Some(i.now.to_owned()),
+        truncated: (truncated != resourcewatch_crds::Truncated::default()).then_some(truncated),
     };
     carry_transition_times(&mut status.conditions, i.old, i.now);
     let events = if pending {
@@ -342,7 +370,23 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
     Outcome::Write {
         status: Box::new(status),
         events,
+        fresh_leaks,
     }
+}
+
+/// At most ten names, then how many more: a message stays readable with 1,000 nodes.
+fn list_some(names: &[&str]) -> String {
+    const SHOWN: usize = 10;
+    let mut s = names
+        .iter()
+        .take(SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        s.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    s
 }
 
 fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
@@ -350,13 +394,13 @@ fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
     status.observed_generation = i.generation;
     status.conditions = vec![
         cond(
-            "Ready",
+            ConditionType::Ready,
             ConditionStatus::False,
             "InvalidSpec",
             e.to_string(),
         ),
         cond(
-            "Degraded",
+            ConditionType::Degraded,
             ConditionStatus::False,
             "InvalidSpec",
             String::new(),
@@ -367,17 +411,20 @@ fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
     status.leaks.clear();
     status.exceeding.clear();
     status.nodes.clear();
+    status.truncated = None;
     status.summary = Summary::default();
     status.last_update_time = Some(i.now.to_owned());
     carry_transition_times(&mut status.conditions, i.old, i.now);
-    let was = i.old.and_then(|o| find(&o.conditions, "Ready"));
+    let was = i
+        .old
+        .and_then(|o| find(&o.conditions, ConditionType::Ready));
     let events = if was.is_some_and(|c| c.reason == "InvalidSpec" && c.message == e.to_string()) {
         Vec::new()
     } else {
         vec![EventSpec {
             warning: true,
-            reason: "InvalidSpec",
-            action: "Validate",
+            reason: EventReason::InvalidSpec,
+            action: EventAction::Validate,
             note: e.to_string(),
             pod: None,
         }]
@@ -385,6 +432,7 @@ fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
     Outcome::Write {
         status: Box::new(status),
         events,
+        fresh_leaks: Vec::new(),
     }
 }
 
@@ -395,16 +443,16 @@ fn transitions(
 ) -> Vec<EventSpec> {
     let mut out = Vec::new();
     let was_ready = old
-        .and_then(|o| find(&o.conditions, "Ready"))
+        .and_then(|o| find(&o.conditions, ConditionType::Ready))
         .is_some_and(|c| c.status == ConditionStatus::True);
-    if let Some(r) = find(&new.conditions, "Ready")
+    if let Some(r) = find(&new.conditions, ConditionType::Ready)
         && r.status == ConditionStatus::True
         && !was_ready
     {
         out.push(ev(
             false,
-            "WatchReady",
-            "Reconcile",
+            EventReason::WatchReady,
+            EventAction::Reconcile,
             r.message.clone(),
             None,
         ));
@@ -421,15 +469,15 @@ fn transitions(
         match (old_nodes.get(n.name.as_str()), n.reporting) {
             (Some(true) | None, false) => out.push(ev(
                 true,
-                "AgentLost",
-                "Monitor",
+                EventReason::AgentLost,
+                EventAction::Monitor,
                 format!("the agent on node {} stopped reporting: its pods' figures are missing from this status", n.name),
                 None,
             )),
             (Some(false), true) => out.push(ev(
                 false,
-                "AgentRecovered",
-                "Monitor",
+                EventReason::AgentRecovered,
+                EventAction::Monitor,
                 format!("the agent on node {} reports again", n.name),
                 None,
             )),
@@ -442,8 +490,8 @@ fn transitions(
         if n.message.starts_with("configuration rejected") && n.message != old_msg {
             out.push(ev(
                 true,
-                "ConfigRejected",
-                "Configure",
+                EventReason::ConfigRejected,
+                EventAction::Configure,
                 format!("node {}: {}", n.name, n.message),
                 None,
             ));
@@ -481,12 +529,18 @@ fn transitions(
                 .map(|b| format!(" (limit {})", format_bytes(b)))
                 .unwrap_or_default(),
         );
-        out.push(ev(true, "LeakDetected", "Predict", note.clone(), None));
+        out.push(ev(
+            true,
+            EventReason::LeakDetected,
+            EventAction::Predict,
+            note.clone(),
+            None,
+        ));
         if settings.action != resourcewatch_crds::RemediationAction::None {
             out.push(ev(
                 true,
-                "LeakDetected",
-                "Predict",
+                EventReason::LeakDetected,
+                EventAction::Predict,
                 note,
                 Some(l.pod.clone()),
             ));
@@ -510,8 +564,8 @@ fn transitions(
         };
         out.push(ev(
             true,
-            "ThresholdCrossed",
-            "Monitor",
+            EventReason::ThresholdCrossed,
+            EventAction::Monitor,
             format!("{}/{}: {what}", e.pod, e.container),
             None,
         ));
@@ -553,8 +607,8 @@ fn node_message(n: &NodeView, mine: &BTreeSet<&str>) -> String {
 
 fn ev(
     warning: bool,
-    reason: &'static str,
-    action: &'static str,
+    reason: EventReason,
+    action: EventAction,
     note: String,
     pod: Option<String>,
 ) -> EventSpec {
@@ -567,9 +621,15 @@ fn ev(
     }
 }
 
-fn cond(type_: &str, status: ConditionStatus, reason: &str, message: String) -> Condition {
+pub fn cond(
+    type_: ConditionType,
+    status: ConditionStatus,
+    reason: &str,
+    mut message: String,
+) -> Condition {
+    crate::validate::truncate(&mut message, resourcewatch_crds::MAX_MESSAGE);
     Condition {
-        type_: type_.into(),
+        type_: type_.as_str().into(),
         status,
         reason: reason.into(),
         message,
@@ -578,14 +638,18 @@ fn cond(type_: &str, status: ConditionStatus, reason: &str, message: String) -> 
     }
 }
 
-fn find<'a>(conds: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conds.iter().find(|c| c.type_ == type_)
+pub fn find(conds: &[Condition], type_: ConditionType) -> Option<&Condition> {
+    conds.iter().find(|c| c.type_ == type_.as_str())
 }
 
 /// A condition keeps its transition time while its status does not change.
-fn carry_transition_times(conds: &mut [Condition], old: Option<&ResourceWatchStatus>, now: &str) {
+pub fn carry_transition_times(
+    conds: &mut [Condition],
+    old: Option<&ResourceWatchStatus>,
+    now: &str,
+) {
     for c in conds {
-        let prev = old.and_then(|o| find(&o.conditions, &c.type_));
+        let prev = old.and_then(|o| o.conditions.iter().find(|p| p.type_ == c.type_));
         c.last_transition_time = match prev {
             Some(p) if p.status == c.status => p.last_transition_time.clone(),
             _ => now.to_owned(),
@@ -641,7 +705,7 @@ mod tests {
 
     fn settings(json: serde_json::Value) -> Result<WatchSettings, SpecError> {
         let spec: ResourceWatchSpec = serde_json::from_value(json).expect("spec");
-        WatchSettings::from_spec(&spec)
+        WatchSettings::from_spec(&spec, &crate::spec::Floors::default())
     }
 
     fn pod(uid: &str, node: &str) -> SelectedPod {
@@ -688,7 +752,7 @@ mod tests {
 
     fn write(o: Outcome) -> (ResourceWatchStatus, Vec<EventSpec>) {
         match o {
-            Outcome::Write { status, events } => (*status, events),
+            Outcome::Write { status, events, .. } => (*status, events),
             Outcome::Hold => panic!("expected a write"),
         }
     }
@@ -865,7 +929,7 @@ mod tests {
             old: Some(&st1),
             now: "t1",
         }));
-        let d = find(&st2.conditions, "Degraded").unwrap();
+        let d = find(&st2.conditions, ConditionType::Degraded).unwrap();
         assert_eq!(
             (d.status, d.reason.as_str()),
             (ConditionStatus::True, "AgentsMissing")
@@ -885,7 +949,7 @@ mod tests {
         }));
         assert!(ev3.is_empty());
         assert_eq!(
-            find(&st3.conditions, "Degraded")
+            find(&st3.conditions, ConditionType::Degraded)
                 .unwrap()
                 .last_transition_time,
             "t1"
@@ -942,7 +1006,7 @@ mod tests {
             now: "t1",
         }));
         assert_eq!(
-            find(&st2.conditions, "Ready").unwrap().reason,
+            find(&st2.conditions, ConditionType::Ready).unwrap().reason,
             "WaitingForAgents"
         );
         assert!(ev.is_empty());
@@ -959,7 +1023,7 @@ mod tests {
             old: None,
             now: "t0",
         }));
-        let r = find(&st.conditions, "Ready").unwrap();
+        let r = find(&st.conditions, ConditionType::Ready).unwrap();
         assert_eq!(
             (r.status, r.reason.as_str()),
             (ConditionStatus::False, "InvalidSpec")

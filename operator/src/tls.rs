@@ -19,12 +19,16 @@ pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
 pub const TLS_CERT: &str = "tls.crt";
 pub const TLS_KEY: &str = "tls.key";
+/// The key of the admission webhook's authorization records (HMAC), beside the CA.
+pub const AUTHZ_KEY: &str = "authz.key";
 
 /// A CA certificate and its key, PEM.
 #[derive(Clone, Debug)]
 pub struct Pki {
     pub ca_cert: String,
     pub ca_key: String,
+    /// 32 random bytes, hex: signs the watches' authorization records.
+    pub authz_key: String,
 }
 
 /// A leaf certificate and key, PEM.
@@ -48,6 +52,7 @@ impl Pki {
         Ok(Self {
             ca_cert: cert.pem(),
             ca_key: key.serialize_pem(),
+            authz_key: random_key()?,
         })
     }
 
@@ -90,6 +95,15 @@ impl Pki {
     }
 }
 
+fn random_key() -> Result<String> {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut b)
+        .map_err(|_| Error::Tls("no randomness for the authorization key".into()))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
 fn get(s: &Secret, k: &str) -> Option<String> {
     s.data
         .as_ref()?
@@ -127,15 +141,41 @@ pub async fn ensure_ca(client: &Client, ns: &str, name: &str) -> Result<Pki> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     for _ in 0..3 {
         if let Some(s) = api.get_opt(name).await? {
-            return match (get(&s, CA_CERT), get(&s, CA_KEY)) {
-                (Some(ca_cert), Some(ca_key)) => Ok(Pki { ca_cert, ca_key }),
-                _ => Err(Error::Tls(format!(
+            let (Some(ca_cert), Some(ca_key)) = (get(&s, CA_CERT), get(&s, CA_KEY)) else {
+                return Err(Error::Tls(format!(
                     "Secret {ns}/{name} lacks {CA_CERT} or {CA_KEY}; delete it to have a new CA generated"
-                ))),
+                )));
             };
+            if let Some(authz_key) = get(&s, AUTHZ_KEY) {
+                return Ok(Pki {
+                    ca_cert,
+                    ca_key,
+                    authz_key,
+                });
+            }
+            // A CA Secret of an older operator: add the authorization key (a conflict
+            // means another replica just did; read theirs).
+            let mut with_key = s.clone();
+            with_key
+                .data
+                .get_or_insert_default()
+                .insert(AUTHZ_KEY.into(), ByteString(random_key()?.into_bytes()));
+            match api.replace(name, &PostParams::default(), &with_key).await {
+                Ok(_) => continue,
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => return Err(e.into()),
+            }
         }
         let pki = Pki::generate()?;
-        let s = secret(ns, name, &[(CA_CERT, &pki.ca_cert), (CA_KEY, &pki.ca_key)]);
+        let s = secret(
+            ns,
+            name,
+            &[
+                (CA_CERT, &pki.ca_cert),
+                (CA_KEY, &pki.ca_key),
+                (AUTHZ_KEY, &pki.authz_key),
+            ],
+        );
         match api.create(&PostParams::default(), &s).await {
             Ok(_) => return Ok(pki),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
@@ -182,4 +222,36 @@ pub async fn ensure_agent_secret(client: &Client, ns: &str, name: &str, pki: &Pk
         },
     }
     Ok(())
+}
+
+/// Puts the CA into the operator's MutatingWebhookConfiguration (installed with an empty
+/// `caBundle`, since the CA is made at first start). Returns false when the configuration
+/// is not installed: then no watch gets an authorization record, and none evicts.
+pub async fn ensure_webhook_ca(client: &Client, name: &str, ca_pem: &str) -> Result<bool> {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    for _ in 0..3 {
+        let Some(mut cfg) = api.get_opt(name).await? else {
+            return Ok(false);
+        };
+        let bundle = ByteString(ca_pem.as_bytes().to_vec());
+        let mut changed = false;
+        for w in cfg.webhooks.iter_mut().flatten() {
+            if w.client_config.ca_bundle.as_ref() != Some(&bundle) {
+                w.client_config.ca_bundle = Some(bundle.clone());
+                changed = true;
+            }
+        }
+        if !changed {
+            return Ok(true);
+        }
+        match api.replace(name, &PostParams::default(), &cfg).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Tls(format!(
+        "could not update MutatingWebhookConfiguration {name}"
+    )))
 }

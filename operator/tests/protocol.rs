@@ -1,12 +1,15 @@
 //! The agent protocol end to end in one process: the operator's real tonic server over
-//! mTLS, and clients built from the same proto. Versions, ACK/NACK, reconnects, replaced
-//! streams, bad messages and bad certificates.
+//! mTLS, and clients built from the same proto. Node identity (a token must prove the
+//! node a stream claims), versions, ACK/NACK, reconnects, replaced streams, bad messages,
+//! oversized messages and bad certificates. Tokens come from a fixed table here; the
+//! TokenReview path is tested on the real API server (e2e/tests/api.rs).
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use resourcewatch_operator::{
     grpc::AgentService,
     hub::{Hub, HubOptions, TargetPod, WatchKey, WatchTargets},
+    identity::StaticTokens,
     metrics::Metrics,
     tls::{Leaf, Pki},
 };
@@ -44,6 +47,12 @@ async fn start() -> Fixture {
     let svc = AgentService {
         hub: hub.clone(),
         metrics: Arc::new(Metrics::default()),
+        auth: Arc::new(StaticTokens(
+            ["n1", "n2", "n3"]
+                .into_iter()
+                .map(|n| (format!("token-{n}"), n.to_string()))
+                .collect(),
+        )),
         leader: leader_rx,
         shutdown: shutdown_rx,
     };
@@ -57,7 +66,7 @@ async fn start() -> Fixture {
     let server = Server::builder()
         .tls_config(tls)
         .expect("tls")
-        .add_service(AgentControlServer::new(svc))
+        .add_service(AgentControlServer::new(svc).max_decoding_message_size(pb::MAX_MESSAGE_BYTES))
         .serve_with_incoming(TcpListenerStream::new(listener));
     tokio::spawn(server);
     Fixture {
@@ -95,7 +104,8 @@ impl Fixture {
             .expect("connect")
     }
 
-    /// Opens a stream and sends `first`; returns the sender and the operator's stream.
+    /// Opens a stream as the node its Hello names (with that node's token) and sends
+    /// `first`; returns the sender and the operator's stream.
     async fn open(
         &self,
         first: Msg,
@@ -103,15 +113,42 @@ impl Fixture {
         mpsc::Sender<pb::AgentMessage>,
         Result<Streaming<pb::OperatorMessage>, tonic::Status>,
     ) {
-        let mut client = AgentControlClient::new(self.channel().await);
+        let node = match &first {
+            Msg::Hello(h) => h.node_name.clone(),
+            _ => "n1".into(),
+        };
+        let token = format!("token-{node}");
+        self.open_as(first, &node, Some(&token)).await
+    }
+
+    /// The same with any claimed node and token.
+    async fn open_as(
+        &self,
+        first: Msg,
+        node: &str,
+        token: Option<&str>,
+    ) -> (
+        mpsc::Sender<pb::AgentMessage>,
+        Result<Streaming<pb::OperatorMessage>, tonic::Status>,
+    ) {
+        let mut client =
+            AgentControlClient::new(self.channel().await).max_encoding_message_size(64 << 20);
         let (tx, rx) = mpsc::channel(8);
         tx.send(pb::AgentMessage { msg: Some(first) })
             .await
             .expect("queue");
-        let resp = client
-            .session(ReceiverStream::new(rx))
-            .await
-            .map(|r| r.into_inner());
+        let mut req = tonic::Request::new(ReceiverStream::new(rx));
+        if !node.is_empty() {
+            req.metadata_mut()
+                .insert(pb::NODE_METADATA, node.parse().expect("ascii"));
+        }
+        if let Some(t) = token {
+            req.metadata_mut().insert(
+                pb::AUTHORIZATION_METADATA,
+                format!("Bearer {t}").parse().expect("ascii"),
+            );
+        }
+        let resp = client.session(req).await.map(|r| r.into_inner());
         (tx, resp)
     }
 
@@ -401,4 +438,106 @@ async fn clients_without_a_certificate_from_our_ca_are_refused() {
                 c.session(ReceiverStream::new(rx)).await.is_err()
             }
     );
+}
+
+#[tokio::test]
+async fn a_stream_must_prove_its_node_and_a_refused_one_disturbs_nobody() {
+    let f = start().await;
+    f.target("n2", &["b"]);
+    let (_tx, resp) = f.open(hello("n2")).await;
+    let mut real = resp.expect("n2's own agent");
+    let _ = next_config(&mut real).await;
+    // n1's token claiming n2, in the metadata or only in the Hello.
+    let (_t, resp) = f.open_as(hello("n2"), "n2", Some("token-n1")).await;
+    let s = resp.expect_err("refused");
+    assert_eq!(s.code(), Code::PermissionDenied, "{s}");
+    let (_t, resp) = f.open_as(hello("n2"), "n1", Some("token-n1")).await;
+    let s = resp.expect_err("refused");
+    assert_eq!(s.code(), Code::PermissionDenied, "{s}");
+    // No token, an unknown one.
+    let (_t, resp) = f.open_as(hello("n2"), "n2", None).await;
+    assert_eq!(resp.err().map(|s| s.code()), Some(Code::Unauthenticated));
+    let (_t, resp) = f.open_as(hello("n2"), "n2", Some("forged")).await;
+    assert_eq!(resp.err().map(|s| s.code()), Some(Code::Unauthenticated));
+    // The real stream was never replaced.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), real.message())
+            .await
+            .is_err(),
+        "the real agent's stream saw something"
+    );
+    assert_eq!(f.hub.connected_agents(), 1);
+}
+
+#[tokio::test]
+async fn a_report_speaks_only_for_its_own_nodes_containers_and_is_bounded() {
+    let f = start().await;
+    f.target("n1", &["a"]);
+    let other = WatchTargets {
+        top_k: 7,
+        interval: Duration::from_secs(10),
+        leaks_enabled: true,
+        min_confidence: 60,
+        horizon: Duration::from_secs(3600),
+        pods: vec![TargetPod {
+            uid: "b".into(),
+            namespace: "ns".into(),
+            name: "pod-b".into(),
+            node: "n2".into(),
+            containers: vec![("app".into(), format!("{:0>64}", "b"))],
+        }],
+    };
+    f.hub.set_watch(
+        WatchKey {
+            namespace: "ns".into(),
+            name: "w2".into(),
+        },
+        other,
+    );
+    let (tx, resp) = f.open(hello("n1")).await;
+    let mut rx = resp.expect("session");
+    let _ = next_config(&mut rx).await;
+    let leak = |uid: &str| pb::Leak {
+        pod_uid: uid.into(),
+        container_id: format!("{uid:0>64}"),
+        confidence: 100,
+        time_to_oom_seconds: Some(5.0),
+        ..Default::default()
+    };
+    tx.send(pb::AgentMessage {
+        msg: Some(Msg::Report(pb::Report {
+            leaks: vec![leak("a"), leak("b"), leak("zzz")],
+            ..Default::default()
+        })),
+    })
+    .await
+    .expect("report");
+    wait_until("the report is recorded", || view(&f.hub, "n1").reporting).await;
+    let r = view(&f.hub, "n1").last_report.expect("report");
+    let uids: Vec<&str> = r.leaks.iter().map(|l| l.pod_uid.as_str()).collect();
+    assert_eq!(uids, ["a"], "n2's pod and an unknown one are dropped");
+
+    // A message over the limit ends the stream; the operator stays up for the next.
+    let huge = pb::Report {
+        containers: vec![pb::ContainerReport::default(); (pb::MAX_MESSAGE_BYTES / 2) + 10],
+        ..Default::default()
+    };
+    tx.send(pb::AgentMessage {
+        msg: Some(Msg::Report(huge)),
+    })
+    .await
+    .expect("send");
+    let end = tokio::time::timeout(Duration::from_secs(5), rx.message())
+        .await
+        .expect("the stream ends");
+    let s = end.expect_err("with a status");
+    assert!(
+        matches!(
+            s.code(),
+            Code::OutOfRange | Code::ResourceExhausted | Code::Internal
+        ),
+        "{s}"
+    );
+    let (_tx, resp) = f.open(hello("n1")).await;
+    let _ = next_config(&mut resp.expect("a new session")).await;
 }

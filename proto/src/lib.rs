@@ -12,6 +12,19 @@ pub use v1alpha1::*;
 /// Bumped only for a change that peers of the previous version cannot understand.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// The largest message either side accepts (and the agent trims its reports to): a
+/// node with 200 targeted containers at K = 100 fits; one node cannot make the operator
+/// decode more than this per message (tonic's default is 4 MiB, and tiny repeated
+/// entries expand about a hundredfold in memory).
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+
+/// The metadata key of the agent's credentials: `Bearer <projected ServiceAccount token>`.
+pub const AUTHORIZATION_METADATA: &str = "authorization";
+
+/// The metadata key naming the node a stream speaks for (the Hello must say the same):
+/// the operator checks the token against it before reading any message.
+pub const NODE_METADATA: &str = "resourcewatch-node";
+
 /// The name every agent's client certificate carries; the operator accepts no other.
 pub const AGENT_CERT_NAME: &str = "resourcewatch-agent";
 

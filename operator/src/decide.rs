@@ -1,0 +1,616 @@
+//! A reconciliation's decisions, as one pure function: `decide(inputs) -> Plan`. The
+//! controller gathers the inputs (the watch, its pods, what the agents reported, the
+//! remediation gate and ledgers) and carries the plan out (ledger, status, evictions,
+//! Events); nothing here talks to the API server, so every decision is unit-tested
+//! without one.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use resourcewatch_crds::{
+    ConditionStatus, LeakEntry, RemediationAction, RemediationOutcome, RemediationRecord,
+    ResourceWatchStatus,
+};
+
+use crate::{
+    ledger::{Intent, Ledger, Restart, Workload},
+    model::{ConditionType, EventAction, EventReason, RemediationReason},
+    remediation::{self, Decision, Gate, PodFacts},
+    spec::WatchSettings,
+    status::{self, EventSpec, Outcome},
+};
+
+pub struct Inputs<'a> {
+    pub status: status::Inputs<'a>,
+    /// `namespace/name` of the watch.
+    pub watch: &'a str,
+    /// Facts gathered for [`candidates`] only: the gate (None when there was nothing to
+    /// gather), the candidate pods by UID, and their workloads' ledgers.
+    pub gate: Option<&'a Gate>,
+    pub pods: &'a BTreeMap<String, PodFacts>,
+    pub ledgers: &'a BTreeMap<Workload, Ledger>,
+    /// Seconds since the epoch.
+    pub now: i64,
+}
+
+/// A change of a workload's ledger, written (with its version) before any eviction.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LedgerChange {
+    Record { workload: Workload, intent: Intent },
+    Clear { workload: Workload, pod_uid: String },
+}
+
+/// An eviction to attempt once its intent is in the ledger.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Eviction {
+    pub pod: String,
+    pub pod_uid: String,
+    pub workload: Workload,
+    pub watch: String,
+    pub time_to_oom_seconds: Option<f64>,
+    pub confidence: u8,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    /// Nothing new: look again after this.
+    Skip(Duration),
+    Now,
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Agents are reconnecting: keep the stored status, look again soon.
+    pub hold: bool,
+    pub status: ResourceWatchStatus,
+    pub write: Write,
+    pub events: Vec<EventSpec>,
+    pub ledger: Vec<LedgerChange>,
+    pub evictions: Vec<Eviction>,
+    pub requeue: Duration,
+}
+
+/// The pods a remediation decision may concern, whose facts the controller must gather:
+/// those with a fresh, triggering prediction, and those a Pending record names (to
+/// finish or expire it). Empty for a watch that never restarts.
+pub fn candidates(i: &status::Inputs<'_>) -> Vec<String> {
+    let Ok(s) = i.settings else {
+        return pending_names(i.old);
+    };
+    if s.action != RemediationAction::Restart {
+        return pending_names(i.old);
+    }
+    let mut out = pending_names(i.old);
+    if let Outcome::Write { fresh_leaks, .. } = status::compute(i) {
+        out.extend(
+            fresh_leaks
+                .iter()
+                .filter(|l| remediation::triggered(s, l))
+                .map(|l| l.pod.clone()),
+        );
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn pending_names(old: Option<&ResourceWatchStatus>) -> Vec<String> {
+    old.map(|o| {
+        o.remediations
+            .iter()
+            .filter(|r| r.action == RemediationOutcome::Pending)
+            .map(|r| r.pod.clone())
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+pub fn decide(i: &Inputs<'_>) -> Plan {
+    let (mut status, mut events, fresh_leaks) = match status::compute(&i.status) {
+        Outcome::Hold => {
+            return Plan {
+                hold: true,
+                status: i.status.old.cloned().unwrap_or_default(),
+                write: Write::Skip(Duration::from_secs(2)),
+                events: Vec::new(),
+                ledger: Vec::new(),
+                evictions: Vec::new(),
+                requeue: Duration::from_secs(2),
+            };
+        }
+        Outcome::Write {
+            status,
+            events,
+            fresh_leaks,
+        } => (*status, events, fresh_leaks),
+    };
+    let mut ledger = Vec::new();
+    let mut evictions = Vec::new();
+    if let Ok(s) = i.status.settings {
+        remediate(
+            i,
+            s,
+            &fresh_leaks,
+            &mut status,
+            &mut events,
+            &mut ledger,
+            &mut evictions,
+        );
+        if s.action == RemediationAction::Restart {
+            status.conditions.push(remediation_condition(s, i.gate));
+            status::carry_transition_times(&mut status.conditions, i.status.old, i.status.now);
+        }
+    } else {
+        expire_all_pending(
+            i,
+            &mut status,
+            &mut events,
+            &mut ledger,
+            RemediationReason::IntentExpired,
+            "the watch's spec is invalid",
+        );
+    }
+    cap_records(&mut status);
+    let interval = i
+        .status
+        .settings
+        .as_ref()
+        .map(|s| s.interval)
+        .unwrap_or(Duration::from_secs(30));
+    let urgent = !evictions.is_empty()
+        || !ledger.is_empty()
+        || events.iter().any(|e| e.reason.is_remediation());
+    let write = when_to_write(i, &status, urgent, interval);
+    let requeue = if status
+        .remediations
+        .iter()
+        .any(|r| r.action == RemediationOutcome::Pending)
+    {
+        Duration::from_secs(2)
+    } else {
+        interval
+    };
+    Plan {
+        hold: false,
+        status,
+        write,
+        events,
+        ledger,
+        evictions,
+        requeue,
+    }
+}
+
+/// The `Remediation` condition of a `Restart` watch: whether it may evict now.
+fn remediation_condition(s: &WatchSettings, gate: Option<&Gate>) -> resourcewatch_crds::Condition {
+    let c = |st, reason: RemediationReason, msg: String| {
+        status::cond(ConditionType::Remediation, st, reason.as_str(), msg)
+    };
+    if s.dry_run {
+        return c(
+            ConditionStatus::False,
+            RemediationReason::DryRun,
+            "dryRun: decisions are reported, nothing is evicted".into(),
+        );
+    }
+    match gate {
+        // Nothing triggered, so nothing was gathered: what is known without the API.
+        None => status::cond(
+            ConditionType::Remediation,
+            ConditionStatus::Unknown,
+            "NotEvaluated",
+            "checked when a prediction triggers".into(),
+        ),
+        Some(g) if !g.master_switch => c(
+            ConditionStatus::False,
+            RemediationReason::RemediationDisabled,
+            "the operator runs without --enable-remediation".into(),
+        ),
+        Some(g) if !g.namespace_opted_in => c(
+            ConditionStatus::False,
+            RemediationReason::NamespaceNotOptedIn,
+            format!(
+                "a cluster admin must label this namespace {}={}",
+                resourcewatch_crds::NAMESPACE_OPT_IN_LABEL,
+                resourcewatch_crds::NAMESPACE_OPT_IN_VALUE
+            ),
+        ),
+        Some(Gate {
+            authorization: Err(e),
+            ..
+        }) => c(
+            ConditionStatus::False,
+            RemediationReason::NotAuthorized,
+            e.clone(),
+        ),
+        Some(Gate {
+            authorization: Ok(author),
+            ..
+        }) => status::cond(
+            ConditionType::Remediation,
+            ConditionStatus::True,
+            "Enabled",
+            format!("restarts are allowed (authorized by {author})"),
+        ),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn remediate(
+    i: &Inputs<'_>,
+    s: &WatchSettings,
+    fresh: &[LeakEntry],
+    status: &mut ResourceWatchStatus,
+    events: &mut Vec<EventSpec>,
+    ledger: &mut Vec<LedgerChange>,
+    evictions: &mut Vec<Eviction>,
+) {
+    let now_str = i.status.now;
+    let gate = i.gate;
+    let mut handled: Vec<String> = Vec::new();
+    if s.action == RemediationAction::Restart
+        && let Some(gate) = gate
+    {
+        for leak in fresh.iter().filter(|l| remediation::triggered(s, l)) {
+            let Some(facts) = i.pods.values().find(|p| p.name == leak.pod) else {
+                continue;
+            };
+            let book = facts.workload.as_ref().and_then(|w| i.ledgers.get(w));
+            let d = remediation::decide(s, gate, leak, facts, book, i.watch, i.now);
+            handled.push(facts.uid.clone());
+            let record = |action, reason: RemediationReason, message: String| RemediationRecord {
+                pod: facts.name.clone(),
+                pod_uid: facts.uid.clone(),
+                workload: facts.workload.as_ref().map(|w| w.kind_name.clone()),
+                action,
+                reason: reason.as_str().into(),
+                message,
+                time_to_oom_seconds: leak.time_to_oom_seconds,
+                confidence: leak.confidence,
+                time: now_str.to_owned(),
+            };
+            let eviction = |w: &Workload| Eviction {
+                pod: facts.name.clone(),
+                pod_uid: facts.uid.clone(),
+                workload: w.clone(),
+                watch: i.watch.to_owned(),
+                time_to_oom_seconds: leak.time_to_oom_seconds,
+                confidence: leak.confidence,
+            };
+            match d {
+                Decision::Nothing => {}
+                Decision::Evict(intent) => {
+                    let Some(w) = &facts.workload else { continue };
+                    // A PDB refused it moments ago: give the budget time.
+                    if last_record(status, &facts.uid).is_some_and(|r| {
+                        r.action == RemediationOutcome::Blocked
+                            && r.reason == RemediationReason::PodDisruptionBudget.as_str()
+                            && seconds_between(&r.time, now_str)
+                                .is_some_and(|d| d < remediation::PDB_RETRY.as_secs() as i64)
+                    }) {
+                        continue;
+                    }
+                    ledger.push(LedgerChange::Record {
+                        workload: w.clone(),
+                        intent,
+                    });
+                    upsert(
+                        status,
+                        record(
+                            RemediationOutcome::Pending,
+                            RemediationReason::Decided,
+                            String::new(),
+                        ),
+                    );
+                    evictions.push(eviction(w));
+                }
+                Decision::Resume => {
+                    if let Some(w) = &facts.workload {
+                        upsert(
+                            status,
+                            record(
+                                RemediationOutcome::Pending,
+                                RemediationReason::Decided,
+                                String::new(),
+                            ),
+                        );
+                        evictions.push(eviction(w));
+                    }
+                }
+                Decision::Report {
+                    outcome,
+                    reason,
+                    message,
+                } => {
+                    // Our own intent for this pod no longer holds: void it.
+                    if let Some(w) = &facts.workload
+                        && book
+                            .and_then(|b| b.pending.as_ref())
+                            .is_some_and(|p| p.pod_uid == facts.uid)
+                    {
+                        ledger.push(LedgerChange::Clear {
+                            workload: w.clone(),
+                            pod_uid: facts.uid.clone(),
+                        });
+                        expire_record(status, events, &facts.uid, reason, &message, now_str);
+                    }
+                    let new = record(outcome, reason, message.clone());
+                    if upsert(status, new) {
+                        let ev = if outcome == RemediationOutcome::WouldRestart {
+                            EventReason::WouldRestart
+                        } else {
+                            EventReason::RestartBlocked
+                        };
+                        both(
+                            events,
+                            true,
+                            ev,
+                            format!("{}: {message}", facts.name),
+                            &facts.name,
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Pending records nothing re-confirmed this time: the prediction no longer holds, or
+    // they never were the operator's (status is writable by others; only the ledger
+    // counts).
+    let stale: Vec<(String, String)> = status
+        .remediations
+        .iter()
+        .filter(|r| r.action == RemediationOutcome::Pending && !handled.contains(&r.pod_uid))
+        .map(|r| (r.pod_uid.clone(), r.pod.clone()))
+        .collect();
+    for (uid, name) in stale {
+        let facts = i.pods.get(&uid);
+        let ours = facts
+            .and_then(|f| f.workload.as_ref())
+            .and_then(|w| i.ledgers.get(w).map(|b| (w, b)))
+            .and_then(|(w, b)| b.pending.as_ref().filter(|p| p.pod_uid == uid).map(|_| w));
+        let (reason, why) = match (ours, facts) {
+            (Some(w), _) => {
+                ledger.push(LedgerChange::Clear {
+                    workload: w.clone(),
+                    pod_uid: uid.clone(),
+                });
+                if gate.is_some_and(|g| !g.master_switch) {
+                    (
+                        RemediationReason::RemediationDisabled,
+                        "remediation is off in the operator".to_string(),
+                    )
+                } else {
+                    (
+                        RemediationReason::PredictionNoLongerHolds,
+                        "the prediction no longer holds".to_string(),
+                    )
+                }
+            }
+            (None, Some(_)) | (None, None) => (
+                RemediationReason::IntentExpired,
+                format!("{name}: no intent of the operator's records it (or it expired)"),
+            ),
+        };
+        expire_record(status, events, &uid, reason, &why, now_str);
+    }
+}
+
+fn expire_all_pending(
+    i: &Inputs<'_>,
+    status: &mut ResourceWatchStatus,
+    events: &mut Vec<EventSpec>,
+    ledger: &mut Vec<LedgerChange>,
+    reason: RemediationReason,
+    why: &str,
+) {
+    let pending: Vec<String> = status
+        .remediations
+        .iter()
+        .filter(|r| r.action == RemediationOutcome::Pending)
+        .map(|r| r.pod_uid.clone())
+        .collect();
+    for uid in pending {
+        if let Some(w) = i.pods.get(&uid).and_then(|f| f.workload.clone()) {
+            ledger.push(LedgerChange::Clear {
+                workload: w,
+                pod_uid: uid.clone(),
+            });
+        }
+        expire_record(status, events, &uid, reason, why, i.status.now);
+    }
+}
+
+fn expire_record(
+    status: &mut ResourceWatchStatus,
+    events: &mut Vec<EventSpec>,
+    uid: &str,
+    reason: RemediationReason,
+    why: &str,
+    now: &str,
+) {
+    for r in status
+        .remediations
+        .iter_mut()
+        .filter(|r| r.pod_uid == uid && r.action == RemediationOutcome::Pending)
+    {
+        r.action = RemediationOutcome::Expired;
+        r.reason = reason.as_str().into();
+        r.message = format!("the pending restart was not carried out: {why}");
+        r.time = now.to_owned();
+        let name = r.pod.clone();
+        both(
+            events,
+            true,
+            EventReason::RestartExpired,
+            format!("{name}: {}", r.message),
+            &name,
+        );
+    }
+}
+
+fn last_record<'a>(status: &'a ResourceWatchStatus, uid: &str) -> Option<&'a RemediationRecord> {
+    status.remediations.iter().rev().find(|r| r.pod_uid == uid)
+}
+
+/// Appends a record unless the pod's latest one already says the same (outcome and
+/// reason): a block repeated every reconcile is one record and one Event. Returns
+/// whether it was appended.
+fn upsert(status: &mut ResourceWatchStatus, r: RemediationRecord) -> bool {
+    if let Some(last) = status
+        .remediations
+        .iter_mut()
+        .rev()
+        .find(|x| x.pod_uid == r.pod_uid)
+        && last.action == r.action
+        && last.reason == r.reason
+    {
+        return false;
+    }
+    status.remediations.push(r);
+    true
+}
+
+fn cap_records(status: &mut ResourceWatchStatus) {
+    // Oldest first; pending ones are never dropped.
+    while status.remediations.len() > resourcewatch_crds::MAX_STATUS_REMEDIATIONS {
+        let Some(i) = status
+            .remediations
+            .iter()
+            .position(|r| r.action != RemediationOutcome::Pending)
+        else {
+            break;
+        };
+        status.remediations.remove(i);
+    }
+}
+
+fn both(events: &mut Vec<EventSpec>, warning: bool, reason: EventReason, note: String, pod: &str) {
+    for on in [None, Some(pod.to_owned())] {
+        events.push(EventSpec {
+            warning,
+            reason,
+            action: EventAction::Remediate,
+            note: note.clone(),
+            pod: on,
+        });
+    }
+}
+
+fn seconds_between(from: &str, to: &str) -> Option<i64> {
+    let a: jiff::Timestamp = from.parse().ok()?;
+    let b: jiff::Timestamp = to.parse().ok()?;
+    Some(b.as_second() - a.as_second())
+}
+
+/// Whether to write the status now: at most once per interval, unless the user changed
+/// the spec, a condition changed (a lost agent should not wait 30 s to show) or a
+/// remediation was decided.
+fn when_to_write(
+    i: &Inputs<'_>,
+    new: &ResourceWatchStatus,
+    urgent: bool,
+    interval: Duration,
+) -> Write {
+    let Some(old) = i.status.old else {
+        return Write::Now;
+    };
+    let same_generation = old.observed_generation == i.status.generation;
+    if urgent || !same_generation {
+        return Write::Now;
+    }
+    if status::same_content(old, new) {
+        return Write::Skip(interval);
+    }
+    if old.conditions != new.conditions {
+        return Write::Now;
+    }
+    let since = old
+        .last_update_time
+        .as_deref()
+        .and_then(|t| seconds_between(t, i.status.now));
+    match since {
+        Some(age) if age >= 0 && (age as u64) < interval.as_secs() => {
+            Write::Skip(interval - Duration::from_secs(age as u64))
+        }
+        _ => Write::Now,
+    }
+}
+
+/// What the Eviction API answered.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EvictResult {
+    Evicted,
+    /// 429: a PodDisruptionBudget refuses it now.
+    Refused(String),
+    /// 404: the pod is already gone.
+    Gone,
+}
+
+/// The consequences of an eviction's answer: the pod's record, the workload's ledger
+/// (the intent is done; an eviction counts as a restart), the Events.
+pub fn after_eviction(
+    ev: &Eviction,
+    result: &EvictResult,
+    now: i64,
+    now_str: &str,
+    status: &mut ResourceWatchStatus,
+    book: &mut Ledger,
+) -> Vec<EventSpec> {
+    let (outcome, reason, event, note) = match result {
+        EvictResult::Evicted => (
+            RemediationOutcome::Restarted,
+            RemediationReason::Evicted,
+            Some((false, EventReason::Restarted)),
+            format!(
+                "{}: evicted {}s before its predicted OOM kill (confidence {}); {} replaces it",
+                ev.pod,
+                ev.time_to_oom_seconds.unwrap_or(0.0).round(),
+                ev.confidence,
+                ev.workload.kind_name
+            ),
+        ),
+        EvictResult::Refused(msg) => (
+            RemediationOutcome::Blocked,
+            RemediationReason::PodDisruptionBudget,
+            Some((true, EventReason::RestartBlocked)),
+            format!("{}: the eviction was refused: {msg}", ev.pod),
+        ),
+        EvictResult::Gone => (
+            RemediationOutcome::Restarted,
+            RemediationReason::Gone,
+            None,
+            format!("{}: already gone", ev.pod),
+        ),
+    };
+    if book
+        .pending
+        .as_ref()
+        .is_some_and(|p| p.pod_uid == ev.pod_uid)
+    {
+        book.pending = None;
+    }
+    if *result == EvictResult::Evicted {
+        book.restarts.push(Restart {
+            pod: ev.pod.clone(),
+            pod_uid: ev.pod_uid.clone(),
+            at: now,
+            by: ev.watch.clone(),
+        });
+    }
+    book.prune(now);
+    if let Some(r) = status
+        .remediations
+        .iter_mut()
+        .rev()
+        .find(|r| r.pod_uid == ev.pod_uid && r.action == RemediationOutcome::Pending)
+    {
+        r.action = outcome;
+        r.reason = reason.as_str().into();
+        r.message = note.clone();
+        r.time = now_str.to_owned();
+    }
+    let mut events = Vec::new();
+    if let Some((warning, reason)) = event {
+        both(&mut events, warning, reason, note, &ev.pod);
+    }
+    events
+}
