@@ -35,3 +35,4 @@ trap cleanup EXIT
 rm -f /tmp/resourcewatch-operator-*.log
 cargo build -p resourcewatch-operator
 cargo test -p resourcewatch-e2e --test api -- --ignored --test-threads=1
+cargo test -p resourcewatch-e2e --test trust -- --ignored --test-threads=1

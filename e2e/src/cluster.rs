@@ -187,6 +187,62 @@ impl Drop for TestNamespace {
 }
 
 /// A Node object with no kubelet behind it: API-only tests schedule pods to it by name.
+/// A token that proves `node` to the operator, as kubelet gives the real agent: the agent
+/// ServiceAccount (made in `ns`, the operator's namespace, when missing), a pod of it
+/// bound to `node` (no kubelet runs it in the API-only tests), and a TokenRequest bound to
+/// that pod for the operator's audience. The operator reviews it like any agent's.
+pub async fn agent_token(client: &Client, ns: &str, node: &str) -> anyhow::Result<String> {
+    use k8s_openapi::api::{authentication::v1::TokenRequest, core::v1::ServiceAccount};
+    const SA: &str = "resourcewatch-agent";
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let sa: ServiceAccount = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": SA}, "automountServiceAccountToken": false
+    }))?;
+    match sas.create(&PostParams::default(), &sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    // Pod names are DNS labels; simulated node names can be long.
+    let name: String = format!("resourcewatch-agent-{node}")
+        .chars()
+        .take(63)
+        .collect::<String>()
+        .trim_end_matches('-')
+        .to_owned();
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "resourcewatch-agent"}},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": SA,
+            "automountServiceAccountToken": false,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "agent", "image": "localhost/resourcewatch/none:0"}]
+        }
+    }))?;
+    let pod = match pods.create(&PostParams::default(), &pod).await {
+        Ok(p) => p,
+        Err(kube::Error::Api(e)) if e.code == 409 => pods.get(&name).await?,
+        Err(e) => return Err(e.into()),
+    };
+    let req: TokenRequest = serde_json::from_value(serde_json::json!({
+        "spec": {
+            "audiences": ["resourcewatch-operator"],
+            "expirationSeconds": 3600,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": name, "uid": pod.metadata.uid}
+        }
+    }))?;
+    let token = sas
+        .create_token_request(SA, &PostParams::default(), &req)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .unwrap_or_default();
+    anyhow::ensure!(!token.is_empty(), "the TokenRequest returned no token");
+    Ok(token)
+}
+
 pub async fn fake_node(client: &Client, name: &str) -> anyhow::Result<()> {
     let api: Api<Node> = Api::all(client.clone());
     let node: Node = serde_json::from_value(serde_json::json!({
@@ -240,6 +296,84 @@ pub async fn fake_running_pod(
         .await
         .context("writing the pod's status")?;
     Ok(created)
+}
+
+/// A Deployment whose pods (made by the real ReplicaSet controller) are bound to `node`
+/// and marked running there, for API-only tests: a workload the operator may evict.
+/// Returns the pods, each with its container id.
+pub async fn fake_deployment(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+    labels: &BTreeMap<String, String>,
+    node: &str,
+) -> anyhow::Result<Vec<(Pod, String)>> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let d: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"deployment": name}},
+            "template": {
+                "metadata": {"labels": labels.iter().map(|(k, v)| (k.clone(), v.clone()))
+                    .chain([("deployment".to_string(), name.to_string())]).collect::<BTreeMap<_, _>>()},
+                "spec": {
+                    "automountServiceAccountToken": false,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "app", "image": "localhost/resourcewatch/none:0"}]
+                }
+            }
+        }
+    }))?;
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &d)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let lp = kube::api::ListParams::default().labels(&format!("deployment={name}"));
+    let made = wait_for("the Deployment's pods", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        let lp = lp.clone();
+        async move {
+            let l = pods.list(&lp).await?.items;
+            Ok((l.len() >= replicas as usize).then_some(l))
+        }
+    })
+    .await?;
+    let mut out = Vec::new();
+    for p in made {
+        let pname = p.metadata.name.clone().unwrap_or_default();
+        let binding = serde_json::json!({
+            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pname},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}
+        });
+        pods.create_subresource::<serde_json::Value, serde_json::Value>(
+            "binding",
+            &pname,
+            &PostParams::default(),
+            &binding,
+        )
+        .await
+        .context("binding the pod to its node")?;
+        let cid = container_id(&format!("{ns}/{pname}"));
+        let status = serde_json::json!({
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [{
+                    "name": "app", "ready": true, "restartCount": 0,
+                    "image": "localhost/resourcewatch/none:0", "imageID": "",
+                    "containerID": format!("containerd://{cid}"),
+                    "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+                }]
+            }
+        });
+        let p = pods
+            .patch_status(&pname, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .context("writing the pod's status")?;
+        out.push((p, cid));
+    }
+    Ok(out)
 }
 
 /// A 64-hex container id derived from a name, as a runtime would make one.

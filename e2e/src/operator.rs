@@ -17,6 +17,8 @@ pub struct OperatorProcess {
     child: Child,
     pub grpc: SocketAddr,
     pub metrics: SocketAddr,
+    /// The admission webhook (HTTPS).
+    pub webhook: SocketAddr,
     pub log: PathBuf,
 }
 
@@ -41,6 +43,16 @@ fn free_port() -> anyhow::Result<u16> {
 impl OperatorProcess {
     /// Starts the operator with its Secrets and Lease in `namespace`.
     pub fn start(namespace: &str, identity: &str, extra: &[&str]) -> anyhow::Result<Self> {
+        let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        Self::spawn(namespace, identity, extra, webhook)
+    }
+
+    fn spawn(
+        namespace: &str,
+        identity: &str,
+        extra: &[&str],
+        webhook: SocketAddr,
+    ) -> anyhow::Result<Self> {
         let bin = operator_bin();
         anyhow::ensure!(
             bin.exists(),
@@ -58,6 +70,10 @@ impl OperatorProcess {
                 &grpc.to_string(),
                 "--metrics-addr",
                 &metrics.to_string(),
+                "--webhook-addr",
+                &webhook.to_string(),
+                "--webhook-configuration",
+                &webhook_configuration(webhook),
             ])
             .args(extra)
             .env(
@@ -72,8 +88,56 @@ impl OperatorProcess {
             child,
             grpc,
             metrics,
+            webhook,
             log,
         })
+    }
+
+    /// Starts the operator behind its admission webhook, for the watches of namespaces
+    /// labelled `resourcewatch.io/e2e-webhook=<namespace>`: the API server calls it at
+    /// `https://localhost:<port>/mutate` (no Service without a kubelet). The configuration
+    /// is made first, since the operator fills its caBundle at start, and deleted when
+    /// the operator is dropped.
+    pub async fn start_with_webhook(
+        client: &kube::Client,
+        namespace: &str,
+        identity: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+        use kube::api::{Api, PostParams};
+        let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let name = webhook_configuration(webhook);
+        let cfg: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"resourcewatch.io/e2e": "true"}},
+            "webhooks": [{
+                "name": "authorization.resourcewatch.io",
+                "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "failurePolicy": "Ignore", "timeoutSeconds": 5,
+                "clientConfig": {"url": format!("https://localhost:{}/mutate", webhook.port())},
+                "namespaceSelector": {"matchLabels": {"resourcewatch.io/e2e-webhook": namespace}},
+                "rules": [{"apiGroups": ["resourcewatch.io"], "apiVersions": ["v1alpha1"],
+                           "operations": ["CREATE", "UPDATE"], "resources": ["resourcewatches"],
+                           "scope": "Namespaced"}]
+            }]
+        }))?;
+        let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+        api.create(&PostParams::default(), &cfg).await?;
+        let op = Self::spawn(namespace, identity, extra, webhook)?;
+        wait_for("the webhook's CA bundle", Duration::from_secs(30), || {
+            let api = api.clone();
+            let name = name.clone();
+            async move {
+                let c = api.get(&name).await?;
+                Ok(c.webhooks
+                    .unwrap_or_default()
+                    .first()
+                    .and_then(|w| w.client_config.ca_bundle.clone())
+                    .map(|_| ()))
+            }
+        })
+        .await?;
+        Ok(op)
     }
 
     pub fn pid(&self) -> u32 {
@@ -181,9 +245,25 @@ impl OperatorProcess {
     }
 }
 
+/// The webhook configuration an operator process keeps (its port makes it unique).
+fn webhook_configuration(webhook: SocketAddr) -> String {
+    format!("resourcewatch-e2e-{}", webhook.port())
+}
+
 impl Drop for OperatorProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = Command::new(crate::cluster::kubectl())
+            .args([
+                "delete",
+                "mutatingwebhookconfiguration",
+                &webhook_configuration(self.webhook),
+                "--ignore-not-found",
+                "--wait=false",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 }

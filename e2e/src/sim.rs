@@ -28,6 +28,8 @@ pub struct AgentTls {
     pub ca: String,
     pub cert: String,
     pub key: String,
+    /// The node's token (`cluster::agent_token`); set per node with [`AgentTls::for_node`].
+    pub token: Option<String>,
 }
 
 impl AgentTls {
@@ -46,7 +48,16 @@ impl AgentTls {
             ca: get("ca.crt")?,
             cert: get("tls.crt")?,
             key: get("tls.key")?,
+            token: None,
         })
+    }
+
+    /// The same transport credentials with a node's token.
+    pub fn for_node(&self, token: String) -> Self {
+        Self {
+            token: Some(token),
+            ..self.clone()
+        }
     }
 }
 
@@ -180,7 +191,13 @@ async fn session(
         })),
     })
     .await?;
-    let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
+    let mut req = tonic::Request::new(ReceiverStream::new(rx));
+    req.metadata_mut().insert(pb::NODE_METADATA, node.parse()?);
+    if let Some(t) = &tls.token {
+        req.metadata_mut()
+            .insert(pb::AUTHORIZATION_METADATA, format!("Bearer {t}").parse()?);
+    }
+    let mut inbound = client.session(req).await?.into_inner();
     stats.sessions.fetch_add(1, Ordering::Relaxed);
     let mut config: Option<pb::NodeConfig> = None;
     let mut tick = tokio::time::interval(Duration::from_secs(3600));

@@ -119,6 +119,68 @@ async fn bad_specs_are_refused_by_the_api_server_with_a_readable_message() {
 
 #[tokio::test]
 #[ignore = "needs a cluster: make e2e-api"]
+async fn hostile_specs_are_refused_with_the_field_named() {
+    let (client, ns) = setup("rw-hostile").await;
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), &ns.name);
+    let mb = "a".repeat(1 << 20);
+    let terms: Vec<serde_json::Value> = (0..10_000)
+        .map(|i| serde_json::json!({"key": format!("k{i}"), "operator": "Exists"}))
+        .collect();
+    let labels: serde_json::Map<String, serde_json::Value> = (0..100_000)
+        .map(|i| (format!("k{i}"), serde_json::Value::String("v".into())))
+        .collect();
+    let cases = [
+        (
+            serde_json::json!({"selector": {"matchExpressions": terms}}),
+            "spec.selector.matchExpressions",
+            "at most 32",
+        ),
+        (
+            serde_json::json!({"selector": {"matchLabels": {"app": mb}}}),
+            "spec.selector.matchLabels",
+            "63",
+        ),
+        (
+            serde_json::json!({"selector": {"matchLabels": labels}}),
+            "spec.selector.matchLabels",
+            "at most 64",
+        ),
+        (
+            serde_json::json!({"selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": [mb]}]}}),
+            "values",
+            "63",
+        ),
+        (
+            serde_json::json!({"interval": format!("{}s", "1".repeat(1 << 20))}),
+            "spec.interval",
+            "32",
+        ),
+    ];
+    for (spec, field, words) in cases {
+        let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
+            "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
+            "metadata": {"name": "hostile"}, "spec": spec
+        }))
+        .expect("typed");
+        match rws.create(&PostParams::default(), &rw).await {
+            Ok(_) => panic!("a hostile spec ({field}) was accepted"),
+            Err(kube::Error::Api(e)) => {
+                let m: String = e.message.chars().take(2000).collect();
+                assert!(
+                    e.code == 422 && m.contains(field) && m.contains(words),
+                    "{field}: want 422 naming the field and {words:?}, got {}: {m}",
+                    e.code
+                );
+            }
+            Err(e) => panic!("{field}: {e}"),
+        }
+    }
+    assert!(rws.get_opt("hostile").await.expect("get").is_none());
+    ns.delete().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
 async fn status_columns_events_agent_loss_and_operator_restart() {
     let (client, ns) = setup("rw-status").await;
     let n = ns.name.clone();
@@ -159,7 +221,12 @@ async fn status_columns_events_agent_loss_and_operator_restart() {
 
     let tls = AgentTls::from_secret(&client, &n, "resourcewatch-agent-tls")
         .await
-        .expect("agent secret");
+        .expect("agent secret")
+        .for_node(
+            cluster::agent_token(&client, &n, &node)
+                .await
+                .expect("the node's agent token"),
+        );
     let endpoint = format!("https://{}", op.grpc);
     let server_name = resourcewatch_proto::operator_server_name(&n);
     let planner: resourcewatch_e2e::sim::Planner = Arc::new(|p| match p.name.as_str() {

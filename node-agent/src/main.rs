@@ -56,6 +56,10 @@ struct RunArgs {
     /// Directory holding ca.crt, tls.crt and tls.key (the agent Secret).
     #[arg(long, default_value = "/etc/resourcewatch/tls")]
     tls_dir: std::path::PathBuf,
+    /// The projected ServiceAccount token proving this node (audience
+    /// resourcewatch-operator), re-read at every connect.
+    #[arg(long, default_value = "/var/run/secrets/resourcewatch/token")]
+    token_path: std::path::PathBuf,
 }
 
 #[derive(Args)]
@@ -188,6 +192,7 @@ fn run_agent(a: RunArgs) -> ExitCode {
         node_name: a.node_name,
         operator: a.operator,
         tls_dir: a.tls_dir,
+        token_path: a.token_path,
     };
     match resourcewatch_agent::cluster::run(opts) {
         Ok(()) => ExitCode::SUCCESS,

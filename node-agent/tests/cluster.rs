@@ -75,6 +75,18 @@ impl AgentControl for FakeOperator {
         &self,
         req: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        // The agent proves its node with its token, before any message is read.
+        let meta = |k: &str| {
+            req.metadata()
+                .get(k)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        if meta(pb::NODE_METADATA).as_deref() != Some("test-node")
+            || meta(pb::AUTHORIZATION_METADATA).as_deref() != Some("Bearer test-token")
+        {
+            return Err(Status::unauthenticated("no node metadata or token"));
+        }
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(8);
         tx.send(Ok(config(1, 1024)))
@@ -293,6 +305,12 @@ async fn drive(leaf: PathBuf, pid: u32) {
         ])
         .args(["--operator-namespace", "test", "--tls-dir"])
         .arg(&tmp)
+        .arg("--token-path")
+        .arg({
+            let t = tmp.join("token");
+            std::fs::write(&t, "test-token\n").expect("token file");
+            t
+        })
         .stderr(Stdio::piped())
         .spawn()
         .expect("agent starts");

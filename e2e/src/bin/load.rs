@@ -108,18 +108,17 @@ async fn main() -> anyhow::Result<()> {
             leak: (seed % 5 == 0).then_some((1e6, 80, 600.0)),
         }
     });
-    let agents: Vec<SimAgent> = nodes
-        .iter()
-        .map(|node| {
-            SimAgent::spawn(
-                endpoint.clone(),
-                server_name.clone(),
-                tls.clone(),
-                node.clone(),
-                planner.clone(),
-            )
-        })
-        .collect();
+    let mut agents: Vec<SimAgent> = Vec::new();
+    for node in &nodes {
+        let token = cluster::agent_token(&client, &n, node).await?;
+        agents.push(SimAgent::spawn(
+            endpoint.clone(),
+            server_name.clone(),
+            tls.for_node(token),
+            node.clone(),
+            planner.clone(),
+        ));
+    }
     let ready = wait_for(
         "every watch Ready with all its nodes reporting",
         Duration::from_secs(180),

@@ -46,10 +46,18 @@ pub struct RunOptions {
     pub server_name: String,
     /// `ca.crt`, `tls.crt`, `tls.key` (the operator's agent Secret, mounted).
     pub tls_dir: PathBuf,
+    /// The projected ServiceAccount token (audience `resourcewatch-operator`) that proves
+    /// this node to the operator; re-read at every connect, since kubelet rotates it.
+    pub token_path: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    #[error("reading the token {path}: {source}")]
+    Token {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("reading {path}: {source}")]
     Tls {
         path: PathBuf,
@@ -196,13 +204,32 @@ async fn session(
     report_rx: &mut watch::Receiver<Option<pb::Report>>,
 ) -> Result<(), RunError> {
     let channel = connect(&opts.operator, &opts.server_name, &opts.tls_dir).await?;
-    let mut client = AgentControlClient::new(channel);
+    let client = AgentControlClient::new(channel);
+    let mut client = client.max_encoding_message_size(pb::MAX_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
     let send = |m| pb::AgentMessage { msg: Some(m) };
     tx.send(send(agent_message::Msg::Hello(hello)))
         .await
         .map_err(|_| RunError::EngineGone)?;
-    let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
+    let token = std::fs::read_to_string(&opts.token_path).map_err(|source| RunError::Token {
+        path: opts.token_path.clone(),
+        source,
+    })?;
+    let mut req = tonic::Request::new(ReceiverStream::new(rx));
+    let node = opts
+        .node_name
+        .parse()
+        .map_err(|_| RunError::Address(opts.node_name.clone(), "not ASCII".into()))?;
+    req.metadata_mut().insert(pb::NODE_METADATA, node);
+    let bearer = format!("Bearer {}", token.trim())
+        .parse()
+        .map_err(|_| RunError::Token {
+            path: opts.token_path.clone(),
+            source: std::io::Error::other("not a token"),
+        })?;
+    req.metadata_mut()
+        .insert(pb::AUTHORIZATION_METADATA, bearer);
+    let mut inbound = client.session(req).await?.into_inner();
     tracing::info!(operator = %opts.operator, "connected");
     // Acks of an earlier stream are for versions this stream's operator may not know.
     while ack_rx.try_recv().is_ok() {}
@@ -225,7 +252,7 @@ async fn session(
             }
             changed = report_rx.changed() => {
                 changed.map_err(|_| RunError::EngineGone)?;
-                let r = report_rx.borrow_and_update().clone();
+                let r = report_rx.borrow_and_update().clone().map(fit);
                 if let Some(r) = r
                     && tx.send(send(agent_message::Msg::Report(r))).await.is_err()
                 {
@@ -489,4 +516,33 @@ fn load(opts: PipelineOptions) -> Result<Pipelines, String> {
         }
         s
     })
+}
+
+/// Trims a report to the operator's message limit: the heaviest processes of each
+/// container stay, the tail goes (a node with hundreds of targeted containers at K = 100
+/// can exceed it; the operator would refuse the whole message).
+fn fit(mut r: pb::Report) -> pb::Report {
+    use prost::Message;
+    let limit = pb::MAX_MESSAGE_BYTES - 4096;
+    let mut keep = r
+        .containers
+        .iter()
+        .map(|c| c.processes.len())
+        .max()
+        .unwrap_or(0);
+    while r.encoded_len() > limit && keep > 0 {
+        keep /= 2;
+        for c in &mut r.containers {
+            c.processes.truncate(keep);
+        }
+    }
+    if r.encoded_len() > limit {
+        tracing::warn!(
+            bytes = r.encoded_len(),
+            "report over the limit even without processes"
+        );
+        r.leaks.truncate(100);
+        r.containers.truncate(500);
+    }
+    r
 }

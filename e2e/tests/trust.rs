@@ -1,0 +1,800 @@
+//! Remediation a cluster admin can turn on, against the real kube-apiserver: the operator
+//! binary (with its admission webhook, called by the API server), simulated agents on the
+//! real protocol with real ServiceAccount tokens (TokenRequest bound to an agent pod), and
+//! Deployments whose pods the real ReplicaSet controller makes (bound to simulated nodes:
+//! no kubelet runs them, so an eviction shows as the pod's deletionTimestamp).
+//!
+//! Run by `make e2e-api` (e2e/run-api-tests.sh).
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, Namespace, Pod},
+    events::v1::Event,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use resourcewatch_crds::{ConditionStatus, RemediationOutcome, ResourceWatch};
+use resourcewatch_e2e::{
+    cluster::{self, TestNamespace, wait_for},
+    operator::OperatorProcess,
+    sim::{AgentTls, PodPlan, SimAgent},
+};
+use resourcewatch_proto::{
+    self as pb, agent_control_client::AgentControlClient, agent_message::Msg,
+};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+const MIB: u64 = 1 << 20;
+
+struct Env {
+    client: Client,
+    ns: TestNamespace,
+    op: OperatorProcess,
+    tls: AgentTls,
+}
+
+impl Env {
+    async fn new(prefix: &str, opted_in: bool, switch: bool) -> Self {
+        let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
+        cluster::install_crd(&client).await.expect("CRD");
+        let ns = TestNamespace::create(&client, prefix)
+            .await
+            .expect("namespace");
+        let mut labels = serde_json::json!({"resourcewatch.io/e2e-webhook": ns.name});
+        if opted_in {
+            labels[resourcewatch_crds::NAMESPACE_OPT_IN_LABEL] =
+                resourcewatch_crds::NAMESPACE_OPT_IN_VALUE.into();
+        }
+        Api::<Namespace>::all(client.clone())
+            .patch(
+                &ns.name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"labels": labels}})),
+            )
+            .await
+            .expect("label the namespace");
+        let mut args = vec!["--agent-grace", "4s"];
+        if switch {
+            args.push("--enable-remediation");
+        }
+        let mut op = OperatorProcess::start_with_webhook(&client, &ns.name, "op", &args)
+            .await
+            .expect("operator starts");
+        op.wait_ready().await.expect("operator ready");
+        let tls = AgentTls::from_secret(&client, &ns.name, "resourcewatch-agent-tls")
+            .await
+            .expect("agent secret");
+        Self {
+            client,
+            ns,
+            op,
+            tls,
+        }
+    }
+
+    fn n(&self) -> &str {
+        &self.ns.name
+    }
+
+    async fn node(&self, name: &str) -> (String, String) {
+        let node = format!("{name}-{}", self.n());
+        cluster::fake_node(&self.client, &node).await.expect("node");
+        let token = cluster::agent_token(&self.client, self.n(), &node)
+            .await
+            .expect("token");
+        (node, token)
+    }
+
+    fn agent(
+        &self,
+        node: &str,
+        token: &str,
+        plan: Arc<dyn Fn(&str) -> PodPlan + Send + Sync>,
+    ) -> SimAgent {
+        SimAgent::spawn(
+            format!("https://{}", self.op.grpc),
+            resourcewatch_proto::operator_server_name(self.n()),
+            self.tls.for_node(token.to_owned()),
+            node.to_owned(),
+            Arc::new(move |p: &pb::TargetPod| plan(&p.name)),
+        )
+    }
+
+    async fn watch(
+        &self,
+        client: &Client,
+        name: &str,
+        selector: serde_json::Value,
+    ) -> Result<ResourceWatch, kube::Error> {
+        let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
+            "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
+            "metadata": {"name": name},
+            "spec": {"selector": selector, "interval": "5s",
+                     "remediation": {"action": "Restart", "minTimeToOOM": "60s", "cooldown": "10m",
+                                     "window": "1h", "maxRestarts": 2}}
+        }))
+        .expect("rw");
+        Api::<ResourceWatch>::namespaced(client.clone(), self.n())
+            .create(&PostParams::default(), &rw)
+            .await
+    }
+
+    async fn status(&self, name: &str) -> resourcewatch_crds::ResourceWatchStatus {
+        Api::<ResourceWatch>::namespaced(self.client.clone(), self.n())
+            .get(name)
+            .await
+            .ok()
+            .and_then(|w| w.status)
+            .unwrap_or_default()
+    }
+
+    async fn evicted(&self) -> Vec<String> {
+        Api::<Pod>::namespaced(self.client.clone(), self.n())
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+            .map(|p| p.name_any())
+            .collect()
+    }
+
+    async fn events(&self, reason: &str) -> Vec<Event> {
+        Api::<Event>::namespaced(self.client.clone(), self.n())
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .collect()
+    }
+
+    async fn condition(&self, watch: &str, want: ConditionStatus, reason: &str) {
+        let what = format!("{watch}: Remediation={want:?} {reason}");
+        wait_for(&what, Duration::from_secs(40), || async {
+            Ok(self
+                .status(watch)
+                .await
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Remediation" && c.status == want && c.reason == reason))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\noperator log:\n{}", self.op.log_text()));
+    }
+
+    /// Pods on simulated nodes never finish a graceful deletion (no kubelet): remove them
+    /// at once so the namespace can go.
+    async fn end(self) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), self.n());
+        let _ = pods
+            .delete_collection(
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                },
+                &ListParams::default(),
+            )
+            .await;
+        drop(self.op);
+        self.ns.delete().await;
+    }
+}
+
+fn labels(app: &str) -> BTreeMap<String, String> {
+    [("app".to_string(), app.to_string())].into()
+}
+
+/// A container leaking towards its limit: OOM predicted in 20 s at confidence 95.
+fn leaking() -> PodPlan {
+    PodPlan {
+        cpu_percent: 5.0,
+        rss_bytes: 100 * MIB,
+        limit_bytes: 128 * MIB,
+        leak: Some((2e6, 95, 20.0)),
+    }
+}
+
+fn flat() -> PodPlan {
+    PodPlan {
+        cpu_percent: 1.0,
+        rss_bytes: 20 * MIB,
+        limit_bytes: 128 * MIB,
+        leak: None,
+    }
+}
+
+/// Opens a stream the way a forger would: any claimed node, any token.
+async fn raw_session(
+    env: &Env,
+    claimed: &str,
+    token: &str,
+    first: Msg,
+) -> (
+    tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    Result<tonic::Streaming<pb::OperatorMessage>, tonic::Status>,
+) {
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&env.tls.ca))
+        .identity(Identity::from_pem(&env.tls.cert, &env.tls.key))
+        .domain_name(resourcewatch_proto::operator_server_name(env.n()));
+    let channel = Endpoint::from_shared(format!("https://{}", env.op.grpc))
+        .expect("endpoint")
+        .tls_config(tls)
+        .expect("tls")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = AgentControlClient::new(channel).max_encoding_message_size(64 << 20);
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(pb::AgentMessage { msg: Some(first) })
+        .await
+        .expect("queue");
+    let mut req = tonic::Request::new(ReceiverStream::new(rx));
+    req.metadata_mut()
+        .insert(pb::NODE_METADATA, claimed.parse().expect("ascii"));
+    req.metadata_mut().insert(
+        pb::AUTHORIZATION_METADATA,
+        format!("Bearer {token}").parse().expect("ascii"),
+    );
+    let resp = client.session(req).await.map(|r| r.into_inner());
+    (tx, resp)
+}
+
+fn hello(node: &str) -> Msg {
+    Msg::Hello(pb::Hello {
+        node_name: node.into(),
+        agent_version: "forger".into(),
+        protocol_version: pb::PROTOCOL_VERSION,
+        ..Default::default()
+    })
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn a_node_can_speak_only_for_itself() {
+    let env = Env::new("rw-trust-node", true, true).await;
+    let (node_a, token_a) = env.node("a").await;
+    let (node_b, token_b) = env.node("b").await;
+    let pods = cluster::fake_deployment(
+        &env.client,
+        env.n(),
+        "victim",
+        1,
+        &labels("victim"),
+        &node_b,
+    )
+    .await
+    .expect("deployment");
+    let (victim, victim_cid) = pods[0].clone();
+    env.watch(
+        &env.client,
+        "w",
+        serde_json::json!({"matchLabels": {"app": "victim"}}),
+    )
+    .await
+    .expect("watch");
+    let real = env.agent(&node_b, &token_b, Arc::new(|_| flat()));
+    wait_for("the victim reported", Duration::from_secs(40), || async {
+        Ok((!env.status("w").await.top_memory.is_empty()).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+
+    // Node A's token claiming node B: refused before any message is read, whether the
+    // claim is in the metadata or only in the Hello.
+    let (_t, resp) = raw_session(&env, &node_b, &token_a, hello(&node_b)).await;
+    let s = resp.expect_err("refused");
+    assert_eq!(s.code(), tonic::Code::PermissionDenied, "{s}");
+    let (_t, resp) = raw_session(&env, &node_a, &token_a, hello(&node_b)).await;
+    assert_eq!(
+        resp.err().map(|s| s.code()),
+        Some(tonic::Code::PermissionDenied)
+    );
+    // A valid token of another ServiceAccount's, or none that the API server knows.
+    let (_t, resp) = raw_session(&env, &node_b, "not-a-token", hello(&node_b)).await;
+    assert_eq!(
+        resp.err().map(|s| s.code()),
+        Some(tonic::Code::Unauthenticated)
+    );
+
+    // Node A, legitimately itself, reports an imminent leak for B's pod.
+    let (tx, resp) = raw_session(&env, &node_a, &token_a, hello(&node_a)).await;
+    let mut rx = resp.expect("A's own stream");
+    let _ = tokio::time::timeout(Duration::from_secs(5), rx.message()).await;
+    let forged = pb::Report {
+        leaks: vec![pb::Leak {
+            pod_uid: victim.uid().unwrap_or_default(),
+            container_id: victim_cid.clone(),
+            confidence: 100,
+            growth_bytes_per_second: 5e6,
+            r2: 0.99,
+            limit_bytes: 128 * MIB,
+            time_to_oom_seconds: Some(5.0),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    for _ in 0..5 {
+        tx.send(pb::AgentMessage {
+            msg: Some(Msg::Report(forged.clone())),
+        })
+        .await
+        .expect("send");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    wait_for(
+        "the forged entries counted as dropped",
+        Duration::from_secs(10),
+        || async {
+            Ok((env
+                .op
+                .metric("resourcewatch_operator_report_entries_dropped_total")
+                .unwrap_or(0.0)
+                >= 1.0)
+                .then_some(()))
+        },
+    )
+    .await
+    .expect("dropped");
+    // An absence: nothing may follow within three intervals.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert!(
+        env.evicted().await.is_empty(),
+        "a forged report evicted a pod"
+    );
+    let s = env.status("w").await;
+    assert!(
+        s.leaks.is_empty(),
+        "a forged leak reached status: {:?}",
+        s.leaks
+    );
+    assert!(s.remediations.is_empty(), "{:?}", s.remediations);
+    // The real agent's stream was never replaced.
+    assert_eq!(
+        real.stats
+            .sessions
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        real.stats.errors.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    real.stop().await;
+    env.end().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn only_an_author_who_may_evict_gets_evictions() {
+    let env = Env::new("rw-trust-authz", true, true).await;
+    let (node, token) = env.node("n").await;
+    cluster::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
+        .await
+        .expect("deployment");
+    // A developer who may manage ResourceWatches here, and nothing else.
+    let rbac = format!(
+        r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: dev, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: watch-author, namespace: {ns}}}
+rules:
+  - apiGroups: ["resourcewatch.io"]
+    resources: ["resourcewatches"]
+    verbs: ["create", "get", "list", "watch", "update", "patch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: dev, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: watch-author}}
+subjects: [{{kind: ServiceAccount, name: dev, namespace: {ns}}}]
+"#,
+        ns = env.n()
+    );
+    let (ok, _, err) = kubectl_apply(&rbac);
+    assert!(ok, "{err}");
+    let mut cfg = kube::Config::infer().await.expect("config");
+    cfg.auth_info.impersonate = Some(format!("system:serviceaccount:{}:dev", env.n()));
+    cfg.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".into(),
+        format!("system:serviceaccounts:{}", env.n()),
+        "system:authenticated".into(),
+    ]);
+    let dev = Client::try_from(cfg).expect("dev client");
+    env.watch(
+        &dev,
+        "w",
+        serde_json::json!({"matchLabels": {"app": "app"}}),
+    )
+    .await
+    .expect("the developer may create a watch");
+    let agent = env.agent(&node, &token, Arc::new(|_| leaking()));
+    env.condition("w", ConditionStatus::False, "NotAuthorized")
+        .await;
+    wait_for(
+        "a RestartBlocked Event saying why",
+        Duration::from_secs(30),
+        || async {
+            Ok(env.events("RestartBlocked").await.into_iter().find(|e| {
+                e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("pods/eviction"))
+            }))
+        },
+    )
+    .await
+    .expect("blocked with a reason");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        env.evicted().await.is_empty(),
+        "the developer's watch evicted"
+    );
+
+    // The developer cannot forge the record either: an annotation they write is removed.
+    let rws: Api<ResourceWatch> = Api::namespaced(dev.clone(), env.n());
+    rws.patch(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+            resourcewatch_crds::AUTHORIZATION_ANNOTATION: "{\"user\":\"admin\",\"sig\":\"AAAA\"}"}}})),
+    )
+    .await
+    .expect("patch");
+    let w = rws.get("w").await.expect("watch");
+    assert!(
+        w.annotations()
+            .get(resourcewatch_crds::AUTHORIZATION_ANNOTATION)
+            .is_none(),
+        "a forged authorization survived admission"
+    );
+
+    // The admin applies the same watch: it evicts.
+    let admin: Api<ResourceWatch> = Api::namespaced(env.client.clone(), env.n());
+    admin
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"reviewed-by": "admin"}}})),
+        )
+        .await
+        .expect("admin update");
+    env.condition("w", ConditionStatus::True, "Enabled").await;
+    wait_for(
+        "the admin's watch evicts",
+        Duration::from_secs(40),
+        || async { Ok((!env.evicted().await.is_empty()).then_some(())) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+    agent.stop().await;
+    env.end().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn a_namespace_must_be_opted_in() {
+    let env = Env::new("rw-trust-optin", false, true).await;
+    let (node, token) = env.node("n").await;
+    cluster::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
+        .await
+        .expect("deployment");
+    env.watch(
+        &env.client,
+        "w",
+        serde_json::json!({"matchLabels": {"app": "app"}}),
+    )
+    .await
+    .expect("watch");
+    let agent = env.agent(&node, &token, Arc::new(|_| leaking()));
+    env.condition("w", ConditionStatus::False, "NamespaceNotOptedIn")
+        .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        env.evicted().await.is_empty(),
+        "evicted in a namespace not opted in"
+    );
+    Api::<Namespace>::all(env.client.clone())
+        .patch(
+            env.n(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                resourcewatch_crds::NAMESPACE_OPT_IN_LABEL: resourcewatch_crds::NAMESPACE_OPT_IN_VALUE}}})),
+        )
+        .await
+        .expect("opt in");
+    wait_for(
+        "the eviction once opted in",
+        Duration::from_secs(40),
+        || async { Ok((!env.evicted().await.is_empty()).then_some(())) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+    agent.stop().await;
+    env.end().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn two_watches_of_one_deployment_evict_once_per_cooldown() {
+    let env = Env::new("rw-trust-two", true, true).await;
+    let (node, token) = env.node("n").await;
+    let mut l = labels("app");
+    l.insert("tier".into(), "web".into());
+    cluster::fake_deployment(&env.client, env.n(), "app", 3, &l, &node)
+        .await
+        .expect("deployment");
+    env.watch(
+        &env.client,
+        "by-app",
+        serde_json::json!({"matchLabels": {"app": "app"}}),
+    )
+    .await
+    .expect("watch 1");
+    env.watch(
+        &env.client,
+        "by-tier",
+        serde_json::json!({"matchLabels": {"tier": "web"}}),
+    )
+    .await
+    .expect("watch 2");
+    let agent = env.agent(&node, &token, Arc::new(|_| leaking()));
+    wait_for("a first eviction", Duration::from_secs(40), || async {
+        Ok((!env.evicted().await.is_empty()).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+    // An absence: the cooldown (10m) must hold for both watches.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let evicted = env.evicted().await;
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    let blocked: Vec<String> = [env.status("by-app").await, env.status("by-tier").await]
+        .into_iter()
+        .flat_map(|s| s.remediations)
+        .filter(|r| r.action == RemediationOutcome::Blocked)
+        .map(|r| r.reason)
+        .collect();
+    assert!(
+        blocked
+            .iter()
+            .any(|r| r == "Cooldown" || r == "RestartInProgress"),
+        "the other replicas are held by the workload's rails: {blocked:?}"
+    );
+    agent.stop().await;
+    env.end().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn a_pending_intent_expires_when_the_switch_is_off_and_status_alone_evicts_nothing() {
+    // The operator runs without --enable-remediation.
+    let env = Env::new("rw-trust-pending", true, false).await;
+    let (node, token) = env.node("n").await;
+    let leaky = cluster::fake_deployment(&env.client, env.n(), "leaky", 1, &labels("leaky"), &node)
+        .await
+        .expect("deployment");
+    let calm = cluster::fake_deployment(&env.client, env.n(), "calm", 1, &labels("calm"), &node)
+        .await
+        .expect("deployment");
+    let (p, _) = &leaky[0];
+    let (q, _) = &calm[0];
+    env.watch(&env.client, "w", serde_json::json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["leaky", "calm"]}]}))
+        .await
+        .expect("watch");
+    // What an operator that died between recording and evicting leaves: the ledger's
+    // intent for P (in the operator's namespace) and a Pending record in status. And a
+    // Pending record for Q that only someone with status access wrote.
+    let now = jiff::Timestamp::now().as_second();
+    let workload = resourcewatch_operator::ledger::Workload {
+        namespace: env.n().into(),
+        kind_name: "Deployment/leaky".into(),
+    };
+    let ledger = serde_json::json!({"restarts": [], "pending": {
+        "pod": p.name_any(), "podUid": p.uid(), "at": now, "expires": now + 600, "by": format!("{}/w", env.n())}});
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": workload.record_name()},
+        "data": {"ledger.json": ledger.to_string()}
+    }))
+    .expect("cm");
+    Api::<ConfigMap>::namespaced(env.client.clone(), env.n())
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("ledger");
+    let time = jiff::Timestamp::from_second(now).expect("now").to_string();
+    let record = |pod: &Pod, workload: &str| {
+        serde_json::json!({"pod": pod.name_any(), "podUID": pod.uid(), "workload": workload,
+            "action": "Pending", "reason": "Decided", "timeToOOMSeconds": 20.0, "confidence": 95, "time": time})
+    };
+    Api::<ResourceWatch>::namespaced(env.client.clone(), env.n())
+        .patch_status(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"remediations": [
+                record(p, "Deployment/leaky"), record(q, "Deployment/calm")]}})),
+        )
+        .await
+        .expect("status intents");
+    let pn = p.name_any();
+    let agent = env.agent(
+        &node,
+        &token,
+        Arc::new(move |name| if name == pn { leaking() } else { flat() }),
+    );
+    let s = wait_for("both intents expired", Duration::from_secs(40), || async {
+        let s = env.status("w").await;
+        Ok((s.remediations.len() >= 2
+            && s.remediations
+                .iter()
+                .all(|r| r.action != RemediationOutcome::Pending))
+        .then_some(s))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+    let of = |pod: &Pod| {
+        s.remediations
+            .iter()
+            .find(|r| Some(r.pod_uid.clone()) == pod.uid())
+            .cloned()
+            .expect("a record")
+    };
+    let rp = of(p);
+    assert_eq!(rp.action, RemediationOutcome::Expired, "{rp:?}");
+    assert_eq!(rp.reason, "RemediationDisabled", "{rp:?}");
+    let rq = of(q);
+    assert_eq!(rq.action, RemediationOutcome::Expired, "{rq:?}");
+    assert_eq!(rq.reason, "IntentExpired", "{rq:?}");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        env.evicted().await.is_empty(),
+        "evicted with the switch off"
+    );
+    let cm = Api::<ConfigMap>::namespaced(env.client.clone(), env.n())
+        .get(&workload.record_name())
+        .await
+        .expect("ledger");
+    let l: serde_json::Value =
+        serde_json::from_str(&cm.data.unwrap_or_default()["ledger.json"]).expect("json");
+    assert!(
+        l.get("pending").is_none(),
+        "the ledger's intent was cleared: {l}"
+    );
+    agent.stop().await;
+    env.end().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn oversized_and_malformed_reports_cost_bounded_memory_and_reach_nothing() {
+    let mut env = Env::new("rw-trust-bounds", true, true).await;
+    let (node, token) = env.node("n").await;
+    let pods = cluster::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
+        .await
+        .expect("deployment");
+    let (pod, cid) = pods[0].clone();
+    let rws: Api<ResourceWatch> = Api::namespaced(env.client.clone(), env.n());
+    let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
+        "metadata": {"name": "w"}, "spec": {"selector": {"matchLabels": {"app": "app"}}, "interval": "5s"}
+    }))
+    .expect("rw");
+    rws.create(&PostParams::default(), &rw)
+        .await
+        .expect("watch");
+    let (tx, resp) = raw_session(&env, &node, &token, hello(&node)).await;
+    let mut rx = resp.expect("session");
+    let _ = tokio::time::timeout(Duration::from_secs(5), rx.message()).await;
+    let uid = pod.uid().unwrap_or_default();
+    // Duplicates, NaN, out-of-range confidence, a pod this node does not run, and a
+    // megabyte of empty entries (tiny on the wire, large once decoded).
+    let leak = |pid, c, tto: f64| pb::Leak {
+        pod_uid: uid.clone(),
+        container_id: cid.clone(),
+        pid,
+        confidence: c,
+        growth_bytes_per_second: 1e6,
+        time_to_oom_seconds: Some(tto),
+        limit_bytes: 128 * MIB,
+        ..Default::default()
+    };
+    let mut bad = pb::Report {
+        containers: vec![pb::ContainerReport::default(); 400_000],
+        leaks: vec![leak(1, 500, 30.0), leak(2, 90, f64::NAN), leak(3, 90, -5.0)],
+        ..Default::default()
+    };
+    bad.leaks.push(pb::Leak {
+        pod_uid: "someone-else".into(),
+        ..leak(4, 99, 5.0)
+    });
+    use prost::Message;
+    assert!(
+        bad.encoded_len() < pb::MAX_MESSAGE_BYTES,
+        "{}",
+        bad.encoded_len()
+    );
+    for _ in 0..5 {
+        tx.send(pb::AgentMessage {
+            msg: Some(Msg::Report(bad.clone())),
+        })
+        .await
+        .expect("send");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    wait_for(
+        "the entries counted as dropped",
+        Duration::from_secs(20),
+        || async {
+            Ok((env
+                .op
+                .metric("resourcewatch_operator_report_entries_dropped_total")
+                .unwrap_or(0.0)
+                >= 400_000.0)
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+    let (_, _, peak) = env.op.usage().expect("usage");
+    assert!(peak < 256 * MIB, "peak RSS {} MiB", peak / MIB);
+    // A message over the limit ends that stream and nothing else.
+    let huge = pb::Report {
+        containers: vec![pb::ContainerReport::default(); 2_200_000],
+        ..Default::default()
+    };
+    assert!(huge.encoded_len() > 4 * (1 << 20));
+    let _ = tx
+        .send(pb::AgentMessage {
+            msg: Some(Msg::Report(huge)),
+        })
+        .await;
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match rx.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the stream ends");
+    assert!(end.is_err(), "ended with a status: {end:?}");
+    let (_, _, peak) = env.op.usage().expect("usage");
+    assert!(peak < 256 * MIB, "peak RSS {} MiB", peak / MIB);
+    eprintln!(
+        "operator peak RSS after 5 x 1 MiB malformed reports and a 4 MiB one: {} MiB",
+        peak / MIB
+    );
+    let s = env.status("w").await;
+    assert!(s.leaks.is_empty(), "{:?}", s.leaks);
+    assert!(env.op.exited().is_none(), "the operator died");
+    env.end().await;
+}
+
+fn kubectl_apply(yaml: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut c = std::process::Command::new(cluster::kubectl())
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    if let Some(mut i) = c.stdin.take() {
+        i.write_all(yaml.as_bytes()).expect("stdin");
+    }
+    let o = c.wait_with_output().expect("kubectl output");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
