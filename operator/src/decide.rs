@@ -247,6 +247,9 @@ fn remediate(
     let now_str = i.status.now;
     let gate = i.gate;
     let mut handled: Vec<String> = Vec::new();
+    // Decisions of this pass count for the next pod of the same workload: three leaking
+    // replicas must not all be evicted at once.
+    let mut books: BTreeMap<Workload, Ledger> = i.ledgers.clone();
     if s.action == RemediationAction::Restart
         && let Some(gate) = gate
     {
@@ -254,7 +257,8 @@ fn remediate(
             let Some(facts) = i.pods.values().find(|p| p.name == leak.pod) else {
                 continue;
             };
-            let book = facts.workload.as_ref().and_then(|w| i.ledgers.get(w));
+            let book = facts.workload.as_ref().and_then(|w| books.get(w)).cloned();
+            let book = book.as_ref();
             let d = remediation::decide(s, gate, leak, facts, book, i.watch, i.now);
             handled.push(facts.uid.clone());
             let record = |action, reason: RemediationReason, message: String| RemediationRecord {
@@ -289,6 +293,7 @@ fn remediate(
                     }) {
                         continue;
                     }
+                    books.entry(w.clone()).or_default().pending = Some(intent.clone());
                     ledger.push(LedgerChange::Record {
                         workload: w.clone(),
                         intent,
@@ -613,4 +618,335 @@ pub fn after_eviction(
         both(&mut events, warning, reason, note, &ev.pod);
     }
     events
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    //! Decisions from inputs alone: no API server, no mock.
+    use super::*;
+    use crate::{hub::NodeView, spec::Floors, status::SelectedPod};
+    use resourcewatch_crds::ResourceWatchSpec;
+    use resourcewatch_proto as pb;
+
+    const NOW: i64 = 1_800_000_000;
+    const NOW_STR: &str = "2027-01-15T08:00:00Z";
+
+    fn settings() -> Result<WatchSettings, crate::spec::SpecError> {
+        let spec: ResourceWatchSpec = serde_json::from_value(serde_json::json!({
+            "remediation": {"action": "Restart", "minTimeToOOM": "60s", "cooldown": "10m", "window": "1h", "maxRestarts": 2}
+        }))
+        .unwrap();
+        WatchSettings::from_spec(&spec, &Floors::default())
+    }
+
+    fn pod(i: u32) -> SelectedPod {
+        SelectedPod {
+            uid: format!("uid-{i}"),
+            name: format!("app-{i}"),
+            node: Some("n1".into()),
+            containers: [(format!("cid-{i}"), "app".to_string())].into(),
+        }
+    }
+
+    fn facts(i: u32) -> (String, PodFacts) {
+        (
+            format!("uid-{i}"),
+            PodFacts {
+                name: format!("app-{i}"),
+                uid: format!("uid-{i}"),
+                workload: Some(workload()),
+                deleting: false,
+            },
+        )
+    }
+
+    fn workload() -> Workload {
+        Workload {
+            namespace: "ns".into(),
+            kind_name: "Deployment/app".into(),
+        }
+    }
+
+    /// A reporting node whose agent sees `leaking` pods heading for OOM in 20 s.
+    fn node(leaking: &[u32], reporting: bool) -> NodeView {
+        NodeView {
+            name: "n1".into(),
+            connected: reporting,
+            reporting,
+            missing: !reporting,
+            last_report: reporting.then(|| pb::Report {
+                leaks: leaking
+                    .iter()
+                    .map(|i| pb::Leak {
+                        pod_uid: format!("uid-{i}"),
+                        container_id: format!("cid-{i}"),
+                        confidence: 95,
+                        growth_bytes_per_second: 2e6,
+                        time_to_oom_seconds: Some(20.0),
+                        limit_bytes: 128 << 20,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn open_gate() -> Gate {
+        Gate {
+            master_switch: true,
+            namespace_opted_in: true,
+            authorization: Ok("admin".into()),
+        }
+    }
+
+    fn plan(
+        nodes: &[NodeView],
+        old: Option<&ResourceWatchStatus>,
+        gate: Option<&Gate>,
+        ledgers: &BTreeMap<Workload, Ledger>,
+    ) -> Plan {
+        let s = settings();
+        let pods = [pod(1), pod(2), pod(3)];
+        let facts: BTreeMap<String, PodFacts> = (1..=3).map(facts).collect();
+        decide(&Inputs {
+            status: status::Inputs {
+                generation: Some(1),
+                settings: &s,
+                pods: &pods,
+                nodes,
+                old,
+                now: NOW_STR,
+            },
+            watch: "ns/w",
+            gate,
+            pods: &facts,
+            ledgers,
+            now: NOW,
+        })
+    }
+
+    #[test]
+    fn three_leaking_replicas_give_one_eviction_and_two_blocks() {
+        let p = plan(
+            &[node(&[1, 2, 3], true)],
+            None,
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        );
+        assert_eq!(p.evictions.len(), 1, "{:?}", p.evictions);
+        assert_eq!(p.ledger.len(), 1);
+        assert!(
+            matches!(&p.ledger[0], LedgerChange::Record { intent, .. } if intent.expires == NOW + 20)
+        );
+        let blocked: Vec<&str> = p
+            .status
+            .remediations
+            .iter()
+            .filter(|r| r.action == RemediationOutcome::Blocked)
+            .map(|r| r.reason.as_str())
+            .collect();
+        assert_eq!(blocked, ["RestartInProgress", "RestartInProgress"]);
+        assert_eq!(p.write, Write::Now);
+        let cond = p
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Remediation")
+            .unwrap();
+        assert_eq!(
+            (cond.status, cond.reason.as_str()),
+            (ConditionStatus::True, "Enabled")
+        );
+    }
+
+    #[test]
+    fn a_lost_nodes_last_leaks_are_shown_but_never_acted_on() {
+        let first = plan(
+            &[node(&[1], true)],
+            None,
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        );
+        let mut old = first.status.clone();
+        old.remediations.clear();
+        let p = plan(
+            &[node(&[], false)],
+            Some(&old),
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        );
+        assert_eq!(p.status.leaks.len(), 1, "kept for people");
+        assert!(p.evictions.is_empty() && p.ledger.is_empty());
+    }
+
+    #[test]
+    fn a_pending_record_in_status_alone_expires_and_evicts_nothing() {
+        let forged = ResourceWatchStatus {
+            observed_generation: Some(1),
+            remediations: vec![RemediationRecord {
+                pod: "app-2".into(),
+                pod_uid: "uid-2".into(),
+                workload: Some("Deployment/app".into()),
+                action: RemediationOutcome::Pending,
+                reason: "Decided".into(),
+                message: String::new(),
+                time_to_oom_seconds: Some(5.0),
+                confidence: 100,
+                time: NOW_STR.into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            candidates(&status::Inputs {
+                generation: Some(1),
+                settings: &settings(),
+                pods: &[pod(2)],
+                nodes: &[node(&[], true)],
+                old: Some(&forged),
+                now: NOW_STR,
+            }),
+            ["app-2"],
+            "its facts are gathered"
+        );
+        let p = plan(
+            &[node(&[], true)],
+            Some(&forged),
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        );
+        assert!(p.evictions.is_empty());
+        let r = &p.status.remediations[0];
+        assert_eq!(
+            (r.action, r.reason.as_str()),
+            (RemediationOutcome::Expired, "IntentExpired")
+        );
+        assert!(
+            p.events
+                .iter()
+                .any(|e| e.reason == EventReason::RestartExpired)
+        );
+    }
+
+    #[test]
+    fn an_intent_in_the_ledger_is_resumed_only_if_everything_still_holds() {
+        let ledger: BTreeMap<Workload, Ledger> = [(
+            workload(),
+            Ledger {
+                pending: Some(Intent {
+                    pod: "app-1".into(),
+                    pod_uid: "uid-1".into(),
+                    at: NOW - 5,
+                    expires: NOW + 15,
+                    by: "ns/w".into(),
+                }),
+                ..Default::default()
+            },
+        )]
+        .into();
+        let p = plan(&[node(&[1], true)], None, Some(&open_gate()), &ledger);
+        assert_eq!(p.evictions.len(), 1, "resumed");
+        assert!(p.ledger.is_empty(), "already recorded");
+        // The switch is off now: the intent is voided, with the reason.
+        let off = Gate {
+            master_switch: false,
+            ..open_gate()
+        };
+        let p = plan(&[node(&[1], true)], None, Some(&off), &ledger);
+        assert!(p.evictions.is_empty());
+        assert_eq!(
+            p.ledger,
+            [LedgerChange::Clear {
+                workload: workload(),
+                pod_uid: "uid-1".into()
+            }]
+        );
+        // The prediction no longer holds.
+        let mut old = plan(&[node(&[1], true)], None, Some(&open_gate()), &ledger).status;
+        old.observed_generation = Some(1);
+        let p = plan(&[node(&[], true)], Some(&old), Some(&open_gate()), &ledger);
+        assert!(p.evictions.is_empty());
+        let r = p
+            .status
+            .remediations
+            .iter()
+            .find(|r| r.pod_uid == "uid-1")
+            .unwrap();
+        assert_eq!(
+            (r.action, r.reason.as_str()),
+            (RemediationOutcome::Expired, "PredictionNoLongerHolds")
+        );
+    }
+
+    #[test]
+    fn an_eviction_becomes_a_restart_in_the_ledger() {
+        let mut status = plan(
+            &[node(&[1], true)],
+            None,
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        )
+        .status;
+        let ev = Eviction {
+            pod: "app-1".into(),
+            pod_uid: "uid-1".into(),
+            workload: workload(),
+            watch: "ns/w".into(),
+            time_to_oom_seconds: Some(20.0),
+            confidence: 95,
+        };
+        let mut book = Ledger {
+            pending: Some(Intent {
+                pod_uid: "uid-1".into(),
+                expires: NOW + 20,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let events = after_eviction(
+            &ev,
+            &EvictResult::Evicted,
+            NOW,
+            NOW_STR,
+            &mut status,
+            &mut book,
+        );
+        assert!(book.pending.is_none());
+        assert_eq!(book.restarts.len(), 1);
+        assert_eq!(status.remediations[0].action, RemediationOutcome::Restarted);
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e.reason == EventReason::Restarted)
+                .count(),
+            2
+        );
+        // A PDB refusal frees the workload without counting a restart.
+        let mut book = Ledger {
+            pending: Some(Intent {
+                pod_uid: "uid-1".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut status = plan(
+            &[node(&[1], true)],
+            None,
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        )
+        .status;
+        after_eviction(
+            &ev,
+            &EvictResult::Refused("budget".into()),
+            NOW,
+            NOW_STR,
+            &mut status,
+            &mut book,
+        );
+        assert!(book.pending.is_none() && book.restarts.is_empty());
+        assert_eq!(status.remediations[0].reason, "PodDisruptionBudget");
+    }
 }

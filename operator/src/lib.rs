@@ -10,6 +10,7 @@ pub mod authz;
 pub mod controller;
 pub mod decide;
 pub mod grpc;
+pub mod https;
 pub mod hub;
 pub mod identity;
 pub mod leader;

@@ -145,6 +145,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         server_name,
         "resourcewatch-operator".into(),
         "localhost".into(),
+        "127.0.0.1".into(),
     ])?;
 
     let (shutdown_tx, shutdown) = watch::channel(false);
@@ -234,21 +235,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ),
         Err(e) => tracing::warn!(error = %e, "could not update the webhook's CA bundle"),
     }
-    let webhook_tls = ServerTlsConfig::new().identity(Identity::from_pem(&leaf.cert, &leaf.key));
+    let webhook_listener =
+        resourcewatch_operator::https::TlsListener::bind(args.webhook_addr, &leaf.cert, &leaf.key)
+            .await
+            .context("webhook listener")?;
     let mut webhook_shutdown = shutdown.clone();
-    let webhook = Server::builder()
-        .tls_config(webhook_tls)
-        .context("webhook TLS configuration")?
-        .accept_http1(true)
-        .add_routes(tonic::service::Routes::from(authz::router(
-            signer.clone(),
-            reviewer.clone(),
-            metrics.clone(),
-        )))
-        .serve_with_shutdown(args.webhook_addr, async move {
-            let _ = webhook_shutdown.wait_for(|s| *s).await;
-        });
-    let webhook_task = tokio::spawn(webhook);
+    let webhook_router = authz::router(signer.clone(), reviewer.clone(), metrics.clone());
+    let webhook_task = tokio::spawn(async move {
+        axum::serve(webhook_listener, webhook_router.into_make_service())
+            .with_graceful_shutdown(async move {
+                let _ = webhook_shutdown.wait_for(|s| *s).await;
+            })
+            .await
+    });
     tracing::info!(grpc = %args.grpc_addr, metrics = %args.metrics_addr, remediation = args.enable_remediation, "serving");
 
     let reporter = Reporter {
