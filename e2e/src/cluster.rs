@@ -149,6 +149,22 @@ impl TestNamespace {
 }
 
 impl TestNamespace {
+    /// Labels the namespace as a cluster admin does to allow evictions in it
+    /// (`resourcewatch.io/remediation=enabled`).
+    pub async fn opt_in(&self) -> anyhow::Result<()> {
+        Api::<Namespace>::all(self.client.clone())
+            .patch(
+                &self.name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                    resourcewatch_crds::NAMESPACE_OPT_IN_LABEL: resourcewatch_crds::NAMESPACE_OPT_IN_VALUE}}})),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+impl TestNamespace {
     /// Deletes the namespace and waits until it is gone, so no workload of this test
     /// outlives it (a `Drop` alone can't wait: the test's runtime is ending).
     pub async fn delete(self) {

@@ -137,30 +137,25 @@ impl AgentControl for AgentService {
         })?;
         tracing::info!(node = %session.node, agent = %hello.agent_version, "agent connected");
         let (tx, rx) = mpsc::channel(8);
-        tokio::spawn(run_session(
-            self.hub.clone(),
-            self.metrics.clone(),
-            identity,
-            session,
-            inbound,
-            tx,
-            self.leader.clone(),
-            self.shutdown.clone(),
-        ));
+        tokio::spawn(run_session(self.clone(), identity, session, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 
 async fn run_session(
-    hub: Arc<Hub>,
-    metrics: Arc<Metrics>,
+    svc: AgentService,
     identity: AgentIdentity,
     mut session: Session,
     mut inbound: Streaming<pb::AgentMessage>,
     tx: mpsc::Sender<Result<pb::OperatorMessage, Status>>,
-    mut leader: watch::Receiver<bool>,
-    mut shutdown: watch::Receiver<bool>,
 ) {
+    let AgentService {
+        hub,
+        metrics,
+        mut leader,
+        mut shutdown,
+        ..
+    } = svc;
     let node = session.node.clone();
     metrics.agents_connected.inc();
     // The stream lives no longer than the token that opened it; the agent reconnects with

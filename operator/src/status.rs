@@ -356,7 +356,18 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         leaks,
         exceeding,
         nodes: node_entries,
-        remediations: i.old.map(|o| o.remediations.clone()).unwrap_or_default(),
+        remediations: i
+            .old
+            .map(|o| o.remediations.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut r| {
+                // The stored log is not ours alone (status is writable): keep it bounded.
+                crate::validate::truncate(&mut r.message, resourcewatch_crds::MAX_MESSAGE);
+                crate::validate::truncate(&mut r.reason, 64);
+                r
+            })
+            .collect(),
         summary,
         last_update_time: Some(i.now.to_owned()),
         truncated: (truncated != resourcewatch_crds::Truncated::default()).then_some(truncated),
@@ -1082,5 +1093,119 @@ mod tests {
         assert_eq!(format_bytes(128 << 20), "128Mi");
         assert_eq!(format_bytes(1536 << 20), "1.5Gi");
         assert_eq!(format_bytes(500), "500");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod size_tests {
+    use super::*;
+    use resourcewatch_crds::{RemediationOutcome, RemediationRecord, ResourceWatchSpec};
+
+    /// The largest status the operator can write: K = 100, 1,000 nodes each with a long
+    /// NACK reason, 2,000 selected pods with the longest names, every pod leaking and
+    /// above both thresholds, 50 remediation records with the longest messages.
+    #[test]
+    fn the_largest_status_stays_far_below_the_etcd_limit() {
+        let spec: ResourceWatchSpec = serde_json::from_value(serde_json::json!({
+            "topK": 100, "thresholds": {"cpuPercent": 1, "memoryPercentOfLimit": 1}
+        }))
+        .unwrap();
+        let s = WatchSettings::from_spec(&spec, &crate::spec::Floors::default());
+        let long = |prefix: &str, i: usize, n: usize| {
+            let mut x = format!("{prefix}{i}-");
+            x.push_str(&"x".repeat(n - x.len()));
+            x
+        };
+        let nodes: Vec<NodeView> = (0..1000)
+            .map(|i| NodeView {
+                name: long("node", i, 253),
+                connected: true,
+                reporting: true,
+                acked_version: Some(u64::MAX),
+                nack: Some((u64::MAX, "r".repeat(10_000))),
+                last_report: Some(pb::Report::default()),
+                ..Default::default()
+            })
+            .collect();
+        let mut pods = Vec::new();
+        let mut nodes = nodes;
+        for i in 0..2000 {
+            let uid = format!("{i:036}");
+            let cid = format!("{i:064}");
+            let n = &mut nodes[i % 1000];
+            pods.push(SelectedPod {
+                uid: uid.clone(),
+                name: long("pod", i, 253),
+                node: Some(n.name.clone()),
+                containers: [(cid.clone(), long("c", i, 63))].into(),
+            });
+            let r = n.last_report.as_mut().unwrap();
+            r.containers.push(pb::ContainerReport {
+                pod_uid: uid.clone(),
+                container_id: cid.clone(),
+                memory_bytes: 100,
+                memory_limit_bytes: 100,
+                cpu_percent: 1e9,
+                processes: (0..200)
+                    .map(|p| process(p, &"p".repeat(256), 1e9, u64::MAX))
+                    .collect(),
+            });
+            r.leaks.push(pb::Leak {
+                pod_uid: uid,
+                container_id: cid,
+                confidence: 100,
+                growth_bytes_per_second: 1e300,
+                limit_bytes: u64::MAX,
+                time_to_oom_seconds: Some(1.0),
+                ..Default::default()
+            });
+        }
+        let old = ResourceWatchStatus {
+            remediations: (0..resourcewatch_crds::MAX_STATUS_REMEDIATIONS)
+                .map(|i| RemediationRecord {
+                    pod: long("pod", i, 253),
+                    pod_uid: format!("{i:036}"),
+                    workload: Some(long("Deployment/", i, 253 + 11)),
+                    action: RemediationOutcome::Blocked,
+                    reason: "RestartInProgress".into(),
+                    message: "m".repeat(resourcewatch_crds::MAX_MESSAGE + 600),
+                    time_to_oom_seconds: Some(1e300),
+                    confidence: 100,
+                    time: "2026-11-23T20:00:00Z".into(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let Outcome::Write { status, .. } = compute(&Inputs {
+            generation: Some(i64::MAX),
+            settings: &s,
+            pods: &pods,
+            nodes: &nodes,
+            old: Some(&old),
+            now: "2026-11-23T20:00:00Z",
+        }) else {
+            panic!("a write")
+        };
+        let bytes = serde_json::to_vec(&status).unwrap().len();
+        assert_eq!(status.top_cpu.len(), 100);
+        assert_eq!(status.leaks.len(), resourcewatch_crds::MAX_STATUS_LEAKS);
+        assert_eq!(status.nodes.len(), resourcewatch_crds::MAX_STATUS_NODES);
+        let t = status.truncated.clone().unwrap();
+        assert_eq!((t.leaks, t.nodes), (1900, 900));
+        assert_eq!(
+            t.exceeding,
+            4000 - resourcewatch_crds::MAX_STATUS_EXCEEDING as u32
+        );
+        assert!(
+            status
+                .conditions
+                .iter()
+                .all(|c| c.message.len() <= resourcewatch_crds::MAX_MESSAGE)
+        );
+        // Remediation messages are written by the operator at most MAX_MESSAGE long; the
+        // old ones here are longer on purpose and the bound still holds.
+        assert!(bytes < 1 << 20, "{bytes} bytes");
+        eprintln!("largest status: {bytes} bytes");
     }
 }

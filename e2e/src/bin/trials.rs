@@ -106,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let client = cluster::client().await?;
     let ns = TestNamespace::create(&client, "rw-trials").await?;
+    ns.opt_in().await?;
     let n = ns.name.clone();
     let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), &n);
     let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
