@@ -297,20 +297,13 @@ pub async fn fake_running_pod(
         Err(kube::Error::Api(e)) if e.code == 409 => api.get(name).await?,
         Err(e) => return Err(e.into()),
     };
-    let status = serde_json::json!({
-        "status": {
-            "phase": "Running",
-            "containerStatuses": [{
-                "name": "app", "ready": true, "restartCount": 0,
-                "image": "localhost/resourcewatch/none:0", "imageID": "",
-                "containerID": format!("containerd://{container_id}"),
-                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
-            }]
-        }
-    });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .context("writing the pod's status")?;
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&running_status(container_id)),
+    )
+    .await
+    .context("writing the pod's status")?;
     Ok(created)
 }
 
@@ -372,24 +365,32 @@ pub async fn fake_deployment(
         .await
         .context("binding the pod to its node")?;
         let cid = container_id(&format!("{ns}/{pname}"));
-        let status = serde_json::json!({
-            "status": {
-                "phase": "Running",
-                "containerStatuses": [{
-                    "name": "app", "ready": true, "restartCount": 0,
-                    "image": "localhost/resourcewatch/none:0", "imageID": "",
-                    "containerID": format!("containerd://{cid}"),
-                    "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
-                }]
-            }
-        });
         let p = pods
-            .patch_status(&pname, &PatchParams::default(), &Patch::Merge(&status))
+            .patch_status(
+                &pname,
+                &PatchParams::default(),
+                &Patch::Merge(&running_status(&cid)),
+            )
             .await
             .context("writing the pod's status")?;
         out.push((p, cid));
     }
     Ok(out)
+}
+
+/// The status kubelet would write for a pod whose one container `app` runs.
+fn running_status(container_id: &str) -> serde_json::Value {
+    serde_json::json!({
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [{
+                "name": "app", "ready": true, "restartCount": 0,
+                "image": "localhost/resourcewatch/none:0", "imageID": "",
+                "containerID": format!("containerd://{container_id}"),
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+            }]
+        }
+    })
 }
 
 /// A 64-hex container id derived from a name, as a runtime would make one.

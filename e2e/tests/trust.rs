@@ -155,6 +155,16 @@ impl Env {
             .collect()
     }
 
+    /// Waits for a first eviction (a pod with a deletionTimestamp) and returns them.
+    async fn wait_evicted(&self, what: &str) -> Vec<String> {
+        wait_for(what, Duration::from_secs(40), || async {
+            let e = self.evicted().await;
+            Ok((!e.is_empty()).then_some(e))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.op.log_text()))
+    }
+
     async fn condition(&self, watch: &str, want: ConditionStatus, reason: &str) {
         let what = format!("{watch}: Remediation={want:?} {reason}");
         wait_for(&what, Duration::from_secs(40), || async {
@@ -470,13 +480,7 @@ subjects: [{{kind: ServiceAccount, name: dev, namespace: {ns}}}]
         .await
         .expect("admin update");
     env.condition("w", ConditionStatus::True, "Enabled").await;
-    wait_for(
-        "the admin's watch evicts",
-        Duration::from_secs(40),
-        || async { Ok((!env.evicted().await.is_empty()).then_some(())) },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+    env.wait_evicted("the admin's watch evicts").await;
     agent.stop().await;
     env.end().await;
 }
@@ -513,13 +517,7 @@ async fn a_namespace_must_be_opted_in() {
         )
         .await
         .expect("opt in");
-    wait_for(
-        "the eviction once opted in",
-        Duration::from_secs(40),
-        || async { Ok((!env.evicted().await.is_empty()).then_some(())) },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+    env.wait_evicted("the eviction once opted in").await;
     agent.stop().await;
     env.end().await;
 }
@@ -549,11 +547,7 @@ async fn two_watches_of_one_deployment_evict_once_per_cooldown() {
     .await
     .expect("watch 2");
     let agent = env.agent(&node, &token, Arc::new(|_| leaking()));
-    wait_for("a first eviction", Duration::from_secs(40), || async {
-        Ok((!env.evicted().await.is_empty()).then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+    env.wait_evicted("a first eviction").await;
     // An absence: the cooldown (10m) must hold for both watches.
     tokio::time::sleep(Duration::from_secs(20)).await;
     let evicted = env.evicted().await;

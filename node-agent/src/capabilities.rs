@@ -12,9 +12,26 @@ const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 const CAP_SYS_PTRACE: u32 = 19;
 
+/// Which requirement a check is: code asks by id, never by matching a check's name.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckId {
+    Privileges,
+    Btf,
+    SchedSwitch,
+    RssStat,
+    SchedProcessExit,
+    RingBuffer,
+    Atomics,
+    Cgroups,
+    Uprobes,
+    Ptrace,
+}
+
 /// One requirement and whether it holds.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Check {
+    pub id: CheckId,
     pub name: String,
     pub ok: bool,
     /// Why it fails (or a note when it holds), in words a user can act on.
@@ -39,6 +56,11 @@ impl CapabilityReport {
             .map(|c| format!("{}: {}", c.name, c.detail))
     }
 
+    /// Whether a requirement holds; a check that did not run does not hold.
+    pub fn holds(&self, id: CheckId) -> bool {
+        self.checks.iter().any(|c| c.id == id && c.ok)
+    }
+
     pub fn missing(&self) -> Vec<&Check> {
         self.checks.iter().filter(|c| !c.ok).collect()
     }
@@ -57,6 +79,7 @@ pub fn probe() -> CapabilityReport {
     let has = |bit: u32| caps.is_some_and(|c| c & (1 << bit) != 0);
     let privileged = has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON));
     checks.push(Check {
+        id: CheckId::Privileges,
         name: "privileges".into(),
         ok: privileged,
         detail: if privileged {
@@ -70,6 +93,7 @@ pub fn probe() -> CapabilityReport {
     let btf_path = Path::new("/sys/kernel/btf/vmlinux");
     let btf = fs::read(btf_path).ok();
     checks.push(Check {
+        id: CheckId::Btf,
         name: "BTF".into(),
         ok: btf.is_some(),
         detail: if btf.is_some() {
@@ -80,15 +104,31 @@ pub fn probe() -> CapabilityReport {
         required: true,
     });
 
-    for (tp, required, what) in [
-        ("sched_switch", true, "the CPU pipeline"),
-        ("rss_stat", true, "the memory pipeline (kernel >= 5.5)"),
-        ("sched_process_exit", true, "cleaning up exited processes"),
+    for (id, tp, required, what) in [
+        (
+            CheckId::SchedSwitch,
+            "sched_switch",
+            true,
+            "the CPU pipeline",
+        ),
+        (
+            CheckId::RssStat,
+            "rss_stat",
+            true,
+            "the memory pipeline (kernel >= 5.5)",
+        ),
+        (
+            CheckId::SchedProcessExit,
+            "sched_process_exit",
+            true,
+            "cleaning up exited processes",
+        ),
     ] {
         let present = btf
             .as_deref()
             .is_some_and(|b| contains(b, format!("btf_trace_{tp}\0").as_bytes()));
         checks.push(Check {
+            id,
             name: format!("tracepoint {tp}"),
             ok: present,
             detail: if present {
@@ -104,6 +144,7 @@ pub fn probe() -> CapabilityReport {
 
     let ringbuf = version >= (5, 8);
     checks.push(Check {
+        id: CheckId::RingBuffer,
         name: "BPF ring buffer".into(),
         ok: ringbuf,
         detail: if ringbuf {
@@ -115,6 +156,7 @@ pub fn probe() -> CapabilityReport {
     });
     let atomics = version >= (5, 12);
     checks.push(Check {
+        id: CheckId::Atomics,
         name: "BPF atomics".into(),
         ok: atomics,
         detail: if atomics {
@@ -129,6 +171,7 @@ pub fn probe() -> CapabilityReport {
 
     let layout = CgroupLayout::detect();
     checks.push(Check {
+        id: CheckId::Cgroups,
         name: "cgroups".into(),
         ok: layout.is_ok(),
         detail: match &layout {
@@ -144,6 +187,7 @@ pub fn probe() -> CapabilityReport {
 
     let uprobes = Path::new("/sys/bus/event_source/devices/uprobe").exists();
     checks.push(Check {
+        id: CheckId::Uprobes,
         name: "uprobes".into(),
         ok: uprobes,
         detail: if uprobes {
@@ -155,6 +199,7 @@ pub fn probe() -> CapabilityReport {
     });
     let ptrace = has(CAP_SYS_PTRACE) || has(CAP_SYS_ADMIN);
     checks.push(Check {
+        id: CheckId::Ptrace,
         name: "CAP_SYS_PTRACE".into(),
         ok: ptrace,
         detail: if ptrace {
@@ -208,12 +253,14 @@ mod tests {
             cgroup_version: None,
             checks: vec![
                 Check {
+                    id: CheckId::Uprobes,
                     name: "uprobes".into(),
                     ok: false,
                     detail: "d0".into(),
                     required: false,
                 },
                 Check {
+                    id: CheckId::Btf,
                     name: "BTF".into(),
                     ok: false,
                     detail: "no vmlinux".into(),
@@ -223,6 +270,11 @@ mod tests {
         };
         assert_eq!(r.fatal().as_deref(), Some("BTF: no vmlinux"));
         assert_eq!(r.missing().len(), 2);
+        assert!(!r.holds(CheckId::Btf));
+        assert!(
+            !r.holds(CheckId::RingBuffer),
+            "a check that did not run does not hold"
+        );
     }
 
     #[test]

@@ -568,33 +568,55 @@ impl Pipelines {
                 .ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?,
         )
         .map_err(map_err(maps::TARGET_PROCS))?;
-        let stale: Vec<u32> = procs.keys().filter_map(Result::ok).collect();
-        for tgid in stale {
-            let _ = procs.remove(&tgid);
-        }
+        let mut in_target: HashSet<u32> = HashSet::new();
         for pid in procfs::pids() {
             let cgroup_id = procfs::cgroup_text(pid)
                 .and_then(|t| self.layout.path_in_proc_cgroup(&t).map(str::to_owned))
                 .and_then(|p| self.layout.cgroup_id(&p).ok());
-            let in_target =
-                pids.contains(&pid) || cgroup_id.is_some_and(|c| wanted_cgroups.contains(&c));
-            if !in_target {
+            if !(pids.contains(&pid) || cgroup_id.is_some_and(|c| wanted_cgroups.contains(&c))) {
                 continue;
             }
+            in_target.insert(pid);
             let Some(rss) = procfs::rss_breakdown(pid) else {
                 continue;
             };
-            let entry = RwTargetProc {
-                cgroup_id: cgroup_id.unwrap_or(0),
-                file_pages: rss.file / self.page,
-                anon_pages: rss.anon / self.page,
-                shmem_pages: rss.shmem / self.page,
-                swap_pages: rss.swap / self.page,
-                updated_ns: procfs::monotonic_ns(),
-                ..Default::default()
+            let seeded = |mut e: RwTargetProc| {
+                e.cgroup_id = cgroup_id.unwrap_or(e.cgroup_id);
+                e.file_pages = rss.file / self.page;
+                e.anon_pages = rss.anon / self.page;
+                e.shmem_pages = rss.shmem / self.page;
+                e.swap_pages = rss.swap / self.page;
+                e.updated_ns = procfs::monotonic_ns();
+                e
             };
-            // NOEXIST: an event may have created the entry already, with fresher values.
-            let _ = procs.insert(pid, entry, 1 /* BPF_NOEXIST */);
+            match procs.get(&pid, 0) {
+                // An rss_stat event already wrote fresher values.
+                Ok(e) if e.updated_ns != 0 => {}
+                // Created by a context switch (CPU only, no RSS yet): add the RSS, keep
+                // the CPU. A slice credited between this read and the write is lost
+                // (microseconds, once); without this an idle process read 0 bytes until
+                // its RSS changed, and a CPU burner almost always did.
+                Ok(e) => {
+                    let _ = procs.insert(pid, seeded(e), 2 /* BPF_EXIST */);
+                }
+                Err(_) => {
+                    let _ = procs.insert(
+                        pid,
+                        seeded(RwTargetProc::default()),
+                        1, /* BPF_NOEXIST */
+                    );
+                }
+            }
+        }
+        // Only processes that left every target are forgotten: the others keep their
+        // counters across a reconfiguration (wiping them read as 0 % CPU for one interval).
+        let stale: Vec<u32> = procs
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|t| !in_target.contains(t))
+            .collect();
+        for tgid in stale {
+            let _ = procs.remove(&tgid);
         }
         Ok(())
     }

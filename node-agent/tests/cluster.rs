@@ -331,10 +331,13 @@ async fn drive(leaf: PathBuf, pid: u32) {
     assert_eq!(hello.node_name, "test-node");
     assert_eq!(hello.protocol_version, pb::PROTOCOL_VERSION);
     assert!(
-        hello
-            .capabilities
-            .as_ref()
-            .is_some_and(|c| c.btf && c.missing.iter().all(|m| !m.contains("btf")))
+        hello.capabilities.as_ref().is_some_and(|c| c.btf
+            && c.sched_switch
+            && c.rss_stat
+            && c.ring_buffer
+            && c.missing.iter().all(|m| !m.starts_with("BTF"))),
+        "{:?}",
+        hello.capabilities
     );
 
     // The configuration is applied and the container found.

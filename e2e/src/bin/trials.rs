@@ -113,7 +113,7 @@ async fn main() -> anyhow::Result<()> {
         "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
         "metadata": {"name": "trials"},
         "spec": {"selector": {"matchLabels": {"watched": "yes"}}, "interval": "5s", "topK": 50,
-                 "remediation": {"action": "Restart", "minTimeToOOM": "60s", "cooldown": "1m", "maxRestarts": 5}}
+                 "remediation": {"action": "Restart", "minTimeToOOM": "60s", "cooldown": "5m", "maxRestarts": 5}}
     }))?;
     rws.create(&PostParams::default(), &rw)
         .await

@@ -30,7 +30,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::{
-    capabilities,
+    capabilities::{self, CheckId},
     cgroup_resolver::CgroupLayout,
     hashpipe::Geometry,
     pipelines::{PipelineOptions, Pipelines},
@@ -84,11 +84,11 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
     let hello_caps = pb::Capabilities {
         kernel_release: caps.kernel_release.clone(),
         cgroup_mode: caps.cgroup_version.clone().unwrap_or_default(),
-        btf: check_ok(&caps, "btf"),
-        sched_switch: check_ok(&caps, "sched_switch"),
-        rss_stat: check_ok(&caps, "rss_stat"),
-        uprobes: check_ok(&caps, "uprobe"),
-        ring_buffer: check_ok(&caps, "ring"),
+        btf: caps.holds(CheckId::Btf),
+        sched_switch: caps.holds(CheckId::SchedSwitch),
+        rss_stat: caps.holds(CheckId::RssStat),
+        uprobes: caps.holds(CheckId::Uprobes),
+        ring_buffer: caps.holds(CheckId::RingBuffer),
         missing: caps
             .missing()
             .iter()
@@ -113,13 +113,6 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
     stop.store(true, Ordering::SeqCst);
     let _ = engine.join();
     result
-}
-
-fn check_ok(caps: &capabilities::CapabilityReport, needle: &str) -> bool {
-    caps.checks
-        .iter()
-        .filter(|c| c.name.contains(needle))
-        .all(|c| c.ok)
 }
 
 async fn session_loop(
