@@ -47,8 +47,18 @@ unit: deps ## Unit and kernel integration tests (kernel tests skip, saying why, 
 	$(CARGO) test --workspace -- --test-threads=1
 
 .PHONY: demo
-demo: deps ## Local cluster demo: cluster up, images, install via config/, workloads + sample, kubectl get resourcewatch -o wide
+# demo, test and top need root (a cluster, BPF). Run as root they run here; run as a
+# sudo user they re-run themselves through sudo, so `make demo` works verbatim for both
+# (a fresh machine logged in as root has no sudo binary at all).
+AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo -E env "PATH=$$PATH")
+
+demo: ## Local cluster demo: cluster up, images, install via config/, workloads + sample, kubectl get resourcewatch -o wide
+ifeq ($(AS_ROOT),)
+demo: deps
 	e2e/demo.sh
+else
+	$(AS_ROOT) $(MAKE) demo
+endif
 
 .PHONY: down
 down: ## Stop the local cluster and leave the machine as it was (then checks it)
@@ -68,7 +78,12 @@ chart: ## Render the Helm chart offline and check it against config/ (see charts
 	charts/check.sh
 
 .PHONY: test
-test: deps lint unit e2e-api chart e2e ## Everything CI runs: lint, unit, kernel, drift, API, chart and cluster e2e tests
+test: ## Everything CI runs: lint, unit, kernel, drift, API, chart and cluster e2e tests
+ifeq ($(AS_ROOT),)
+test: deps lint unit e2e-api chart e2e
+else
+	$(AS_ROOT) $(MAKE) test
+endif
 
 .PHONY: bench
 bench: deps ## Top-K precision, kernel cost and agent cost benchmarks (root; several minutes)
