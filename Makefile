@@ -14,6 +14,15 @@ help: ## Show this help
 deps: ## Install system packages (clang-14, libbpf-dev, protoc, perf) when missing
 	@.ci/install-deps
 
+.PHONY: corpus-deps
+corpus-deps: ## Install the leak corpus's runtimes (python3, nodejs, openjdk-17, golang) when missing
+	@.ci/install-deps --corpus
+
+.PHONY: corpus
+corpus: deps corpus-deps ## Run the leak corpus live (11 min, root), print LEAKS.md's table, re-record its traces
+	$(CARGO) build --release -p resourcewatch-agent -p resourcewatch-workloads
+	./target/release/resourcewatch-bench corpus --record node-agent/corpus/traces
+
 .PHONY: build
 build: deps ## Build everything in release mode
 	$(CARGO) build --release --workspace --bins

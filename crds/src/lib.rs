@@ -420,6 +420,18 @@ pub struct LeakEntry {
         rename = "timeToOOMSeconds"
     )]
     pub time_to_oom_seconds: Option<f64>,
+    /// The earliest the OOM kill is likely: the prediction at the growth rate's upper bound
+    /// (or its last 10 s, if faster). Remediation acts on it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "timeToOOMLowerBoundSeconds"
+    )]
+    pub time_to_oom_lower_bound_seconds: Option<f64>,
+    /// How long the growth has been held at leak level. A Restart acts only once a leak has
+    /// grown at least as long as it has left before the OOM kill (a warm-up slows first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growing_for_seconds: Option<f64>,
     /// The memory limit the prediction is against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_bytes: Option<u64>,

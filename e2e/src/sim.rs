@@ -262,6 +262,8 @@ pub fn report(c: &pb::NodeConfig, planner: &Planner) -> pb::Report {
                     confidence,
                     limit_bytes: plan.limit_bytes,
                     time_to_oom_seconds: Some(tto),
+                    time_to_oom_low_seconds: Some(tto * 0.9),
+                    growing_seconds: tto,
                 });
             }
         }

@@ -151,6 +151,35 @@ pub fn process_cpu_clock_ns(pid: u32) -> Option<u64> {
     }
 }
 
+/// When a process started, in CLOCK_MONOTONIC ns: `starttime` of `/proc/PID/stat` is in
+/// clock ticks since boot (boot time: equal to the monotonic clock on a machine that never
+/// suspended, which nodes do not; saturates otherwise).
+pub fn start_monotonic_ns(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    // starttime is field 22; `rest` starts at field 3.
+    let ticks: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let boot_ns = ticks.saturating_mul(1_000_000_000 / hz);
+    let since_boot = clock_ns(libc::CLOCK_BOOTTIME);
+    Some(monotonic_ns().saturating_sub(since_boot.saturating_sub(boot_ns)))
+}
+
+/// The highest resident size a process ever had (`VmHWM`), bytes.
+pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
 /// Text of `/proc/PID/cgroup`.
 pub fn cgroup_text(pid: u32) -> Option<String> {
     fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
@@ -163,6 +192,19 @@ pub fn exists(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn our_start_is_in_the_past_and_our_peak_covers_our_rss() {
+        let me = std::process::id();
+        let start = start_monotonic_ns(me).expect("start");
+        let now = monotonic_ns();
+        assert!(
+            start <= now && now - start < 3_600_000_000_000,
+            "{start} vs {now}"
+        );
+        let peak = peak_rss_bytes(me).expect("VmHWM");
+        assert!(peak >= resident_pages(me).unwrap_or(0) * page_size() / 2 && peak > 0);
+    }
 
     #[test]
     fn cpu_lists() {

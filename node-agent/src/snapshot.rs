@@ -11,7 +11,7 @@ use resourcewatch_ebpf::shared::{RwMemSample, SAMPLE_EXIT};
 use crate::{
     cgroup_resolver::{self, CgroupLayout},
     hashpipe,
-    leak::{self, LeakTracker, MemSample, SeriesKey, memory_limit},
+    leak::{LeakTracker, MemSample, Seed, SeriesKey, memory_limit},
     pipelines::{CpuEpoch, KernelStats, Pipelines, TargetProcess},
     procfs,
 };
@@ -82,6 +82,10 @@ pub struct LeakRow {
     pub confidence: u8,
     pub limit_bytes: Option<u64>,
     pub time_to_oom_secs: Option<f64>,
+    /// The earliest the OOM kill is likely (see the leak README): what remediation acts on.
+    pub time_to_oom_low_secs: Option<f64>,
+    /// How long the growth has been held at confidence >= 60.
+    pub growing_secs: f64,
     #[serde(flatten)]
     pub who: Attribution,
 }
@@ -203,7 +207,17 @@ impl FrameBuilder {
             return;
         }
         let page = self.page;
-        self.leaks.observe(
+        // A process seen for the first time (new, or running since before the agent):
+        // its real age and the peak it already reached.
+        let seed = if self.leaks.contains(key) {
+            Seed::default()
+        } else {
+            Seed {
+                started_ns: procfs::start_monotonic_ns(s.tgid),
+                peak_bytes: procfs::peak_rss_bytes(s.tgid),
+            }
+        };
+        self.leaks.observe_seeded(
             key,
             MemSample {
                 ts_ns: s.ts_ns,
@@ -212,6 +226,7 @@ impl FrameBuilder {
                 shmem_bytes: s.shmem_pages * page,
                 swap_bytes: s.swap_pages * page,
             },
+            seed,
         );
     }
 
@@ -232,8 +247,17 @@ impl FrameBuilder {
             // Usage beyond anon + file + shmem is kernel memory; count it with anon (it is
             // not reclaimable page cache).
             let kernel = limit.usage_bytes.saturating_sub(anon + file + shmem);
-            self.leaks.observe(
-                SeriesKey::Cgroup { id: *id },
+            let key = SeriesKey::Cgroup { id: *id };
+            let seed = if self.leaks.contains(key) {
+                Seed::default()
+            } else {
+                Seed {
+                    started_ns: memory_limit::oldest_start_ns(&dir),
+                    peak_bytes: memory_limit::read_peak(&dir),
+                }
+            };
+            self.leaks.observe_seeded(
+                key,
                 MemSample {
                     ts_ns: now,
                     anon_bytes: anon + kernel,
@@ -241,6 +265,7 @@ impl FrameBuilder {
                     shmem_bytes: shmem,
                     swap_bytes: 0,
                 },
+                seed,
             );
         }
     }
@@ -264,11 +289,17 @@ impl FrameBuilder {
         self.last_assessed_ns = now;
         self.leaks.prune(now, SERIES_IDLE_NS);
         let mut rows = Vec::new();
+        // Limits by cgroup path, read once per pass (a pod's processes share them).
+        let mut limits: HashMap<String, Option<memory_limit::MemoryLimit>> = HashMap::new();
         for key in self.leaks.keys() {
-            let Some(v) = self.leaks.assess(key, now) else {
-                continue;
-            };
-            if v.confidence < self.leak_min_confidence {
+            // Cheap first pass: a series that is not growing past the noise scores 0
+            // whatever its limit; skip the /proc and cgroup reads.
+            if self.leak_min_confidence > 0
+                && self
+                    .leaks
+                    .assess(key, now)
+                    .is_none_or(|v| v.confidence == 0)
+            {
                 continue;
             }
             let (pid, who, rss) = match key {
@@ -302,7 +333,9 @@ impl FrameBuilder {
                 }
             };
             let limit = match (&self.layout, &who.cgroup) {
-                (Some(l), Some(path)) => memory_limit::effective(l.root(), path),
+                (Some(l), Some(path)) => *limits
+                    .entry(path.clone())
+                    .or_insert_with(|| memory_limit::effective(l.root(), path)),
                 _ => None,
             };
             // The kernel OOM-kills when the cgroup's charge reaches its limit, so the time
@@ -311,12 +344,14 @@ impl FrameBuilder {
             let headroom = limit
                 .and_then(|l| l.headroom())
                 .or_else(memory_limit::node_available);
-            // Say "none" rather than extrapolate a trend the detectors don't believe.
-            let tto = if v.confidence >= 40 && v.r2 >= 0.8 {
-                headroom.and_then(|h| leak::detect::time_to_limit(0.0, h as f64, v.slope))
-            } else {
-                None
+            let Some(v) = self.leaks.assess_with(key, now, headroom.map(|h| h as f64)) else {
+                continue;
             };
+            if v.confidence < self.leak_min_confidence {
+                continue;
+            }
+            // Say "none" rather than extrapolate a trend the detectors don't believe.
+            let eta = v.eta.filter(|_| v.confidence >= 40 && v.r2 >= 0.8);
             rows.push(LeakRow {
                 pid,
                 rss_bytes: rss,
@@ -324,7 +359,9 @@ impl FrameBuilder {
                 r2: (v.r2 * 1000.0).round() / 1000.0,
                 confidence: v.confidence,
                 limit_bytes: limit.and_then(|l| l.limit_bytes),
-                time_to_oom_secs: tto.map(|t| t.round()),
+                time_to_oom_secs: eta.map(|e| e.secs.round()),
+                time_to_oom_low_secs: eta.map(|e| e.low_secs.floor()),
+                growing_secs: v.growing_secs.floor(),
                 who,
             });
         }

@@ -684,6 +684,7 @@ mod tests {
                         confidence: 95,
                         growth_bytes_per_second: 2e6,
                         time_to_oom_seconds: Some(20.0),
+                        growing_seconds: 60.0,
                         limit_bytes: 128 << 20,
                         ..Default::default()
                     })

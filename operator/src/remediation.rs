@@ -67,12 +67,31 @@ pub enum Decision {
 /// A PDB refusal is retried this often while the pod still heads for an OOM kill.
 pub const PDB_RETRY: Duration = Duration::from_secs(30);
 
+/// The time to OOM remediation acts on: the prediction's lower bound, the earliest the
+/// kill is likely (an agent older than the bound reports only the point).
+pub fn acting_time_to_oom(leak: &LeakEntry) -> Option<f64> {
+    let point = leak.time_to_oom_seconds?;
+    Some(
+        leak.time_to_oom_lower_bound_seconds
+            .map_or(point, |low| low.min(point)),
+    )
+}
+
+/// Restart when the earliest likely OOM kill is within `minTimeToOOM`, and the growth has
+/// lasted at least as long as the time it has left. The second half is what keeps a
+/// warm-up (a JVM expanding its heap, a cache filling) from being evicted: in its first
+/// seconds it is indistinguishable from a leak, but it slows down, so its predicted time
+/// to OOM grows faster than its age and the condition never holds. A leak at a steady
+/// rate meets it halfway to its OOM kill. A report without the duration (an agent from
+/// before it existed) is never acted on.
 pub fn triggered(s: &WatchSettings, leak: &LeakEntry) -> bool {
+    let Some(tto) = acting_time_to_oom(leak) else {
+        return false;
+    };
     s.action == RemediationAction::Restart
         && leak.confidence >= s.min_confidence
-        && leak
-            .time_to_oom_seconds
-            .is_some_and(|t| t <= s.min_time_to_oom.as_secs_f64())
+        && tto <= s.min_time_to_oom.as_secs_f64()
+        && leak.growing_for_seconds.is_some_and(|g| g >= tto)
 }
 
 fn report(outcome: RemediationOutcome, reason: RemediationReason, message: String) -> Decision {
@@ -97,9 +116,9 @@ pub fn decide(
     if !triggered(s, leak) || pod.deleting {
         return Decision::Nothing;
     }
-    let tto = leak.time_to_oom_seconds.unwrap_or(0.0);
+    let tto = acting_time_to_oom(leak).unwrap_or(0.0);
     let why = format!(
-        "predicted OOM kill in {tto:.0}s (below minTimeToOOM {}s) at confidence {}",
+        "predicted OOM kill in {tto:.0}s at the earliest (below minTimeToOOM {}s) at confidence {}",
         s.min_time_to_oom.as_secs(),
         leak.confidence
     );
@@ -232,6 +251,8 @@ mod tests {
             growth_bytes_per_second: 2e6,
             confidence,
             time_to_oom_seconds: tto,
+            time_to_oom_lower_bound_seconds: None,
+            growing_for_seconds: Some(600.0),
             limit_bytes: Some(128 << 20),
         }
     }
@@ -276,6 +297,30 @@ mod tests {
             at,
             by: "ns/w".into(),
         }
+    }
+
+    #[test]
+    fn remediation_acts_on_the_lower_bound_of_the_time_to_oom() {
+        let s = restart(serde_json::json!({}));
+        let mut l = leak(Some(120.0), 90);
+        assert!(!triggered(&s, &l), "point 120 s, minTimeToOOM 60 s");
+        l.time_to_oom_lower_bound_seconds = Some(50.0);
+        assert!(triggered(&s, &l), "the earliest likely kill is within 60 s");
+        // A bound above the point (a confused agent) is not trusted over the point.
+        l.time_to_oom_lower_bound_seconds = Some(500.0);
+        assert_eq!(acting_time_to_oom(&l), Some(120.0));
+        // A growth younger than the time it has left: maybe a warm-up, wait.
+        l.time_to_oom_lower_bound_seconds = Some(50.0);
+        l.growing_for_seconds = Some(30.0);
+        assert!(!triggered(&s, &l));
+        l.growing_for_seconds = Some(50.0);
+        assert!(triggered(&s, &l));
+        l.growing_for_seconds = None;
+        assert!(!triggered(&s, &l), "an older agent's report");
+        l.growing_for_seconds = Some(50.0);
+        // No point, no action, whatever the bound.
+        l.time_to_oom_seconds = None;
+        assert!(!triggered(&s, &l));
     }
 
     #[test]

@@ -150,6 +150,13 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
                     growth_bytes_per_second: l.growth_bytes_per_second.round(),
                     confidence: l.confidence.min(100) as u8,
                     time_to_oom_seconds: tto.map(|s| s.round()),
+                    time_to_oom_lower_bound_seconds: tto.map(|point| {
+                        l.time_to_oom_low_seconds
+                            .unwrap_or(point)
+                            .min(point)
+                            .floor()
+                    }),
+                    growing_for_seconds: Some(l.growing_seconds.floor()),
                     limit_bytes: (l.limit_bytes > 0).then_some(l.limit_bytes),
                 };
                 // One entry per container: the container-level series (pid 0) wins, else

@@ -180,6 +180,8 @@ pub fn report(r: &mut pb::Report, targets: &NodeTargets) -> Dropped {
         if !l.growth_bytes_per_second.is_finite()
             || !l.r2.is_finite()
             || l.time_to_oom_seconds.is_some_and(|t| !finite_nonneg(t))
+            || l.time_to_oom_low_seconds.is_some_and(|t| !finite_nonneg(t))
+            || !finite_nonneg(l.growing_seconds)
         {
             return Err(Drop::NonFinite);
         }

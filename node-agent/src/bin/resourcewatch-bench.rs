@@ -12,6 +12,9 @@ use std::{
 };
 
 use clap::{Parser, Subcommand};
+
+#[path = "bench/corpus.rs"]
+mod corpus;
 use resourcewatch_agent::{
     hashpipe::{self, Geometry},
     pipelines::{PipelineOptions, Pipelines},
@@ -63,6 +66,21 @@ enum Cmd {
     Leaks {
         #[arg(long, default_value = "600s", value_parser = parse_duration)]
         duration: Duration,
+    },
+    /// The leak corpus (node-agent/corpus/): real runtimes and leak-sim, leaks and
+    /// not-leaks, all at once for `duration`, with the table of node-agent/LEAKS.md.
+    Corpus {
+        #[arg(long, default_value = "660s", value_parser = parse_duration)]
+        duration: Duration,
+        /// Only the cases whose name contains this.
+        #[arg(long)]
+        only: Option<String>,
+        /// Write each case's trace (TSV) into this directory, e.g. node-agent/corpus/traces.
+        #[arg(long)]
+        record: Option<std::path::PathBuf>,
+        /// Run nothing: replay the traces of this directory through the detectors.
+        #[arg(long, conflicts_with = "record")]
+        replay: Option<std::path::PathBuf>,
     },
     /// Time-to-OOM accuracy: a process leaking at `rate` in a memory cgroup limited to
     /// `limit`; the prediction made at half-way is compared with the real OOM kill.
@@ -131,6 +149,21 @@ fn main() {
             with_workload,
         } => agent(interval, duration, with_workload),
         Cmd::Leaks { duration } => leaks(duration),
+        Cmd::Corpus {
+            duration,
+            only,
+            record,
+            replay: Some(dir),
+        } => {
+            let _ = (duration, record);
+            corpus::replay_dir(&dir, only)
+        }
+        Cmd::Corpus {
+            duration,
+            only,
+            record,
+            replay: None,
+        } => corpus::corpus(duration, only, record),
         Cmd::Epochs {
             epochs,
             epoch,

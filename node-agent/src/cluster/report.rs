@@ -93,6 +93,8 @@ pub fn build(i: ReportInputs<'_>) -> pb::Report {
                 confidence: u32::from(l.confidence),
                 limit_bytes: l.limit_bytes.unwrap_or(0),
                 time_to_oom_seconds: l.time_to_oom_secs,
+                time_to_oom_low_seconds: l.time_to_oom_low_secs,
+                growing_seconds: l.growing_secs,
             })
             .collect()
     } else {

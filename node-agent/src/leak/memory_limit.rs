@@ -92,6 +92,22 @@ pub fn read_stat(dir: &Path) -> Option<(u64, u64, u64)> {
     ))
 }
 
+/// The highest charge a cgroup ever had: v2 `memory.peak` (kernel 5.19+), v1
+/// `memory.max_usage_in_bytes`.
+pub fn read_peak(dir: &Path) -> Option<u64> {
+    read_u64(&dir.join("memory.peak")).or_else(|| read_u64(&dir.join("memory.max_usage_in_bytes")))
+}
+
+/// When the oldest process of a cgroup started (CLOCK_MONOTONIC ns).
+pub fn oldest_start_ns(dir: &Path) -> Option<u64> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .ok()?
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .filter_map(crate::procfs::start_monotonic_ns)
+        .min()
+}
+
 /// `MemAvailable` from /proc/meminfo, in bytes.
 pub fn node_available() -> Option<u64> {
     let s = fs::read_to_string("/proc/meminfo").ok()?;

@@ -8,12 +8,13 @@
 //! whole shape of the series (falls, curvature); the kernel keeps what filtering needs
 //! (last emitted value, a 16-sample ring) and stays within its per-event budget.
 
+pub mod corpus;
 pub mod detect;
 pub mod memory_limit;
 
 use std::collections::HashMap;
 
-pub use detect::{Params, Verdict};
+pub use detect::{Context, Eta, Params, Verdict};
 
 /// Which series a sample belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -43,9 +44,22 @@ impl MemSample {
 /// hours of a slow leak's heartbeats in about 17 KiB.
 pub const MAX_POINTS: usize = 720;
 
+/// What is known about a series before its first sample: when its process (or the
+/// container's oldest process) started, and the highest resident size it ever had
+/// (`VmHWM`, the cgroup's `memory.peak` / `max_usage_in_bytes`). An agent that restarts
+/// sees a running process for the first time; without these, every series would look
+/// newborn and every process that ever freed memory would look like it never had.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Seed {
+    /// CLOCK_MONOTONIC ns of the process's start.
+    pub started_ns: Option<u64>,
+    pub peak_bytes: Option<u64>,
+}
+
 struct Series {
     points: Vec<detect::Point>,
-    first_ns: u64,
+    started_ns: u64,
+    peak_bytes: u64,
     last: MemSample,
 }
 
@@ -93,14 +107,25 @@ impl LeakTracker {
     }
 
     pub fn observe(&mut self, key: SeriesKey, s: MemSample) {
+        self.observe_seeded(key, s, Seed::default());
+    }
+
+    /// Like `observe`; `seed` is used only if this is the series' first sample.
+    pub fn observe_seeded(&mut self, key: SeriesKey, s: MemSample, seed: Seed) {
         self.series
             .entry(key)
             .or_insert_with(|| Series {
                 points: Vec::new(),
-                first_ns: s.ts_ns,
+                started_ns: seed.started_ns.unwrap_or(s.ts_ns).min(s.ts_ns),
+                peak_bytes: seed.peak_bytes.unwrap_or(0),
                 last: s,
             })
             .push(s);
+    }
+
+    /// Whether a series exists (seeding costs /proc reads: done once, for new series).
+    pub fn contains(&self, key: SeriesKey) -> bool {
+        self.series.contains_key(&key)
     }
 
     /// The exact resident size of an already tracked series at `ts_ns`; the change since
@@ -129,14 +154,27 @@ impl LeakTracker {
         self.series.get(&key).map(|s| s.last)
     }
 
-    /// The detectors' verdict on one series at `now_ns`.
+    /// The detectors' verdict on one series at `now_ns`, without a limit.
     pub fn assess(&self, key: SeriesKey, now_ns: u64) -> Option<Verdict> {
+        self.assess_with(key, now_ns, None)
+    }
+
+    /// The verdict with the bytes left before the series' tightest memory limit, which
+    /// the time to OOM is computed against.
+    pub fn assess_with(
+        &self,
+        key: SeriesKey,
+        now_ns: u64,
+        headroom: Option<f64>,
+    ) -> Option<Verdict> {
         let s = self.series.get(&key)?;
-        detect::assess(
-            &s.points,
-            now_ns.saturating_sub(s.first_ns) as f64 / 1e9,
-            &self.params,
-        )
+        let ctx = Context {
+            start_t: s.started_ns as f64 / 1e9,
+            now_t: now_ns as f64 / 1e9,
+            prior_peak: s.peak_bytes as f64,
+            headroom,
+        };
+        detect::assess(&s.points, &ctx, &self.params)
     }
 
     /// (seconds, MiB) of a series' points, for diagnostics.
@@ -203,6 +241,68 @@ mod tests {
         let v = t.assess(key, 9_999_000_000_000).expect("verdict");
         assert!((v.slope - 10_000.0).abs() < 1.0, "slope {}", v.slope);
         assert!(v.confidence >= 60, "a 10 KB/s leak over hours: {v:?}");
+    }
+
+    /// Highest confidence of a series first observed at `from` s (an agent restarting
+    /// then), fed every second until `to`.
+    fn seen_from(from: u64, to: u64, seed: Seed, rss: impl Fn(u64) -> u64) -> (u8, Option<u64>) {
+        let mut t = LeakTracker::default();
+        let key = SeriesKey::Process { tgid: 9 };
+        let (mut worst, mut first_60) = (0, None);
+        for s in from..=to {
+            let r = rss(s);
+            t.observe_seeded(
+                key,
+                MemSample {
+                    ts_ns: s * 1_000_000_000,
+                    anon_bytes: r,
+                    ..Default::default()
+                },
+                seed,
+            );
+            if let Some(v) = t.assess(key, s * 1_000_000_000) {
+                worst = worst.max(v.confidence);
+                if v.confidence >= 60 && first_60.is_none() {
+                    first_60 = Some(s - from);
+                }
+            }
+        }
+        (worst, first_60)
+    }
+
+    #[test]
+    fn an_agent_restart_keeps_what_the_process_already_showed() {
+        // A 240 s cycle: 20 MiB, +0.5 MiB/s for 240 s, then freed. The agent restarts at
+        // 1000 s, just after a collection: the rising edge it sees first is a leak's shape.
+        let cycle = |s: u64| 20 * MIB + (s % 240) * MIB / 2;
+        let fresh = seen_from(1000, 1150, Seed::default(), cycle).0;
+        let seeded = seen_from(
+            1000,
+            1150,
+            Seed {
+                started_ns: Some(0),
+                peak_bytes: Some(cycle(239)),
+            },
+            cycle,
+        )
+        .0;
+        assert!(
+            fresh >= 60,
+            "without the process's peak it is a leak: {fresh}"
+        );
+        assert!(seeded < 60, "with VmHWM it is a cycle: {seeded}");
+        // A process leaking 1 MB/s since long before the restart is found at once.
+        let leak = |s: u64| 50 * MIB + s * 1_000_000;
+        let (_, found) = seen_from(
+            1000,
+            1100,
+            Seed {
+                started_ns: Some(0),
+                peak_bytes: Some(leak(1000)),
+            },
+            leak,
+        );
+        assert!(found.is_some_and(|s| s <= 10), "{found:?}");
     }
 
     #[test]

@@ -1,0 +1,453 @@
+//! `resourcewatch-bench corpus`: every case of the leak corpus (`leak::corpus::CASES`)
+//! run at once, each in its own memory cgroup (its pod's, for a sidecar), watched by one
+//! agent pipeline evaluated every second as `top` does. Prints the table of
+//! node-agent/LEAKS.md and, with `--record DIR`, writes each case's trace for the replay
+//! tests.
+
+use std::{
+    collections::HashMap,
+    ffi::CString,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use resourcewatch_agent::{
+    leak::{
+        Params, SeriesKey,
+        corpus::{CASES, Case, Outcome, Step, Trace, TraceSample, Truth, goal_secs, replay},
+        memory_limit,
+    },
+    pipelines::{PipelineOptions, Pipelines},
+    snapshot::FrameBuilder,
+};
+
+use super::{fail, frame};
+
+/// The corpus's programs, built once into a scratch directory.
+struct Programs {
+    dir: PathBuf,
+    sources: PathBuf,
+    leak_sim: PathBuf,
+}
+
+fn run_ok(cmd: &mut Command, what: &str) {
+    match cmd.status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => fail(&format!("{what}: {s}")),
+        Err(e) => fail(&format!(
+            "{what}: {e} (the corpus needs python3, node, java 17 (javac), go and cc: \
+             `make corpus-deps` installs them)"
+        )),
+    }
+}
+
+impl Programs {
+    fn build(needed: &[&Case]) -> Programs {
+        let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/programs");
+        let dir = std::env::temp_dir().join(format!("rw-corpus-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&e));
+        let uses = |p: &str| needed.iter().any(|c| c.argv[0] == p);
+        if uses("java") {
+            run_ok(
+                Command::new("javac")
+                    .arg("-d")
+                    .arg(&dir)
+                    .arg(sources.join("Mem.java")),
+                "javac",
+            );
+        }
+        if uses("go") {
+            run_ok(
+                Command::new("go")
+                    .args(["build", "-o"])
+                    .arg(dir.join("gomem"))
+                    .arg(sources.join("mem.go"))
+                    .env("GOCACHE", dir.join("gocache"))
+                    .env("GO111MODULE", "off"),
+                "go build",
+            );
+        }
+        if uses("arena") {
+            run_ok(
+                Command::new("cc")
+                    .args(["-O2", "-pthread", "-o"])
+                    .arg(dir.join("arena"))
+                    .arg(sources.join("arena.c")),
+                "cc",
+            );
+        }
+        let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e));
+        let leak_sim = exe.with_file_name("leak-sim");
+        if uses("leak-sim") && !leak_sim.exists() {
+            fail(&format!(
+                "{} is missing: cargo build --release -p resourcewatch-workloads",
+                leak_sim.display()
+            ));
+        }
+        Programs {
+            dir,
+            sources,
+            leak_sim,
+        }
+    }
+
+    fn command(&self, argv: &[&str]) -> Command {
+        let (prog, rest) = argv.split_first().expect("argv");
+        let mut c = match *prog {
+            "python3" => {
+                let mut c = Command::new("python3");
+                c.arg(self.sources.join("mem.py"));
+                c
+            }
+            "node" => {
+                let mut c = Command::new("node");
+                // The JS heap may grow to the kernel's limit, as with a limit set too high:
+                // what ends a leak is then the memcg OOM kill, not V8's own abort.
+                c.arg("--max-old-space-size=4096")
+                    .arg(self.sources.join("mem.js"));
+                c
+            }
+            "java" => {
+                let mut c = Command::new("java");
+                // -Xmx above the container's limit, a common misconfiguration: the leak
+                // ends in a memcg OOM kill rather than an OutOfMemoryError.
+                c.args(["-XX:+UseG1GC", "-Xms16m", "-Xmx1g", "-cp"])
+                    .arg(&self.dir)
+                    .arg("Mem");
+                c
+            }
+            "go" => Command::new(self.dir.join("gomem")),
+            "arena" => Command::new(self.dir.join("arena")),
+            "leak-sim" => Command::new(&self.leak_sim),
+            other => fail(&format!("unknown corpus program {other}")),
+        };
+        c.args(rest);
+        c
+    }
+}
+
+impl Drop for Programs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One running case.
+struct Running {
+    case: &'static Case,
+    /// Path in the memory hierarchy, e.g. /rw-corpus-123/sidecar-pod/sidecar-3MB.
+    path: String,
+    dir: PathBuf,
+    id: u64,
+    child: std::process::Child,
+    started: f64,
+    trace: Trace,
+    steps: Vec<Step>,
+    /// Process series seen, by pid, in order: "p0", "p1", ...
+    procs: HashMap<u32, String>,
+    done: bool,
+}
+
+fn oom_kills(dir: &Path) -> u64 {
+    // v2 memory.events, v1 memory.oom_control: both have an `oom_kill N` line.
+    ["memory.events", "memory.oom_control"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+        .find_map(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("oom_kill "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn procs_of(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+fn kill_all(dir: &Path) {
+    for _ in 0..50 {
+        let pids = procs_of(dir);
+        if pids.is_empty() {
+            return;
+        }
+        for p in pids {
+            // SAFETY: SIGKILL to a corpus process.
+            unsafe { libc::kill(p as i32, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn limit_file(dir: &Path) -> &'static str {
+    if dir.join("memory.max").exists() {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    }
+}
+
+fn fmt_secs(s: Option<f64>) -> String {
+    s.map_or("-".into(), |s| format!("{s:.0} s"))
+}
+
+pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>) {
+    let cases: Vec<&'static Case> = CASES
+        .iter()
+        .filter(|c| only.as_deref().is_none_or(|o| c.name.contains(o)))
+        .collect();
+    if cases.is_empty() {
+        fail(&"no case matches --only");
+    }
+    let programs = Programs::build(&cases);
+    let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+    let layout = pipes.cgroup_layout().clone();
+    let mut builder = FrameBuilder::new(1000, Some(layout.clone()));
+    builder.leak_min_confidence = 0;
+    let top = format!("rw-corpus-{}", std::process::id());
+    let root = layout.root().join(&top);
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| fail(&format!("{}: {e}", root.display())));
+    let start = Instant::now();
+    let mut running: Vec<Running> = Vec::new();
+    for case in cases {
+        let rel = match case.pod {
+            Some(pod) => {
+                let pd = root.join(pod);
+                if !pd.exists() {
+                    std::fs::create_dir_all(&pd).unwrap_or_else(|e| fail(&e));
+                    if let Some(l) = case.pod_limit {
+                        std::fs::write(pd.join(limit_file(&pd)), l.to_string())
+                            .unwrap_or_else(|e| fail(&e));
+                    }
+                }
+                format!("{pod}/{}", case.name)
+            }
+            None => case.name.to_string(),
+        };
+        let dir = root.join(&rel);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&e));
+        if let Some(l) = case.limit {
+            std::fs::write(dir.join(limit_file(&dir)), l.to_string()).unwrap_or_else(|e| fail(&e));
+        }
+        let path = format!("/{top}/{rel}");
+        let id = layout.cgroup_id(&path).unwrap_or_else(|e| fail(&e));
+        let procs_file =
+            CString::new(dir.join("cgroup.procs").as_os_str().as_encoded_bytes()).expect("path");
+        let mut cmd = programs.command(case.argv);
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        // SAFETY: only async-signal-safe calls (open, write, close, prctl) between fork
+        // and exec: the child enters its cgroup before the runtime allocates anything.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs_file.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| fail(&format!("{}: {e}", case.argv[0])));
+        running.push(Running {
+            case,
+            path,
+            dir,
+            id,
+            child,
+            started: start.elapsed().as_secs_f64(),
+            trace: Trace {
+                name: case.name.into(),
+                truth: Some(case.truth),
+                rate: case.rate,
+                leak_from: case.leak_from,
+                limit: case.limit.or(case.pod_limit),
+                ..Default::default()
+            },
+            steps: Vec::new(),
+            procs: HashMap::new(),
+            done: false,
+        });
+    }
+    builder.watched_cgroups = running.iter().map(|r| (r.id, r.path.clone())).collect();
+    let mut n = 0u64;
+    while start.elapsed() < duration && running.iter().any(|r| !r.done) {
+        n += 1;
+        std::thread::sleep(
+            (start + Duration::from_secs(n)).saturating_duration_since(Instant::now()),
+        );
+        let f = frame(&mut pipes, &mut builder);
+        let now = start.elapsed().as_secs_f64();
+        for r in running.iter_mut().filter(|r| !r.done) {
+            let t = ((now - r.started) * 10.0).round() / 10.0;
+            if oom_kills(&r.dir) > 0 {
+                r.trace.oom_at = Some(t);
+                kill_all(&r.dir);
+                r.done = true;
+                continue;
+            }
+            if let Ok(Some(_)) = r.child.try_wait()
+                && procs_of(&r.dir).is_empty()
+            {
+                eprintln!("corpus: {} exited on its own at {t:.0} s", r.case.name);
+                r.done = true;
+                continue;
+            }
+            let headroom =
+                memory_limit::effective(layout.root(), &r.path).and_then(|l| l.headroom());
+            if let Some(s) = builder.leaks.last_sample(SeriesKey::Cgroup { id: r.id }) {
+                r.trace.rows.push((
+                    t,
+                    "cg".into(),
+                    TraceSample {
+                        rss: s.rss_bytes(),
+                        anon: s.anon_bytes + s.shmem_bytes,
+                        headroom,
+                    },
+                ));
+            }
+            let pids = procs_of(&r.dir);
+            for pid in &pids {
+                if let Some(s) = builder.leaks.last_sample(SeriesKey::Process { tgid: *pid }) {
+                    let k = r.procs.len();
+                    let name = r
+                        .procs
+                        .entry(*pid)
+                        .or_insert_with(|| format!("p{k}"))
+                        .clone();
+                    r.trace.rows.push((
+                        t,
+                        name,
+                        TraceSample {
+                            rss: s.rss_bytes(),
+                            anon: s.anon_bytes + s.shmem_bytes,
+                            headroom: None,
+                        },
+                    ));
+                }
+            }
+            // The case's verdict: its most confident row (container or any of its processes).
+            let best = f
+                .leaks
+                .iter()
+                .filter(|row| {
+                    row.pid.is_some_and(|p| pids.contains(&p))
+                        || (row.pid.is_none() && row.who.cgroup.as_deref() == Some(r.path.as_str()))
+                })
+                .max_by_key(|row| row.confidence);
+            r.steps.push(Step {
+                t,
+                confidence: best.map_or(0, |b| b.confidence),
+                eta: best.and_then(|b| {
+                    Some(resourcewatch_agent::leak::Eta {
+                        secs: b.time_to_oom_secs?,
+                        low_secs: b.time_to_oom_low_secs?,
+                    })
+                }),
+            });
+        }
+    }
+    for r in &mut running {
+        kill_all(&r.dir);
+        let _ = r.child.kill();
+        let _ = r.child.wait();
+    }
+    // Leaves first, then pods, then the top directory.
+    for r in &running {
+        let _ = std::fs::remove_dir(&r.dir);
+    }
+    for r in &running {
+        if let Some(p) = r.dir.parent().filter(|p| *p != root) {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+    let _ = std::fs::remove_dir(&root);
+    drop(programs);
+
+    if let Some(dir) = &record {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| fail(&e));
+        for r in &running {
+            std::fs::write(dir.join(format!("{}.tsv", r.case.name)), r.trace.to_tsv())
+                .unwrap_or_else(|e| fail(&e));
+        }
+    }
+    let results: Vec<(Trace, Vec<Step>)> =
+        running.into_iter().map(|r| (r.trace, r.steps)).collect();
+    print_table(&results);
+}
+
+/// The traces of `dir` replayed through the current detectors (no kernel, no workload):
+/// the same table, for tuning.
+pub fn replay_dir(dir: &Path, only: Option<String>) {
+    let results: Vec<(Trace, Vec<Step>)> = CASES
+        .iter()
+        .filter(|c| only.as_deref().is_none_or(|o| c.name.contains(o)))
+        .map(|c| {
+            let path = dir.join(format!("{}.tsv", c.name));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| fail(&format!("{}: {e}", path.display())));
+            let t =
+                Trace::parse(&text).unwrap_or_else(|e| fail(&format!("{}: {e}", path.display())));
+            let steps = replay(&t, Params::default());
+            (t, steps)
+        })
+        .collect();
+    print_table(&results);
+}
+
+fn print_table(results: &[(Trace, Vec<Step>)]) {
+    println!(
+        "| case | truth | first >= 60 | kept >= 60 from | goal | max after growth stopped + 60 s | predicted OOM at half-way (lower bound) | real | lower bound <= real |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let (mut covered, mut predictions) = (0usize, 0usize);
+    for (trace, steps) in results {
+        let o = Outcome::from_steps(steps, trace);
+        for p in &o.predictions {
+            predictions += 1;
+            if trace.oom_at.is_some_and(|k| p.2 <= k - p.0) {
+                covered += 1;
+            }
+        }
+        let truth = trace.truth.unwrap_or(Truth::NotLeak);
+        let goal = match truth {
+            Truth::Leak => format!("<= {:.0} s", goal_secs(trace)),
+            Truth::NotLeak => "< 60".into(),
+        };
+        let half = o.at_half(trace);
+        let (pred, real, cov) = match (half, trace.oom_at) {
+            (Some((t, p, low)), Some(k)) => (
+                format!("{p:.0} s ({low:.0} s) at {t:.0} s"),
+                format!("{:.0} s ({:+.0} %)", k - t, 100.0 * (p - (k - t)) / (k - t)),
+                format!(
+                    "{}/{}",
+                    o.predictions.iter().filter(|p| p.2 <= k - p.0).count(),
+                    o.predictions.len()
+                ),
+            ),
+            (None, Some(k)) => ("none".into(), format!("killed at {k:.0} s"), "-".into()),
+            _ => ("-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            trace.name,
+            truth.as_str(),
+            fmt_secs(o.first_60),
+            fmt_secs(o.held_from),
+            goal,
+            o.max_after_settle.map_or("-".into(), |m| m.to_string()),
+            pred,
+            real,
+            cov
+        );
+    }
+    println!(
+        "\nlower bound <= real time to the OOM kill in {covered} of {predictions} predictions made at confidence >= 60"
+    );
+}

@@ -1,0 +1,109 @@
+//! The leak corpus replayed: every case of `leak::corpus::CASES` (real runtimes and
+//! leak-sim, recorded on this kernel by `resourcewatch-bench corpus --record
+//! node-agent/corpus/traces`) through the detectors, evaluated every second as the agent
+//! does, against the goals of node-agent/LEAKS.md. Needs no privilege: the traces are
+//! committed.
+
+use std::path::Path;
+
+use resourcewatch_agent::leak::{
+    Params,
+    corpus::{CASES, Case, Outcome, Trace, Truth, replay},
+};
+
+fn traces() -> Vec<Trace> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/traces");
+    CASES
+        .iter()
+        .map(|c| {
+            let path = dir.join(format!("{}.tsv", c.name));
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}: record it with `resourcewatch-bench corpus --record {}`",
+                    path.display(),
+                    dir.display()
+                )
+            });
+            let t = Trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(t.name, c.name, "{}", path.display());
+            assert_eq!(t.truth, Some(c.truth), "{}", path.display());
+            t
+        })
+        .collect()
+}
+
+#[test]
+fn every_leak_is_found_within_its_goal_and_before_half_its_time_to_oom() {
+    let mut failures = Vec::new();
+    for t in traces().iter().filter(|t| t.truth == Some(Truth::Leak)) {
+        let o = Outcome::from_steps(&replay(t, Params::default()), t);
+        let case = Case::by_name(&t.name).expect("case");
+        // Kept: from then on never below 50 (a start-up allocation reaching 60 and falling
+        // back does not count as finding the leak).
+        let limit = case.detection_limit(t);
+        match o.held_from {
+            Some(s) if s <= limit => {}
+            got => failures.push(format!(
+                "{}: confidence >= 60 kept from {got:?} s, limit {limit:.0} s (max {})",
+                t.name, o.max_confidence
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn no_not_leak_reaches_60_once_its_growth_stopped_for_60_s() {
+    let mut failures = Vec::new();
+    for t in traces().iter().filter(|t| t.truth == Some(Truth::NotLeak)) {
+        let o = Outcome::from_steps(&replay(t, Params::default()), t);
+        match o.max_after_settle {
+            Some(m) if m < 60 => {}
+            got => failures.push(format!(
+                "{}: growth stopped at {:?} s, highest confidence 60 s later {got:?}",
+                t.name,
+                t.growth_stopped_at()
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn time_to_oom_lower_bounds_hold_and_points_are_within_15_percent() {
+    let (mut covered, mut total) = (0, 0);
+    let mut failures = Vec::new();
+    let mut kills = 0;
+    for t in traces() {
+        let Some(kill) = t.oom_at else { continue };
+        kills += 1;
+        let o = Outcome::from_steps(&replay(&t, Params::default()), &t);
+        for p in &o.predictions {
+            total += 1;
+            if p.2 <= kill - p.0 {
+                covered += 1;
+            }
+        }
+        match o.at_half(&t) {
+            Some((at, point, _)) => {
+                let real = kill - at;
+                let err = (point - real).abs() / real;
+                let limit = Case::by_name(&t.name).expect("case").eta_error_limit();
+                if err > limit {
+                    failures.push(format!(
+                        "{}: at {at} s predicted {point} s, real {real:.1} s ({:.0} %)",
+                        t.name,
+                        err * 100.0
+                    ));
+                }
+            }
+            None => failures.push(format!("{}: no prediction at half-way", t.name)),
+        }
+    }
+    assert!(kills >= 5, "the corpus has {kills} OOM kills");
+    assert!(
+        covered as f64 >= 0.95 * total as f64 && total > 0,
+        "lower bound <= real time in {covered} of {total} predictions"
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
