@@ -21,7 +21,7 @@ corpus-deps: ## Install the leak corpus's runtimes (python3, nodejs, openjdk-17,
 .PHONY: corpus
 corpus: deps corpus-deps ## Run the leak corpus live (11 min, root), print LEAKS.md's table, re-record its traces
 	$(CARGO) build --release -p resourcewatch-agent -p resourcewatch-workloads
-	./target/release/resourcewatch-bench corpus --record node-agent/corpus/traces
+	./target/release/resourcewatch-bench corpus --record node-agent/corpus/traces/run$$(date +%Y%m%d-%H%M)
 
 .PHONY: build
 build: deps ## Build everything in release mode
@@ -111,3 +111,8 @@ images: deps ## Build the operator, agent and workload images (static binaries; 
 	e2e/cluster/image.sh localhost/resourcewatch/operator:$(IMAGE_TAG) target/images/operator.tar $(STATIC_DIR)/resourcewatch-operator
 	e2e/cluster/image.sh localhost/resourcewatch/agent:$(IMAGE_TAG) target/images/agent.tar $(STATIC_DIR)/resourcewatch-agent
 	e2e/cluster/image.sh localhost/resourcewatch/workloads:$(IMAGE_TAG) target/images/workloads.tar $(STATIC_DIR)/leak-sim
+	@# A real runtime for the e2e warm-up pod: this machine's node and its libraries, and the
+	@# corpus's Node.js program (make corpus-deps installs node when missing).
+	@.ci/install-deps --corpus
+	e2e/cluster/image.sh --with-libs --path /usr/bin/node --add node-agent/corpus/programs/mem.js:/mem.js \
+	  localhost/resourcewatch/node-workloads:$(IMAGE_TAG) target/images/node-workloads.tar "$$(readlink -f "$$(command -v node)")"

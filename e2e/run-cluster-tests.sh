@@ -59,7 +59,7 @@ trap cleanup EXIT
 
 make -s images
 if [[ "${RW_E2E_SKIP_IMPORT:-0}" != 1 ]]; then
-  for i in operator agent workloads; do rw_ctr -n k8s.io images import "target/images/$i.tar" >/dev/null; done
+  for i in operator agent workloads node-workloads; do rw_ctr -n k8s.io images import "target/images/$i.tar" >/dev/null; done
 fi
 lap "images built and imported"
 
@@ -70,12 +70,13 @@ lap "images built and imported"
 charts/render.sh --namespace resourcewatch-system | "$K" apply --dry-run=server -f - >/dev/null
 lap "installed through config/ (and the chart dry-run)"
 
-cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture
+# RW_E2E_ONLY=NAME runs only the tests whose name contains NAME (both suites), for iterating.
+cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture ${RW_E2E_ONLY:-}
 lap "e2e tests"
 
 # Remediation: the master switch on (it is off in config/ and in the chart).
 "$K" -n resourcewatch-system patch deploy resourcewatch-operator --type=json \
   -p='[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--enable-remediation"}]'
 "$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
-cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture
+cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture ${RW_E2E_ONLY:-}
 lap "remediation e2e tests"

@@ -3,8 +3,10 @@
 # static binary, without docker: manifest.json, repositories, <config>.json and
 # <layer>/layer.tar. The result imports with `ctr -n k8s.io images import OUT.tar`.
 #
-# Usage: e2e/cluster/image.sh [--path /IN/IMAGE/PATH] NAME:TAG OUT.tar BINARY [ENTRYPOINT [ARGS...]]
-#   --path    where the binary goes in the image (default: /<basename of BINARY>)
+# Usage: e2e/cluster/image.sh [--path /IN/IMAGE/PATH] [--with-libs] [--add SRC:DEST]... NAME:TAG OUT.tar BINARY [ENTRYPOINT [ARGS...]]
+#   --path      where the binary goes in the image (default: /<basename of BINARY>)
+#   --with-libs copy the shared libraries BINARY needs (ldd) to the same paths in the image
+#   --add       copy the file SRC to DEST in the image (repeatable)
 #   ENTRYPOINT defaults to the binary's path in the image; any further words are its args.
 # Example: e2e/cluster/image.sh localhost/resourcewatch/pause:3.2 /tmp/pause.tar ./pause
 set -euo pipefail
@@ -13,8 +15,12 @@ die() { echo "image.sh: ERROR: $*" >&2; exit 1; }
 usage() { sed -n '2,9p' "$0" >&2; exit 2; }
 
 IN_PATH=""
+WITH_LIBS=0
+ADDS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --with-libs) WITH_LIBS=1; shift ;;
+    --add) [[ $# -ge 2 && "$2" == *:/* ]] || die "--add needs SRC:/DEST"; ADDS+=("$2"); shift 2 ;;
     --path) [[ $# -ge 2 ]] || usage; IN_PATH="$2"; shift 2 ;;
     --path=*) IN_PATH="${1#--path=}"; shift ;;
     -h|--help) usage ;;
@@ -31,7 +37,7 @@ REF="$1"; OUT="$2"; BIN="$3"; shift 3
 [[ "$IN_PATH" == /* ]] || die "--path must be absolute, got '$IN_PATH'"
 if [[ $# -eq 0 ]]; then set -- "$IN_PATH"; fi
 
-if command -v file >/dev/null 2>&1 && file -L "$BIN" | grep -q 'dynamically linked'; then
+if [[ $WITH_LIBS == 0 ]] && command -v file >/dev/null 2>&1 && file -L "$BIN" | grep -q 'dynamically linked'; then
   echo "image.sh: warning: $BIN is dynamically linked; the image has no libc" >&2
 fi
 
@@ -44,6 +50,20 @@ root="$work/rootfs"
 mkdir -p "$root$(dirname "$IN_PATH")" "$root"/{dev,proc,sys,etc,tmp,var/run}
 chmod 1777 "$root/tmp"
 install -m 0755 "$BIN" "$root$IN_PATH"
+if [[ $WITH_LIBS == 1 ]]; then
+  # "libx.so => /path (addr)" and "/lib64/ld-linux-x86-64.so.2 (addr)": every absolute path.
+  libs=$(ldd "$BIN" | grep -oE '/[^ ]+' ) || die "ldd $BIN failed"
+  for lib in $libs; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+fi
+for a in "${ADDS[@]}"; do
+  src="${a%%:/*}"; dest="/${a#*:/}"
+  [[ -f "$src" ]] || die "--add: no file $src"
+  mkdir -p "$root$(dirname "$dest")"
+  install -m 0644 "$src" "$root$dest"
+done
 
 # Reproducible layer: sorted, fixed owner and time, names without a leading "./".
 layer="$work/layer.tar"

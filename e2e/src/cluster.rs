@@ -95,6 +95,9 @@ pub async fn install_crd(client: &Client) -> anyhow::Result<()> {
 
 /// The workload simulator's image (`make images`; imported, never pulled).
 pub const WORKLOADS_IMAGE: &str = "localhost/resourcewatch/workloads:0.1.0";
+/// This machine's Node.js with the corpus's `mem.js` (node-agent/corpus/programs): a real
+/// language runtime in a pod (`make images`).
+pub const NODE_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/node-workloads:0.1.0";
 
 /// `leak-sim` arguments of the stable pods remediation must never restart: 100 MiB held
 /// flat, and a GC-like sawtooth from 60 MiB up 4 MiB/s every 8 s. The e2e test and the

@@ -499,3 +499,85 @@ async fn a_leak_is_listed_with_its_time_to_oom_before_the_kernel_kills_it() {
     );
     ns.delete().await;
 }
+
+/// No blind spot at a process's start: a container leaking 8 MB/s from its first second
+/// into 128Mi (OOM-killed about 16 s later) is in the watch's status before the kernel
+/// kills it.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_leak_from_the_container_start_is_reported_before_its_oom_kill() {
+    let client = cluster::client().await.expect("cluster");
+    let ns = TestNamespace::create(&client, "rw-e2e-startleak")
+        .await
+        .expect("ns");
+    let n = ns.name.as_str();
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
+    apply_watch(
+        &rws,
+        "w",
+        serde_json::json!({"selector": {"matchLabels": {"app": "fast"}}, "interval": "2s"}),
+    )
+    .await;
+    // The watch is in place (its nodes configured) before the pod exists.
+    status_where(&rws, "w", "the watch reconciled", 60, |s| {
+        condition(s, "Ready").is_some_and(|(st, _)| st == ConditionStatus::True)
+    })
+    .await;
+    workload(
+        &client,
+        n,
+        "fast",
+        "fast",
+        &["--pattern", "leak", "--baseline", "4MiB", "--rate", "8MB/s"],
+        "128Mi",
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), n);
+    let terminated = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| (t.reason.clone().unwrap_or_default(), t.finished_at.clone()))
+    };
+    let start = std::time::Instant::now();
+    // (seconds from creation, wall clock, confidence) when the status first listed it.
+    let mut reported: Option<(f64, jiff::Timestamp, u8)> = None;
+    let mut killed: Option<(f64, String, Option<jiff::Timestamp>)> = None;
+    while start.elapsed() < Duration::from_secs(90) && killed.is_none() {
+        let s = rws.get("w").await.expect("rw").status.unwrap_or_default();
+        if reported.is_none()
+            && let Some(l) = s.leaks.iter().find(|l| l.pod == "fast")
+        {
+            reported = Some((
+                start.elapsed().as_secs_f64(),
+                jiff::Timestamp::now(),
+                l.confidence,
+            ));
+        }
+        let p = pods.get("fast").await.expect("pod");
+        if let Some((reason, finished)) = terminated(&p) {
+            killed = Some((start.elapsed().as_secs_f64(), reason, finished.map(|t| t.0)));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (killed_at, reason, finished) = killed.expect("the container was OOM-killed within 90 s");
+    assert_eq!(reason, "OOMKilled");
+    let (seen_at, seen_wall, confidence) = reported.unwrap_or_else(|| {
+        panic!("never reported; OOM-kill seen {killed_at:.1} s after the pod was created")
+    });
+    // The kubelet's record of the kill (finishedAt, whole seconds, rounded down) is the
+    // truth; the status poll that listed the leak must come before it. The same machine's
+    // clock stamps both.
+    let finished = finished.expect("a terminated container has finishedAt");
+    assert!(
+        seen_wall < finished,
+        "listed at {seen_wall}, the container ended at {finished}"
+    );
+    eprintln!(
+        "8 MB/s from start: reported {seen_at:.1} s after the pod was created (confidence {confidence}), OOM-killed at {killed_at:.1} s"
+    );
+    ns.delete().await;
+}

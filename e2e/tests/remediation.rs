@@ -26,6 +26,10 @@ fn container(args: &[&str], limit: &str) -> serde_json::Value {
 }
 
 async fn deployment(client: &Client, ns: &str, name: &str, args: &[&str], limit: &str) {
+    create_deployment(client, ns, name, container(args, limit)).await
+}
+
+async fn create_deployment(client: &Client, ns: &str, name: &str, container: serde_json::Value) {
     let d: Deployment = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},
         "spec": {
@@ -33,7 +37,7 @@ async fn deployment(client: &Client, ns: &str, name: &str, args: &[&str], limit:
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name, "watched": "yes"}},
-                "spec": {"terminationGracePeriodSeconds": 2, "automountServiceAccountToken": false, "containers": [container(args, limit)]}
+                "spec": {"terminationGracePeriodSeconds": 2, "automountServiceAccountToken": false, "containers": [container]}
             }
         }
     }))
@@ -275,6 +279,84 @@ async fn stable_pods_near_their_limit_are_never_restarted() {
         assert_eq!(pods.len(), 1, "{app} was replaced");
         assert!(!oom_killed(&pods[0]));
     }
+    ns.delete().await;
+}
+
+/// A real runtime warming up: Node.js filling a cache fast, then slower and slower (95 %
+/// of 120 MB at 100 s, the corpus's `node-warmup-100s`), under request garbage, with a
+/// Restart watch (minTimeToOOM 5m) in an opted-in namespace. Its first seconds look like
+/// a leak and may be reported; it must never be evicted, and never be OOM-killed.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with remediation on: make e2e"]
+async fn a_node_js_warm_up_is_never_restarted() {
+    let client = cluster::client().await.expect("cluster");
+    let ns = TestNamespace::create(&client, "rw-e2e-warmup")
+        .await
+        .expect("ns");
+    ns.opt_in().await.expect("opt in");
+    let n = ns.name.as_str();
+    watch(
+        &client,
+        n,
+        serde_json::json!({"matchLabels": {"app": "warmup"}}),
+        serde_json::json!({"action": "Restart", "minTimeToOOM": "5m"}),
+    )
+    .await;
+    create_deployment(
+        &client,
+        n,
+        "warmup",
+        serde_json::json!({
+            "name": "main", "image": cluster::NODE_WORKLOADS_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/usr/bin/node", "/mem.js", "warmup", "target=120m", "secs=100"],
+            "resources": {"limits": {"memory": "320Mi"}, "requests": {"memory": "8Mi", "cpu": "10m"}}
+        }),
+    )
+    .await;
+    let first = wait_for("the warm-up pod Running", Duration::from_secs(60), || {
+        let client = client.clone();
+        async move {
+            Ok(pods_of(&client, n, "warmup")
+                .await
+                .into_iter()
+                .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))
+        }
+    })
+    .await
+    .expect("warm-up runs");
+    // The warm-up (100 s), then a minute of steady state; the status is sampled meanwhile.
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
+    let start = Instant::now();
+    let (mut listed, mut max_confidence, mut reported) = (0, 0u8, false);
+    while start.elapsed() < Duration::from_secs(170) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let s = rws.get("w").await.expect("rw").status.unwrap_or_default();
+        reported |= !s.top_memory.is_empty();
+        if let Some(l) = s.leaks.iter().find(|l| l.pod == first.name_any()) {
+            listed += 1;
+            max_confidence = max_confidence.max(l.confidence);
+        }
+        assert!(
+            s.remediations.is_empty(),
+            "the warm-up was acted on at {:.0} s: {:?}",
+            start.elapsed().as_secs_f64(),
+            s.remediations
+        );
+    }
+    assert!(reported, "the agent never reported the warm-up pod");
+    let s = rws.get("w").await.expect("rw").status.unwrap_or_default();
+    assert!(
+        s.leaks.is_empty(),
+        "still listed as leaking a minute after its warm-up: {:?}",
+        s.leaks
+    );
+    let pods = pods_of(&client, n, "warmup").await;
+    assert_eq!(pods.len(), 1, "the warm-up pod was replaced");
+    assert_eq!(pods[0].uid(), first.uid(), "the warm-up pod was replaced");
+    assert!(!oom_killed(&pods[0]));
+    eprintln!(
+        "warm-up listed as leaking in {listed} of the status samples (highest confidence {max_confidence}), never restarted"
+    );
     ns.delete().await;
 }
 

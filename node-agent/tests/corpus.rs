@@ -11,8 +11,24 @@ use resourcewatch_agent::leak::{
     corpus::{CASES, Case, Outcome, Trace, Truth, replay},
 };
 
+/// Every recorded run (`corpus/traces/run*/`), each holding every case.
 fn traces() -> Vec<Trace> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/traces");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/traces");
+    let mut runs: Vec<_> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    runs.sort();
+    assert!(
+        runs.len() >= 2,
+        "two recorded runs at least, found {runs:?}"
+    );
+    runs.iter().flat_map(|dir| run(dir)).collect()
+}
+
+fn run(dir: &Path) -> Vec<Trace> {
     CASES
         .iter()
         .map(|c| {
@@ -24,12 +40,19 @@ fn traces() -> Vec<Trace> {
                     dir.display()
                 )
             });
-            let t = Trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let mut t = Trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(t.name, c.name, "{}", path.display());
+            // Failures name the run.
+            let run = dir.file_name().unwrap_or_default().to_string_lossy();
+            t.name = format!("{run}/{}", c.name);
             assert_eq!(t.truth, Some(c.truth), "{}", path.display());
             t
         })
         .collect()
+}
+
+fn case_name(run_and_case: &str) -> &str {
+    run_and_case.rsplit('/').next().unwrap_or(run_and_case)
 }
 
 #[test]
@@ -37,7 +60,7 @@ fn every_leak_is_found_within_its_goal_and_before_half_its_time_to_oom() {
     let mut failures = Vec::new();
     for t in traces().iter().filter(|t| t.truth == Some(Truth::Leak)) {
         let o = Outcome::from_steps(&replay(t, Params::default()), t);
-        let case = Case::by_name(&t.name).expect("case");
+        let case = Case::by_name(case_name(&t.name)).expect("case");
         // Kept: from then on never below 50 (a start-up allocation reaching 60 and falling
         // back does not count as finding the leak).
         let limit = case.detection_limit(t);
@@ -88,7 +111,9 @@ fn time_to_oom_lower_bounds_hold_and_points_are_within_15_percent() {
             Some((at, point, _)) => {
                 let real = kill - at;
                 let err = (point - real).abs() / real;
-                let limit = Case::by_name(&t.name).expect("case").eta_error_limit();
+                let limit = Case::by_name(case_name(&t.name))
+                    .expect("case")
+                    .eta_error_limit();
                 if err > limit {
                     failures.push(format!(
                         "{}: at {at} s predicted {point} s, real {real:.1} s ({:.0} %)",

@@ -305,7 +305,10 @@ pub fn assess(points: &[Point], ctx: &Context, p: &Params) -> Option<Verdict> {
 /// The lowest point of each completed run between significant falls, oldest first, or
 /// nothing when the cycles have stopped (the current run has lasted more than twice the
 /// longest completed one): old troughs then say nothing about now, e.g. the small
-/// collections of a warm-up long over.
+/// collections of a warm-up long over. A current run already as long as the longest
+/// completed one adds its level now (the lowest of its last quarter): a warm-up's last
+/// collection followed by a flat minute is flat, not rising. A shorter one is still
+/// climbing its cycle and adds nothing.
 fn troughs(points: &[Point], noise: f64, p: &Params) -> Vec<Point> {
     let lowest = |v: &[Point]| v.iter().copied().min_by(|a, b| a.rss.total_cmp(&b.rss));
     let mut out = Vec::new();
@@ -324,6 +327,10 @@ fn troughs(points: &[Point], noise: f64, p: &Params) -> Vec<Point> {
     let current = points[points.len() - 1].t - points[run_start].t;
     if current > 2.0 * longest {
         out.clear();
+    } else if current >= longest {
+        let run = &points[run_start..];
+        let tail = (run.len() / 4).max(3).min(run.len());
+        out.extend(lowest(&run[run.len() - tail..]));
     }
     out
 }
@@ -350,7 +357,8 @@ fn score_window(
         }
         Fitted::Troughs => {
             derived = troughs(raw, noise, p);
-            if derived.len() < 3 {
+            // Four, so that the halves below can say whether they slow down.
+            if derived.len() < 4 {
                 return None;
             }
             &derived
@@ -407,7 +415,7 @@ fn score_window(
     // Linearity: a cache warming up grows fast and then slower and slower; a leak keeps
     // its rate. Compare the slope of the window's later half to its earlier half.
     c.linearity = 1.0;
-    if run.len() >= 6 {
+    if run.len() >= 6 || (how == Fitted::Troughs && run.len() >= 4) {
         let mid = run.len() / 2;
         if let (Some(e), Some(l)) = (fit(&ts[..mid], &ys[..mid]), fit(&ts[mid..], &ys[mid..]))
             && e.slope > 0.0
