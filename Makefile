@@ -113,6 +113,6 @@ images: deps ## Build the operator, agent and workload images (static binaries; 
 	e2e/cluster/image.sh localhost/resourcewatch/workloads:$(IMAGE_TAG) target/images/workloads.tar $(STATIC_DIR)/leak-sim
 	@# A real runtime for the e2e warm-up pod: this machine's node and its libraries, and the
 	@# corpus's Node.js program (make corpus-deps installs node when missing).
-	@.ci/install-deps --corpus
+	@.ci/install-deps --node
 	e2e/cluster/image.sh --with-libs --path /usr/bin/node --add node-agent/corpus/programs/mem.js:/mem.js \
 	  localhost/resourcewatch/node-workloads:$(IMAGE_TAG) target/images/node-workloads.tar "$$(readlink -f "$$(command -v node)")"

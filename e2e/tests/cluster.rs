@@ -492,10 +492,26 @@ async fn a_leak_is_listed_with_its_time_to_oom_before_the_kernel_kills_it() {
     .expect("terminated");
     assert_eq!(reason, "OOMKilled");
     let killed_at = started.elapsed();
+    let real = (killed_at - seen_at).as_secs_f64();
     eprintln!(
-        "OOM-killed {:.0}s after start: warned {:.0}s ahead (predicted {tto:.0}s)",
+        "OOM-killed {:.0}s after start: warned {real:.0}s ahead (predicted {tto:.0}s, at the earliest {:?}s)",
         killed_at.as_secs_f64(),
-        (killed_at - seen_at).as_secs_f64()
+        leak.time_to_oom_lower_bound_seconds
+    );
+    // The lower bound is what remediation acts on: it must not promise more time than the
+    // kernel gave. The status was read up to one report interval (5 s) after the
+    // prediction, and the kill is seen up to a poll later.
+    let low = leak
+        .time_to_oom_lower_bound_seconds
+        .expect("a lower bound with the prediction");
+    assert!(low <= tto, "lower bound {low} above the point {tto}");
+    assert!(
+        low <= real + 5.0,
+        "lower bound {low:.0}s, the kill came {real:.0}s after it was read"
+    );
+    assert!(
+        leak.growing_for_seconds.is_some(),
+        "growingForSeconds is reported"
     );
     ns.delete().await;
 }
@@ -515,7 +531,7 @@ async fn a_leak_from_the_container_start_is_reported_before_its_oom_kill() {
     apply_watch(
         &rws,
         "w",
-        serde_json::json!({"selector": {"matchLabels": {"app": "fast"}}, "interval": "2s"}),
+        serde_json::json!({"selector": {"matchLabels": {"app": "fast"}}, "interval": "5s"}),
     )
     .await;
     // The watch is in place (its nodes configured) before the pod exists.

@@ -547,13 +547,65 @@ pub fn time_to_oom(run: &[Point], trend_secs: f64, headroom: f64) -> (f64, Optio
     }
     let fast = (f.slope + 2.0 * se).max(short_slope);
     let left = headroom.max(0.0);
+    let mut low = left / fast;
+    // Growth that speeds up (a JVM expanding its heap faster as it fills, a collector
+    // working harder near its limit): the last two minutes' quadratic trend, when it
+    // curves upwards, reaches the limit sooner than any straight line.
+    if let Some(q) = quadratic_time_to(&tail, left) {
+        low = low.min(q);
+    }
     (
         f.slope,
         Some(Eta {
             secs: left / f.slope,
-            low_secs: left / fast,
+            low_secs: low,
         }),
     )
+}
+
+/// Seconds from the last point until the least-squares parabola through `pts` has grown
+/// by `left`, when it curves upwards (None otherwise, or with fewer than 12 points).
+fn quadratic_time_to(pts: &[Point], left: f64) -> Option<f64> {
+    if pts.len() < 12 {
+        return None;
+    }
+    let end = pts[pts.len() - 1].t;
+    let n = pts.len() as f64;
+    // Centred on the last point and scaled, so the normal equations stay well conditioned.
+    let xs: Vec<f64> = pts.iter().map(|p| (p.t - end) / 60.0).collect();
+    let my = pts.iter().map(|p| p.rss).sum::<f64>() / n;
+    let ys: Vec<f64> = pts.iter().map(|p| p.rss - my).collect();
+    let s = |k: i32| xs.iter().map(|x| x.powi(k)).sum::<f64>();
+    let sy = |k: i32| xs.iter().zip(&ys).map(|(x, y)| x.powi(k) * y).sum::<f64>();
+    let m = [[n, s(1), s(2)], [s(1), s(2), s(3)], [s(2), s(3), s(4)]];
+    let v = [sy(0), sy(1), sy(2)];
+    let det = |m: [[f64; 3]; 3]| {
+        m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
+    };
+    let d = det(m);
+    if d.abs() < 1e-12 {
+        return None;
+    }
+    let col = |i: usize| {
+        let mut c = m;
+        for r in 0..3 {
+            c[r][i] = v[r];
+        }
+        det(c) / d
+    };
+    // y(x) = a + b x + c x², x in minutes from the last point.
+    let (b, c) = (col(1), col(2));
+    // Curving upwards, and enough to matter over the span fitted (5 % of the line's
+    // growth): a straight line's numerical curvature is not acceleration.
+    let span = -xs[0];
+    if c <= 0.0 || c * span * span < 0.05 * b.abs() * span {
+        return None;
+    }
+    // Growth from now: b x + c x² = left.
+    let x = (-b + (b * b + 4.0 * c * left).sqrt()) / (2.0 * c);
+    (x > 0.0).then_some(x * 60.0)
 }
 
 /// Seconds until `usage` reaches `limit` at `slope` bytes/s; None when the trend does not
@@ -767,6 +819,31 @@ mod tests {
             (rss, rss - 10.0 * MIB)
         };
         assert!(max_confidence(600.0, f) >= 60);
+    }
+
+    #[test]
+    fn an_accelerating_growth_reaches_the_limit_sooner_than_a_line_says() {
+        let pts: Vec<Point> = (0..=20)
+            .map(|t| {
+                let rss = 1000.0 * (t * t) as f64;
+                Point {
+                    t: t as f64,
+                    rss,
+                    anon: rss,
+                }
+            })
+            .collect();
+        // From t = 20, 500,000 more bytes are reached at t = 30.
+        let q = quadratic_time_to(&pts, 500_000.0).expect("curves upwards");
+        assert!((q - 10.0).abs() < 1e-6, "{q}");
+        let line: Vec<Point> = pts
+            .iter()
+            .map(|p| Point {
+                rss: 1000.0 * p.t,
+                ..*p
+            })
+            .collect();
+        assert_eq!(quadratic_time_to(&line, 500_000.0), None);
     }
 
     #[test]
