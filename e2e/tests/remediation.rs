@@ -85,6 +85,24 @@ async fn pods_of(client: &Client, ns: &str, app: &str) -> Vec<Pod> {
         .unwrap_or_default()
 }
 
+fn is_running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// The first Running pod of `app`, waited for up to a minute.
+async fn running_pod(client: &Client, ns: &str, app: &str) -> Pod {
+    wait_for(
+        &format!("a Running {app} pod"),
+        Duration::from_secs(60),
+        || {
+            let client = client.clone();
+            async move { Ok(pods_of(&client, ns, app).await.into_iter().find(is_running)) }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
 fn oom_killed(p: &Pod) -> bool {
     p.status
         .as_ref()
@@ -148,17 +166,7 @@ async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_i
     deployment(&client, n, "control", &leak_args("2MiB/s"), "128Mi").await;
     deployment(&client, n, "fixed", &leak_args("2MiB/s"), "128Mi").await;
     let start = Instant::now();
-    let first = wait_for("the watched pod", Duration::from_secs(60), || {
-        let client = client.clone();
-        async move {
-            Ok(pods_of(&client, n, "fixed")
-                .await
-                .into_iter()
-                .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))
-        }
-    })
-    .await
-    .expect("fixed runs");
+    let first = running_pod(&client, n, "fixed").await;
     let first_uid = first.uid().unwrap_or_default();
 
     // The control is OOM-killed.
@@ -196,10 +204,10 @@ async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_i
             let client = client.clone();
             let first_uid = first_uid.clone();
             async move {
-                Ok(pods_of(&client, n, "fixed").await.into_iter().find(|p| {
-                    p.uid().as_deref() != Some(first_uid.as_str())
-                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                }))
+                Ok(pods_of(&client, n, "fixed")
+                    .await
+                    .into_iter()
+                    .find(|p| p.uid().as_deref() != Some(first_uid.as_str()) && is_running(p)))
             }
         },
     )
@@ -313,17 +321,7 @@ async fn a_node_js_warm_up_is_never_restarted() {
         }),
     )
     .await;
-    let first = wait_for("the warm-up pod Running", Duration::from_secs(60), || {
-        let client = client.clone();
-        async move {
-            Ok(pods_of(&client, n, "warmup")
-                .await
-                .into_iter()
-                .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))
-        }
-    })
-    .await
-    .expect("warm-up runs");
+    let first = running_pod(&client, n, "warmup").await;
     // The warm-up (100 s), then a minute of steady state; the status is sampled meanwhile.
     let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
     let start = Instant::now();
@@ -517,17 +515,7 @@ async fn a_pending_record_written_into_status_is_never_carried_out() {
         serde_json::json!({"action": "Restart", "minTimeToOOM": "40s"}),
     )
     .await;
-    let pod = wait_for("the victim Running", Duration::from_secs(60), || {
-        let client = client.clone();
-        async move {
-            Ok(pods_of(&client, n, "victim")
-                .await
-                .into_iter()
-                .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))
-        }
-    })
-    .await
-    .expect("victim");
+    let pod = running_pod(&client, n, "victim").await;
     let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
     wait_for("a first status", Duration::from_secs(60), || {
         let rws = rws.clone();

@@ -169,10 +169,17 @@ pub fn start_monotonic_ns(pid: u32) -> Option<u64> {
 
 /// The highest resident size a process ever had (`VmHWM`), bytes.
 pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = s
+    kib_field(
+        &fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        "VmHWM:",
+    )
+}
+
+/// A `Key:   N kB` line of /proc/PID/status or /proc/meminfo, in bytes.
+pub fn kib_field(text: &str, key: &str) -> Option<u64> {
+    let kb: u64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .find_map(|l| l.strip_prefix(key))?
         .split_whitespace()
         .next()?
         .parse()

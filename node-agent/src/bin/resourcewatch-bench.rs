@@ -634,12 +634,9 @@ fn proc_cpu_ticks(pid: u32) -> Option<u64> {
 fn status_kb(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
+        .and_then(|s| procfs::kib_field(&s, key))
         .unwrap_or(0)
+        / 1024
 }
 
 fn agent(interval: Duration, duration: Duration, with_workload: bool) {

@@ -608,19 +608,6 @@ fn quadratic_time_to(pts: &[Point], left: f64) -> Option<f64> {
     (x > 0.0).then_some(x * 60.0)
 }
 
-/// Seconds until `usage` reaches `limit` at `slope` bytes/s; None when the trend does not
-/// support a number (not growing, or already past the limit).
-pub fn time_to_limit(usage: f64, limit: f64, slope: f64) -> Option<f64> {
-    if slope <= 0.0 || !slope.is_finite() {
-        return None;
-    }
-    let left = limit - usage;
-    if left <= 0.0 {
-        return Some(0.0);
-    }
-    Some(left / slope)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -847,10 +834,28 @@ mod tests {
     }
 
     #[test]
-    fn time_to_limit_is_none_without_growth() {
-        assert_eq!(time_to_limit(50.0, 100.0, 0.0), None);
-        assert_eq!(time_to_limit(50.0, 100.0, -1.0), None);
-        assert_eq!(time_to_limit(50.0, 100.0, 5.0), Some(10.0));
-        assert_eq!(time_to_limit(150.0, 100.0, 5.0), Some(0.0));
+    fn no_time_to_oom_without_growth() {
+        let pts = |f: fn(f64) -> f64| -> Vec<Point> {
+            (0..20)
+                .map(|t| Point {
+                    t: t as f64,
+                    rss: f(t as f64),
+                    anon: f(t as f64),
+                })
+                .collect()
+        };
+        assert_eq!(time_to_oom(&pts(|_| 5.0 * MIB), 20.0, 100.0 * MIB).1, None);
+        assert_eq!(
+            time_to_oom(&pts(|t| 50.0 * MIB - t * MIB), 20.0, 100.0 * MIB).1,
+            None
+        );
+        // 5 MiB/s with 100 MiB left: 20 s.
+        let eta = time_to_oom(&pts(|t| 5.0 * MIB * t), 20.0, 100.0 * MIB)
+            .1
+            .expect("eta");
+        assert!(
+            (eta.secs - 20.0).abs() < 1e-6 && eta.low_secs <= eta.secs,
+            "{eta:?}"
+        );
     }
 }

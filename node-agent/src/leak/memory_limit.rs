@@ -110,15 +110,7 @@ pub fn oldest_start_ns(dir: &Path) -> Option<u64> {
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
 pub fn node_available() -> Option<u64> {
-    let s = fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    crate::procfs::kib_field(&fs::read_to_string("/proc/meminfo").ok()?, "MemAvailable:")
 }
 
 #[cfg(test)]
