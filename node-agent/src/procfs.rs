@@ -157,8 +157,8 @@ pub fn process_cpu_clock_ns(pid: u32) -> Option<u64> {
 pub fn start_monotonic_ns(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: fields start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    // starttime is field 22; `rest` starts at field 3.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    // starttime is field 22; `rest` starts (after a space) at field 3.
     let ticks: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
