@@ -338,13 +338,20 @@ impl FrameBuilder {
                     .or_insert_with(|| memory_limit::effective(l.root(), path)),
                 _ => None,
             };
-            // The kernel OOM-kills when the cgroup's charge reaches its limit, so the time
-            // left is the cgroup's headroom at this process's growth rate; without a limit
-            // it is the node's available memory.
+            // The kernel OOM-kills when the cgroup's charge reaches its limit and its page
+            // cache is reclaimed, so the time left is the cgroup's headroom at this
+            // process's growth rate; without a limit it is the node's available memory
+            // (which counts reclaimable cache already).
             let headroom = limit
                 .and_then(|l| l.headroom())
                 .or_else(memory_limit::node_available);
-            let Some(v) = self.leaks.assess_with(key, now, headroom.map(|h| h as f64)) else {
+            let reclaimable = limit
+                .filter(|l| l.limit_bytes.is_some())
+                .map_or(0, |l| l.reclaimable_bytes);
+            let Some(v) =
+                self.leaks
+                    .assess_with(key, now, headroom.map(|h| h as f64), reclaimable as f64)
+            else {
                 continue;
             };
             if v.confidence < self.leak_min_confidence {

@@ -81,6 +81,10 @@ enum Cmd {
         /// Run nothing: replay the traces of this directory through the detectors.
         #[arg(long, conflicts_with = "record")]
         replay: Option<std::path::PathBuf>,
+        /// With --replay: print every evaluation (second, container charge, confidence,
+        /// time to OOM and its lower bound) of each case before the table.
+        #[arg(long, requires = "replay")]
+        steps: bool,
     },
     /// Time-to-OOM accuracy: a process leaking at `rate` in a memory cgroup limited to
     /// `limit`; the prediction made at half-way is compared with the real OOM kill.
@@ -154,15 +158,17 @@ fn main() {
             only,
             record,
             replay: Some(dir),
+            steps,
         } => {
             let _ = (duration, record);
-            corpus::replay_dir(&dir, only)
+            corpus::replay_dir(&dir, only, steps)
         }
         Cmd::Corpus {
             duration,
             only,
             record,
             replay: None,
+            steps: _,
         } => corpus::corpus(duration, only, record),
         Cmd::Epochs {
             epochs,

@@ -98,6 +98,8 @@ pub struct Context {
     pub prior_peak: f64,
     /// Bytes left before the tightest memory limit.
     pub headroom: Option<f64>,
+    /// Page cache charged to that limit, which the kernel reclaims before the OOM kill.
+    pub reclaimable: f64,
 }
 
 /// The parts of a confidence, for debugging and for the README's table.
@@ -295,7 +297,7 @@ pub fn assess(points: &[Point], ctx: &Context, p: &Params) -> Option<Verdict> {
     let mut best = best?;
     best.growing_secs = if best.confidence >= 60 { growing } else { 0.0 };
     if let Some(h) = ctx.headroom {
-        let (slope, eta) = time_to_oom(&points[start..], best.run_secs, h);
+        let (slope, eta) = time_to_oom(&points[start..], best.run_secs, h, ctx.reclaimable);
         best.slope = slope;
         best.eta = eta;
     }
@@ -485,7 +487,16 @@ fn score_window(
 /// bound at that rate plus two standard errors or at the last 10 s's rate, whichever is
 /// faster (a leak that speeds up). None when the run is not growing or is slowing down
 /// so that it levels off before the limit.
-pub fn time_to_oom(run: &[Point], trend_secs: f64, headroom: f64) -> (f64, Option<Eta>) {
+///
+/// The point estimate counts `reclaimable` page cache as room (the kernel reclaims it
+/// before it kills); the lower bound does not (it may not be able to: dirty pages, a
+/// working set it must keep re-reading).
+pub fn time_to_oom(
+    run: &[Point],
+    trend_secs: f64,
+    headroom: f64,
+    reclaimable: f64,
+) -> (f64, Option<Eta>) {
     let end = run[run.len() - 1].t;
     let span = trend_secs.min(60.0);
     let mut recent: Vec<Point> = run.iter().copied().filter(|x| x.t >= end - span).collect();
@@ -540,7 +551,8 @@ pub fn time_to_oom(run: &[Point], trend_secs: f64, headroom: f64) -> (f64, Optio
         ) && e.slope > 0.0
         {
             let r = l.slope / e.slope;
-            if r < 0.8 && l.slope.max(0.0) * half * r / (1.0 - r).max(1e-9) < headroom {
+            if r < 0.8 && l.slope.max(0.0) * half * r / (1.0 - r).max(1e-9) < headroom + reclaimable
+            {
                 return (f.slope, None);
             }
         }
@@ -557,7 +569,7 @@ pub fn time_to_oom(run: &[Point], trend_secs: f64, headroom: f64) -> (f64, Optio
     (
         f.slope,
         Some(Eta {
-            secs: left / f.slope,
+            secs: (left + reclaimable.max(0.0)) / f.slope,
             low_secs: low,
         }),
     )
@@ -844,18 +856,28 @@ mod tests {
                 })
                 .collect()
         };
-        assert_eq!(time_to_oom(&pts(|_| 5.0 * MIB), 20.0, 100.0 * MIB).1, None);
         assert_eq!(
-            time_to_oom(&pts(|t| 50.0 * MIB - t * MIB), 20.0, 100.0 * MIB).1,
+            time_to_oom(&pts(|_| 5.0 * MIB), 20.0, 100.0 * MIB, 0.0).1,
+            None
+        );
+        assert_eq!(
+            time_to_oom(&pts(|t| 50.0 * MIB - t * MIB), 20.0, 100.0 * MIB, 0.0).1,
             None
         );
         // 5 MiB/s with 100 MiB left: 20 s.
-        let eta = time_to_oom(&pts(|t| 5.0 * MIB * t), 20.0, 100.0 * MIB)
+        let eta = time_to_oom(&pts(|t| 5.0 * MIB * t), 20.0, 100.0 * MIB, 0.0)
             .1
             .expect("eta");
         assert!(
             (eta.secs - 20.0).abs() < 1e-6 && eta.low_secs <= eta.secs,
             "{eta:?}"
         );
+        // 50 MiB of page cache to reclaim first: the kill comes 10 s later, but the lower
+        // bound does not count on the reclaim.
+        let with_cache = time_to_oom(&pts(|t| 5.0 * MIB * t), 20.0, 100.0 * MIB, 50.0 * MIB)
+            .1
+            .expect("eta");
+        assert!((with_cache.secs - 30.0).abs() < 1e-6, "{with_cache:?}");
+        assert_eq!(with_cache.low_secs, eta.low_secs);
     }
 }

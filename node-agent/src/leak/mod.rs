@@ -146,8 +146,11 @@ impl LeakTracker {
         self.series.remove(&key);
     }
 
+    /// The series tracked, in order (a replay that breaks ties by order is repeatable).
     pub fn keys(&self) -> Vec<SeriesKey> {
-        self.series.keys().copied().collect()
+        let mut keys: Vec<SeriesKey> = self.series.keys().copied().collect();
+        keys.sort_unstable();
+        keys
     }
 
     pub fn last_sample(&self, key: SeriesKey) -> Option<MemSample> {
@@ -156,16 +159,17 @@ impl LeakTracker {
 
     /// The detectors' verdict on one series at `now_ns`, without a limit.
     pub fn assess(&self, key: SeriesKey, now_ns: u64) -> Option<Verdict> {
-        self.assess_with(key, now_ns, None)
+        self.assess_with(key, now_ns, None, 0.0)
     }
 
-    /// The verdict with the bytes left before the series' tightest memory limit, which
-    /// the time to OOM is computed against.
+    /// The verdict with the bytes left before the series' tightest memory limit and the
+    /// page cache charged to it, which the time to OOM is computed against.
     pub fn assess_with(
         &self,
         key: SeriesKey,
         now_ns: u64,
         headroom: Option<f64>,
+        reclaimable: f64,
     ) -> Option<Verdict> {
         let s = self.series.get(&key)?;
         let ctx = Context {
@@ -173,6 +177,7 @@ impl LeakTracker {
             now_t: now_ns as f64 / 1e9,
             prior_peak: s.peak_bytes as f64,
             headroom,
+            reclaimable,
         };
         detect::assess(&s.points, &ctx, &self.params)
     }

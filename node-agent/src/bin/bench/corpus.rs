@@ -299,8 +299,8 @@ pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>)
                 r.done = true;
                 continue;
             }
-            let headroom =
-                memory_limit::effective(layout.root(), &r.path).and_then(|l| l.headroom());
+            let limit = memory_limit::effective(layout.root(), &r.path);
+            let headroom = limit.and_then(|l| l.headroom());
             if let Some(s) = builder.leaks.last_sample(SeriesKey::Cgroup { id: r.id }) {
                 r.trace.rows.push((
                     t,
@@ -309,6 +309,7 @@ pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>)
                         rss: s.rss_bytes(),
                         anon: s.anon_bytes + s.shmem_bytes,
                         headroom,
+                        reclaimable: limit.map(|l| l.reclaimable_bytes),
                     },
                 ));
             }
@@ -328,6 +329,7 @@ pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>)
                             rss: s.rss_bytes(),
                             anon: s.anon_bytes + s.shmem_bytes,
                             headroom: None,
+                            reclaimable: None,
                         },
                     ));
                 }
@@ -340,17 +342,23 @@ pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>)
                     row.pid.is_some_and(|p| pids.contains(&p))
                         || (row.pid.is_none() && row.who.cgroup.as_deref() == Some(r.path.as_str()))
                 })
-                .max_by_key(|row| row.confidence);
-            r.steps.push(Step {
+                .map(|row| Step {
+                    t,
+                    confidence: row.confidence,
+                    eta: row
+                        .time_to_oom_secs
+                        .zip(row.time_to_oom_low_secs)
+                        .map(|(secs, low_secs)| resourcewatch_agent::leak::Eta { secs, low_secs }),
+                })
+                .fold(None::<Step>, |best, s| match best {
+                    Some(b) if !s.outranks(&b) => Some(b),
+                    _ => Some(s),
+                });
+            r.steps.push(best.unwrap_or(Step {
                 t,
-                confidence: best.map_or(0, |b| b.confidence),
-                eta: best.and_then(|b| {
-                    Some(resourcewatch_agent::leak::Eta {
-                        secs: b.time_to_oom_secs?,
-                        low_secs: b.time_to_oom_low_secs?,
-                    })
-                }),
-            });
+                confidence: 0,
+                eta: None,
+            }));
         }
     }
     for r in &mut running {
@@ -384,7 +392,7 @@ pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>)
 
 /// The traces of `dir` replayed through the current detectors (no kernel, no workload):
 /// the same table, for tuning.
-pub fn replay_dir(dir: &Path, only: Option<String>) {
+pub fn replay_dir(dir: &Path, only: Option<String>, print_steps: bool) {
     let results: Vec<(Trace, Vec<Step>)> = CASES
         .iter()
         .filter(|c| only.as_deref().is_none_or(|o| c.name.contains(o)))
@@ -395,10 +403,36 @@ pub fn replay_dir(dir: &Path, only: Option<String>) {
             let t =
                 Trace::parse(&text).unwrap_or_else(|e| fail(&format!("{}: {e}", path.display())));
             let steps = replay(&t, Params::default());
+            if print_steps {
+                print_steps_of(&t, &steps);
+            }
             (t, steps)
         })
         .collect();
     print_table(&results);
+}
+
+fn print_steps_of(trace: &Trace, steps: &[Step]) {
+    println!(
+        "## {}\n# t\tcharge_mib\tconfidence\tto_oom_s\tlow_s",
+        trace.name
+    );
+    let mut rows = trace.rows.iter().filter(|r| r.1 == "cg").peekable();
+    let mut charge = 0u64;
+    for s in steps {
+        while let Some(r) = rows.next_if(|r| r.0 <= s.t + 1e-6) {
+            charge = r.2.rss;
+        }
+        let (eta, low) = s.eta.map_or(("-".into(), "-".into()), |e| {
+            (format!("{:.0}", e.secs), format!("{:.0}", e.low_secs))
+        });
+        println!(
+            "{:.0}\t{:.1}\t{}\t{eta}\t{low}",
+            s.t,
+            charge as f64 / (1u64 << 20) as f64,
+            s.confidence
+        );
+    }
 }
 
 fn print_table(results: &[(Trace, Vec<Step>)]) {
