@@ -117,6 +117,7 @@ pub struct Components {
     pub composition: f64,
     pub linearity: f64,
     pub oscillation: f64,
+    pub freshness: f64,
     /// What was fitted: the window's points, its lower envelope, or the troughs between
     /// collections.
     pub fitted: Fitted,
@@ -128,6 +129,7 @@ pub enum Fitted {
     Points,
     Envelope,
     Troughs,
+    Steps,
 }
 
 /// A time-to-OOM prediction: the point estimate and a lower bound (seconds).
@@ -188,6 +190,12 @@ fn significant_drop(peak: f64, noise: f64, p: &Params) -> f64 {
         .max(p.drop_noise * noise)
 }
 
+/// The rise that starts a new level of a staircase: above the jitter and half the
+/// growth that counts.
+fn step_rise(noise: f64, p: &Params) -> f64 {
+    (p.min_growth_bytes / 2.0).max(p.drop_noise * noise)
+}
+
 /// Index where the current growth run starts: just after the last significant fall from
 /// a running peak (a GC cycle, a freed burst), or 0.
 pub fn run_start(points: &[Point], noise: f64, p: &Params) -> usize {
@@ -232,6 +240,56 @@ fn envelope(run: &[Point]) -> Vec<Point> {
         .collect()
 }
 
+/// A staircase seen at its corners: the last point of each level (a level is a stretch
+/// of points within `rise` of its first one), and the newest point. A runtime that grows
+/// its heap in steps (G1 committing regions, V8 promoting at each scavenge) holds flat
+/// for seconds to minutes between them: fitted point by point, a leak under it looks
+/// like a few jumps (a poor line) or a flat tail (no growth), depending on where the
+/// window ends. The corners of a steady staircase lie on a line whatever the phase; a
+/// staircase that stops stepping shows it as its newest corner drifts right at the same
+/// level. On a smooth series every point is its own level, and nothing changes.
+fn steps(run: &[Point], rise: f64) -> Vec<Point> {
+    let mut out = Vec::new();
+    let mut base = run[0].rss;
+    for w in run.windows(2) {
+        if w[1].rss - base >= rise {
+            out.push(w[0]);
+            base = w[1].rss;
+        }
+    }
+    out.push(run[run.len() - 1]);
+    out
+}
+
+/// How fresh a window's growth is: 1 while its newest high (a rise of `rise` over the
+/// level of the previous one) is less than 30 s old or no older than 1.5 times the
+/// longest gap between its earlier highs, 0 from 2.5 times. A leak keeps stepping at its
+/// own pace, however irregular; a warm-up that stopped has gone quiet for longer than it
+/// ever paused. 1 with fewer than two gaps to compare with. (A runtime pausing for a
+/// collection or a G1 heap resize is quiet for 10-20 s: the 30 s.)
+fn freshness(raw: &[Point], rise: f64) -> f64 {
+    let mut level = raw[0].rss;
+    let mut last: Option<f64> = None;
+    let mut longest: f64 = 0.0;
+    let mut gaps = 0;
+    for p in raw {
+        if p.rss >= level + rise {
+            if let Some(t) = last {
+                longest = longest.max(p.t - t);
+                gaps += 1;
+            }
+            last = Some(p.t);
+            level = p.rss;
+        }
+    }
+    match last {
+        Some(t) if gaps >= 2 && longest > 0.0 && raw[raw.len() - 1].t - t >= 30.0 => {
+            ramp(2.5 - (raw[raw.len() - 1].t - t) / longest, 0.0, 1.0)
+        }
+        _ => 1.0,
+    }
+}
+
 /// Scores a series (oldest first).
 ///
 /// Windows of several lengths ending at the newest point are scored and the best one
@@ -256,7 +314,7 @@ pub fn assess(points: &[Point], ctx: &Context, p: &Params) -> Option<Verdict> {
     let mut w = if run_len >= 3 { 3usize } else { usize::MAX };
     while w != usize::MAX {
         let w_now = w.min(run_len);
-        for how in [Fitted::Points, Fitted::Envelope] {
+        for how in [Fitted::Points, Fitted::Envelope, Fitted::Steps] {
             if how == Fitted::Envelope && w_now < 24 {
                 continue;
             }
@@ -365,8 +423,15 @@ fn score_window(
             }
             &derived
         }
+        Fitted::Steps => {
+            derived = steps(raw, step_rise(noise, p));
+            // Not a staircase (every point its own level): the points path has it.
+            if derived.len() < 4 || derived.len() * 2 > raw.len() {
+                return None;
+            }
+            &derived
+        }
     };
-    let env = how == Fitted::Envelope;
     let ts: Vec<f64> = run.iter().map(|x| x.t).collect();
     let ys: Vec<f64> = run.iter().map(|x| x.rss).collect();
     let f = fit(&ts, &ys)?;
@@ -391,7 +456,14 @@ fn score_window(
         return Some(verdict(0, c));
     }
 
-    c.trend = 40.0 * ramp(f.r2, 0.80, 0.97);
+    // A trend that reaches the limit within half a minute is urgent even when rough (a
+    // runtime stepping its heap up at start-up): R² is asked less of it, down to 0.15
+    // less when the line hits the limit within 30 s, nothing less beyond 2 minutes.
+    let urgency = ctx
+        .headroom
+        .map_or(0.0, |h| ramp(120.0 - h.max(0.0) / f.slope, 0.0, 90.0));
+    let relax = 0.15 * urgency;
+    c.trend = 40.0 * ramp(f.r2, 0.80 - relax, 0.97 - relax);
     // A growth that has eaten a good part of what is left before the limit is large
     // whatever its size in MiB: an imminent OOM kill is urgent from the first seconds.
     let of_headroom = ctx.headroom.map_or(0.0, |h| growth / h.max(1.0));
@@ -417,12 +489,23 @@ fn score_window(
     // Linearity: a cache warming up grows fast and then slower and slower; a leak keeps
     // its rate. Compare the slope of the window's later half to its earlier half.
     c.linearity = 1.0;
-    if run.len() >= 6 || (how == Fitted::Troughs && run.len() >= 4) {
-        let mid = run.len() / 2;
-        if let (Some(e), Some(l)) = (fit(&ts[..mid], &ys[..mid]), fit(&ts[mid..], &ys[mid..]))
-            && e.slope > 0.0
-        {
-            c.linearity = ramp(l.slope / e.slope, 0.3, 0.7);
+    if run.len() >= 6 || (matches!(how, Fitted::Troughs | Fitted::Steps) && run.len() >= 4) {
+        // Halves by count; a staircase's by time: its corners are dense on a smooth climb
+        // and one on a long flat level, which is the stop a warm-up ends with.
+        let mid = match how {
+            Fitted::Steps => {
+                let t_mid = (ts[0] + ts[ts.len() - 1]) / 2.0;
+                ts.iter().position(|t| *t > t_mid).unwrap_or(ts.len())
+            }
+            _ => run.len() / 2,
+        };
+        match (fit(&ts[..mid], &ys[..mid]), fit(&ts[mid..], &ys[mid..])) {
+            (Some(e), Some(l)) if e.slope > 0.0 => {
+                c.linearity = ramp(l.slope / e.slope, 0.3, 0.7);
+            }
+            // A half with a single corner says nothing about the rate.
+            (None, _) | (_, None) if how == Fitted::Steps => c.linearity = 0.0,
+            _ => {}
         }
     }
 
@@ -432,7 +515,11 @@ fn score_window(
     let len = raw.len();
     if how != Fitted::Troughs && from >= run_from + len {
         let prev = &points[from - len..from];
-        let prev = if env { envelope(prev) } else { prev.to_vec() };
+        let prev = match how {
+            Fitted::Envelope => envelope(prev),
+            Fitted::Steps => steps(prev, step_rise(noise, p)),
+            _ => prev.to_vec(),
+        };
         let pts: Vec<f64> = prev.iter().map(|x| x.t).collect();
         let pys: Vec<f64> = prev.iter().map(|x| x.rss).collect();
         if let Some(before) = fit(&pts, &pys)
@@ -472,11 +559,29 @@ fn score_window(
 
     // Size, duration and relative growth only mean something for a series that is a trend:
     // a process allocating its heap at start-up is one big step, not a leak.
-    let gate = ramp(f.r2, 0.85, 0.97);
+    let gate = ramp(f.r2, 0.85 - relax, 0.97 - relax);
+    // A staircase of a few levels is a few events (an allocator taking a new arena now
+    // and then), whatever line they happen to fall on: full credit from 7 corners.
+    let levels = if how == Fitted::Steps {
+        ramp(run.len() as f64, 3.0, 7.0)
+    } else {
+        1.0
+    };
+    // Troughs have their own rule for cycles that stopped. A series at its limit cannot
+    // set new highs while the kernel reclaims its page cache before the kill.
+    let rise = step_rise(noise, p);
+    let pinned = ctx.headroom.is_some_and(|h| h < 2.0 * rise);
+    c.freshness = if how == Fitted::Troughs || pinned {
+        1.0
+    } else {
+        freshness(raw, rise)
+    };
     let score = (c.trend + (c.magnitude + c.duration + c.relative) * gate)
         * c.composition
         * c.linearity
-        * c.oscillation;
+        * c.oscillation
+        * c.freshness
+        * levels;
     Some(verdict(score.round().clamp(0.0, 100.0) as u8, c))
 }
 
@@ -689,6 +794,36 @@ mod tests {
             now += 1.0;
         }
         worst
+    }
+
+    /// Lowest confidence a pattern gets from `from` to `secs`, evaluated every second.
+    fn min_confidence_from(from: f64, secs: f64, f: impl Fn(f64) -> (f64, f64) + Copy) -> u8 {
+        let mut lowest = 100;
+        let mut now = from;
+        while now <= secs {
+            let c =
+                assess(&series(now, f), &at(now), &Params::default()).map_or(0, |v| v.confidence);
+            lowest = lowest.min(c);
+            now += 1.0;
+        }
+        lowest
+    }
+
+    #[test]
+    fn a_staircase_leak_is_kept_and_a_staircase_that_stops_is_not() {
+        // A runtime committing 8 MiB every 25 s (335 KB/s), flat in between: fitted point
+        // by point it is a flat tail half the time.
+        let stairs = |t: f64| {
+            let v = 50.0 * MIB + 8.0 * MIB * (t / 25.0).floor();
+            (v, v)
+        };
+        let kept = min_confidence_from(120.0, 400.0, stairs);
+        assert!(kept >= 50, "a staircase leak dropped to {kept}");
+        assert!(max_confidence_from(3.0, 120.0, stairs) >= 60);
+        // The same staircase stopping after its sixth step (150 s): judged 60 s later.
+        let stops = move |t: f64| stairs(t.min(150.0));
+        let after = max_confidence_from(210.0, 500.0, stops);
+        assert!(after < 60, "a staircase that stopped scored {after}");
     }
 
     #[test]
