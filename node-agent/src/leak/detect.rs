@@ -435,7 +435,14 @@ fn score_window(
     let ts: Vec<f64> = run.iter().map(|x| x.t).collect();
     let ys: Vec<f64> = run.iter().map(|x| x.rss).collect();
     let f = fit(&ts, &ys)?;
-    let run_secs = raw[raw.len() - 1].t - raw[0].t;
+    // A staircase's span starts at its first corner: the level before it is flat, and
+    // the rate (time to OOM) and how long the growth has lasted are measured from there
+    // (a leak starting after 30 s flat is a corner and a climb, not 30 s of growth).
+    let run_secs = if how == Fitted::Steps {
+        ts[ts.len() - 1] - ts[0]
+    } else {
+        raw[raw.len() - 1].t - raw[0].t
+    };
     let first = run[0];
     let last = run[run.len() - 1];
     let growth = (f.slope * (ts[ts.len() - 1] - ts[0])).max(0.0);
