@@ -20,7 +20,7 @@ corpus-deps: ## Install the leak corpus's runtimes (python3, nodejs, openjdk-17,
 
 .PHONY: corpus
 corpus: deps corpus-deps ## Run the leak corpus live (11 min, root), print LEAKS.md's table, re-record its traces
-	$(CARGO) build --release -p resourcewatch-agent -p resourcewatch-workloads
+	$(CARGO) build --release -p resourcewatch-bench -p resourcewatch-workloads
 	./target/release/resourcewatch-bench corpus --record node-agent/corpus/traces/run$$(date +%Y%m%d-%H%M)
 
 .PHONY: build
@@ -96,7 +96,7 @@ endif
 
 .PHONY: bench
 bench: deps ## Top-K precision, kernel cost and agent cost benchmarks (root; several minutes)
-	$(CARGO) build --release -p resourcewatch-agent
+	$(CARGO) build --release -p resourcewatch-agent -p resourcewatch-bench -p resourcewatch-workloads
 	./target/release/resourcewatch-bench all
 
 IMAGE_TAG ?= 0.1.0

@@ -45,7 +45,7 @@ fn run_ok(cmd: &mut Command, what: &str) {
 
 impl Programs {
     fn build(needed: &[&Case]) -> Programs {
-        let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/programs");
+        let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("../node-agent/corpus/programs");
         let dir = std::env::temp_dir().join(format!("rw-corpus-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&e));
         let uses = |p: &str| needed.iter().any(|c| c.argv[0] == p);

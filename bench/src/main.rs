@@ -13,7 +13,6 @@ use std::{
 
 use clap::{Parser, Subcommand};
 
-#[path = "bench/corpus.rs"]
 mod corpus;
 use resourcewatch_agent::{
     hashpipe::{self, Geometry},
