@@ -88,6 +88,8 @@ pub enum PipelineError {
     },
     #[error("map {0} is missing from the BPF object")]
     MissingMap(&'static str),
+    #[error("program {0} is missing from the BPF object")]
+    MissingProgram(&'static str),
     #[error("map {name}: {source}")]
     Map {
         name: &'static str,
@@ -219,7 +221,10 @@ impl<T> MmapArray<T> {
                 source: std::io::Error::last_os_error(),
             });
         }
-        let ptr = NonNull::new(addr.cast::<T>()).ok_or(PipelineError::MissingMap(name))?;
+        let ptr = NonNull::new(addr.cast::<T>()).ok_or_else(|| PipelineError::Mmap {
+            name,
+            source: std::io::Error::other("mapped at address 0"),
+        })?;
         Ok(Self { ptr, len, bytes })
     }
 
@@ -373,7 +378,7 @@ impl Pipelines {
             };
             let prog: &mut RawTracePoint = bpf
                 .program_mut(program)
-                .ok_or(PipelineError::MissingMap(program))?
+                .ok_or(PipelineError::MissingProgram(program))?
                 .try_into()
                 .map_err(err)?;
             prog.load().map_err(err)?;
@@ -456,7 +461,7 @@ impl Pipelines {
             let prog: &mut BtfTracePoint = this
                 .bpf
                 .program_mut(program)
-                .ok_or(PipelineError::MissingMap(program))?
+                .ok_or(PipelineError::MissingProgram(program))?
                 .try_into()
                 .map_err(err)?;
             prog.load(tracepoint, &btf).map_err(err)?;
@@ -829,7 +834,7 @@ impl Pipelines {
             let prog: &mut UProbe = self
                 .bpf
                 .program_mut(program)
-                .ok_or(PipelineError::MissingMap(program))?
+                .ok_or(PipelineError::MissingProgram(program))?
                 .try_into()
                 .map_err(err)?;
             prog.attach(symbol, &libc, scope).map_err(err)?;

@@ -71,6 +71,11 @@ pub enum RunError {
     Status(#[from] tonic::Status),
     #[error("the engine stopped")]
     EngineGone,
+    #[error("starting the agent's {what}: {source}")]
+    Start {
+        what: &'static str,
+        source: std::io::Error,
+    },
 }
 
 /// Runs until SIGTERM/SIGINT.
@@ -101,12 +106,18 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || Engine::new(ack_tx, report_tx, applied).run(config_rx, &stop))
-            .map_err(|_| RunError::EngineGone)?
+            .map_err(|source| RunError::Start {
+                what: "engine thread",
+                source,
+            })?
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|_| RunError::EngineGone)?;
+        .map_err(|source| RunError::Start {
+            what: "async runtime",
+            source,
+        })?;
     let result = rt.block_on(session_loop(
         &opts, hello_caps, config_tx, ack_rx, report_rx, applied,
     ));
@@ -125,7 +136,10 @@ async fn session_loop(
 ) -> Result<(), RunError> {
     let mut backoff = Duration::from_millis(500);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|_| RunError::EngineGone)?;
+        .map_err(|source| RunError::Start {
+            what: "SIGTERM handler",
+            source,
+        })?;
     loop {
         let started = Instant::now();
         let hello = pb::Hello {
