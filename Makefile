@@ -52,8 +52,15 @@ lint: deps ## rustfmt check and clippy with warnings as errors
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: unit
-unit: deps ## Unit and kernel integration tests (kernel tests skip, saying why, without root/BTF)
+SKIPPED_TESTS := $(or $(CARGO_TARGET_DIR),target)/tmp/skipped-tests.txt
+
+unit: deps ## Unit and kernel integration tests (without root/BTF kernel tests skip and are listed; RW_REQUIRE_PRIVILEGED_TESTS=1 makes a skip a failure)
+	@rm -f $(SKIPPED_TESTS)
 	$(CARGO) test --workspace -- --test-threads=1
+	@if [ -s $(SKIPPED_TESTS) ]; then \
+	  echo "== $$(wc -l < $(SKIPPED_TESTS)) tests skipped (they need root, BTF and the kernel's tracepoints):"; \
+	  sed 's/^/   /' $(SKIPPED_TESTS); \
+	else echo "== no test skipped"; fi
 
 .PHONY: demo
 # demo, test and top need root (a cluster, BPF). Run as root they run here; run as a

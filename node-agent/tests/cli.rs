@@ -1,6 +1,8 @@
 //! The `resourcewatch-agent` command line as scripts see it: exit codes, messages and the
 //! `--json` contract.
 
+mod common;
+
 use std::process::Command;
 
 fn agent() -> Command {
@@ -36,8 +38,9 @@ fn a_sketch_width_that_is_not_a_power_of_two_is_refused() {
 #[test]
 fn without_privileges_top_says_why_and_exits_2() {
     if !is_root() || Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!(
-            "SKIPPED without_privileges_top_says_why_and_exits_2: needs root and setpriv to drop privileges"
+        common::skip(
+            "without_privileges_top_says_why_and_exits_2",
+            "needs root and setpriv to drop privileges",
         );
         return;
     }
@@ -69,8 +72,11 @@ fn without_privileges_top_says_why_and_exits_2() {
 
 #[test]
 fn json_prints_one_object_per_interval_with_the_documented_fields() {
-    if let Some(why) = resourcewatch_agent::capabilities::probe().fatal() {
-        eprintln!("SKIPPED json_prints_one_object_per_interval_with_the_documented_fields: {why}");
+    if let Some(why) = common::kernel_missing() {
+        common::skip(
+            "json_prints_one_object_per_interval_with_the_documented_fields",
+            &why,
+        );
         return;
     }
     let out = agent()
@@ -150,12 +156,12 @@ fn json_prints_one_object_per_interval_with_the_documented_fields() {
 fn with_only_cap_bpf_and_cap_perfmon_other_users_processes_are_tracked_and_attributed() {
     const TEST: &str =
         "with_only_cap_bpf_and_cap_perfmon_other_users_processes_are_tracked_and_attributed";
-    if let Some(why) = resourcewatch_agent::capabilities::probe().fatal() {
-        eprintln!("SKIPPED {TEST}: {why}");
+    if let Some(why) = common::kernel_missing() {
+        common::skip(TEST, &why);
         return;
     }
     if Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("SKIPPED {TEST}: needs setpriv to drop capabilities");
+        common::skip(TEST, "needs setpriv to drop capabilities");
         return;
     }
     // A busy process of another user (nobody), alive for the whole run.

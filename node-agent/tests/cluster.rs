@@ -5,6 +5,8 @@
 //!
 //! Needs root and BPF; skipped (saying why) otherwise.
 
+mod common;
+
 use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -12,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use resourcewatch_agent::{capabilities, cgroup_resolver::CgroupLayout};
+use resourcewatch_agent::cgroup_resolver::CgroupLayout;
 use resourcewatch_proto::{
     self as pb,
     agent_control_server::{AgentControl, AgentControlServer},
@@ -241,8 +243,11 @@ async fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) 
 
 #[test]
 fn run_mode_tracks_a_targeted_container_and_predicts_its_oom() {
-    if let Some(why) = capabilities::probe().fatal() {
-        eprintln!("SKIPPED run_mode_tracks_a_targeted_container_and_predicts_its_oom: {why}");
+    if let Some(why) = common::kernel_missing() {
+        common::skip(
+            "run_mode_tracks_a_targeted_container_and_predicts_its_oom",
+            &why,
+        );
         return;
     }
     let layout = CgroupLayout::detect().expect("cgroup layout");

@@ -5,6 +5,8 @@
 //! it is skipped. Tests share one lock: several loaded copies would each work, but they
 //! would compete for the 2 CPUs the busy-loop workloads measure.
 
+mod common;
+
 use std::{
     collections::HashSet,
     sync::{Mutex, MutexGuard},
@@ -12,7 +14,6 @@ use std::{
 };
 
 use resourcewatch_agent::{
-    capabilities,
     cgroup_resolver::CgroupLayout,
     hashpipe::Geometry,
     pipelines::{PipelineOptions, Pipelines},
@@ -23,8 +24,8 @@ static KERNEL: Mutex<()> = Mutex::new(());
 
 /// The lock, or None (with the reason printed) when this machine can't run BPF tests.
 fn kernel_or_skip(test: &str) -> Option<MutexGuard<'static, ()>> {
-    if let Some(why) = capabilities::probe().fatal() {
-        eprintln!("SKIPPED {test}: {why}");
+    if let Some(why) = common::kernel_missing() {
+        common::skip(test, &why);
         return None;
     }
     Some(KERNEL.lock().unwrap_or_else(|e| e.into_inner()))
