@@ -103,6 +103,14 @@ async fn running_pod(client: &Client, ns: &str, app: &str) -> Pod {
     .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// Container restarts of a pod (an OOM kill in place restarts its container).
+fn restarts(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum())
+}
+
 fn oom_killed(p: &Pod) -> bool {
     p.status
         .as_ref()
@@ -169,10 +177,22 @@ async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_i
     let first = running_pod(&client, n, "fixed").await;
     let first_uid = first.uid().unwrap_or_default();
 
-    // The control is OOM-killed.
+    // The control is OOM-killed. Meanwhile the watched pod must never be: the kernel kills
+    // a container in place (same pod UID, restartCount + 1), so it is checked while it
+    // exists, not only through its replacement.
+    let killed_in_place = |pods: &[Pod]| {
+        pods.iter().any(|p| {
+            p.uid().as_deref() == Some(first_uid.as_str()) && (oom_killed(p) || restarts(p) > 0)
+        })
+    };
     let control_oom = wait_for("the control's OOM kill", Duration::from_secs(150), || {
         let client = client.clone();
         async move {
+            let fixed = pods_of(&client, n, "fixed").await;
+            assert!(
+                !killed_in_place(&fixed),
+                "the watched pod was OOM-killed before its eviction: {fixed:?}"
+            );
             Ok(pods_of(&client, n, "control")
                 .await
                 .iter()
@@ -186,7 +206,13 @@ async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_i
     let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
     let rec = wait_for("a Restarted record", Duration::from_secs(60), || {
         let rws = rws.clone();
+        let client = client.clone();
         async move {
+            let fixed = pods_of(&client, n, "fixed").await;
+            assert!(
+                !killed_in_place(&fixed),
+                "the watched pod was OOM-killed before its eviction: {fixed:?}"
+            );
             let s = rws.get("w").await?.status.unwrap_or_default();
             Ok(s.remediations
                 .into_iter()
@@ -285,7 +311,10 @@ async fn stable_pods_near_their_limit_are_never_restarted() {
     for app in ["flat", "gc"] {
         let pods = pods_of(&client, n, app).await;
         assert_eq!(pods.len(), 1, "{app} was replaced");
-        assert!(!oom_killed(&pods[0]));
+        assert!(
+            !oom_killed(&pods[0]) && restarts(&pods[0]) == 0,
+            "{app} was killed"
+        );
     }
     ns.delete().await;
 }
@@ -351,7 +380,10 @@ async fn a_node_js_warm_up_is_never_restarted() {
     let pods = pods_of(&client, n, "warmup").await;
     assert_eq!(pods.len(), 1, "the warm-up pod was replaced");
     assert_eq!(pods[0].uid(), first.uid(), "the warm-up pod was replaced");
-    assert!(!oom_killed(&pods[0]));
+    assert!(
+        !oom_killed(&pods[0]) && restarts(&pods[0]) == 0,
+        "the warm-up pod was killed in place"
+    );
     eprintln!(
         "warm-up listed as leaking in {listed} of the status samples (highest confidence {max_confidence}), never restarted"
     );

@@ -103,7 +103,19 @@ fn json_prints_one_object_per_interval_with_the_documented_fields() {
         .map(|l| serde_json::from_str(l).expect("each line is JSON"))
         .collect();
     assert_eq!(frames.len(), 3, "--count 3 prints three objects");
-    for f in &frames {
+    // Typed fields, not just present ones: a row of nulls or an empty ranking is a bug.
+    let ident = |r: &serde_json::Value, what: &str| {
+        assert!(r["pid"].as_u64().is_some_and(|p| p > 0), "{what} pid: {r}");
+        assert!(
+            r["comm"].as_str().is_some_and(|c| !c.is_empty()),
+            "{what} comm: {r}"
+        );
+        assert!(r["cgroup"].is_string(), "{what} cgroup: {r}");
+        for k in ["container_id", "pod_uid"] {
+            assert!(r[k].is_string() || r[k].is_null(), "{what} {k}: {r}");
+        }
+    };
+    for (i, f) in frames.iter().enumerate() {
         assert!(f["ts_ns"].as_u64().expect("ts_ns") > 1_600_000_000_000_000_000);
         let interval = f["interval_ns"].as_u64().expect("interval_ns");
         assert!(
@@ -113,7 +125,15 @@ fn json_prints_one_object_per_interval_with_the_documented_fields() {
         let cpu = f["cpu"].as_array().expect("cpu array");
         let mem = f["memory"].as_array().expect("memory array");
         assert!(cpu.len() <= 5 && !mem.is_empty() && mem.len() <= 5);
+        // After the first interval something has run on the machine: this test, the agent.
+        assert!(i == 0 || !cpu.is_empty(), "frame {i} ranks no CPU");
         for r in cpu {
+            ident(r, "cpu");
+            assert!(r["cpu_ns"].as_u64().is_some_and(|n| n > 0), "cpu_ns: {r}");
+            assert!(
+                r["cpu_percent"].as_f64().is_some_and(|p| p > 0.0),
+                "cpu_percent: {r}"
+            );
             for k in [
                 "pid",
                 "comm",
@@ -127,6 +147,8 @@ fn json_prints_one_object_per_interval_with_the_documented_fields() {
             }
         }
         for r in mem {
+            ident(r, "memory");
+            assert!(r["rss_bytes"].as_u64().is_some_and(|b| b > 0), "rss: {r}");
             for k in [
                 "pid",
                 "comm",

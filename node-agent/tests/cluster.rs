@@ -383,11 +383,15 @@ async fn drive(leaf: PathBuf, pid: u32) {
     );
 
     // The leak, with a time to OOM against the container's own limit.
-    let leak = wait_until("a leak of the targeted container", 75, || {
+    let (leak, charge) = wait_until("a leak of the targeted container", 75, || {
         reports(&op).into_iter().rev().find_map(|r| {
-            r.leaks.into_iter().find(|l| {
-                l.container_id == CID && l.confidence >= 60 && l.time_to_oom_seconds.is_some()
-            })
+            let charge = r.containers.first().map_or(0, |c| c.memory_bytes);
+            r.leaks
+                .into_iter()
+                .find(|l| {
+                    l.container_id == CID && l.confidence >= 60 && l.time_to_oom_seconds.is_some()
+                })
+                .map(|l| (l, charge))
         })
     })
     .await;
@@ -398,11 +402,21 @@ async fn drive(leaf: PathBuf, pid: u32) {
     );
     assert_eq!(leak.limit_bytes, LIMIT);
     assert_eq!(leak.pod_uid, UID);
+    // Bounded from both sides: the charge in the same report over the leak's 6 MiB/s (the
+    // point may add the container's few MiB of reclaimable page cache), and the lower
+    // bound below the point.
     let tto = leak.time_to_oom_seconds.unwrap_or(0.0);
-    let left = (LIMIT - c.memory_bytes.min(LIMIT)) as f64 / (6.0 * MIB as f64);
+    let left = (LIMIT - charge.min(LIMIT)) as f64 / (6.0 * MIB as f64);
     assert!(
-        tto > 0.0 && tto < left * 1.5,
-        "time to OOM {tto:.0}s, at most about {left:.0}s left"
+        (left * 0.6..left * 1.5).contains(&tto),
+        "time to OOM {tto:.0}s, about {left:.0}s left"
+    );
+    let low = leak.time_to_oom_low_seconds.expect("a lower bound");
+    assert!(low > 0.0 && low <= tto, "lower bound {low} against {tto}");
+    assert!(
+        leak.growing_seconds > 0.0,
+        "growing for {}",
+        leak.growing_seconds
     );
 
     // A configuration the agent cannot apply is refused with a reason; it keeps running.
