@@ -99,7 +99,7 @@ struct TopArgs {
 }
 
 fn interval(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
+    let d = parse_duration(s).map_err(|e| e.to_string())?;
     if d < Duration::from_millis(10) {
         return Err(format!("{s} is below the 10ms minimum"));
     }

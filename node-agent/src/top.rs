@@ -1,6 +1,8 @@
 //! `resourcewatch-agent top`: a live view of the heaviest processes, read from the kernel
 //! pipelines instead of polling /proc; `--json` prints one object per interval for scripts.
 
+pub use resourcewatch_units::parse_duration;
+use resourcewatch_units::{format_bytes, format_duration};
 use std::{
     io::{IsTerminal, Write},
     sync::atomic::{AtomicBool, Ordering},
@@ -278,7 +280,7 @@ pub fn render(f: &Frame, k: usize) -> String {
             s,
             "  {:<7} {:>10}  {:<16} {:<13} {}",
             r.pid,
-            human_bytes(r.rss_bytes),
+            format_bytes(r.rss_bytes),
             comm(&r.who.comm),
             short(&r.who.container_id, 12),
             short(&r.who.pod_uid, 36)
@@ -296,9 +298,9 @@ pub fn render(f: &Frame, k: usize) -> String {
                 "  {:<7} {:>6.1}  {:>10}  {:>10}  {:>10}  {}{}",
                 r.pid,
                 r.cpu_percent,
-                human_bytes(r.rss_bytes),
-                human_bytes(r.anon_bytes),
-                human_bytes(r.file_bytes),
+                format_bytes(r.rss_bytes),
+                format_bytes(r.anon_bytes),
+                format_bytes(r.file_bytes),
                 comm(&r.who.comm),
                 if r.exited { " (exited)" } else { "" }
             );
@@ -312,7 +314,7 @@ pub fn render(f: &Frame, k: usize) -> String {
                 s,
                 "  {:<7} {:>12}  {:>10}  {:>10}  {}",
                 r.pid,
-                human_bytes(r.outstanding_bytes.max(0) as u64),
+                format_bytes(r.outstanding_bytes.max(0) as u64),
                 r.allocs,
                 r.frees,
                 comm(&r.who.comm)
@@ -333,13 +335,13 @@ pub fn render(f: &Frame, k: usize) -> String {
                     .map(|p| p.to_string())
                     .unwrap_or_else(|| "cgroup".into()),
                 r.confidence,
-                human_bytes(r.growth_bytes_per_sec.max(0.0) as u64),
-                human_bytes(r.rss_bytes),
+                format_bytes(r.growth_bytes_per_sec.max(0.0) as u64),
+                format_bytes(r.rss_bytes),
                 r.limit_bytes
-                    .map(human_bytes)
+                    .map(format_bytes)
                     .unwrap_or_else(|| "none".into()),
                 r.time_to_oom_secs
-                    .map(human_secs)
+                    .map(|t| format_duration(Duration::from_secs_f64(t.max(0.0))))
                     .unwrap_or_else(|| "none".into()),
                 r.who
                     .comm
@@ -350,80 +352,4 @@ pub fn render(f: &Frame, k: usize) -> String {
         }
     }
     s
-}
-
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-fn human_secs(s: f64) -> String {
-    if s < 120.0 {
-        format!("{s:.0}s")
-    } else if s < 7200.0 {
-        format!("{:.0}m", s / 60.0)
-    } else {
-        format!("{:.1}h", s / 3600.0)
-    }
-}
-
-/// Parses "10ms", "2s", "1.5s", "1m", "500us".
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 10ms, 2s or 1m"))?;
-    let secs = match unit {
-        "ns" => v / 1e9,
-        "us" | "µs" => v / 1e6,
-        "ms" => v / 1e3,
-        "s" | "" => v,
-        "m" => v * 60.0,
-        "h" => v * 3600.0,
-        _ => {
-            return Err(format!(
-                "{s:?}: unknown unit {unit:?} (use ns, us, ms, s, m or h)"
-            ));
-        }
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("{s:?} is not a valid duration"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10ms"), Ok(Duration::from_millis(10)));
-        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert!(parse_duration("2 parsecs").is_err());
-        assert!(parse_duration("fast").is_err());
-    }
-
-    #[test]
-    fn bytes() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
-    }
 }

@@ -89,7 +89,7 @@ struct Args {
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    parse_duration(s).ok_or_else(|| format!("{s:?} is not a duration such as 20s"))
+    parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

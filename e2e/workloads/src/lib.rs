@@ -6,6 +6,7 @@
 //! kernel's RSS counters (and rss_stat) see it. Allocation happens in small steps (every
 //! 50 ms) so rates are smooth, as real leaks are. Patterns run until `stop()` is true.
 
+pub use resourcewatch_units::parse_bytes;
 use std::{
     io::Write,
     os::fd::AsRawFd,
@@ -263,41 +264,9 @@ fn page_cache(size: u64, rate: u64, stop: &dyn Fn() -> bool) {
     unsafe { libc::munmap(map, len) };
 }
 
-/// Parses "1MiB/s", "100KB/s", "10KiB" and plain byte counts.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim().trim_end_matches("/s");
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size like 10MiB or 100KB/s"))?;
-    let mult = match unit.trim() {
-        "" | "B" => 1.0,
-        "KB" | "kB" | "K" => 1e3,
-        "KiB" => 1024.0,
-        "MB" | "M" => 1e6,
-        "MiB" => 1048576.0,
-        "GB" | "G" => 1e9,
-        "GiB" => 1073741824.0,
-        u => return Err(format!("{s:?}: unknown unit {u:?}")),
-    };
-    Ok((v * mult) as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_and_rates() {
-        assert_eq!(parse_bytes("1MiB/s"), Ok(1 << 20));
-        assert_eq!(parse_bytes("100KB/s"), Ok(100_000));
-        assert_eq!(parse_bytes("10KiB"), Ok(10_240));
-        assert_eq!(parse_bytes("2.5MB"), Ok(2_500_000));
-        assert!(parse_bytes("fast").is_err());
-    }
 
     fn status_kb(pid: u32, key: &str) -> u64 {
         std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -43,7 +43,7 @@ fn main() {
     };
     let bytes = |name: &str, default: u64| {
         get(name)
-            .map(|v| parse_bytes(v).unwrap_or_else(|e| usage(&e)))
+            .map(|v| parse_bytes(v).unwrap_or_else(|e| usage(&e.to_string())))
             .unwrap_or(default)
     };
     let pattern = match get("--pattern").unwrap_or("leak") {
