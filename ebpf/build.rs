@@ -64,9 +64,10 @@ fn main() {
 }
 
 /// Compiles and runs a host C program that prints the size and offset of every field of
-/// every `struct rw_*` in the shared header, as the C compiler lays them out. The Rust
-/// mirror's test (`shared::tests`) compares itself against that list, so a field added on
-/// one side only, or a padding difference, fails the build's tests.
+/// every `struct rw_*` in the shared header, as the C compiler lays them out, and the value
+/// of every `#define RW_*` constant. The Rust mirror's tests (`shared::tests`) compare
+/// themselves against that list, so a field or a constant changed on one side only, or a
+/// padding difference, fails the build's tests.
 fn layout_probe(manifest: &std::path::Path, out: &std::path::Path) {
     let header = manifest.join("include/resourcewatch.h");
     let text = std::fs::read_to_string(&header).expect("shared header is readable");
@@ -74,6 +75,18 @@ fn layout_probe(manifest: &std::path::Path, out: &std::path::Path) {
     let mut current: Option<String> = None;
     for line in text.lines() {
         let line = line.split("/*").next().unwrap_or("").trim();
+        // Constants: `#define RW_NAME value` (not function-like), printed by value.
+        if let Some(name) = line
+            .strip_prefix("#define RW_")
+            .and_then(|r| r.split_whitespace().next())
+            .filter(|n| !n.contains('('))
+            .filter(|_| line.split_whitespace().count() >= 3)
+        {
+            body.push_str(&format!(
+                "printf(\"const RW_{name} %llu\\n\", (unsigned long long)(RW_{name}));\n"
+            ));
+            continue;
+        }
         if let Some(name) = line
             .strip_prefix("struct ")
             .and_then(|r| r.strip_suffix(" {"))

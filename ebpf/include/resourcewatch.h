@@ -37,6 +37,19 @@
 #define RW_SAMPLE_RSS 1u
 #define RW_SAMPLE_EXIT 2u
 
+/* HashPipe stage multipliers: stage s hashes with RW_HASH_BASE + s * RW_HASH_STEP (odd). */
+#define RW_HASH_BASE 0x9E3779B1u
+#define RW_HASH_STEP 0x6A09E668u /* even, so every multiplier stays odd */
+
+/* Indexes of the rw_stats per-CPU counters (the agent's health report). */
+#define RW_STAT_SAMPLES 0
+#define RW_STAT_SAMPLES_LOST 1       /* ring buffer full */
+#define RW_STAT_PROC_MEM_FULL 2      /* rw_proc_mem insert failed: no sample for that event */
+#define RW_STAT_TARGETS_FULL 3       /* rw_target_procs full: a target is not tracked */
+#define RW_STAT_ALLOC_PTRS_FULL 4
+#define RW_STAT_SWITCH_IN_UNSEEN 5   /* a task found on a CPU whose switch-in never fired */
+#define RW_STAT_MAX 8
+
 /* Load-time configuration, a read-only global: the verifier sees its fields as constants. */
 struct rw_config {
 	__u32 cpu_depth;       /* HashPipe stages of the CPU sketch, 1..RW_MAX_DEPTH */

@@ -44,6 +44,22 @@ pub struct RwConfig {
     pub page_shift: u32,
 }
 
+/// 64-bit word indexes of `rw_control`, as user space reads and writes it through its
+/// mmap: derived from the struct (checked against the C header), so named once.
+pub mod control {
+    use std::mem::offset_of;
+
+    use super::RwControl;
+
+    pub const EPOCH: usize = offset_of!(RwControl, epoch_word) / 8;
+    pub const TARGETS: usize = offset_of!(RwControl, targets) / 8;
+    pub const MIN_DELTA: usize = offset_of!(RwControl, sample_min_delta_pages) / 8;
+    pub const MIN_INTERVAL: usize = offset_of!(RwControl, sample_min_interval_ns) / 8;
+    pub const RING_COALESCE: usize = offset_of!(RwControl, ring_coalesce_ns) / 8;
+    /// Words in the struct.
+    pub const WORDS: usize = size_of::<RwControl>() / 8;
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RwControl {
@@ -184,21 +200,85 @@ mod tests {
             "rw_alloc_pending" => RwAllocPending { size, old_ptr, kind, _pad0 },
             "rw_alloc_stats" => RwAllocStats { outstanding_bytes, allocs, frees, unknown_frees },
         };
-        let c: BTreeMap<String, (usize, usize)> =
-            include_str!(concat!(env!("OUT_DIR"), "/layout.txt"))
-                .lines()
-                .map(|l| {
-                    let mut it = l.split_whitespace();
-                    let name = it.next().expect("name").to_owned();
-                    let size = it.next().and_then(|s| s.parse().ok()).expect("size");
-                    let off = it.next().and_then(|s| s.parse().ok()).expect("offset");
-                    (name, (size, off))
-                })
-                .collect();
+        let c: BTreeMap<String, (usize, usize)> = probe()
+            .lines()
+            .filter(|l| !l.starts_with("const "))
+            .map(|l| {
+                let mut it = l.split_whitespace();
+                let name = it.next().expect("name").to_owned();
+                let size = it.next().and_then(|s| s.parse().ok()).expect("size");
+                let off = it.next().and_then(|s| s.parse().ok()).expect("offset");
+                (name, (size, off))
+            })
+            .collect();
         assert!(c.len() > 40, "layout probe saw too few fields: {c:?}");
         assert_eq!(
             rust, c,
             "ebpf/src/shared.rs and include/resourcewatch.h disagree"
+        );
+    }
+
+    fn probe() -> &'static str {
+        include_str!(concat!(env!("OUT_DIR"), "/layout.txt"))
+    }
+
+    #[test]
+    fn rust_constants_match_the_c_header() {
+        let rust: BTreeMap<&str, u64> = [
+            ("RW_KEY_BITS", u64::from(KEY_BITS)),
+            ("RW_VALUE_BITS", u64::from(VALUE_BITS)),
+            ("RW_VALUE_MASK", VALUE_MASK),
+            ("RW_MAX_DEPTH", u64::from(MAX_DEPTH)),
+            ("RW_MAX_WIDTH_SHIFT", u64::from(MAX_WIDTH_SHIFT)),
+            ("RW_TARGET_PIDS", u64::from(TARGET_PIDS)),
+            ("RW_TARGET_CGROUPS", u64::from(TARGET_CGROUPS)),
+            ("RW_ALLOC_HEAP", u64::from(ALLOC_HEAP)),
+            ("RW_ALLOC_MMAP", u64::from(ALLOC_MMAP)),
+            ("RW_SAMPLE_RSS", u64::from(SAMPLE_RSS)),
+            ("RW_SAMPLE_EXIT", u64::from(SAMPLE_EXIT)),
+            ("RW_RING_LEN", RING_LEN as u64),
+            ("RW_HASH_BASE", u64::from(HASH_BASE)),
+            ("RW_HASH_STEP", u64::from(HASH_STEP)),
+            ("RW_STAT_SAMPLES", u64::from(stat::SAMPLES)),
+            ("RW_STAT_SAMPLES_LOST", u64::from(stat::SAMPLES_LOST)),
+            ("RW_STAT_PROC_MEM_FULL", u64::from(stat::PROC_MEM_FULL)),
+            ("RW_STAT_TARGETS_FULL", u64::from(stat::TARGETS_FULL)),
+            ("RW_STAT_ALLOC_PTRS_FULL", u64::from(stat::ALLOC_PTRS_FULL)),
+            (
+                "RW_STAT_SWITCH_IN_UNSEEN",
+                u64::from(stat::SWITCH_IN_UNSEEN),
+            ),
+            ("RW_STAT_MAX", u64::from(stat::COUNT)),
+        ]
+        .into_iter()
+        .collect();
+        let c: BTreeMap<&str, u64> = probe()
+            .lines()
+            .filter_map(|l| l.strip_prefix("const "))
+            .filter_map(|l| {
+                let (name, value) = l.split_once(' ')?;
+                Some((name, value.trim().parse().ok()?))
+            })
+            .collect();
+        assert!(c.len() >= 21, "the probe saw too few constants: {c:?}");
+        assert_eq!(
+            rust, c,
+            "ebpf/src/shared.rs and include/resourcewatch.h disagree on a constant"
+        );
+    }
+
+    #[test]
+    fn control_words_are_the_struct_fields() {
+        assert_eq!(
+            [
+                control::EPOCH,
+                control::TARGETS,
+                control::MIN_DELTA,
+                control::MIN_INTERVAL,
+                control::RING_COALESCE,
+                control::WORDS
+            ],
+            [0, 1, 2, 3, 4, 5]
         );
     }
 

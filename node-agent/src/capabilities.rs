@@ -72,104 +72,31 @@ pub fn probe() -> CapabilityReport {
         .unwrap_or_default()
         .trim()
         .to_owned();
-    let version = parse_release(&release);
-    let mut checks = Vec::new();
-
     let caps = effective_caps();
     let has = |bit: u32| caps.is_some_and(|c| c & (1 << bit) != 0);
-    let privileged = has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON));
-    checks.push(Check {
-        id: CheckId::Privileges,
-        name: "privileges".into(),
-        ok: privileged,
-        detail: if privileged {
-            "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) are effective".into()
-        } else {
-            "run as root, or grant CAP_BPF and CAP_PERFMON (kernel >= 5.8), to load tracing programs".into()
-        },
-        required: true,
-    });
-
-    let btf_path = Path::new("/sys/kernel/btf/vmlinux");
-    let btf = fs::read(btf_path).ok();
-    checks.push(Check {
-        id: CheckId::Btf,
-        name: "BTF".into(),
-        ok: btf.is_some(),
-        detail: if btf.is_some() {
-            "kernel BTF at /sys/kernel/btf/vmlinux".into()
-        } else {
-            "no /sys/kernel/btf/vmlinux: the kernel needs CONFIG_DEBUG_INFO_BTF=y for CO-RE programs".into()
-        },
-        required: true,
-    });
-
-    for (id, tp, required, what) in [
-        (
-            CheckId::SchedSwitch,
-            "sched_switch",
-            true,
-            "the CPU pipeline",
-        ),
-        (
-            CheckId::RssStat,
-            "rss_stat",
-            true,
-            "the memory pipeline (kernel >= 5.5)",
-        ),
-        (
-            CheckId::SchedProcessExit,
-            "sched_process_exit",
-            true,
-            "cleaning up exited processes",
-        ),
-    ] {
-        let present = btf
-            .as_deref()
-            .is_some_and(|b| contains(b, format!("btf_trace_{tp}\0").as_bytes()));
-        checks.push(Check {
-            id,
-            name: format!("tracepoint {tp}"),
-            ok: present,
-            detail: if present {
-                format!("BTF-typed tracepoint available for {what}")
-            } else if btf.is_none() {
-                "cannot check without kernel BTF".into()
-            } else {
-                format!("the kernel's BTF has no btf_trace_{tp}: {what} cannot attach")
-            },
-            required,
-        });
-    }
-
-    let ringbuf = version >= (5, 8);
-    checks.push(Check {
-        id: CheckId::RingBuffer,
-        name: "BPF ring buffer".into(),
-        ok: ringbuf,
-        detail: if ringbuf {
-            "kernel >= 5.8".into()
-        } else {
-            format!("kernel {release} < 5.8 has no BPF ring buffer")
-        },
-        required: true,
-    });
-    let atomics = version >= (5, 12);
-    checks.push(Check {
-        id: CheckId::Atomics,
-        name: "BPF atomics".into(),
-        ok: atomics,
-        detail: if atomics {
-            "kernel >= 5.12 (compare-and-exchange for the sketches)".into()
-        } else {
-            format!(
-                "kernel {release} < 5.12 lacks BPF compare-and-exchange, which the sketches use"
-            )
-        },
-        required: true,
-    });
-
+    let btf = fs::read("/sys/kernel/btf/vmlinux").ok();
     let layout = CgroupLayout::detect();
+
+    let mut checks = vec![
+        Check::of(
+            CheckId::Privileges,
+            "privileges",
+            true,
+            has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)),
+            "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) are effective",
+            "run as root, or grant CAP_BPF and CAP_PERFMON (kernel >= 5.8), to load tracing programs",
+        ),
+        Check::of(
+            CheckId::Btf,
+            "BTF",
+            true,
+            btf.is_some(),
+            "kernel BTF at /sys/kernel/btf/vmlinux",
+            "no /sys/kernel/btf/vmlinux: the kernel needs CONFIG_DEBUG_INFO_BTF=y for CO-RE programs",
+        ),
+    ];
+    checks.extend(tracepoint_checks(btf.as_deref()));
+    checks.extend(kernel_version_checks(&release));
     checks.push(Check {
         id: CheckId::Cgroups,
         name: "cgroups".into(),
@@ -184,37 +111,107 @@ pub fn probe() -> CapabilityReport {
         },
         required: false,
     });
-
-    let uprobes = Path::new("/sys/bus/event_source/devices/uprobe").exists();
-    checks.push(Check {
-        id: CheckId::Uprobes,
-        name: "uprobes".into(),
-        ok: uprobes,
-        detail: if uprobes {
-            "available for allocation mode".into()
-        } else {
-            "no uprobe event source (CONFIG_UPROBE_EVENTS): allocation mode is unavailable".into()
-        },
-        required: false,
-    });
-    let ptrace = has(CAP_SYS_PTRACE) || has(CAP_SYS_ADMIN);
-    checks.push(Check {
-        id: CheckId::Ptrace,
-        name: "CAP_SYS_PTRACE".into(),
-        ok: ptrace,
-        detail: if ptrace {
-            "can read other processes' memory maps (allocation mode)".into()
-        } else {
-            "without it /proc/PID/maps of other users' processes is unreadable: allocation mode is limited to own processes".into()
-        },
-        required: false,
-    });
+    checks.push(Check::of(
+        CheckId::Uprobes,
+        "uprobes",
+        false,
+        Path::new("/sys/bus/event_source/devices/uprobe").exists(),
+        "available for allocation mode",
+        "no uprobe event source (CONFIG_UPROBE_EVENTS): allocation mode is unavailable",
+    ));
+    checks.push(Check::of(
+        CheckId::Ptrace,
+        "CAP_SYS_PTRACE",
+        false,
+        has(CAP_SYS_PTRACE) || has(CAP_SYS_ADMIN),
+        "can read other processes' memory maps (allocation mode)",
+        "without it /proc/PID/maps of other users' processes is unreadable: allocation mode is limited to own processes",
+    ));
 
     CapabilityReport {
         kernel_release: release,
         cgroup_version: layout.ok().map(|l| l.version_name().to_owned()),
         checks,
     }
+}
+
+impl Check {
+    /// A check whose detail is one of two sentences, by outcome.
+    fn of(
+        id: CheckId,
+        name: &str,
+        required: bool,
+        ok: bool,
+        if_ok: impl Into<String>,
+        if_not: impl Into<String>,
+    ) -> Check {
+        Check {
+            id,
+            name: name.into(),
+            ok,
+            detail: if ok { if_ok.into() } else { if_not.into() },
+            required,
+        }
+    }
+}
+
+/// The BTF-typed tracepoints the pipelines attach to, looked up in the kernel's BTF.
+fn tracepoint_checks(btf: Option<&[u8]>) -> Vec<Check> {
+    [
+        (CheckId::SchedSwitch, "sched_switch", "the CPU pipeline"),
+        (
+            CheckId::RssStat,
+            "rss_stat",
+            "the memory pipeline (kernel >= 5.5)",
+        ),
+        (
+            CheckId::SchedProcessExit,
+            "sched_process_exit",
+            "cleaning up exited processes",
+        ),
+    ]
+    .into_iter()
+    .map(|(id, tp, what)| {
+        let present = btf.is_some_and(|b| contains(b, format!("btf_trace_{tp}\0").as_bytes()));
+        Check::of(
+            id,
+            &format!("tracepoint {tp}"),
+            true,
+            present,
+            format!("BTF-typed tracepoint available for {what}"),
+            if btf.is_none() {
+                "cannot check without kernel BTF".into()
+            } else {
+                format!("the kernel's BTF has no btf_trace_{tp}: {what} cannot attach")
+            },
+        )
+    })
+    .collect()
+}
+
+/// What the kernel's version alone decides: the ring buffer and BPF atomics.
+fn kernel_version_checks(release: &str) -> [Check; 2] {
+    let version = parse_release(release);
+    [
+        Check::of(
+            CheckId::RingBuffer,
+            "BPF ring buffer",
+            true,
+            version >= (5, 8),
+            "kernel >= 5.8",
+            format!("kernel {release} < 5.8 has no BPF ring buffer"),
+        ),
+        Check::of(
+            CheckId::Atomics,
+            "BPF atomics",
+            true,
+            version >= (5, 12),
+            "kernel >= 5.12 (compare-and-exchange for the sketches)",
+            format!(
+                "kernel {release} < 5.12 lacks BPF compare-and-exchange, which the sketches use"
+            ),
+        ),
+    ]
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {

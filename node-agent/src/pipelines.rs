@@ -19,9 +19,7 @@ use aya::{
 };
 use resourcewatch_ebpf::{
     CONFIG_GLOBAL, OBJECT, maps, programs as progs,
-    shared::{
-        self, RwAllocStats, RwConfig, RwControl, RwMemSample, RwOncpu, RwProcMem, RwTargetProc,
-    },
+    shared::{self, RwAllocStats, RwConfig, RwMemSample, RwOncpu, RwProcMem, RwTargetProc},
 };
 
 use crate::{
@@ -341,54 +339,9 @@ impl Pipelines {
         let btf = Btf::from_sys_fs().map_err(PipelineError::NoBtf)?;
         let ncpus = procfs::possible_cpus().map_err(PipelineError::Cpus)?;
         let layout = CgroupLayout::detect()?;
-        let config = RwConfig {
-            cpu_depth: opts.cpu.depth,
-            cpu_width_shift: opts.cpu.width_shift,
-            mem_depth: opts.mem.depth,
-            mem_width_shift: opts.mem.width_shift,
-            cgroup_v1_memory: matches!(layout, CgroupLayout::V1 { .. }) as u32,
-            page_shift: procfs::page_size().trailing_zeros(),
-        };
-        // Allocation maps cost memory even when unused: shrink them when the mode is off.
-        let (pending, ptrs, astats) = if opts.allocation_mode {
-            (4096, 262_144, 1024)
-        } else {
-            (1, 1, 1)
-        };
-        let mut loader = EbpfLoader::new();
-        loader
-            .btf(Some(&btf))
-            .override_global(CONFIG_GLOBAL, &config, true)
-            .map_max_entries(maps::CPU_SKETCH, 2 * opts.cpu.slots() as u32)
-            .map_max_entries(maps::MEM_SKETCH, opts.mem.slots() as u32)
-            .map_max_entries(maps::ONCPU, ncpus)
-            .map_max_entries(maps::ALLOC_PENDING, pending)
-            .map_max_entries(maps::ALLOC_PTRS, ptrs)
-            .map_max_entries(maps::ALLOC_STATS, astats);
-        let mut bpf = loader
-            .load(OBJECT)
-            .map_err(|e| PipelineError::Load(Box::new(e)))?;
-
-        let cpu_sync = {
-            let program = progs::CPU_SYNC;
-            let err = |source| PipelineError::Program {
-                program,
-                tracepoint: "none (run on each CPU)",
-                source: Box::new(source),
-            };
-            let prog: &mut RawTracePoint = bpf
-                .program_mut(program)
-                .ok_or(PipelineError::MissingProgram(program))?
-                .try_into()
-                .map_err(err)?;
-            prog.load().map_err(err)?;
-            prog.fd()
-                .map_err(err)?
-                .try_clone()
-                .map_err(|e| err(aya::programs::ProgramError::IOError(e)))?
-        };
-
-        let control = MmapArray::<u64>::new(&bpf, maps::CONTROL, size_of::<RwControl>() / 8)?;
+        let mut bpf = load_object(&opts, &btf, ncpus, &layout)?;
+        let cpu_sync = load_cpu_sync(&mut bpf)?;
+        let control = MmapArray::<u64>::new(&bpf, maps::CONTROL, shared::control::WORDS)?;
         let cpu_sketch = MmapArray::<u64>::new(&bpf, maps::CPU_SKETCH, 2 * opts.cpu.slots())?;
         let mem_sketch = MmapArray::<u64>::new(&bpf, maps::MEM_SKETCH, opts.mem.slots())?;
         let oncpu = MmapArray::<RwOncpu>::new(&bpf, maps::ONCPU, ncpus as usize)?;
@@ -398,8 +351,7 @@ impl Pipelines {
         )
         .map_err(map_err(maps::SAMPLES))?;
 
-        let page = procfs::page_size();
-        let this = Self {
+        let mut this = Self {
             cpu_sketch,
             mem_sketch,
             oncpu,
@@ -408,21 +360,35 @@ impl Pipelines {
             opts,
             layout,
             ncpus,
-            page,
+            page: procfs::page_size(),
             alloc_pids: HashSet::new(),
             cpu_sync,
             sync_failures: AtomicU64::new(0),
             bpf,
         };
-        // The first epoch starts now; the sample filter is configured before any event.
+        this.start_first_epoch();
+        this.attach_tracepoints(&btf)?;
+        // Learn what each CPU is running now rather than at its first switch, and find out
+        // here, loudly, if this kernel cannot run the program on a given CPU.
+        this.sync_cpus(false)?;
+        if this.opts.allocation_mode {
+            this.load_alloc_programs()?;
+        }
+        this.seed_memory();
+        prime_cpus(this.ncpus);
+        Ok(this)
+    }
+
+    /// The first epoch starts now, and the sample filter is configured before any event.
+    fn start_first_epoch(&self) {
         let start = procfs::monotonic_ns() & !1;
-        this.control_word(CONTROL_EPOCH)
+        self.control_word(shared::control::EPOCH)
             .store(start, Ordering::SeqCst);
         // Each CPU is already running something the program never saw switched in. Its
         // slot says "unknown task since now", so that task's first switch-out is credited
         // from the scheduler's own slice bookkeeping, bounded to the time since attach.
-        for cpu in 0..ncpus as usize {
-            this.oncpu.write(
+        for cpu in 0..self.ncpus as usize {
+            self.oncpu.write(
                 cpu,
                 RwOncpu {
                     start_ns: start,
@@ -431,23 +397,18 @@ impl Pipelines {
                 },
             );
         }
-        this.control_word(CONTROL_MIN_DELTA).store(
-            this.opts.sample_min_delta_bytes.div_ceil(page).max(1),
+        let nanos = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
+        self.control_word(shared::control::MIN_DELTA).store(
+            self.opts.sample_min_delta_bytes.div_ceil(self.page).max(1),
             Ordering::SeqCst,
         );
-        this.control_word(CONTROL_RING_COALESCE).store(
-            this.opts.ring_coalesce.as_nanos().min(u64::MAX as u128) as u64,
-            Ordering::SeqCst,
-        );
-        this.control_word(CONTROL_MIN_INTERVAL).store(
-            this.opts
-                .sample_min_interval
-                .as_nanos()
-                .min(u64::MAX as u128) as u64,
-            Ordering::SeqCst,
-        );
+        self.control_word(shared::control::RING_COALESCE)
+            .store(nanos(self.opts.ring_coalesce), Ordering::SeqCst);
+        self.control_word(shared::control::MIN_INTERVAL)
+            .store(nanos(self.opts.sample_min_interval), Ordering::SeqCst);
+    }
 
-        let mut this = this;
+    fn attach_tracepoints(&mut self, btf: &Btf) -> Result<(), PipelineError> {
         for (program, tracepoint) in [
             (progs::SCHED_SWITCH, "sched_switch"),
             (progs::RSS_STAT, "rss_stat"),
@@ -458,38 +419,36 @@ impl Pipelines {
                 tracepoint,
                 source: Box::new(source),
             };
-            let prog: &mut BtfTracePoint = this
+            let prog: &mut BtfTracePoint = self
                 .bpf
                 .program_mut(program)
                 .ok_or(PipelineError::MissingProgram(program))?
                 .try_into()
                 .map_err(err)?;
-            prog.load(tracepoint, &btf).map_err(err)?;
+            prog.load(tracepoint, btf).map_err(err)?;
             prog.attach().map_err(err)?;
         }
-        // Learn what each CPU is running now rather than at its first switch, and find out
-        // here, loudly, if this kernel cannot run the program on a given CPU.
-        this.sync_cpus(false)?;
-        if this.opts.allocation_mode {
-            let unique: HashSet<&'static str> = ALLOC_PROGRAMS.iter().map(|(p, _)| *p).collect();
-            for name in unique {
-                let err = |source| PipelineError::Program {
-                    program: name,
-                    tracepoint: "uprobe",
-                    source: Box::new(source),
-                };
-                let prog: &mut UProbe = this
-                    .bpf
-                    .program_mut(name)
-                    .ok_or(PipelineError::MissingMap(name))?
-                    .try_into()
-                    .map_err(err)?;
-                prog.load().map_err(err)?;
-            }
+        Ok(())
+    }
+
+    /// Loads (does not attach) the libc uprobes: they are attached per target PID.
+    fn load_alloc_programs(&mut self) -> Result<(), PipelineError> {
+        let unique: HashSet<&'static str> = ALLOC_PROGRAMS.iter().map(|(p, _)| *p).collect();
+        for name in unique {
+            let err = |source| PipelineError::Program {
+                program: name,
+                tracepoint: "uprobe",
+                source: Box::new(source),
+            };
+            let prog: &mut UProbe = self
+                .bpf
+                .program_mut(name)
+                .ok_or(PipelineError::MissingProgram(name))?
+                .try_into()
+                .map_err(err)?;
+            prog.load().map_err(err)?;
         }
-        this.seed_memory();
-        prime_cpus(this.ncpus);
-        Ok(this)
+        Ok(())
     }
 
     pub fn options(&self) -> &PipelineOptions {
@@ -521,7 +480,7 @@ impl Pipelines {
     /// it becomes current again, and tasks still on a CPU are credited up to now.
     pub fn close_cpu_epoch(&self) -> CpuEpoch {
         let now = procfs::monotonic_ns();
-        let epoch = self.control_word(CONTROL_EPOCH);
+        let epoch = self.control_word(shared::control::EPOCH);
         let old = epoch.load(Ordering::SeqCst);
         let (old_half, old_start) = ((old & 1) as usize, old & !1);
         epoch.store((now & !1) | (old_half as u64 ^ 1), Ordering::SeqCst);
@@ -563,7 +522,7 @@ impl Pipelines {
             shared::TARGET_CGROUPS
         };
         // `targets` is the low half of word 1 (little-endian), `_pad0` the high half.
-        self.control_word(CONTROL_TARGETS)
+        self.control_word(shared::control::TARGETS)
             .store(bits as u64, Ordering::SeqCst);
         // Processes already running in a target get their RSS now, not at their next change.
         let wanted_cgroups: HashSet<u64> = cgroups.iter().copied().collect();
@@ -857,11 +816,59 @@ impl Pipelines {
     }
 }
 
-const CONTROL_EPOCH: usize = 0;
-const CONTROL_TARGETS: usize = 1;
-const CONTROL_MIN_DELTA: usize = 2;
-const CONTROL_MIN_INTERVAL: usize = 3;
-const CONTROL_RING_COALESCE: usize = 4;
+/// The object with the loader's configuration set and its maps sized for this machine.
+fn load_object(
+    opts: &PipelineOptions,
+    btf: &Btf,
+    ncpus: u32,
+    layout: &CgroupLayout,
+) -> Result<Ebpf, PipelineError> {
+    let config = RwConfig {
+        cpu_depth: opts.cpu.depth,
+        cpu_width_shift: opts.cpu.width_shift,
+        mem_depth: opts.mem.depth,
+        mem_width_shift: opts.mem.width_shift,
+        cgroup_v1_memory: matches!(layout, CgroupLayout::V1 { .. }) as u32,
+        page_shift: procfs::page_size().trailing_zeros(),
+    };
+    // Allocation maps cost memory even when unused: shrink them when the mode is off.
+    let (pending, ptrs, astats) = if opts.allocation_mode {
+        (4096, 262_144, 1024)
+    } else {
+        (1, 1, 1)
+    };
+    EbpfLoader::new()
+        .btf(Some(btf))
+        .override_global(CONFIG_GLOBAL, &config, true)
+        .map_max_entries(maps::CPU_SKETCH, 2 * opts.cpu.slots() as u32)
+        .map_max_entries(maps::MEM_SKETCH, opts.mem.slots() as u32)
+        .map_max_entries(maps::ONCPU, ncpus)
+        .map_max_entries(maps::ALLOC_PENDING, pending)
+        .map_max_entries(maps::ALLOC_PTRS, ptrs)
+        .map_max_entries(maps::ALLOC_STATS, astats)
+        .load(OBJECT)
+        .map_err(|e| PipelineError::Load(Box::new(e)))
+}
+
+/// The program run on each CPU to learn what it is running (loaded, never attached).
+fn load_cpu_sync(bpf: &mut Ebpf) -> Result<ProgramFd, PipelineError> {
+    let program = progs::CPU_SYNC;
+    let err = |source| PipelineError::Program {
+        program,
+        tracepoint: "none (run on each CPU)",
+        source: Box::new(source),
+    };
+    let prog: &mut RawTracePoint = bpf
+        .program_mut(program)
+        .ok_or(PipelineError::MissingProgram(program))?
+        .try_into()
+        .map_err(err)?;
+    prog.load().map_err(err)?;
+    prog.fd()
+        .map_err(err)?
+        .try_clone()
+        .map_err(|e| err(aya::programs::ProgramError::IOError(e)))
+}
 
 /// (program, libc symbol) of allocation mode. Return probes share one program per kind.
 const ALLOC_PROGRAMS: [(&str, &str); 10] = [

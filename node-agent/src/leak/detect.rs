@@ -494,27 +494,8 @@ fn score_window(
     c.composition = ramp(anon_growth / rss_growth, 0.3, 0.7);
 
     // Linearity: a cache warming up grows fast and then slower and slower; a leak keeps
-    // its rate. Compare the slope of the window's later half to its earlier half.
-    c.linearity = 1.0;
-    if run.len() >= 6 || (matches!(how, Fitted::Troughs | Fitted::Steps) && run.len() >= 4) {
-        // Halves by count; a staircase's by time: its corners are dense on a smooth climb
-        // and one on a long flat level, which is the stop a warm-up ends with.
-        let mid = match how {
-            Fitted::Steps => {
-                let t_mid = (ts[0] + ts[ts.len() - 1]) / 2.0;
-                ts.iter().position(|t| *t > t_mid).unwrap_or(ts.len())
-            }
-            _ => run.len() / 2,
-        };
-        match (fit(&ts[..mid], &ys[..mid]), fit(&ts[mid..], &ys[mid..])) {
-            (Some(e), Some(l)) if e.slope > 0.0 => {
-                c.linearity = ramp(l.slope / e.slope, 0.3, 0.7);
-            }
-            // A half with a single corner says nothing about the rate.
-            (None, _) | (_, None) if how == Fitted::Steps => c.linearity = 0.0,
-            _ => {}
-        }
-    }
+    // its rate.
+    c.linearity = halves_linearity(&ts, &ys, how);
 
     // The same against the window just before this one (within the run): a short window
     // on the tail of a warm-up is locally straight, but much slower than what preceded it.
@@ -536,33 +517,12 @@ fn score_window(
         }
     }
 
-    // Oscillation: a series that earlier fell by as much as this window grew (a GC
-    // sawtooth, freed batches) is cycling, unless it has now climbed well past the peaks
-    // of those cycles. Falls within the noise are jitter, not cycles; a peak from before
-    // the series was observed (after an agent restart) counts as an earlier cycle.
-    c.oscillation = 1.0;
-    let history = if how == Fitted::Troughs {
-        &[][..]
+    c.oscillation = if how == Fitted::Troughs {
+        // The cycles are what was looked through.
+        1.0
     } else {
-        &points[..=from]
+        oscillation(&points[..=from], last.rss, growth, noise, ctx, p)
     };
-    let hist_peak = history.iter().map(|x| x.rss).fold(f64::MIN, f64::max);
-    let mut cycle = largest_drop(history);
-    if history.is_empty() {
-        // Troughs: the cycles are what was looked through.
-        cycle = 0.0;
-    }
-    if cycle < significant_drop(hist_peak, noise, p) {
-        cycle = 0.0;
-    }
-    let prior_peak = hist_peak.max(ctx.prior_peak);
-    if !history.is_empty() && ctx.prior_peak > hist_peak {
-        cycle = cycle.max(ctx.prior_peak - history[0].rss);
-    }
-    if cycle > 0.3 * growth {
-        let beyond = (last.rss - prior_peak) / cycle.max(1.0);
-        c.oscillation = 0.3 + 0.7 * ramp(beyond, 1.0, 3.0);
-    }
 
     // Size, duration and relative growth only mean something for a series that is a trend:
     // a process allocating its heap at start-up is one big step, not a leak.
@@ -590,6 +550,59 @@ fn score_window(
         * c.freshness
         * levels;
     Some(verdict(score.round().clamp(0.0, 100.0) as u8, c))
+}
+
+/// The slope of a fit's later half over its earlier half, 0 at <= 0.3, 1 at >= 0.7 (1 with
+/// too few points to say). Halves by count; a staircase's by time: its corners are dense
+/// on a smooth climb and one on a long flat level, which is the stop a warm-up ends with.
+fn halves_linearity(ts: &[f64], ys: &[f64], how: Fitted) -> f64 {
+    let enough = ts.len() >= 6 || (matches!(how, Fitted::Troughs | Fitted::Steps) && ts.len() >= 4);
+    if !enough {
+        return 1.0;
+    }
+    let mid = match how {
+        Fitted::Steps => {
+            let t_mid = (ts[0] + ts[ts.len() - 1]) / 2.0;
+            ts.iter().position(|t| *t > t_mid).unwrap_or(ts.len())
+        }
+        _ => ts.len() / 2,
+    };
+    match (fit(&ts[..mid], &ys[..mid]), fit(&ts[mid..], &ys[mid..])) {
+        (Some(e), Some(l)) if e.slope > 0.0 => ramp(l.slope / e.slope, 0.3, 0.7),
+        // A half with a single corner says nothing about the rate.
+        (None, _) | (_, None) if how == Fitted::Steps => 0.0,
+        _ => 1.0,
+    }
+}
+
+/// Oscillation: a series that earlier (`history`, up to the window's start) fell by as much
+/// as this window grew (a GC sawtooth, freed batches) is cycling, unless it has now climbed
+/// well past the peaks of those cycles: 0.3, rising to 1 at 3 cycles beyond. Falls within
+/// the noise are jitter, not cycles; a peak from before the series was observed (after an
+/// agent restart) counts as an earlier cycle.
+fn oscillation(
+    history: &[Point],
+    now: f64,
+    growth: f64,
+    noise: f64,
+    ctx: &Context,
+    p: &Params,
+) -> f64 {
+    let hist_peak = history.iter().map(|x| x.rss).fold(f64::MIN, f64::max);
+    let mut cycle = largest_drop(history);
+    if cycle < significant_drop(hist_peak, noise, p) {
+        cycle = 0.0;
+    }
+    let prior_peak = hist_peak.max(ctx.prior_peak);
+    if ctx.prior_peak > hist_peak {
+        cycle = cycle.max(ctx.prior_peak - history[0].rss);
+    }
+    if cycle > 0.3 * growth {
+        let beyond = (now - prior_peak) / cycle.max(1.0);
+        0.3 + 0.7 * ramp(beyond, 1.0, 3.0)
+    } else {
+        1.0
+    }
 }
 
 /// The recent growth rate of a run and, against `headroom` bytes, when it reaches the
