@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The operator's API tests (e2e/tests/api.rs) against a real kube-apiserver.
-# With KUBECONFIG set, that cluster is used and nothing is started or stopped. Otherwise
-# the harness starts etcd, kube-apiserver and kube-controller-manager (building
-# Kubernetes once, cached) and stops them afterwards, whatever the outcome.
+# The harness starts etcd, kube-apiserver and kube-controller-manager (building
+# Kubernetes once, cached) and stops them afterwards, whatever the outcome. A KUBECONFIG
+# in the environment is ignored; RW_E2E_KUBECONFIG=FILE opts in to another cluster, where
+# nothing is started or stopped (e2e/target-cluster.sh: production-looking contexts refused).
 # On failure it prints the cluster's state and the operator logs the tests kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=target-cluster.sh
+source e2e/target-cluster.sh
+rw_target_cluster
 started=0
-if [[ -z "${KUBECONFIG:-}" ]]; then
+if [[ $RW_E2E_EXTERNAL -eq 0 ]]; then
   e2e/cluster/up.sh --apiserver-only
   # shellcheck source=cluster/env.sh
   source e2e/cluster/env.sh

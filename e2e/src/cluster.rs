@@ -26,16 +26,80 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// A client for the cluster `KUBECONFIG` names; a clear error when there is none.
+/// The harness cluster's admin kubeconfig (`e2e/cluster/env.sh`).
+const HARNESS_KUBECONFIG: &str = "/var/lib/resourcewatch-e2e/admin.kubeconfig";
+
+/// A client for the harness cluster, or for the one `RW_E2E_KUBECONFIG` opts in to.
+///
+/// These tests create namespaces and pods and evict pods, so a `KUBECONFIG` that merely
+/// happens to be exported (a workstation's) is refused: it must be the harness's, or
+/// equal `RW_E2E_KUBECONFIG` (which the run scripts vet, see `e2e/target-cluster.sh`).
 pub async fn client() -> anyhow::Result<Client> {
-    if std::env::var_os("KUBECONFIG").is_none() {
+    let Some(kubeconfig) = std::env::var_os("KUBECONFIG") else {
         bail!(
             "KUBECONFIG is not set: start the test cluster with `e2e/cluster/up.sh` (make e2e does)"
         );
+    };
+    let harness = std::env::var("RW_STATE")
+        .map(|state| PathBuf::from(state).join("admin.kubeconfig"))
+        .unwrap_or_else(|_| PathBuf::from(HARNESS_KUBECONFIG));
+    let opted_in = std::env::var_os("RW_E2E_KUBECONFIG");
+    if Path::new(&kubeconfig) != harness && opted_in.as_deref() != Some(kubeconfig.as_os_str()) {
+        bail!(
+            "KUBECONFIG={} is neither the harness cluster's ({}) nor opted in: \
+             run through make e2e / make e2e-api, or set RW_E2E_KUBECONFIG to the same file \
+             to test that cluster",
+            Path::new(&kubeconfig).display(),
+            harness.display()
+        );
+    }
+    if opted_in.is_some() && std::env::var("RW_E2E_ALLOW_PRODUCTION").as_deref() != Ok("yes-really")
+    {
+        let config = kube::config::Kubeconfig::read_from(&kubeconfig)
+            .context("reading RW_E2E_KUBECONFIG")?;
+        let names = context_names(&config);
+        if looks_like_production(&names) {
+            bail!(
+                "refusing to test the cluster of context {names:?}: it looks like production \
+                 (RW_E2E_ALLOW_PRODUCTION=yes-really overrides)"
+            );
+        }
     }
     Client::try_default()
         .await
         .context("building a client from KUBECONFIG")
+}
+
+/// The current context's name, cluster, user and server, space-separated (what
+/// `e2e/target-cluster.sh` checks with kubectl before anything is installed).
+pub fn context_names(config: &kube::config::Kubeconfig) -> String {
+    let current = config.current_context.clone().unwrap_or_default();
+    let context = config
+        .contexts
+        .iter()
+        .find(|c| c.name == current)
+        .and_then(|c| c.context.clone());
+    let cluster_name = context
+        .as_ref()
+        .map(|c| c.cluster.clone())
+        .unwrap_or_default();
+    let server = config
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster_name)
+        .and_then(|c| c.cluster.as_ref()?.server.clone())
+        .unwrap_or_default();
+    let user = context.and_then(|c| c.user).unwrap_or_default();
+    format!("{current} {cluster_name} {user} {server}")
+}
+
+/// Whether one of the words has `prod`, `production`, `prd` or `live` as a component
+/// ("eu-prod-1", "gke_acme_prd_x", "https://api.live.example"), as the shell helper decides.
+pub fn looks_like_production(names: &str) -> bool {
+    names
+        .to_lowercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|w| matches!(w, "prod" | "production" | "prd" | "live"))
 }
 
 /// Polls `f` until it returns `Some`, or fails after `deadline` with `what`.
