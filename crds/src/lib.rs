@@ -63,8 +63,13 @@ pub const NAMESPACE_OPT_IN_VALUE: &str = "enabled";
     printcolumn = r#"{"name":"Top Memory","type":"string","description":"Heaviest pod by memory","jsonPath":".status.summary.topMemory"}"#,
     printcolumn = r#"{"name":"Leaking","type":"integer","description":"Containers with a leak (confidence at or above minConfidence)","jsonPath":".status.summary.leaking"}"#,
     printcolumn = r#"{"name":"OOM ETA","type":"string","description":"Soonest predicted OOM kill","jsonPath":".status.summary.soonestOOM"}"#,
-    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Ready","type":"string","description":"Whether the selector and thresholds are valid and the watch is configured","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"OOM Pod","type":"string","priority":1,"description":"Pod and container of the soonest predicted OOM kill","jsonPath":".status.summary.soonestOOMPod"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"integer","priority":1,"description":"Nodes running selected pods","jsonPath":".status.expectedNodes"}"#,
+    printcolumn = r#"{"name":"Reporting","type":"integer","priority":1,"description":"Nodes whose agent reported within the grace period","jsonPath":".status.reportingNodes"}"#,
+    printcolumn = r#"{"name":"Degraded","type":"string","priority":1,"description":"Why the watch is degraded (e.g. AgentsMissing), AllAgentsReporting when not","jsonPath":".status.conditions[?(@.type==\"Degraded\")].reason"}"#,
+    printcolumn = r#"{"name":"Remediation","type":"string","priority":1,"description":"For a Restart watch: whether it may evict now, and if not why","jsonPath":".status.conditions[?(@.type==\"Remediation\")].reason"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceWatchSpec {
@@ -291,9 +296,10 @@ pub struct ResourceWatchStatus {
     /// Pods the selector matches.
     #[serde(default)]
     pub matched_pods: u32,
-    /// Nodes running selected pods, and how many of their agents reported.
+    /// Nodes running selected pods.
     #[serde(default)]
     pub expected_nodes: u32,
+    /// How many of those nodes' agents reported within the operator's `--agent-grace`.
     #[serde(default)]
     pub reporting_nodes: u32,
     /// The K processes of the selected pods with the most CPU, heaviest first.
@@ -336,10 +342,13 @@ pub struct ResourceWatchStatus {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Truncated {
+    /// Leaking containers left out of `leaks`, which keeps the soonest OOMs.
     #[serde(default)]
     pub leaks: u32,
+    /// Threshold crossings left out of `exceeding`.
     #[serde(default)]
     pub exceeding: u32,
+    /// Nodes left out of `nodes`.
     #[serde(default)]
     pub nodes: u32,
 }
@@ -474,6 +483,7 @@ pub struct RemediationRecord {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(with = "Option<String>")]
     pub message: String,
+    /// The predicted time to OOM when decided, in seconds (absent when none was).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -535,6 +545,13 @@ pub struct Summary {
         skip_serializing_if = "Option::is_none"
     )]
     pub soonest_oom: Option<String>,
+    /// The pod and container of `soonestOOM`, e.g. "api-7f9c/app".
+    #[serde(
+        default,
+        rename = "soonestOOMPod",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub soonest_oom_pod: Option<String>,
 }
 
 /// The CRD as YAML, exactly what `crdgen` prints and the committed file holds.
@@ -556,6 +573,69 @@ mod tests {
             generated == COMMITTED,
             "crds/resourcewatch.io_resourcewatches.yaml is stale: run `make generate` and commit it"
         );
+    }
+
+    /// `kubectl explain resourcewatch --recursive` shows a description for every field:
+    /// a field added without a doc comment fails here, naming its path.
+    #[test]
+    fn every_field_is_described() {
+        use kube::CustomResourceExt;
+        fn walk(schema: &serde_json::Value, path: &str, missing: &mut Vec<String>) {
+            if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
+                for (name, field) in props {
+                    let p = format!("{path}.{name}");
+                    let described = field
+                        .get("description")
+                        .and_then(|d| d.as_str())
+                        .is_some_and(|d| !d.trim().is_empty());
+                    if !described {
+                        missing.push(p.clone());
+                    }
+                    walk(field, &p, missing);
+                }
+            }
+            for nested in ["items", "additionalProperties"] {
+                if let Some(inner) = schema.get(nested).filter(|v| v.is_object()) {
+                    walk(inner, &format!("{path}[]"), missing);
+                }
+            }
+        }
+        let crd = serde_json::to_value(ResourceWatch::crd()).expect("json");
+        let mut seen = 0;
+        for version in crd["spec"]["versions"].as_array().expect("versions") {
+            let schema = &version["schema"]["openAPIV3Schema"];
+            let top = schema["description"].as_str().unwrap_or_default();
+            assert!(
+                top.starts_with("A ResourceWatch"),
+                "the kind's description: {top:?}"
+            );
+            let mut missing = Vec::new();
+            walk(schema, "", &mut missing);
+            // metadata is the API server's own (ObjectMeta), described by it.
+            missing.retain(|p| p != ".metadata");
+            assert!(
+                missing.is_empty(),
+                "fields without a description: {missing:#?}"
+            );
+            seen += 1;
+            for column in version["additionalPrinterColumns"]
+                .as_array()
+                .expect("columns")
+            {
+                assert!(
+                    column["name"] == "Age" || column.get("description").is_some(),
+                    "printer column without a description: {column}"
+                );
+            }
+            let wide = version["additionalPrinterColumns"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c.get("priority").and_then(|p| p.as_i64()) == Some(1))
+                .count();
+            assert!(wide >= 3, "-o wide adds {wide} columns");
+        }
+        assert_eq!(seen, 1);
     }
 
     #[test]

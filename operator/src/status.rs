@@ -339,6 +339,10 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         )
     };
 
+    let soonest = leaks
+        .iter()
+        .filter_map(|l| Some((l, l.time_to_oom_seconds?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
     let summary = Summary {
         top_cpu: top_cpu
             .first()
@@ -347,11 +351,9 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
             .first()
             .map(|e| format!("{} ({})", e.pod, format_bytes(e.value as u64))),
         leaking: leaks.len() as u32,
-        soonest_oom: leaks
-            .iter()
-            .filter_map(|l| l.time_to_oom_seconds)
-            .min_by(f64::total_cmp)
-            .map(|s| format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))),
+        soonest_oom: soonest
+            .map(|(_, s)| format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))),
+        soonest_oom_pod: soonest.map(|(l, _)| format!("{}/{}", l.pod, l.container)),
     };
     let mut status = ResourceWatchStatus {
         observed_generation: i.generation,
@@ -865,6 +867,10 @@ mod tests {
         );
         assert_eq!(st.summary.leaking, 1);
         assert_eq!(st.summary.soonest_oom.as_deref(), Some("45s"));
+        assert_eq!(
+            st.summary.soonest_oom_pod.as_deref(),
+            Some(format!("pod-a/{}", st.leaks[0].container).as_str())
+        );
         let leak_events: Vec<&EventSpec> =
             ev.iter().filter(|e| e.reason == "LeakDetected").collect();
         assert_eq!(
