@@ -86,17 +86,21 @@ e2e: deps ## End-to-end tests on the real single-node cluster (installs through 
 	e2e/run-cluster-tests.sh
 
 .PHONY: e2e-api
-e2e-api: deps ## Operator API tests against a real kube-apiserver (started and stopped here unless KUBECONFIG is set)
+e2e-api: deps ## Operator API tests against a real kube-apiserver (started and stopped here; RW_E2E_KUBECONFIG=FILE opts in to another cluster)
 	e2e/run-api-tests.sh
 
 .PHONY: chart
 chart: ## Render the Helm chart offline and check it against config/ (see charts/README.md)
 	charts/check.sh
 
+.PHONY: rules
+rules: ## promtool check + test of the alerting rules (config/prometheus/; Debian's promtool, cached)
+	e2e/prometheus/check-rules.sh
+
 .PHONY: test
 test: ## Everything CI runs: lint, unit, kernel, drift, API, chart and cluster e2e tests
 ifeq ($(AS_ROOT),)
-test: deps lint unit e2e-api chart e2e
+test: deps lint unit rules e2e-api chart e2e
 else
 	$(AS_ROOT) $(MAKE) test
 endif

@@ -60,6 +60,21 @@ struct RunArgs {
     /// resourcewatch-operator), re-read at every connect.
     #[arg(long, default_value = "/var/run/secrets/resourcewatch/token")]
     token_path: std::path::PathBuf,
+    /// Where to serve /metrics, /healthz and /readyz; "off" serves nothing.
+    #[arg(long, default_value = "0.0.0.0:9479", value_parser = metrics_addr)]
+    metrics_addr: MetricsAddr,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct MetricsAddr(Option<std::net::SocketAddr>);
+
+fn metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    if s == "off" {
+        return Ok(MetricsAddr(None));
+    }
+    s.parse()
+        .map(|a| MetricsAddr(Some(a)))
+        .map_err(|e| format!("{s:?}: {e} (an address like 0.0.0.0:9479, or off)"))
 }
 
 #[derive(Args)]
@@ -193,6 +208,7 @@ fn run_agent(a: RunArgs) -> ExitCode {
         operator: a.operator,
         tls_dir: a.tls_dir,
         token_path: a.token_path,
+        metrics_addr: a.metrics_addr.0,
     };
     match resourcewatch_agent::cluster::run(opts) {
         Ok(()) => ExitCode::SUCCESS,

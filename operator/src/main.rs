@@ -168,7 +168,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut leader_watch = leader.clone();
     tokio::spawn(async move {
         while leader_watch.changed().await.is_ok() {
-            leader_metric.leader.set(i64::from(*leader_watch.borrow()));
+            let leading = *leader_watch.borrow();
+            leader_metric.leader.set(i64::from(leading));
+            if !leading {
+                // A standby exports no findings: the new leader's are the current ones.
+                leader_metric.findings.clear();
+            }
         }
     });
     let election_task = tokio::spawn(election.run(leader_tx, shutdown.clone()));

@@ -1,16 +1,34 @@
 //! Prometheus metrics, served on `/metrics` beside `/healthz` and `/readyz`.
+//!
+//! Two kinds: the operator's own (`resourcewatch_operator_*`: reconciliations, agents,
+//! remediation counters, ...) and what the watches found (`resourcewatch_*`, one series
+//! per container or process a watch's status lists, see [`WatchSeries`]). The second kind
+//! is rendered at scrape time from the leader's latest computed statuses, so a container
+//! that stops leaking, or a deleted watch, leaves no stale series behind.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
 use prometheus_client::{
-    encoding::text::encode,
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric, text::encode},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+    },
     registry::Registry,
 };
+use resourcewatch_crds::ResourceWatchStatus;
+
+use crate::hub::WatchKey;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -39,11 +57,16 @@ pub struct Metrics {
     pub admission_reviews: Family<Labels, Counter>,
     /// Set once the controller runs: `/readyz` answers 200 from then on.
     pub ready: AtomicBool,
+    /// What each watch found, for the `resourcewatch_*` series.
+    pub findings: Arc<WatchSeries>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("resourcewatch_operator");
+        let mut root = Registry::default();
+        let findings = Arc::new(WatchSeries::default());
+        root.register_collector(Box::new(findings.clone()));
+        let registry = root.sub_registry_with_prefix("resourcewatch_operator");
         let m = Self {
             reconciliations: Family::default(),
             reconcile_seconds: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
@@ -62,6 +85,7 @@ impl Default for Metrics {
             report_entries_dropped: Family::default(),
             admission_reviews: Family::default(),
             ready: AtomicBool::new(false),
+            findings,
             registry: Registry::default(),
         };
         registry.register(
@@ -136,7 +160,10 @@ impl Default for Metrics {
             "ResourceWatch admission reviews, by result",
             m.admission_reviews.clone(),
         );
-        Self { registry, ..m }
+        Self {
+            registry: root,
+            ..m
+        }
     }
 }
 
@@ -208,5 +235,252 @@ async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
         (StatusCode::OK, "ready")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting")
+    }
+}
+
+/// The latest status the leader computed for each watch, rendered as gauges on scrape.
+///
+/// Cardinality is bounded by the statuses' own caps: per watch at most 100 leaking
+/// containers and K processes per Top-K list (K <= 100 by the CRD's schema), so at most
+/// 300 series of each name per watch; the series of a watch go when it is deleted or when
+/// this replica stops leading.
+#[derive(Debug, Default)]
+pub struct WatchSeries {
+    statuses: Mutex<BTreeMap<WatchKey, ResourceWatchStatus>>,
+}
+
+impl WatchSeries {
+    pub fn set(&self, key: &WatchKey, status: &ResourceWatchStatus) {
+        self.lock().insert(key.clone(), status.clone());
+    }
+
+    /// Drops the watches `keep` says no to (deleted ones).
+    pub fn retain(&self, mut keep: impl FnMut(&WatchKey) -> bool) {
+        self.lock().retain(|k, _| keep(k));
+    }
+
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<WatchKey, ResourceWatchStatus>> {
+        // A panic while holding the lock leaves a map that is still whole.
+        self.statuses.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+type SeriesLabels = Vec<(&'static str, String)>;
+
+/// One gauge family: name, help, and its (labels, value) rows.
+struct GaugeFamily {
+    name: &'static str,
+    help: &'static str,
+    rows: Vec<(SeriesLabels, f64)>,
+}
+
+impl GaugeFamily {
+    fn new(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            help,
+            rows: Vec::new(),
+        }
+    }
+
+    fn encode(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if self.rows.is_empty() {
+            return Ok(());
+        }
+        let mut family = encoder.encode_descriptor(
+            self.name,
+            self.help,
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (labels, value) in &self.rows {
+            ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Collector for WatchSeries {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut matched = GaugeFamily::new(
+            "resourcewatch_matched_pods",
+            "Pods a watch's selector matches",
+        );
+        let mut expected = GaugeFamily::new(
+            "resourcewatch_expected_nodes",
+            "Nodes running pods a watch selects",
+        );
+        let mut reporting = GaugeFamily::new(
+            "resourcewatch_reporting_nodes",
+            "Nodes whose agent reported for a watch within the grace period",
+        );
+        let mut confidence = GaugeFamily::new(
+            "resourcewatch_leak_confidence",
+            "Leak confidence, 0-100, of a container a watch lists as leaking",
+        );
+        let mut growth = GaugeFamily::new(
+            "resourcewatch_leak_growth_bytes_per_second",
+            "Memory growth rate of a leaking container",
+        );
+        let mut tto = GaugeFamily::new(
+            "resourcewatch_time_to_oom_seconds",
+            "Predicted time until a leaking container reaches its memory limit (absent when no OOM is predicted)",
+        );
+        let mut tto_low = GaugeFamily::new(
+            "resourcewatch_time_to_oom_lower_bound_seconds",
+            "Lower bound of the time to OOM (what remediation acts on)",
+        );
+        let mut limit = GaugeFamily::new(
+            "resourcewatch_leak_memory_limit_bytes",
+            "The memory limit a leaking container's time to OOM is computed against",
+        );
+        let mut top_cpu = GaugeFamily::new(
+            "resourcewatch_top_cpu_percent",
+            "CPU of the watch's Top-K processes, percent of one core (rank 1 = heaviest)",
+        );
+        let mut top_memory = GaugeFamily::new(
+            "resourcewatch_top_memory_bytes",
+            "Resident memory of the watch's Top-K processes (rank 1 = heaviest)",
+        );
+        for (key, st) in self.lock().iter() {
+            let watch: SeriesLabels = vec![
+                ("namespace", key.namespace.clone()),
+                ("resourcewatch", key.name.clone()),
+            ];
+            matched
+                .rows
+                .push((watch.clone(), f64::from(st.matched_pods)));
+            expected
+                .rows
+                .push((watch.clone(), f64::from(st.expected_nodes)));
+            reporting
+                .rows
+                .push((watch.clone(), f64::from(st.reporting_nodes)));
+            for l in &st.leaks {
+                let mut labels = watch.clone();
+                labels.extend([
+                    ("pod", l.pod.clone()),
+                    ("container", l.container.clone()),
+                    ("node", l.node.clone()),
+                ]);
+                confidence
+                    .rows
+                    .push((labels.clone(), f64::from(l.confidence)));
+                growth
+                    .rows
+                    .push((labels.clone(), l.growth_bytes_per_second));
+                if let Some(s) = l.time_to_oom_seconds {
+                    tto.rows.push((labels.clone(), s));
+                }
+                if let Some(s) = l.time_to_oom_lower_bound_seconds {
+                    tto_low.rows.push((labels.clone(), s));
+                }
+                if let Some(b) = l.limit_bytes {
+                    limit.rows.push((labels, b as f64));
+                }
+            }
+            for (family, entries) in [
+                (&mut top_cpu, &st.top_cpu),
+                (&mut top_memory, &st.top_memory),
+            ] {
+                for (rank, e) in entries.iter().enumerate() {
+                    let mut labels = watch.clone();
+                    labels.extend([
+                        ("rank", (rank + 1).to_string()),
+                        ("pod", e.pod.clone()),
+                        ("container", e.container.clone()),
+                        ("node", e.node.clone()),
+                        ("command", e.command.clone()),
+                    ]);
+                    family.rows.push((labels, e.value));
+                }
+            }
+        }
+        for family in [
+            &matched,
+            &expected,
+            &reporting,
+            &confidence,
+            &growth,
+            &tto,
+            &tto_low,
+            &limit,
+            &top_cpu,
+            &top_memory,
+        ] {
+            family.encode(&mut encoder)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status() -> ResourceWatchStatus {
+        serde_json::from_value(serde_json::json!({
+            "matchedPods": 3, "expectedNodes": 2, "reportingNodes": 1,
+            "topCPU": [{"pod": "api-1", "container": "app", "node": "n1", "pid": 42,
+                        "command": "java", "value": 97.5}],
+            "topMemory": [{"pod": "api-2", "node": "n2", "pid": 7, "value": 1048576.0}],
+            "leaks": [{"pod": "api-3", "container": "app", "node": "n1",
+                       "growthBytesPerSecond": 1048576.0, "confidence": 88,
+                       "timeToOOMSeconds": 245.5, "timeToOOMLowerBoundSeconds": 200.0,
+                       "limitBytes": 268435456},
+                      {"pod": "api-4", "container": "app", "node": "n2",
+                       "growthBytesPerSecond": 1000.0, "confidence": 61}]
+        }))
+        .expect("status")
+    }
+
+    #[test]
+    fn findings_are_series_of_the_latest_status() {
+        let m = Metrics::default();
+        let key = WatchKey {
+            namespace: "shop".into(),
+            name: "api".into(),
+        };
+        m.findings.set(&key, &status());
+        let text = m.render();
+        let leak = r#"namespace="shop",resourcewatch="api",pod="api-3",container="app",node="n1""#;
+        for line in [
+            format!("resourcewatch_time_to_oom_seconds{{{leak}}} 245.5"),
+            format!("resourcewatch_time_to_oom_lower_bound_seconds{{{leak}}} 200.0"),
+            format!("resourcewatch_leak_confidence{{{leak}}} 88.0"),
+            format!("resourcewatch_leak_growth_bytes_per_second{{{leak}}} 1048576.0"),
+            format!("resourcewatch_leak_memory_limit_bytes{{{leak}}} 268435456.0"),
+            r#"resourcewatch_leak_confidence{namespace="shop",resourcewatch="api",pod="api-4",container="app",node="n2"} 61.0"#.into(),
+            r#"resourcewatch_top_cpu_percent{namespace="shop",resourcewatch="api",rank="1",pod="api-1",container="app",node="n1",command="java"} 97.5"#.into(),
+            r#"resourcewatch_top_memory_bytes{namespace="shop",resourcewatch="api",rank="1",pod="api-2",container="",node="n2",command=""} 1048576.0"#.into(),
+            r#"resourcewatch_matched_pods{namespace="shop",resourcewatch="api"} 3.0"#.into(),
+            r#"resourcewatch_reporting_nodes{namespace="shop",resourcewatch="api"} 1.0"#.into(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+        }
+        // No time to OOM is predicted for api-4: no series rather than a made-up value.
+        assert!(!text.contains(
+            r#"resourcewatch_time_to_oom_seconds{namespace="shop",resourcewatch="api",pod="api-4""#
+        ));
+        // The operator's own series keep their prefix.
+        assert!(
+            text.contains("resourcewatch_operator_reconcile_duration_seconds"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+
+        m.findings.retain(|k| k.name != "api");
+        let text = m.render();
+        assert!(
+            !text.contains("resourcewatch_time_to_oom_seconds"),
+            "a deleted watch leaves no series"
+        );
+        m.findings.set(&key, &status());
+        m.findings.clear();
+        assert!(!m.render().contains("resourcewatch_leak_confidence"));
     }
 }

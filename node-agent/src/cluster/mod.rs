@@ -8,11 +8,13 @@
 //! configurations in, acknowledgements out, and the latest report (older unsent reports
 //! are worthless, so only the newest is kept).
 
+pub mod metrics;
 pub mod report;
 pub mod resolve;
 
 use std::{
     collections::BTreeSet,
+    net::SocketAddr,
     path::{Path, PathBuf},
     sync::{
         Arc,
@@ -49,6 +51,8 @@ pub struct RunOptions {
     /// The projected ServiceAccount token (audience `resourcewatch-operator`) that proves
     /// this node to the operator; re-read at every connect, since kubelet rotates it.
     pub token_path: PathBuf,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (None: not served).
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +89,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
     let (ack_tx, ack_rx) = mpsc::unbounded_channel::<pb::ConfigAck>();
     let (report_tx, report_rx) = watch::channel::<Option<pb::Report>>(None);
     let applied = Arc::new(AtomicU64::new(0));
+    let metrics = Arc::new(metrics::AgentMetrics::default());
     let caps = capabilities::probe();
     let hello_caps = pb::Capabilities {
         kernel_release: caps.kernel_release.clone(),
@@ -103,9 +108,10 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
     let engine = {
         let stop = stop.clone();
         let applied = applied.clone();
+        let metrics = metrics.clone();
         std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || Engine::new(ack_tx, report_tx, applied).run(config_rx, &stop))
+            .spawn(move || Engine::new(ack_tx, report_tx, applied, metrics).run(config_rx, &stop))
             .map_err(|source| RunError::Start {
                 what: "engine thread",
                 source,
@@ -118,9 +124,27 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
             what: "async runtime",
             source,
         })?;
-    let result = rt.block_on(session_loop(
-        &opts, hello_caps, config_tx, ack_rx, report_rx, applied,
-    ));
+    let result = rt.block_on(async {
+        if let Some(addr) = opts.metrics_addr {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| RunError::Start {
+                    what: "metrics listener",
+                    source,
+                })?;
+            let router = metrics::router(metrics.clone());
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, router.into_make_service()).await {
+                    tracing::error!(error = %e, "the metrics server stopped");
+                }
+            });
+            tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+        }
+        session_loop(
+            &opts, hello_caps, config_tx, ack_rx, report_rx, applied, &metrics,
+        )
+        .await
+    });
     stop.store(true, Ordering::SeqCst);
     let _ = engine.join();
     result
@@ -133,6 +157,7 @@ async fn session_loop(
     mut ack_rx: mpsc::UnboundedReceiver<pb::ConfigAck>,
     mut report_rx: watch::Receiver<Option<pb::Report>>,
     applied: Arc<AtomicU64>,
+    metrics: &metrics::AgentMetrics,
 ) -> Result<(), RunError> {
     let mut backoff = Duration::from_millis(500);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -149,12 +174,21 @@ async fn session_loop(
             last_applied_version: applied.load(Ordering::SeqCst),
             capabilities: Some(caps.clone()),
         };
-        let session = session(opts, hello, &config_tx, &mut ack_rx, &mut report_rx);
+        let session = session(
+            opts,
+            hello,
+            &config_tx,
+            &mut ack_rx,
+            &mut report_rx,
+            metrics,
+        );
         let outcome = tokio::select! {
             r = session => r,
             _ = term.recv() => return Ok(()),
             _ = tokio::signal::ctrl_c() => return Ok(()),
         };
+        metrics.connected.store(false, Ordering::Relaxed);
+        metrics.stream_failures.fetch_add(1, Ordering::Relaxed);
         match outcome {
             Ok(()) => tracing::warn!("the operator closed the stream"),
             Err(RunError::EngineGone) => return Err(RunError::EngineGone),
@@ -209,6 +243,7 @@ async fn session(
     config_tx: &std_mpsc::Sender<pb::NodeConfig>,
     ack_rx: &mut mpsc::UnboundedReceiver<pb::ConfigAck>,
     report_rx: &mut watch::Receiver<Option<pb::Report>>,
+    metrics: &metrics::AgentMetrics,
 ) -> Result<(), RunError> {
     let channel = connect(&opts.operator, &opts.server_name, &opts.tls_dir).await?;
     let client = AgentControlClient::new(channel);
@@ -238,6 +273,7 @@ async fn session(
         .insert(pb::AUTHORIZATION_METADATA, bearer);
     let mut inbound = client.session(req).await?.into_inner();
     tracing::info!(operator = %opts.operator, "connected");
+    metrics.connected.store(true, Ordering::Relaxed);
     // Acks of an earlier stream are for versions this stream's operator may not know.
     while ack_rx.try_recv().is_ok() {}
     report_rx.mark_unchanged();
@@ -282,6 +318,7 @@ struct Engine {
     resolved: Vec<resolve::ResolvedContainer>,
     unresolved: BTreeSet<String>,
     self_cpu: Option<u64>,
+    metrics: Arc<metrics::AgentMetrics>,
 }
 
 /// Before the first configuration arrives.
@@ -292,6 +329,7 @@ impl Engine {
         acks: mpsc::UnboundedSender<pb::ConfigAck>,
         reports: watch::Sender<Option<pb::Report>>,
         applied: Arc<AtomicU64>,
+        metrics: Arc<metrics::AgentMetrics>,
     ) -> Self {
         let pipes = load(PipelineOptions::default());
         let layout = pipes.as_ref().ok().map(|p| p.cgroup_layout().clone());
@@ -316,6 +354,7 @@ impl Engine {
             resolved: Vec::new(),
             unresolved: BTreeSet::new(),
             self_cpu: None,
+            metrics,
         }
     }
 
@@ -325,6 +364,7 @@ impl Engine {
         }
         let mut last = Instant::now();
         while !stop.load(Ordering::SeqCst) {
+            self.metrics.engine_alive();
             let interval = Duration::from_millis(self.config.report_interval_ms.max(1000));
             let deadline = last + interval;
             let wait = deadline
@@ -333,6 +373,12 @@ impl Engine {
             match configs.recv_timeout(wait) {
                 Ok(c) => {
                     let ack = self.apply(c);
+                    let counter = if ack.accepted {
+                        &self.metrics.configs_applied
+                    } else {
+                        &self.metrics.configs_rejected
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
                     let _ = self.acks.send(ack);
                     continue;
                 }
@@ -345,6 +391,7 @@ impl Engine {
             let elapsed = last.elapsed();
             last = Instant::now();
             let r = self.tick(elapsed);
+            self.record(&r, last.elapsed());
             self.reports.send_replace(Some(r));
         }
     }
@@ -418,6 +465,24 @@ impl Engine {
             accepted: true,
             reason: self.unresolved_reason(),
         }
+    }
+
+    /// What `/metrics` shows of this tick.
+    fn record(&self, r: &pb::Report, took: Duration) {
+        let health = r.health.clone().unwrap_or_default();
+        let pipes = self.pipes.as_ref().ok();
+        self.metrics.record_tick(metrics::TickSnapshot {
+            pipelines_loaded: pipes.is_some(),
+            ticks: self.metrics.next_tick(),
+            tick_seconds: took.as_secs_f64(),
+            agent_cpu_percent: health.agent_cpu_percent,
+            agent_rss_bytes: health.agent_rss_bytes,
+            kernel: pipes.map(|p| p.kernel_stats()).unwrap_or_default(),
+            programs: pipes.map(|p| p.program_stats()).unwrap_or_default(),
+            targets_resolved: self.resolved.len(),
+            targets_unresolved: self.unresolved.len(),
+            leaks_reported: r.leaks.len(),
+        });
     }
 
     fn unresolved_reason(&self) -> String {

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Prints the directory holding Debian's prometheus and promtool binaries (2.42), taken
+# from the package with `apt-get download` + `dpkg -x` and cached: installing the package
+# would start a server and add a user; only the two binaries are needed, by
+# check-rules.sh (promtool test rules) and the e2e metrics test (a real Prometheus
+# scraping the real operator and agent).
+set -euo pipefail
+CACHE=/var/cache/resourcewatch/prometheus
+mkdir -p "$CACHE" 2>/dev/null && [[ -w $CACHE ]] ||
+  CACHE="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/target/prometheus"
+BIN="$CACHE/usr/bin"
+if [[ ! -x $BIN/promtool || ! -x $BIN/prometheus ]]; then
+  mkdir -p "$CACHE"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && { apt-get download prometheus >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null && apt-get download prometheus >/dev/null; }; }) ||
+    { echo "install.sh: could not download Debian's prometheus package" >&2; exit 1; }
+  dpkg -x "$tmp"/prometheus_*.deb "$tmp/x"
+  mkdir -p "$BIN"
+  cp "$tmp/x/usr/bin/prometheus" "$tmp/x/usr/bin/promtool" "$BIN/"
+fi
+"$BIN/promtool" --version >/dev/null
+echo "$BIN"
