@@ -320,7 +320,7 @@ pub async fn agent_token(client: &Client, ns: &str, node: &str) -> anyhow::Resul
         .create_token_request(SA, &PostParams::default(), &req)
         .await?
         .status
-        .and_then(|s| s.token)
+        .map(|s| s.token)
         .unwrap_or_default();
     anyhow::ensure!(!token.is_empty(), "the TokenRequest returned no token");
     Ok(token)

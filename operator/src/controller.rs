@@ -168,6 +168,7 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
             .collect(),
         now: now_s,
     });
+    ctx.metrics.findings.set(&key, &plan.status);
     if plan.hold {
         return Ok(Action::requeue(plan.requeue));
     }
@@ -360,17 +361,29 @@ async fn evict(ctx: &Context, ns: &str, ev: &decide::Eviction) -> Option<EvictRe
     )
     .await
     {
-        Ok(Ok(_)) => Some(EvictResult::Evicted),
-        Ok(Err(kube::Error::Api(e))) if e.code == 429 => Some(EvictResult::Refused(e.message)),
-        Ok(Err(kube::Error::Api(e))) if e.code == 404 => Some(EvictResult::Gone),
-        Ok(Err(e)) => {
+        Ok(r) => eviction_outcome(r).unwrap_or_else(|e| {
             tracing::warn!(pod = %ev.pod, error = %e, "eviction failed; retrying");
             None
-        }
+        }),
         Err(_) => {
             tracing::warn!(pod = %ev.pod, "eviction timed out; retrying");
             None
         }
+    }
+}
+
+/// What an eviction's answer means. The same on every version: the Eviction subresource
+/// answers 201, a 429 Status (reason `TooManyRequests`, cause `DisruptionBudget`) when a
+/// PodDisruptionBudget refuses, whether PDBs are policy/v1beta1 (1.20) or policy/v1
+/// (1.21+), and 404 for a pod already gone. Anything else is retried (Err).
+fn eviction_outcome(
+    r: std::result::Result<kube::core::Status, kube::Error>,
+) -> std::result::Result<Option<EvictResult>, kube::Error> {
+    match r {
+        Ok(_) => Ok(Some(EvictResult::Evicted)),
+        Err(kube::Error::Api(e)) if e.code == 429 => Ok(Some(EvictResult::Refused(e.message))),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Some(EvictResult::Gone)),
+        Err(e) => Err(e),
     }
 }
 
@@ -421,6 +434,7 @@ fn forget_deleted(ctx: &Context) {
         })
         .collect();
     ctx.metrics.watches.set(live.len() as i64);
+    ctx.metrics.findings.retain(|k| live.contains(k));
     for k in ctx.hub.watch_keys() {
         if !live.contains(&k) {
             ctx.hub.remove_watch(&k);
@@ -435,11 +449,21 @@ fn is_terminal(p: &Pod) -> bool {
     )
 }
 
+/// The pod's containers to track, by runtime id: its containers, and its init containers
+/// while they run, which covers the restartable sidecars of Kubernetes 1.28+ (init
+/// containers with `restartPolicy: Always`, reported only in `initContainerStatuses`, that
+/// run as long as the pod and count against its memory like any container).
 pub fn selected_pod(p: &Pod) -> SelectedPod {
+    let running_init = p
+        .status
+        .iter()
+        .flat_map(|s| s.init_container_statuses.iter().flatten())
+        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
     let containers = p
         .status
         .iter()
         .flat_map(|s| s.container_statuses.iter().flatten())
+        .chain(running_init)
         .filter_map(|c| {
             let id = c.container_id.as_deref()?;
             // "containerd://abc…", "cri-o://abc…", "docker://abc…"
@@ -629,6 +653,78 @@ mod tests {
     use resourcewatch_proto as pb;
 
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    /// Version-sensitive shapes on recorded objects (tests/fixtures/README.md).
+    mod versions {
+        use super::*;
+
+        fn pod(json: &str) -> Pod {
+            serde_json::from_str(json).expect("a Pod")
+        }
+
+        fn names(p: &Pod) -> Vec<String> {
+            let mut n: Vec<String> = selected_pod(p).containers.into_values().collect();
+            n.sort();
+            n
+        }
+
+        #[test]
+        fn containers_of_a_1_20_pod() {
+            let running = pod(include_str!("../tests/fixtures/k8s-1.20/pod-running.json"));
+            assert_eq!(names(&running), ["app"]);
+            let id = selected_pod(&running).containers.into_keys().next().unwrap();
+            assert_eq!(id.len(), 64, "the runtime prefix is cut: {id}");
+            // Pending with its init container running: that one is tracked meanwhile.
+            let init = pod(include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"));
+            assert_eq!(names(&init), ["init"]);
+        }
+
+        #[test]
+        fn restartable_sidecars_of_1_28_and_later_are_tracked() {
+            let p = pod(include_str!("../tests/fixtures/k8s-1.29/pod-sidecar.json"));
+            // The sidecar (an init container with restartPolicy Always) runs beside the
+            // app; the completed migration is not tracked.
+            assert_eq!(names(&p), ["app", "log-shipper"]);
+            let sidecar = p.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[1].clone();
+            assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+        }
+
+        #[test]
+        fn a_pdb_refusal_reads_the_same_on_1_20_and_1_29() {
+            for body in [
+                include_str!("../tests/fixtures/k8s-1.20/eviction-429.json"),
+                include_str!("../tests/fixtures/k8s-1.29/eviction-429.json"),
+            ] {
+                let status: kube::core::Status = serde_json::from_str(body).expect("Status");
+                let outcome = eviction_outcome(Err(kube::Error::Api(Box::new(status))));
+                match outcome {
+                    Ok(Some(EvictResult::Refused(m))) => {
+                        assert!(m.contains("disruption budget"), "{m}")
+                    }
+                    other => panic!("a PDB refusal read as {other:?}"),
+                }
+            }
+            let gone: kube::core::Status = serde_json::from_value(serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "pods \"x\" not found", "reason": "NotFound", "code": 404
+            }))
+            .unwrap();
+            assert!(matches!(
+                eviction_outcome(Err(kube::Error::Api(Box::new(gone)))),
+                Ok(Some(EvictResult::Gone))
+            ));
+        }
+
+        #[test]
+        fn a_1_20_events_k8s_io_v1_event_parses() {
+            let e: k8s_openapi::api::events::v1::Event = serde_json::from_str(include_str!(
+                "../tests/fixtures/k8s-1.20/event-kubelet.json"
+            ))
+            .expect("an events.k8s.io/v1 Event as 1.20 serves it");
+            assert_eq!(e.regarding.and_then(|r| r.kind).as_deref(), Some("Pod"));
+            assert!(e.reason.is_some() && e.note.is_some());
+        }
+    }
 
     const UID_A: &str = "3f1b2a6e-5c4d-4e8f-9a0b-1c2d3e4f5a6b";
     const CID_A: &str = "9c2bd5b1a0f3c7e2d4b6a8f0e1c3d5b7a9f1e3c5d7b9a1f3e5c7d9b1a3f5e7c9";

@@ -218,7 +218,7 @@ impl Authenticator for TokenReviewer {
         let token = token.filter(|t| !t.is_empty()).ok_or(AuthError::NoToken)?;
         let review = TokenReview {
             spec: TokenReviewSpec {
-                token: token.to_owned(),
+                token: Some(token.to_owned()),
                 audiences: Some(vec![AGENT_AUDIENCE.to_owned()]),
             },
             ..Default::default()
