@@ -9,7 +9,8 @@ checked and exits 1 on a failure.
   schema CHART_DIR                 values.yaml vs values.schema.json, bad values rejected
   values-file RENDER               the custom values file reached the objects
   crd CHART_DIR REPO_CRD RENDER    crds/ is a verbatim copy and is rendered first
-  helm-oracle SPEC.json            (needs helm-python-sdk) compare with Helm's own engine
+  monitoring RENDER CONFIG_DIR     metrics.* objects == config/prometheus's
+  podsecurity RENDER KUSTOMIZED    operator 'restricted', agent's namespace 'privileged'
 """
 import argparse
 import copy
@@ -392,96 +393,93 @@ def cmd_crd(a):
     finish()
 
 
-# ---- Helm's own engine (helm-python-sdk: Helm's Go SDK behind a C ABI) ------------------
+# ---- Prometheus objects -------------------------------------------------------------------
 
-def merge_maps(a, b):
-    out = dict(a)
-    for k, v in b.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = merge_maps(out[k], v)
-        else:
-            out[k] = v
+def cmd_monitoring(a):
+    objs = {o["kind"]: o for _, o in load_objects(a.render)}
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+        if kind not in objs:
+            fail(f"metrics.* enabled but no {kind} rendered")
+    want = {}
+    for name in ("monitors.yaml", "prometheusrule.yaml"):
+        for _, o in load_objects(os.path.join(a.config, name)):
+            want[o["kind"]] = o
+    for kind, o in objs.items():
+        if kind not in want:
+            continue
+        if o.get("spec") != want[kind].get("spec"):
+            fail(f"{kind}: the chart's spec differs from config/prometheus's")
+    rule = objs.get("PrometheusRule", {})
+    if rule.get("metadata", {}).get("labels", {}).get("release") != "kps":
+        fail("metrics.prometheusRule.labels are not on the PrometheusRule")
+    ok("ServiceMonitor, PodMonitor and PrometheusRule render, specs identical to config/prometheus")
+    finish()
+
+
+# ---- Pod Security -------------------------------------------------------------------------
+
+def restricted_violations(pod_spec):
+    """The Pod Security Standards' "restricted" checks that apply to a pod template
+    (https://kubernetes.io/docs/concepts/security/pod-security-standards/)."""
+    out = []
+    psc = pod_spec.get("securityContext") or {}
+    for host in ("hostPID", "hostIPC", "hostNetwork"):
+        if pod_spec.get(host):
+            out.append(f"{host}: true")
+    allowed_volumes = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                       "persistentVolumeClaim", "projected", "secret"}
+    for v in pod_spec.get("volumes") or []:
+        kinds = set(v) - {"name"}
+        if not kinds <= allowed_volumes:
+            out.append(f"volume {v['name']}: {sorted(kinds - allowed_volumes)}")
+    for c in (pod_spec.get("initContainers") or []) + pod_spec.get("containers", []):
+        sc = c.get("securityContext") or {}
+        name = c["name"]
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation is not false")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            out.append(f"{name}: capabilities do not drop ALL")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            out.append(f"{name}: adds {caps['add']}")
+        if not sc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+            out.append(f"{name}: runAsNonRoot is not true")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            out.append(f"{name}: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{name}: seccompProfile {seccomp!r}, not RuntimeDefault or Localhost")
+        for p in c.get("ports") or []:
+            if p.get("hostPort"):
+                out.append(f"{name}: hostPort {p['hostPort']}")
     return out
 
 
-def cmd_helm_oracle(a):
-    import helm_python as helm
-
-    with open(a.spec) as f:
-        spec = json.load(f)
-    print(f"  Helm SDK {helm.helm_sdk_version()} (helm-c {helm.helm_c_version()})")
-    chart_dir = spec["chart"]
-    kubeconfig = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
-
-    def user_values(files, sets):
-        v = {}
-        for p in files:
-            with open(p) as f:
-                v = merge_maps(v, helm.values_from_yaml(f.read()) or {})
-        for s in sets:
-            v = merge_maps(v, helm.parse_set_string(s))
-        return v
-
-    lint = helm.lint(chart_dir, strict=True, kube_version=spec["kube_version"])
-    bad = [m for m in lint["messages"] if m["severity"] >= 2] + [
-        {"severity": 3, "path": "", "error": e} for e in lint["errors"]]
-    for m in bad:
-        fail(f"helm lint --strict: {m['path']}: {m['error']}")
-    if not bad:
-        ok("helm lint --strict: no warnings or errors ("
-           + "; ".join(m["error"] for m in lint["messages"]) + ")")
-
-    with helm.Chart.load(chart_dir) as ch:
-        crd_docs = "".join(f"---\n# Source: {c['filename']}\n{c['data']}\n" for c in ch.crds)
-        for sc in spec["scenarios"]:
-            vals = user_values(sc["values_files"], sc["sets"])
-            with helm.Config(namespace=sc["namespace"], storage_driver="memory",
-                             kubeconfig_content=kubeconfig) as cfg:
-                rel = cfg.install(ch, sc["release"], vals, namespace=sc["namespace"],
-                                  dry_run="client")
-            # helm template --include-crds = CRDs, then the release manifest, trimmed.
-            want = (crd_docs + rel["manifest"]).strip() + "\n"
-            with open(sc["render"]) as f:
-                got = f.read()
-            if got != want:
-                fail(f"{sc['name']}: our render differs from Helm's:")
-                for line in difflib.unified_diff(want.splitlines(), got.splitlines(), "helm",
-                                                 "charts/render", lineterm="", n=2):
-                    print("      " + line)
-            else:
-                ok(f"{sc['name']}: byte-identical to Helm's `template --include-crds` output")
-            with open(sc["notes"]) as f:
-                notes = f.read()
-            notes = notes.split("NOTES:\n", 1)[-1].strip()
-            if notes != (rel.get("notes") or "").strip():
-                fail(f"{sc['name']}: NOTES.txt differs from Helm's")
-            with open(sc["values"]) as f:
-                our_values = yaml.safe_load(f)
-            if our_values != ch.merge_values(vals):
-                fail(f"{sc['name']}: coalesced values differ from Helm's merge_values")
-            else:
-                ok(f"{sc['name']}: NOTES.txt and coalesced values identical to Helm's")
-
-        # --set parsing: ours (render --print-values) against Helm's strvals.
-        for expr, path in spec["strvals"]:
-            with open(path) as f:
-                ours = yaml.safe_load(f)
-            theirs = ch.merge_values(helm.parse_set_string(expr))
-            if ours != theirs:
-                fail(f"--set {expr!r}: ours {json.dumps(ours, sort_keys=True)[:300]} != "
-                     f"helm {json.dumps(theirs, sort_keys=True)[:300]}")
-        ok(f"{len(spec['strvals'])} --set expressions parse and coalesce as Helm's strvals does")
-
-        with helm.Config(namespace="default", storage_driver="memory",
-                         kubeconfig_content=kubeconfig) as cfg:
-            for s in spec["bad_sets"]:
-                try:
-                    cfg.install(ch, "resourcewatch", user_values([], [s]), dry_run="client")
-                    fail(f"Helm accepts --set {s}")
-                except helm.HelmError as e:
-                    if "schema" not in str(e):
-                        fail(f"Helm rejects --set {s}, but not by the schema: {e}")
-        ok(f"Helm's schema validation rejects the {len(spec['bad_sets'])} bad --set values too")
+def cmd_podsecurity(a):
+    for path, label in ((a.render, "chart"), (a.config, "config/default")):
+        by_name = {(o["kind"], o["metadata"]["name"]): o for _, o in load_objects(path)}
+        op = by_name.get(("Deployment", "resourcewatch-operator"))
+        agent = by_name.get(("DaemonSet", "resourcewatch-agent"))
+        if not op or not agent:
+            fail(f"{label}: operator Deployment or agent DaemonSet missing")
+            continue
+        bad = restricted_violations(op["spec"]["template"]["spec"])
+        if bad:
+            fail(f"{label}: the operator's pod is not Pod Security 'restricted': {bad}")
+        else:
+            ok(f"{label}: the operator's pod meets Pod Security 'restricted'")
+        # The agent cannot meet 'baseline' (hostPID, added capabilities): its namespace
+        # must enforce 'privileged', which config/default's Namespace says.
+        if not restricted_violations(agent["spec"]["template"]["spec"]):
+            fail(f"{label}: the agent unexpectedly meets 'restricted': drop the privileged label")
+    ns = [o for _, o in load_objects(a.config) if o["kind"] == "Namespace"]
+    labels = ns[0]["metadata"].get("labels", {}) if ns else {}
+    if labels.get("pod-security.kubernetes.io/enforce") != "privileged":
+        fail(f"config/default's Namespace does not enforce 'privileged' for the agent: {labels}")
+    else:
+        ok("config/default's Namespace enforces 'privileged' (the agent needs hostPID, BPF, PERFMON)")
     finish()
 
 
@@ -502,7 +500,10 @@ def main():
     s = sub.add_parser("values-file"); s.add_argument("render"); s.set_defaults(f=cmd_values_file)
     s = sub.add_parser("crd"); s.add_argument("chart"); s.add_argument("repo_crd")
     s.add_argument("render"); s.set_defaults(f=cmd_crd)
-    s = sub.add_parser("helm-oracle"); s.add_argument("spec"); s.set_defaults(f=cmd_helm_oracle)
+    s = sub.add_parser("monitoring"); s.add_argument("render"); s.add_argument("config")
+    s.set_defaults(f=cmd_monitoring)
+    s = sub.add_parser("podsecurity"); s.add_argument("render"); s.add_argument("config")
+    s.set_defaults(f=cmd_podsecurity)
     a = p.parse_args()
     a.f(a)
 

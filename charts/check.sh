@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Check charts/resourcewatch without helm (see charts/README.md, "What is and isn't
-# verified here"). Exits non-zero on any failure.
+# Check charts/resourcewatch with Helm's own engine (charts/helm.sh: helm-python-sdk, Helm
+# v4's Go SDK), against config/ (see charts/README.md, "What is verified here"). Exits
+# non-zero on any failure.
 #
 #   charts/check.sh
 #
@@ -9,8 +10,9 @@
 #                             the 1.20 one in /var/cache/resourcewatch/k8s-1.20.2/bin, else
 #                             kubectl on PATH, else a small python loader; KUBECTL=none
 #                             forces the python loader)
-#   CHART_CHECK_HELM_SDK=0    skip the comparison with Helm's own engine (helm-python-sdk)
-#   KUBECONFIG                when it reaches a cluster: `kubectl apply --dry-run=server`
+#   RW_E2E_KUBECONFIG         `kubectl apply --dry-run=server` against that cluster (default:
+#                             the harness cluster's, when it runs; an exported KUBECONFIG is
+#                             not used, as for the e2e tests)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
@@ -22,7 +24,7 @@ trap 'rm -rf "$TMP"' EXIT
 FAILED=()
 step() { printf '\n== %s\n' "$*"; }
 failed() { echo "  FAIL: $*"; FAILED+=("$*"); }
-R() { "$HERE/render.sh" "$@"; }
+R() { "$HERE/helm.sh" template "$@"; }
 
 # ---- tools ------------------------------------------------------------------------------
 step "tools"
@@ -32,17 +34,13 @@ if ! $PY -c 'import yaml, jsonschema' 2>/dev/null; then
   $PY -m pip install -q pyyaml jsonschema
 fi
 CHECK=("$PY" "$HERE/check.py")
-# Build (or reuse) the renderer, and run its unit tests.
+# Helm's engine (installs the pinned SDK on first use).
 R --help >/dev/null
-CACHE=/var/cache/resourcewatch/chart-render
-[[ -w $CACHE ]] || CACHE="$REPO/target/chart-render"
-if (cd "$HERE/render" && export GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS='' GOPROXY=off \
-      GOCACHE="$CACHE/gocache" && go vet . && go test -count=1 . 2>&1 | sed 's/^/  /'; exit "${PIPESTATUS[0]}"); then
-  echo "  ok: renderer builds, go vet is clean, its unit tests pass"
+if "$HERE/helm.sh" lint --strict --kube-version v1.20.2 >"$TMP/lint.txt" 2>&1; then
+  echo "  ok: helm lint --strict: $(grep -c '^\[' "$TMP/lint.txt" || true) message(s), no warning or error"
 else
-  failed "renderer go vet / go test"
+  sed 's/^/    /' "$TMP/lint.txt"; failed "helm lint --strict"
 fi
-[[ -z "$(gofmt -l "$HERE/render")" ]] || failed "gofmt: $(gofmt -l "$HERE/render")"
 
 # ---- (a) renders ------------------------------------------------------------------------
 step "(a) render: defaults, remediation.enabled=true, a values file with other images"
@@ -153,14 +151,14 @@ BAD_SETS=(operator.replicas=two remediation.enabled=yes remediation.enable=true
 n=0
 for s in "${BAD_SETS[@]}"; do
   if R --set "$s" >/dev/null 2>"$TMP/err"; then
-    failed "the renderer accepts --set $s"
+    failed "Helm accepts --set $s"
   elif ! grep -q "values don't meet the specifications of the schema" "$TMP/err"; then
     failed "--set $s fails, but not by the schema: $(cat "$TMP/err")"
   else
     n=$((n + 1))
   fi
 done
-echo "  ok: the renderer (gojsonschema, as Helm 3) rejects $n bad --set values, e.g.:"
+echo "  ok: Helm's schema validation rejects $n bad --set values, e.g.:"
 R --set operator.replicas=two 2>&1 >/dev/null | sed 's/^/    /' || true
 if R --set-string operator.image.tag=2 >/dev/null; then
   echo "  ok: --set-string operator.image.tag=2 is accepted"
@@ -168,58 +166,13 @@ else
   failed "--set-string operator.image.tag=2 rejected"
 fi
 
-# ---- Helm's own engine ------------------------------------------------------------------
-step "Helm's own engine (helm-python-sdk: Helm v4 Go SDK in a shared library)"
-HELM_PY=""
-if [[ ${CHART_CHECK_HELM_SDK:-1} != 0 ]]; then
-  VENV="$CACHE/helm-sdk-venv"
-  if [[ ! -x $VENV/bin/python ]] || ! "$VENV/bin/python" -c 'import helm_python, yaml' 2>/dev/null; then
-    echo "  installing helm-python-sdk 0.2.2 (PyPI, hash-pinned) into $VENV"
-    printf '%s\n' \
-      'helm-python-sdk==0.2.2 --hash=sha256:28cc13abaf134c3a7e37f070c939be8d9cdc9825c3c8b8b2d35161073bcd4578' \
-      >"$TMP/helm-sdk-req.txt"
-    if $PY -m venv "$VENV" >/dev/null &&
-       "$VENV/bin/pip" install -q --require-hashes --only-binary :all: -r "$TMP/helm-sdk-req.txt" &&
-       "$VENV/bin/pip" install -q pyyaml; then :; else
-      echo "  SKIP: helm-python-sdk could not be installed"
-    fi
-  fi
-  "$VENV/bin/python" -c 'import helm_python, yaml' 2>/dev/null && HELM_PY="$VENV/bin/python"
-else
-  echo "  SKIP: CHART_CHECK_HELM_SDK=0"
-fi
-if [[ -n $HELM_PY ]]; then
-  STRVALS=('agent.tolerations=null' 'operator.replicas=3,remediation.enabled=TRUE'
-           'operator.image.tag=0.2,agent.image.tag=0' 'x.y[1].z=a\,b,l={a,2,true}'
-           'operator.podAnnotations.example\.com/k=v' 'operator.resources=null,n=012')
-  strval_args=()
-  i=0
-  for s in "${STRVALS[@]}"; do
-    R --set "$s" --print-values >"$TMP/strvals-$i.yaml"
-    strval_args+=("$s" "$TMP/strvals-$i.yaml")
-    i=$((i + 1))
-  done
-  $PY - "$TMP" "$CHART" "$NS" "${#BAD_SETS[@]}" "${BAD_SETS[@]}" "${strval_args[@]}" <<'EOF'
-import json, sys
-tmp, chart, ns, nbad = sys.argv[1:5]
-bad, strvals = sys.argv[5:5 + int(nbad)], sys.argv[5 + int(nbad):]
-def sc(name, release, namespace, files, sets, base):
-    return {"name": name, "release": release, "namespace": namespace, "values_files": files,
-            "sets": sets, "render": f"{tmp}/{base}.yaml", "notes": f"{tmp}/{base}.notes",
-            "values": f"{tmp}/{base}.values.yaml"}
-json.dump({
-    "chart": chart, "kube_version": "v1.20.2",
-    "scenarios": [
-        sc("defaults", "resourcewatch", ns, [], [], "default"),
-        sc("remediation.enabled=true", "resourcewatch", ns, [], ["remediation.enabled=true"], "remediation"),
-        sc("values file", "rw-test", "monitoring", [f"{tmp}/custom-values.yaml"], [], "custom"),
-    ],
-    "strvals": [strvals[i:i + 2] for i in range(0, len(strvals), 2)],
-    "bad_sets": bad,
-}, open(f"{tmp}/oracle.json", "w"), indent=1)
-EOF
-  "$HELM_PY" "$HERE/check.py" helm-oracle "$TMP/oracle.json" || failed "comparison with Helm's engine"
-fi
+# ---- Prometheus objects, Pod Security ----------------------------------------------------
+step "metrics.*: ServiceMonitor, PodMonitor, PrometheusRule; Pod Security levels"
+R --namespace "$NS" --set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true \
+  --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.labels.release=kps \
+  >"$TMP/monitoring.yaml" 2>/dev/null || failed "render with metrics.* enabled"
+"${CHECK[@]}" monitoring "$TMP/monitoring.yaml" "$REPO/config/prometheus" || failed "metrics.* objects"
+"${CHECK[@]}" podsecurity "$TMP/default.yaml" "$REF" || failed "Pod Security"
 
 # ---- (f) server-side dry run ------------------------------------------------------------
 step "(f) kubectl apply --dry-run=server (only with a reachable cluster)"
@@ -227,12 +180,13 @@ K="${KUBECTL_PICK:-}"
 [[ -n $K ]] || for k in /var/cache/resourcewatch/k8s-1.20.2/bin/kubectl "$(command -v kubectl || true)"; do
   [[ -n $k && -x $k ]] && { K=$k; break; }
 done
-if [[ -z ${KUBECONFIG:-} && ! -f $HOME/.kube/config ]]; then
-  echo "  SKIP: no KUBECONFIG and no ~/.kube/config"
+export KUBECONFIG="${RW_E2E_KUBECONFIG:-/var/lib/resourcewatch-e2e/admin.kubeconfig}"
+if [[ ! -f $KUBECONFIG ]]; then
+  echo "  SKIP: the harness cluster is not up and RW_E2E_KUBECONFIG is not set (make e2e runs this dry run)"
 elif [[ -z $K ]]; then
   echo "  SKIP: no kubectl"
 elif ! timeout 20 "$K" get --raw /readyz >/dev/null 2>&1; then
-  echo "  SKIP: no cluster reachable through ${KUBECONFIG:-~/.kube/config}"
+  echo "  SKIP: no cluster reachable through $KUBECONFIG"
 else
   # Namespaced objects need their namespace to exist, even in a dry run.
   DRY_NS=$NS

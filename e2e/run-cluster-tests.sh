@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
 # End-to-end tests on a real single-node cluster: builds the images, installs
 # resourcewatch through config/ (kubectl apply -k), and runs e2e/tests/cluster.rs.
-# With KUBECONFIG set, that cluster is used (the images must be loadable there: set
-# RW_E2E_SKIP_IMPORT=1 if you pushed them yourself). Otherwise the harness cluster is
-# started (built once, cached), and stopped afterwards; then check-clean.sh proves that
-# nothing of it is left on the machine. On failure: cluster state and component logs.
+# The harness cluster is started (built once, cached), and stopped afterwards; then
+# check-clean.sh proves that nothing of it is left on the machine. A KUBECONFIG in the
+# environment is ignored: RW_E2E_KUBECONFIG=FILE opts in to another cluster
+# (e2e/target-cluster.sh refuses production-looking contexts; the images must be loadable
+# there: set RW_E2E_SKIP_IMPORT=1 if you pushed them yourself). On failure: cluster state
+# and component logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 timings=()
 t0=$(date +%s)
 lap() { local now; now=$(date +%s); timings+=("$1 $((now - t0))s"); t0=$now; }
+# shellcheck source=target-cluster.sh
+source e2e/target-cluster.sh
+rw_target_cluster
 started=0
-if [[ -z "${KUBECONFIG:-}" ]]; then
+if [[ $RW_E2E_EXTERNAL -eq 0 ]]; then
   e2e/cluster/up.sh >/dev/null
   started=1
   lap "cluster up (incl. build when not cached)"
 fi
+external_kubeconfig="${KUBECONFIG:-}"
 # shellcheck source=cluster/env.sh
 source e2e/cluster/env.sh
+# env.sh points KUBECONFIG at the harness; an opted-in cluster keeps its own.
+[[ -n $external_kubeconfig ]] && export KUBECONFIG="$external_kubeconfig"
 export KUBECTL
-[[ -n "${KUBECONFIG:-}" ]] && export KUBECONFIG
 K="$KUBECTL"
 
 dump() {
@@ -67,11 +74,14 @@ lap "images built and imported"
 "$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
 "$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=120s
 # The chart's rendering is accepted by this API server too (server-side dry run).
-charts/render.sh --namespace resourcewatch-system | "$K" apply --dry-run=server -f - >/dev/null
+charts/helm.sh template --namespace resourcewatch-system | "$K" apply --dry-run=server -f - >/dev/null
 lap "installed through config/ (and the chart dry-run)"
 
 # RW_E2E_ONLY=NAME runs only the tests whose name contains NAME (both suites), for iterating.
-cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture ${RW_E2E_ONLY:-}
+# A real Prometheus for the metrics test (Debian's binaries, extracted and cached).
+RW_PROMETHEUS="$(e2e/prometheus/install.sh)/prometheus"
+export RW_PROMETHEUS
+cargo test -p resourcewatch-e2e --test cluster --test metrics -- --ignored --test-threads=1 --nocapture ${RW_E2E_ONLY:-}
 lap "e2e tests"
 
 # Remediation: the master switch on (it is off in config/ and in the chart).
@@ -80,3 +90,17 @@ lap "e2e tests"
 "$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
 cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture ${RW_E2E_ONLY:-}
 lap "remediation e2e tests"
+
+# The Helm chart, installed for real by Helm's engine (charts/helm.sh) where config/ was:
+# both workloads must become ready (the agent's readiness means its kernel pipelines are
+# loaded and it built a report), then Helm uninstalls what it installed.
+"$K" delete -k config/default --wait=true --timeout=180s >/dev/null
+charts/helm.sh install resourcewatch charts/resourcewatch -n resourcewatch-system --create-namespace \
+  --wait --timeout 180 | sed -n '1,4p'
+"$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=60s
+"$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=60s
+charts/helm.sh uninstall resourcewatch -n resourcewatch-system --wait
+if "$K" -n resourcewatch-system get deploy/resourcewatch-operator ds/resourcewatch-agent >/dev/null 2>&1; then
+  echo "helm uninstall left the workloads behind" >&2; exit 1
+fi
+lap "chart installed and uninstalled by Helm's engine"

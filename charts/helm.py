@@ -1,0 +1,174 @@
+"""Helm for this repository, from Helm's own engine: helm-python-sdk wraps Helm v4's Go SDK
+behind a C ABI, so rendering, linting, schema validation, --set parsing and
+install/upgrade/uninstall are Helm's code, not ours. Used because no helm binary can be
+obtained on the machines this is developed on (only package registries are reachable);
+with a helm binary, `helm template|lint|install ...` with the same arguments does the same.
+Run through charts/helm.sh, which provides the pinned SDK.
+
+  helm.sh template [--name N] [--namespace NS] [-f FILE]... [--set K=V]... [--set-string K=V]...
+                   [--skip-crds] [--show-notes] [--print-values] [CHART]
+  helm.sh lint [--strict] [--kube-version V] [-f FILE]... [--set K=V]... [CHART]
+  helm.sh install|upgrade NAME [CHART] [--namespace NS] [--create-namespace] [-f FILE]...
+                   [--set K=V]... [--wait] [--timeout SECONDS]
+  helm.sh uninstall NAME [--namespace NS] [--wait]
+
+CHART defaults to charts/resourcewatch. install/upgrade/uninstall use the cluster of
+KUBECONFIG (Helm's release records are Secrets in the namespace, as with the binary).
+`template` writes what `helm template --include-crds` writes (NOTES to stderr with
+--show-notes, as `helm install --dry-run` shows them).
+"""
+
+import argparse
+import os
+import sys
+
+import helm_python as helm
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_CHART = os.path.join(HERE, "resourcewatch")
+# Client-only operations get a kubeconfig that names no cluster.
+NO_CLUSTER = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
+
+
+def merge(a, b):
+    """Deep merge as Helm merges -f files: maps merge, anything else replaces."""
+    out = dict(a)
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def user_values(a):
+    """-f files in order, then every --set, then every --set-string (Helm's order)."""
+    values = {}
+    for path in a.values or []:
+        with open(path) as f:
+            values = merge(values, helm.values_from_yaml(f.read()) or {})
+    for s in a.set or []:
+        values = merge(values, helm.parse_set_string(s))
+    for s in getattr(a, "set_string", None) or []:
+        values = merge(values, helm.parse_set_string_values(s))
+    return values
+
+
+def values_args(p):
+    p.add_argument("-f", "--values", action="append", metavar="FILE")
+    p.add_argument("--set", action="append", metavar="K=V")
+    p.add_argument("--set-string", action="append", metavar="K=V")
+
+
+def cmd_template(a):
+    chart = a.chart or DEFAULT_CHART
+    values = user_values(a)
+    with helm.Chart.load(chart) as ch:
+        if a.print_values:
+            sys.stdout.write(yaml.safe_dump(ch.merge_values(values), sort_keys=True))
+            return
+        with helm.Config(namespace=a.namespace, storage_driver="memory",
+                         kubeconfig_content=NO_CLUSTER) as cfg:
+            rel = cfg.install(ch, a.name, values, namespace=a.namespace, dry_run="client")
+        crds = "" if a.skip_crds else "".join(
+            f"---\n# Source: {c['filename']}\n{c['data']}\n" for c in ch.crds)
+        sys.stdout.write((crds + rel["manifest"]).strip() + "\n")
+        if a.show_notes and rel.get("notes"):
+            sys.stderr.write("NOTES:\n" + rel["notes"].strip() + "\n")
+
+
+def cmd_lint(a):
+    chart = a.chart or DEFAULT_CHART
+    result = helm.lint(chart, user_values(a), strict=a.strict, kube_version=a.kube_version)
+    severities = {0: "UNKNOWN", 1: "INFO", 2: "WARNING", 3: "ERROR"}
+    bad = 0
+    for m in result["messages"]:
+        print(f"[{severities.get(m['severity'], m['severity'])}] {m['path']}: {m['error']}")
+        bad += m["severity"] >= (2 if a.strict else 3)
+    for e in result["errors"]:
+        print(f"[ERROR] {e}")
+        bad += 1
+    print(f"1 chart(s) linted, {'1 chart(s) failed' if bad else '0 chart(s) failed'}")
+    sys.exit(1 if bad else 0)
+
+
+def cluster(a):
+    kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    return helm.Config(kubeconfig_path=kubeconfig, namespace=a.namespace)
+
+
+def cmd_install(a):
+    chart = a.chart or DEFAULT_CHART
+    wait = "watcher" if a.wait else None
+    with cluster(a) as cfg:
+        if a.cmd == "install":
+            rel = cfg.install(chart, a.release, user_values(a), namespace=a.namespace,
+                              create_namespace=a.create_namespace, wait=wait,
+                              timeout=a.timeout)
+        else:
+            rel = cfg.upgrade(chart, a.release, user_values(a), namespace=a.namespace,
+                              wait=wait, timeout=a.timeout)
+    info = rel.get("info") or {}
+    print(f"NAME: {rel.get('name')}\nNAMESPACE: {rel.get('namespace')}\n"
+          f"STATUS: {info.get('status')}\nREVISION: {rel.get('version')}")
+    if rel.get("notes"):
+        print("\nNOTES:\n" + rel["notes"].strip())
+
+
+def cmd_uninstall(a):
+    with cluster(a) as cfg:
+        cfg.uninstall(a.release, wait="watcher" if a.wait else None)
+    print(f'release "{a.release}" uninstalled')
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("template", help="render the chart (helm template --include-crds)")
+    t.add_argument("chart", nargs="?")
+    t.add_argument("--name", default="resourcewatch")
+    t.add_argument("-n", "--namespace", default="default")
+    values_args(t)
+    t.add_argument("--skip-crds", action="store_true")
+    t.add_argument("--show-notes", action="store_true")
+    t.add_argument("--print-values", action="store_true",
+                   help="print the coalesced values instead of the manifests")
+    t.set_defaults(f=cmd_template)
+
+    lint = sub.add_parser("lint", help="helm lint")
+    lint.add_argument("chart", nargs="?")
+    lint.add_argument("--strict", action="store_true")
+    lint.add_argument("--kube-version")
+    values_args(lint)
+    lint.set_defaults(f=cmd_lint)
+
+    for name in ("install", "upgrade"):
+        i = sub.add_parser(name, help=f"helm {name} (the cluster of KUBECONFIG)")
+        i.add_argument("release")
+        i.add_argument("chart", nargs="?")
+        i.add_argument("-n", "--namespace", default="default")
+        i.add_argument("--create-namespace", action="store_true")
+        i.add_argument("--wait", action="store_true")
+        i.add_argument("--timeout", type=int, default=300, help="seconds")
+        values_args(i)
+        i.set_defaults(f=cmd_install)
+
+    u = sub.add_parser("uninstall", help="helm uninstall (the cluster of KUBECONFIG)")
+    u.add_argument("release")
+    u.add_argument("-n", "--namespace", default="default")
+    u.add_argument("--wait", action="store_true")
+    u.set_defaults(f=cmd_uninstall)
+
+    a = p.parse_args()
+    try:
+        a.f(a)
+    except helm.HelmError as e:
+        sys.stderr.write(f"Error: {e}\n")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
