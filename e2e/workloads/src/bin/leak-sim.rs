@@ -5,17 +5,14 @@
 //! leak-sim --pattern flat|sawtooth|plateau|bursty|pagecache|burn [...]
 
 use std::{
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use resourcewatch_workloads::{MIB, Pattern, parse_bytes, run};
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
 
 fn usage(msg: &str) -> ! {
     eprintln!("leak-sim: {msg}");
@@ -80,12 +77,14 @@ fn main() {
         other => usage(&format!("unknown pattern {other:?}")),
     };
     let deadline = get("--duration").map(|d| Instant::now() + secs(d));
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: an async-signal-safe handler (one atomic store).
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(sig, stop.clone()) {
+            usage(&format!("installing a signal handler: {e}"));
+        }
     }
     println!("leak-sim pid {} {:?}", std::process::id(), pattern);
     run(&pattern, &|| {
-        STOP.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d)
+        stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d)
     });
 }

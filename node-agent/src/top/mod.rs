@@ -1,19 +1,21 @@
 //! `resourcewatch-agent top`: a live view of the heaviest processes, read from the kernel
-//! pipelines instead of polling /proc; `--json` prints one object per interval for scripts.
+//! pipelines instead of polling /proc; `--json` prints one object per interval for scripts,
+//! and without a terminal the plain-text view ([`render`]) is printed per interval.
+
+mod view;
 
 pub use resourcewatch_units::parse_duration;
 use resourcewatch_units::{format_bytes, format_duration};
 use std::{
     io::{IsTerminal, Write},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Arc, LazyLock,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
-use crossterm::{
-    cursor, event, execute, queue,
-    style::{Attribute, Print, SetAttribute},
-    terminal::{self, ClearType},
-};
+use ratatui::crossterm::event;
 
 use crate::{
     pipelines::{PipelineError, PipelineOptions, Pipelines},
@@ -47,19 +49,15 @@ pub enum TopError {
     Output(#[from] std::io::Error),
 }
 
-/// Set by SIGINT/SIGTERM: the loop ends after the current frame, so the terminal is
-/// restored and no JSON line is cut in half.
-static STOP: AtomicBool = AtomicBool::new(false);
+/// Set by SIGINT/SIGTERM (signal-hook): the loop ends after the current frame, so the
+/// terminal is restored and no JSON line is cut in half.
+static STOP: LazyLock<Arc<AtomicBool>> = LazyLock::new(|| Arc::new(AtomicBool::new(false)));
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: installing an async-signal-safe handler (one atomic store).
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+fn install_signal_handlers() -> std::io::Result<()> {
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, STOP.clone())?;
     }
+    Ok(())
 }
 
 /// Sleeps until `deadline` in short steps; false if a stop was requested meanwhile.
@@ -77,7 +75,7 @@ fn sleep_until(deadline: Instant) -> bool {
 }
 
 pub fn run(opts: TopOptions) -> Result<(), TopError> {
-    install_signal_handlers();
+    install_signal_handlers()?;
     let mut pipes = Pipelines::load(opts.pipelines.clone())?;
     let layout = pipes.cgroup_layout().clone();
     let cgroups = opts
@@ -106,7 +104,7 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
     builder.leak_min_confidence = opts.leak_min_confidence;
     let interactive = !opts.json && std::io::stdout().is_terminal();
     let mut screen = if interactive {
-        Some(Screen::enter()?)
+        Some(Screen::enter(opts.k)?)
     } else {
         None
     };
@@ -135,7 +133,7 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
             out.write_all(b"\n")?;
             out.flush()?;
         } else if let Some(s) = &mut screen {
-            s.draw(&frame, opts.k)?;
+            s.show(frame)?;
         } else {
             print!("{}", render(&frame, opts.k));
         }
@@ -162,21 +160,25 @@ fn cgroup_path(layout: &crate::cgroup_resolver::CgroupLayout, spec: &str) -> Opt
     }
 }
 
-/// The interactive terminal: alternate screen, raw mode so `q` quits; restored on drop.
-struct Screen;
+/// The interactive terminal (ratatui: alternate screen, raw mode), restored on drop.
+struct Screen {
+    term: ratatui::DefaultTerminal,
+    view: view::View,
+    last: Option<Frame>,
+}
 
 impl Screen {
-    fn enter() -> std::io::Result<Self> {
-        terminal::enable_raw_mode()?;
-        execute!(
-            std::io::stdout(),
-            terminal::EnterAlternateScreen,
-            cursor::Hide
-        )?;
-        Ok(Self)
+    fn enter(k: usize) -> std::io::Result<Self> {
+        let mut s = Self {
+            term: ratatui::try_init()?,
+            view: view::View::new(k),
+            last: None,
+        };
+        s.redraw()?;
+        Ok(s)
     }
 
-    /// Waits until `deadline`; true if the user pressed q, Esc or Ctrl-C.
+    /// Handles keys until `deadline`; true if the user quit.
     fn wait_for_quit(&mut self, deadline: Instant) -> std::io::Result<bool> {
         loop {
             if STOP.load(Ordering::SeqCst) {
@@ -189,50 +191,35 @@ impl Screen {
             if !event::poll(left.min(Duration::from_millis(50)))? {
                 continue;
             }
-            if let event::Event::Key(k) = event::read()? {
-                let ctrl_c = k.code == event::KeyCode::Char('c')
-                    && k.modifiers.contains(event::KeyModifiers::CONTROL);
-                if ctrl_c || matches!(k.code, event::KeyCode::Char('q') | event::KeyCode::Esc) {
-                    return Ok(true);
+            match event::read()? {
+                event::Event::Key(k) if k.kind == event::KeyEventKind::Press => {
+                    match self.view.handle(k, self.last.as_ref()) {
+                        view::Action::Quit => return Ok(true),
+                        view::Action::Redraw => self.redraw()?,
+                        view::Action::Nothing => {}
+                    }
                 }
+                event::Event::Resize(..) => self.redraw()?,
+                _ => {}
             }
         }
     }
 
-    fn draw(&mut self, frame: &Frame, k: usize) -> std::io::Result<()> {
-        let mut out = std::io::stdout().lock();
-        queue!(out, cursor::MoveTo(0, 0), terminal::Clear(ClearType::All))?;
-        // A terminal that reports no size (a fresh pty) gets everything.
-        let rows = terminal::size()
-            .ok()
-            .map(|(_, r)| r)
-            .filter(|&r| r > 0)
-            .unwrap_or(u16::MAX);
-        for (i, line) in render(frame, k).lines().take(rows as usize).enumerate() {
-            queue!(out, cursor::MoveTo(0, i as u16))?;
-            if line.starts_with("  PID") || line.starts_with("resourcewatch") {
-                queue!(
-                    out,
-                    SetAttribute(Attribute::Bold),
-                    Print(line),
-                    SetAttribute(Attribute::Reset)
-                )?;
-            } else {
-                queue!(out, Print(line))?;
-            }
-        }
-        out.flush()
+    fn show(&mut self, frame: Frame) -> std::io::Result<()> {
+        self.last = Some(frame);
+        self.redraw()
+    }
+
+    fn redraw(&mut self) -> std::io::Result<()> {
+        let (view, last) = (&mut self.view, self.last.as_ref());
+        self.term.draw(|s| view.draw(s, last))?;
+        Ok(())
     }
 }
 
 impl Drop for Screen {
     fn drop(&mut self) {
-        let _ = execute!(
-            std::io::stdout(),
-            cursor::Show,
-            terminal::LeaveAlternateScreen
-        );
-        let _ = terminal::disable_raw_mode();
+        ratatui::restore();
     }
 }
 
