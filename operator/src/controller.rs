@@ -114,7 +114,7 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
             .state()
             .into_iter()
             .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
-            .filter(|p| selects(&s.selector, p.labels()))
+            .filter(|p| selects(&s.pods, p.labels()))
             .filter(|p| !is_terminal(p))
             .collect(),
         Err(_) => Vec::new(),
@@ -672,10 +672,16 @@ mod tests {
         fn containers_of_a_1_20_pod() {
             let running = pod(include_str!("../tests/fixtures/k8s-1.20/pod-running.json"));
             assert_eq!(names(&running), ["app"]);
-            let id = selected_pod(&running).containers.into_keys().next().unwrap();
+            let id = selected_pod(&running)
+                .containers
+                .into_keys()
+                .next()
+                .unwrap();
             assert_eq!(id.len(), 64, "the runtime prefix is cut: {id}");
             // Pending with its init container running: that one is tracked meanwhile.
-            let init = pod(include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"));
+            let init = pod(include_str!(
+                "../tests/fixtures/k8s-1.20/pod-init-running.json"
+            ));
             assert_eq!(names(&init), ["init"]);
         }
 

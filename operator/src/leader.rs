@@ -2,18 +2,78 @@
 //! serve agents and write status. The Lease is taken when free or expired, renewed every
 //! `renew` while held, and released on shutdown so the next replica takes over at once.
 //! Writes carry the Lease's resourceVersion: of two replicas racing, one gets a 409.
+//!
+//! Hand-made (146 lines) because no maintained crate fits kube 5: kube-leader-election
+//! 0.37 needs kube 0.96 and kube-lease-manager 0.12 kube 4 (checked November 2026); kube
+//! itself has no leader election.
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::{
-    api::coordination::v1::{Lease, LeaseSpec},
+    api::{
+        coordination::v1::{Lease, LeaseSpec},
+        core::v1::Pod,
+    },
     apimachinery::pkg::apis::meta::v1::MicroTime,
 };
 use kube::{
     Api, Client,
-    api::{ObjectMeta, PostParams},
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
 };
 use tokio::sync::watch;
+
+/// The label the leader puts on its own pod; the operator's Service selects it.
+pub const LEADER_LABEL: &str = "resourcewatch.io/leader";
+
+/// The `resourcewatch.io/leader=true` label on this replica's own pod, which the
+/// operator's Service selects: agents and the API server's webhook calls reach the leader
+/// only, while every replica stays Ready (a standby is ready to take over, and a rollout of
+/// two replicas completes).
+pub struct PodLabel {
+    pods: Api<Pod>,
+    name: String,
+}
+
+impl PodLabel {
+    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+        Self {
+            pods: Api::namespaced(client, namespace),
+            name: name.to_owned(),
+        }
+    }
+
+    pub async fn set(&self, leading: bool) {
+        let value = if leading {
+            serde_json::json!("true")
+        } else {
+            serde_json::Value::Null
+        };
+        let mut labels = serde_json::Map::new();
+        labels.insert(LEADER_LABEL.to_owned(), value);
+        let patch = serde_json::json!({"metadata": {"labels": labels}});
+        // Retried: a leader nobody can reach is no leader. Not forever: the next change of
+        // leadership sets it again.
+        for attempt in 1..=5 {
+            match self
+                .pods
+                .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return,
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    // Run outside a pod (the API tests, a developer's shell): no Service
+                    // routes to it anyway.
+                    tracing::debug!(pod = %self.name, "no such pod: not labelled");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %self.name, leading, attempt, error = %e, "could not label this pod");
+                    tokio::time::sleep(Duration::from_secs(attempt)).await;
+                }
+            }
+        }
+    }
+}
 
 pub struct LeaderElection {
     pub api: Api<Lease>,

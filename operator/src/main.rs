@@ -12,7 +12,7 @@ use resourcewatch_operator::{
     grpc::AgentService,
     hub::{Hub, HubOptions},
     identity::TokenReviewer,
-    leader::LeaderElection,
+    leader::{LeaderElection, PodLabel},
     ledger::LedgerStore,
     metrics::{self, Metrics},
     spec::{Floors, parse_duration},
@@ -166,24 +166,29 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     let leader_metric = metrics.clone();
     let mut leader_watch = leader.clone();
+    let own_pod = PodLabel::new(client.clone(), &args.namespace, &args.pod_name);
+    // A restarted container may still carry the label of its previous life.
+    own_pod.set(false).await;
     tokio::spawn(async move {
         while leader_watch.changed().await.is_ok() {
             let leading = *leader_watch.borrow();
             leader_metric.leader.set(i64::from(leading));
+            own_pod.set(leading).await;
             if !leading {
                 // A standby exports no findings: the new leader's are the current ones.
                 leader_metric.findings.clear();
             }
         }
     });
-    let election_task = tokio::spawn(election.run(leader_tx, shutdown.clone()));
+    let election_task =
+        metrics.spawn_task("leader election", election.run(leader_tx, shutdown.clone()));
 
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("binding {}", args.metrics_addr))?;
     let mut metrics_shutdown = shutdown.clone();
     let router = metrics::router(metrics.clone());
-    let metrics_task = tokio::spawn(async move {
+    let metrics_task = metrics.spawn_task("metrics server", async move {
         axum::serve(metrics_listener, router.into_make_service())
             .with_graceful_shutdown(async move {
                 let _ = metrics_shutdown.wait_for(|s| *s).await;
@@ -223,7 +228,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .serve_with_shutdown(args.grpc_addr, async move {
             let _ = grpc_shutdown.wait_for(|s| *s).await;
         });
-    let grpc_task = tokio::spawn(grpc);
+    let grpc_task = metrics.spawn_task("agents' endpoint", grpc);
 
     // The admission webhook that records who may turn a watch into evictions. Every
     // replica serves it (the Service spreads the API server's calls).
@@ -246,7 +251,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .context("webhook listener")?;
     let mut webhook_shutdown = shutdown.clone();
     let webhook_router = authz::router(signer.clone(), reviewer.clone(), metrics.clone());
-    let webhook_task = tokio::spawn(async move {
+    let webhook_task = metrics.spawn_task("admission webhook", async move {
         axum::serve(webhook_listener, webhook_router.into_make_service())
             .with_graceful_shutdown(async move {
                 let _ = webhook_shutdown.wait_for(|s| *s).await;
@@ -260,32 +265,40 @@ async fn run(args: Args) -> anyhow::Result<()> {
         instance: Some(args.pod_name.clone()),
     };
     let ledger_client = client.clone();
-    let controller_task = tokio::spawn(controller::run(
-        client,
-        hub,
-        metrics,
-        leader,
-        shutdown.clone(),
-        controller::Settings {
-            reporter,
-            eviction_client,
-            remediation: RemediationContext {
-                enabled: args.enable_remediation,
-                floors: Floors {
-                    min_confidence: args.remediation_min_confidence,
-                    min_cooldown: args.remediation_min_cooldown,
-                    min_window: args.remediation_min_window,
-                    max_restarts: args.remediation_max_restarts,
+    let controller_task = metrics.clone().spawn_task(
+        "controller",
+        controller::run(
+            client,
+            hub,
+            metrics.clone(),
+            leader,
+            shutdown.clone(),
+            controller::Settings {
+                reporter,
+                eviction_client,
+                remediation: RemediationContext {
+                    enabled: args.enable_remediation,
+                    floors: Floors {
+                        min_confidence: args.remediation_min_confidence,
+                        min_cooldown: args.remediation_min_cooldown,
+                        min_window: args.remediation_min_window,
+                        max_restarts: args.remediation_max_restarts,
+                    },
+                    signer,
+                    reviewer,
+                    ledgers: LedgerStore::new(
+                        ledger_client,
+                        &args.namespace,
+                        Duration::from_secs(10),
+                    ),
                 },
-                signer,
-                reviewer,
-                ledgers: LedgerStore::new(ledger_client, &args.namespace, Duration::from_secs(10)),
             },
-        },
-    ));
+        ),
+    );
 
     wait_for_signal().await;
     tracing::info!("shutting down");
+    metrics.tasks.shutting_down();
     shutdown_tx.send_replace(true);
     let drain = async {
         let _ = controller_task.await;

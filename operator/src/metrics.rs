@@ -57,6 +57,8 @@ pub struct Metrics {
     pub admission_reviews: Family<Labels, Counter>,
     /// Set once the controller runs: `/readyz` answers 200 from then on.
     pub ready: AtomicBool,
+    /// The long-running tasks, for `/healthz` and `/readyz`.
+    pub tasks: Tasks,
     /// What each watch found, for the `resourcewatch_*` series.
     pub findings: Arc<WatchSeries>,
 }
@@ -85,6 +87,7 @@ impl Default for Metrics {
             report_entries_dropped: Family::default(),
             admission_reviews: Family::default(),
             ready: AtomicBool::new(false),
+            tasks: Tasks::default(),
             findings,
             registry: Registry::default(),
         };
@@ -168,6 +171,24 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Spawns a long-running task whose end before shutdown fails `/healthz` and `/readyz`.
+    pub fn spawn_task<F>(
+        self: &Arc<Self>,
+        name: &'static str,
+        task: F,
+    ) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let m = self.clone();
+        tokio::spawn(async move {
+            let out = task.await;
+            m.tasks.ended(name);
+            out
+        })
+    }
+
     pub fn protocol_error(&self, kind: &'static str) {
         self.protocol_errors
             .get_or_create(&vec![("kind", kind.to_string())])
@@ -215,7 +236,7 @@ impl Metrics {
 pub fn router(metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/metrics", get(serve_metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(metrics)
 }
@@ -230,11 +251,68 @@ async fn serve_metrics(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     )
 }
 
+/// 503 when one of the operator's tasks (controller, agents' endpoint, webhook, election)
+/// stopped before shutdown: kubelet restarts the container.
+async fn healthz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    match m.tasks.stopped() {
+        stopped if stopped.is_empty() => (StatusCode::OK, "ok".to_string()),
+        stopped => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("stopped: {}", stopped.join(", ")),
+        ),
+    }
+}
+
+/// 200 once every task runs and the controller has started; the body says whether this
+/// replica leads. (Only the leader serves agents and the webhook: it labels its pod
+/// `resourcewatch.io/leader=true`, which the Service selects. A standby is ready to take
+/// over, so a rollout of two replicas completes.)
 async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    if m.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready")
+    let stopped = m.tasks.stopped();
+    if !stopped.is_empty() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("stopped: {}", stopped.join(", ")),
+        );
+    }
+    if !m.ready.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "starting".to_string());
+    }
+    let role = if m.leader.get() == 1 {
+        "leader"
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+        "standby"
+    };
+    (StatusCode::OK, format!("ready ({role})"))
+}
+
+/// The operator's long-running tasks: each registers when spawned and is marked stopped
+/// if it ends while the process is not shutting down.
+#[derive(Debug, Default)]
+pub struct Tasks {
+    stopped: Mutex<Vec<&'static str>>,
+    shutting_down: AtomicBool,
+}
+
+impl Tasks {
+    /// Called when the task `name` ends: a failure unless the process is shutting down.
+    fn ended(&self, name: &'static str) {
+        if !self.shutting_down.load(Ordering::SeqCst) {
+            tracing::error!(task = name, "a long-running task stopped");
+            self.lock().push(name);
+        }
+    }
+
+    pub fn shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn stopped(&self) -> Vec<&'static str> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<&'static str>> {
+        self.stopped.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -5,6 +5,7 @@
 pub use resourcewatch_units::{format_duration, parse_duration};
 use std::{collections::BTreeMap, time::Duration};
 
+use kube::core::{Expression, Selector, SelectorExt};
 use resourcewatch_crds::{
     LabelSelector, Metric, RemediationAction, ResourceWatchSpec, SelectorOperator,
 };
@@ -17,6 +18,8 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
 #[derive(Clone, Debug, PartialEq)]
 pub struct WatchSettings {
     pub selector: LabelSelector,
+    /// `selector`, to match pods with.
+    pub pods: Selector,
     pub top_k: u32,
     pub cpu: bool,
     pub memory: bool,
@@ -96,6 +99,7 @@ impl WatchSettings {
         let r = &spec.remediation;
         let settings = Self {
             selector: spec.selector.clone(),
+            pods: pod_selector(&spec.selector),
             top_k: spec.top_k,
             cpu: spec.metrics.contains(&Metric::Cpu),
             memory: spec.metrics.contains(&Metric::Memory),
@@ -248,21 +252,30 @@ fn is_label_name(s: &str) -> bool {
         && b.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
-/// Whether a pod with these labels is selected (`metav1.LabelSelector` semantics; an
-/// empty selector selects everything).
-pub fn selects(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    sel.match_labels
+/// The watch's selector as kube's [`Selector`] (`metav1.LabelSelector` semantics: every
+/// `matchLabels` pair and every requirement must hold; an empty selector selects
+/// everything). Built once per spec; `validate_selector` has already refused what the
+/// API server would (`In` without values, `Exists` with some).
+pub fn pod_selector(sel: &LabelSelector) -> Selector {
+    let equal = sel
+        .match_labels
         .iter()
-        .all(|(k, v)| labels.get(k) == Some(v))
-        && sel.match_expressions.iter().all(|r| {
-            let have = labels.get(&r.key);
-            match r.operator {
-                SelectorOperator::In => have.is_some_and(|v| r.values.contains(v)),
-                SelectorOperator::NotIn => have.is_none_or(|v| !r.values.contains(v)),
-                SelectorOperator::Exists => have.is_some(),
-                SelectorOperator::DoesNotExist => have.is_none(),
-            }
-        })
+        .map(|(k, v)| Expression::Equal(k.clone(), v.clone()));
+    let required = sel.match_expressions.iter().map(|r| {
+        let values = r.values.iter().cloned().collect();
+        match r.operator {
+            SelectorOperator::In => Expression::In(r.key.clone(), values),
+            SelectorOperator::NotIn => Expression::NotIn(r.key.clone(), values),
+            SelectorOperator::Exists => Expression::Exists(r.key.clone()),
+            SelectorOperator::DoesNotExist => Expression::DoesNotExist(r.key.clone()),
+        }
+    });
+    equal.chain(required).collect()
+}
+
+/// Whether a pod with these labels is selected.
+pub fn selects(sel: &Selector, labels: &BTreeMap<String, String>) -> bool {
+    sel.matches(labels)
 }
 
 #[cfg(test)]
@@ -338,24 +351,24 @@ mod tests {
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
         let mut sel = LabelSelector::default();
-        assert!(selects(&sel, &labels), "empty selects all");
+        assert!(selects(&pod_selector(&sel), &labels), "empty selects all");
         sel.match_labels.insert("app".into(), "api".into());
-        assert!(selects(&sel, &labels));
+        assert!(selects(&pod_selector(&sel), &labels));
         sel.match_expressions.push(LabelSelectorRequirement {
             key: "tier".into(),
             operator: SelectorOperator::NotIn,
             values: vec!["web".into()],
         });
-        assert!(!selects(&sel, &labels));
+        assert!(!selects(&pod_selector(&sel), &labels));
         sel.match_expressions[0].operator = SelectorOperator::In;
-        assert!(selects(&sel, &labels));
+        assert!(selects(&pod_selector(&sel), &labels));
         sel.match_expressions.push(LabelSelectorRequirement {
             key: "canary".into(),
             operator: SelectorOperator::DoesNotExist,
             values: vec![],
         });
-        assert!(selects(&sel, &labels));
+        assert!(selects(&pod_selector(&sel), &labels));
         sel.match_expressions[1].operator = SelectorOperator::Exists;
-        assert!(!selects(&sel, &labels));
+        assert!(!selects(&pod_selector(&sel), &labels));
     }
 }
