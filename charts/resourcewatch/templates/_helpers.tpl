@@ -20,6 +20,7 @@ selectors or pod templates, so the objects stay identical to config/ otherwise.
 helm.sh/chart: {{ include "resourcewatch.chart" . }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end }}
 
 {{/* Selector labels: must stay exactly as in config/ (selectors are immutable). */}}
