@@ -50,7 +50,7 @@ enum Cmd {
     },
     /// Kernel cost per event and the perf-bench ratio.
     Cost {
-        /// Alternating runs with and without the pipelines.
+        /// Alternating runs with and without the pipelines (0: only the per-event table).
         #[arg(long, default_value_t = 7)]
         runs: usize,
         #[arg(long, default_value_t = 200_000)]
@@ -582,23 +582,41 @@ fn floor(loops: u64) -> Vec<(String, f64)> {
 fn cost(runs: usize, loops: u64, pin: Option<u32>) {
     {
         let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
-        for (name, ns) in floor(loops) {
-            println!("floor: {name} (an empty program) {ns:.1} ns/event");
-        }
+        // One method for every figure: the kernel's run_time_ns / run_cnt of our program,
+        // and of an empty program on the same tracepoint under the same load, measured in
+        // the same invocation; the difference is our programs' own work (the empty one is
+        // what the accounting itself reports, two clock reads around each run).
+        let floors = floor(loops);
         let pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
         perf_pipe(loops, None);
         fault_storm(20);
         std::thread::sleep(Duration::from_millis(200));
-        println!("| program | events | ns/event |");
-        println!("|---|---|---|");
+        println!("| program | events | ns/event | empty program, same tracepoint | over it |");
+        println!("|---|---|---|---|---|");
         for s in pipes.program_stats().iter().filter(|s| s.run_cnt > 0) {
-            println!(
-                "| {} | {} | {:.1} |",
-                s.name,
-                s.run_cnt,
-                s.run_time_ns as f64 / s.run_cnt as f64
-            );
+            let ns = s.run_time_ns as f64 / s.run_cnt as f64;
+            let empty = s
+                .name
+                .strip_prefix("rw_")
+                .and_then(|t| {
+                    floors
+                        .iter()
+                        .find(|(f, _)| f.strip_prefix("floor_") == Some(t))
+                })
+                .map(|(_, f)| *f);
+            match empty {
+                Some(f) => println!(
+                    "| {} | {} | {ns:.1} | {f:.1} | {:.1} |",
+                    s.name,
+                    s.run_cnt,
+                    ns - f
+                ),
+                None => println!("| {} | {} | {ns:.1} | | |", s.name, s.run_cnt),
+            }
         }
+    }
+    if runs == 0 {
+        return;
     }
     // Stats accounting itself costs time per event, so it is off for the ratio runs.
     let mut ratios = Vec::new();
