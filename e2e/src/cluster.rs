@@ -163,6 +163,41 @@ pub const WORKLOADS_IMAGE: &str = "localhost/resourcewatch/workloads:0.1.0";
 /// language runtime in a pod (`make images`).
 pub const NODE_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/node-workloads:0.1.0";
 
+/// A bare pod running the workload simulator (`leak-sim ARGS`) with the memory limit
+/// `limit`, labelled `app=APP`, created in `ns`.
+pub async fn leak_sim_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    app: &str,
+    args: &[&str],
+    limit: &str,
+) -> anyhow::Result<Pod> {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            // No API access needed; and on clusters that still make token Secrets (< 1.24)
+            // a pod that mounts one is refused ("No API token found ... retry") until the
+            // token controller has caught up with the new namespace.
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": WORKLOADS_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/leak-sim"],
+                "args": args,
+                "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
+            }]
+        }
+    }))?;
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("creating pod {ns}/{name}"))
+}
+
 /// `leak-sim` arguments of the stable pods remediation must never restart: 100 MiB held
 /// flat, and a GC-like sawtooth from 60 MiB up 4 MiB/s every 8 s. The e2e test and the
 /// trial report use the same ones.

@@ -41,28 +41,7 @@ async fn workload(
     args: &[&str],
     limit: &str,
 ) -> Pod {
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"app": app}},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            // No API access needed; and on clusters that still make token Secrets (< 1.24)
-            // a pod that mounts one is refused ("No API token found ... retry") until the
-            // token controller has caught up with the new namespace.
-            "automountServiceAccountToken": false,
-            "containers": [{
-                "name": "main",
-                "image": cluster::WORKLOADS_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["/leak-sim"],
-                "args": args,
-                "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
-            }]
-        }
-    }))
-    .expect("pod json");
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pod)
+    cluster::leak_sim_pod(client, ns, name, app, args, limit)
         .await
         .expect("create pod")
 }

@@ -94,18 +94,9 @@ fn start_prometheus(operator: &str, agents: &[String]) -> Prometheus {
     Prometheus { child, _dir: dir }
 }
 
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// GET on Prometheus's HTTP API; the `data` of a `success` answer.
+/// GET on Prometheus's HTTP API; the `data` of a `success` answer. (A plain HTTP/1.0
+/// request over a TcpStream: one loopback GET per poll in a test does not need an HTTP
+/// client crate, and none is among the e2e crate's dependencies.)
 fn api(path_and_query: &str) -> anyhow::Result<Value> {
     let mut conn = TcpStream::connect(("127.0.0.1", PROMETHEUS_PORT))?;
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -126,7 +117,8 @@ fn api(path_and_query: &str) -> anyhow::Result<Value> {
 }
 
 fn query(q: &str) -> anyhow::Result<Vec<Value>> {
-    let data = api(&format!("/api/v1/query?query={}", percent_encode(q)))?;
+    let q: String = form_urlencoded::byte_serialize(q.as_bytes()).collect();
+    let data = api(&format!("/api/v1/query?query={q}"))?;
     Ok(data["result"].as_array().cloned().unwrap_or_default())
 }
 
@@ -150,25 +142,7 @@ async fn pod_ips(client: &Client, app: &str) -> Vec<String> {
 }
 
 async fn workload(client: &Client, ns: &str, name: &str, args: &[&str], limit: &str) {
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"app": "scraped"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "automountServiceAccountToken": false,
-            "containers": [{
-                "name": "main",
-                "image": cluster::WORKLOADS_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["/leak-sim"],
-                "args": args,
-                "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
-            }]
-        }
-    }))
-    .expect("pod json");
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pod)
+    cluster::leak_sim_pod(client, ns, name, "scraped", args, limit)
         .await
         .expect("create pod");
 }
