@@ -1,4 +1,11 @@
 //! Small readers of /proc and clocks the agent needs beside the kernel maps.
+//!
+//! Hand-made rather than the `procfs` crate because each is a one-field read on the
+//! per-interval path (statm's resident pages, one `kB` line of status, schedstat's first
+//! field, stat's `starttime` after the last `)`), for the Top-K processes only: the crate
+//! parses every field of a file into a struct to return one; and the CPU clock
+//! (`clock_getcpuclockid`) is not /proc at all. The one trap, a `comm` holding spaces and
+//! parentheses in `stat`, is handled where `stat` is read: fields start after the last `)`.
 
 use std::{fs, io, path::Path};
 
