@@ -109,9 +109,8 @@ def cmd_install(a):
         else:
             rel = cfg.upgrade(chart, a.release, user_values(a), namespace=a.namespace,
                               wait=wait, timeout=a.timeout)
-    info = rel.get("info") or {}
     print(f"NAME: {rel.get('name')}\nNAMESPACE: {rel.get('namespace')}\n"
-          f"STATUS: {info.get('status')}\nREVISION: {rel.get('version')}")
+          f"STATUS: {rel.get('status')}\nREVISION: {rel.get('revision')}")
     if rel.get("notes"):
         print("\nNOTES:\n" + rel["notes"].strip())
 
