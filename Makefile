@@ -66,7 +66,9 @@ unit: deps ## Unit and kernel integration tests (without root/BTF kernel tests s
 # demo, test and top need root (a cluster, BPF). Run as root they run here; run as a
 # sudo user they re-run themselves through sudo, so `make demo` works verbatim for both
 # (a fresh machine logged in as root has no sudo binary at all).
-AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo -E env "PATH=$$PATH")
+# A user's PATH usually lacks the sbin directories root's has (iptables, modprobe, sysctl,
+# ip): they are added, after the user's own (where cargo is).
+AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo -E env "PATH=$$PATH:/usr/local/sbin:/usr/sbin:/sbin")
 
 demo: ## Local cluster demo: cluster up, images, install via config/, workloads + sample, kubectl get resourcewatch -o wide
 ifeq ($(AS_ROOT),)
