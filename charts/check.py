@@ -459,7 +459,7 @@ def restricted_violations(pod_spec):
 
 
 def cmd_podsecurity(a):
-    for path, label in ((a.render, "chart"), (a.config, "config/default")):
+    for path, label in ((a.render, "chart"), (a.config, "config/")):
         by_name = {(o["kind"], o["metadata"]["name"]): o for _, o in load_objects(path)}
         op = by_name.get(("Deployment", "resourcewatch-operator"))
         agent = by_name.get(("DaemonSet", "resourcewatch-agent"))
@@ -472,15 +472,15 @@ def cmd_podsecurity(a):
         else:
             ok(f"{label}: the operator's pod meets Pod Security 'restricted'")
         # The agent cannot meet 'baseline' (hostPID, added capabilities): its namespace
-        # must enforce 'privileged', which config/default's Namespace says.
+        # must enforce 'privileged', which config/'s Namespace says.
         if not restricted_violations(agent["spec"]["template"]["spec"]):
             fail(f"{label}: the agent unexpectedly meets 'restricted': drop the privileged label")
     ns = [o for _, o in load_objects(a.config) if o["kind"] == "Namespace"]
     labels = ns[0]["metadata"].get("labels", {}) if ns else {}
     if labels.get("pod-security.kubernetes.io/enforce") != "privileged":
-        fail(f"config/default's Namespace does not enforce 'privileged' for the agent: {labels}")
+        fail(f"config/'s Namespace does not enforce 'privileged' for the agent: {labels}")
     else:
-        ok("config/default's Namespace enforces 'privileged' (the agent needs hostPID, BPF, PERFMON)")
+        ok("config/'s Namespace enforces 'privileged' (the agent needs hostPID, BPF, PERFMON)")
     finish()
 
 
@@ -491,7 +491,7 @@ def main():
     s.set_defaults(f=cmd_docs)
     s = sub.add_parser("kustomize"); s.add_argument("dir"); s.set_defaults(f=cmd_kustomize)
     s = sub.add_parser("compare"); s.add_argument("render"); s.add_argument("reference")
-    s.add_argument("--reference-name", default="config/default")
+    s.add_argument("--reference-name", default="config/")
     s.add_argument("--include-namespace", action="store_true",
                    help="compare Namespace objects too (for two kustomize outputs)")
     s.set_defaults(f=cmd_compare)

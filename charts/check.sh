@@ -6,7 +6,7 @@
 #   charts/check.sh
 #
 # Environment:
-#   KUBECTL=PATH              kubectl whose `kustomize` renders config/default (default:
+#   KUBECTL=PATH              kubectl whose `kustomize` renders config/ (default:
 #                             the 1.20 one in /var/cache/resourcewatch/k8s-1.20.2/bin, else
 #                             kubectl on PATH, else a small python loader; KUBECTL=none
 #                             forces the python loader)
@@ -102,25 +102,25 @@ else
 fi
 
 # ---- (c) same objects as config/ --------------------------------------------------------
-step "(c) default render == kubectl kustomize config/default (less the Namespace and Helm's labels)"
+step "(c) default render == kubectl kustomize config (less the Namespace and Helm's labels)"
 KUBECTL_PICK="${KUBECTL:-}"
 if [[ $KUBECTL_PICK == none ]]; then
   KUBECTL_PICK=""
 elif [[ -z $KUBECTL_PICK ]]; then
   for k in /var/cache/resourcewatch/k8s-1.20.2/bin/kubectl "$(command -v kubectl || true)"; do
     [[ -n $k && -x $k ]] || continue
-    if timeout 60 "$k" kustomize "$REPO/config/default" >"$TMP/kustomize.yaml" 2>"$TMP/kustomize.err"; then
+    if timeout 60 "$k" kustomize "$REPO/config" >"$TMP/kustomize.yaml" 2>"$TMP/kustomize.err"; then
       KUBECTL_PICK=$k; break
     fi
-    echo "  note: $k kustomize config/default fails, trying the next: $(head -c 300 "$TMP/kustomize.err")"
+    echo "  note: $k kustomize config fails, trying the next: $(head -c 300 "$TMP/kustomize.err")"
   done
 else
-  timeout 60 "$KUBECTL_PICK" kustomize "$REPO/config/default" >"$TMP/kustomize.yaml"
+  timeout 60 "$KUBECTL_PICK" kustomize "$REPO/config" >"$TMP/kustomize.yaml"
 fi
-"${CHECK[@]}" kustomize "$REPO/config/default" >"$TMP/kustomize-fallback.yaml"
+"${CHECK[@]}" kustomize "$REPO/config" >"$TMP/kustomize-fallback.yaml"
 if [[ -n $KUBECTL_PICK ]]; then
   REF="$TMP/kustomize.yaml"
-  REF_NAME="kubectl kustomize config/default ($KUBECTL_PICK, $("$KUBECTL_PICK" version --client 2>/dev/null | head -1 || true))"
+  REF_NAME="kubectl kustomize config ($KUBECTL_PICK, $("$KUBECTL_PICK" version --client 2>/dev/null | head -1 || true))"
   echo "  reference: $REF_NAME"
   # Keep the fallback loader honest: it must agree with the real kustomize.
   if "${CHECK[@]}" compare "$TMP/kustomize-fallback.yaml" "$REF" --reference-name kustomize --include-namespace >"$TMP/fallback.txt"; then
@@ -131,11 +131,11 @@ if [[ -n $KUBECTL_PICK ]]; then
   fi
 else
   REF="$TMP/kustomize-fallback.yaml"
-  REF_NAME="config/default via the python fallback loader (no kubectl found)"
+  REF_NAME="config/ via the python fallback loader (no kubectl found)"
   echo "  reference: $REF_NAME"
 fi
-"${CHECK[@]}" compare "$TMP/default.yaml" "$REF" --reference-name "config/default" ||
-  failed "default render differs from config/default"
+"${CHECK[@]}" compare "$TMP/default.yaml" "$REF" --reference-name "config/" ||
+  failed "default render differs from config/"
 
 # ---- (d) remediation switch -------------------------------------------------------------
 step "(d) remediation master switch"

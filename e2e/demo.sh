@@ -12,7 +12,7 @@ source e2e/cluster/env.sh
 K="$KUBECTL"
 make -s images
 for i in operator agent workloads node-workloads; do rw_ctr -n k8s.io images import "target/images/$i.tar" >/dev/null; done
-"$K" apply -k config/default
+"$K" apply -k config
 "$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
 "$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=120s
 "$K" create namespace demo --dry-run=client -o yaml | "$K" apply -f -

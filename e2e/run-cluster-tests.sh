@@ -70,7 +70,7 @@ if [[ "${RW_E2E_SKIP_IMPORT:-0}" != 1 ]]; then
 fi
 lap "images built and imported"
 
-"$K" apply -k config/default
+"$K" apply -k config
 "$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
 "$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=120s
 # The chart's rendering is accepted by this API server too (server-side dry run).
@@ -94,7 +94,7 @@ lap "remediation e2e tests"
 # The Helm chart, installed for real by Helm's engine (charts/helm.sh) where config/ was:
 # both workloads must become ready (the agent's readiness means its kernel pipelines are
 # loaded and it built a report), then Helm uninstalls what it installed.
-"$K" delete -k config/default --wait=true --timeout=180s >/dev/null
+"$K" delete -k config --wait=true --timeout=180s >/dev/null
 charts/helm.sh install resourcewatch charts/resourcewatch -n resourcewatch-system --create-namespace \
   --wait --timeout 180 | sed -n '1,4p'
 "$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=60s
