@@ -28,9 +28,14 @@ build: deps ## Build everything in release mode
 	$(CARGO) build --release --workspace --bins
 
 .PHONY: top
-top: deps ## Run the standalone agent's live Top-K view on this machine (needs root)
+top: ## Run the standalone agent's live Top-K view on this machine (root: re-runs itself through sudo)
+ifeq ($(AS_ROOT),)
+top: deps
 	$(CARGO) build --release -p resourcewatch-agent
 	./target/release/resourcewatch-agent top -k $(K) --interval $(INTERVAL)
+else
+	$(AS_ROOT) $(MAKE) top K=$(K) INTERVAL=$(INTERVAL)
+endif
 
 .PHONY: probe
 probe: deps ## Report what this kernel allows (BTF, tracepoints, cgroups, privileges)
@@ -80,8 +85,12 @@ endif
 
 .PHONY: down
 down: ## Stop the local cluster and leave the machine as it was (then checks it)
+ifeq ($(AS_ROOT),)
 	e2e/cluster/down.sh
 	e2e/cluster/check-clean.sh
+else
+	$(AS_ROOT) $(MAKE) down
+endif
 
 .PHONY: e2e
 e2e: deps ## End-to-end tests on the real single-node cluster (installs through config/; down + clean check after)
