@@ -638,6 +638,64 @@ mod tests {
         assert_eq!(seen, 1);
     }
 
+    /// Server-side apply on Kubernetes 1.20 turns an empty string into null, which the
+    /// schema refuses (the whole status write fails); later versions keep it. A status
+    /// must therefore never carry an empty string: an unknown container or command is
+    /// left out, and nothing is ever written as null.
+    #[test]
+    fn a_status_never_writes_empty_strings_or_nulls() {
+        fn walk(v: &serde_json::Value, path: &str) {
+            match v {
+                serde_json::Value::Null => panic!("{path} is null"),
+                serde_json::Value::String(s) => assert!(!s.is_empty(), "{path} is \"\""),
+                serde_json::Value::Array(a) => {
+                    for (i, x) in a.iter().enumerate() {
+                        walk(x, &format!("{path}[{i}]"));
+                    }
+                }
+                serde_json::Value::Object(m) => {
+                    for (k, x) in m {
+                        walk(x, &format!("{path}.{k}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let entry = TopEntry {
+            pod: "p".into(),
+            container: String::new(),
+            node: "n".into(),
+            pid: 1,
+            command: String::new(),
+            value: 1.0,
+        };
+        let status = ResourceWatchStatus {
+            top_cpu: vec![entry.clone()],
+            top_memory: vec![entry],
+            leaks: vec![LeakEntry {
+                pod: "p".into(),
+                container: String::new(),
+                node: "n".into(),
+                growth_bytes_per_second: 1.0,
+                confidence: 70,
+                time_to_oom_seconds: None,
+                time_to_oom_lower_bound_seconds: None,
+                growing_for_seconds: None,
+                limit_bytes: None,
+            }],
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: ConditionStatus::True,
+                reason: "Configured".into(),
+                message: String::new(),
+                last_transition_time: "2026-11-24T10:00:00Z".into(),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        };
+        walk(&serde_json::to_value(&status).expect("json"), "status");
+    }
+
     #[test]
     fn the_kustomize_copy_matches_too() {
         for (path, copy) in [
