@@ -153,6 +153,13 @@ int rw_cpu_sync(__u64 *ctx)
 		oc->target = task_is_target(ctl->targets, tgid, cur);
 		if (tgid)
 			stat_inc(RW_STAT_SWITCH_IN_UNSEEN);
+	} else if (oc->tgid) {
+		/* Whether the running task is a target is re-read: it may have become one
+		 * after it was switched in (targets just programmed, a busy loop that no switch
+		 * interrupts). Its slot said "not a target" until its next switch, so user space
+		 * counted none of that slice: a CPU-bound process targeted while on-CPU read
+		 * 0.5 % busy for a whole interval. */
+		oc->target = task_is_target(ctl->targets, oc->tgid, cur);
 	}
 	if (!close)
 		return 0;

@@ -575,6 +575,53 @@ fn a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters() 
     );
 }
 
+/// A CPU-bound process alone on its CPU is never switched out, so the only switch-in the
+/// programs saw was before it was targeted. Its slot said "not a target" until the next
+/// switch, and none of its running time reached the exact counters: CI read a busy loop
+/// targeted this way at 0.5 % of one interval.
+#[test]
+fn a_process_targeted_while_on_cpu_is_counted_at_once() {
+    let Some(_k) = kernel_or_skip("a_process_targeted_while_on_cpu_is_counted_at_once") else {
+        return;
+    };
+    let mut pipes = load(PipelineOptions::default());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = cpus - 1;
+    let kid = Child::spawn(move || {
+        // SAFETY: a zeroed cpu_set_t with one CPU set, for this process only.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+        loop {
+            std::hint::spin_loop();
+        }
+    });
+    // On its CPU for a while before it is targeted.
+    std::thread::sleep(Duration::from_millis(300));
+    pipes.set_targets(&[kid.pid], &[]).expect("targets");
+    let cpu_of = |pipes: &mut Pipelines| {
+        pipes
+            .targets()
+            .expect("targets")
+            .into_iter()
+            .find(|t| t.tgid == kid.pid)
+            .map_or(0, |t| t.cpu_ns)
+    };
+    let t0 = cpu_of(&mut pipes);
+    let start = now();
+    std::thread::sleep(Duration::from_millis(500));
+    let t1 = cpu_of(&mut pipes);
+    let wall = start.elapsed().as_nanos() as f64;
+    // Alone on its CPU it runs nearly all the time; a shared CPU still leaves it far
+    // more than a third (the failure read under 1 %).
+    assert!(
+        (t1.saturating_sub(t0)) as f64 >= 0.33 * wall,
+        "a busy loop targeted while running: {t0} -> {t1} ns of CPU over {wall} ns"
+    );
+}
+
 #[test]
 fn allocation_mode_counts_outstanding_bytes() {
     let Some(_k) = kernel_or_skip("allocation_mode_counts_outstanding_bytes") else {
