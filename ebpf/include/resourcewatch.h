@@ -48,6 +48,7 @@
 #define RW_STAT_TARGETS_FULL 3       /* rw_target_procs full: a target is not tracked */
 #define RW_STAT_ALLOC_PTRS_FULL 4
 #define RW_STAT_SWITCH_IN_UNSEEN 5   /* a task found on a CPU whose switch-in never fired */
+#define RW_STAT_STACKS_LOST 6        /* a stack or its counter could not be stored (map full) */
 #define RW_STAT_MAX 8
 
 /* Load-time configuration, a read-only global: the verifier sees its fields as constants. */
@@ -73,6 +74,7 @@ struct rw_control {
 	__u64 sample_min_delta_pages; /* emit a memory sample once RSS moved this much */
 	__u64 sample_min_interval_ns; /* ... and at most this often per process */
 	__u64 ring_coalesce_ns;       /* minimum spacing of kernel ring entries */
+	__u64 site_pids;              /* processes whose growth sites are captured (rw_site_pids) */
 };
 
 /*
@@ -161,6 +163,24 @@ struct rw_alloc_stats {
 	__u64 allocs;
 	__u64 frees;
 	__u64 unknown_frees; /* frees of pointers allocated before tracking began */
+};
+
+/* Frames kept per captured stack: the stack maps' values are this many addresses. */
+#define RW_STACK_DEPTH 64
+
+/*
+ * Key of a stack counter (CPU samples of a profile, or bytes of resident growth): one
+ * process, one user and one kernel stack (ids in the stack map; < 0 when none was taken).
+ * `caller` is the return address on top of the user stack, when it follows a call
+ * instruction: the caller of a leaf function that keeps no frame pointer, which the
+ * kernel's frame-pointer walk skips (stacks.bpf.h); 0 otherwise.
+ */
+struct rw_stack_key {
+	__u64 caller;
+	__u32 tgid;
+	__s32 user_stack;
+	__s32 kernel_stack;
+	__u32 _pad0;
 };
 
 #endif

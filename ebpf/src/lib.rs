@@ -27,6 +27,7 @@ pub mod programs {
     pub const MMAP_RETURN: &str = "rw_mmap_return";
     pub const FREE_ENTER: &str = "rw_free_enter";
     pub const MUNMAP_ENTER: &str = "rw_munmap_enter";
+    pub const PROFILE: &str = "rw_profile";
 }
 
 /// Names of the maps in [`OBJECT`].
@@ -44,6 +45,13 @@ pub mod maps {
     pub const ALLOC_PENDING: &str = "rw_alloc_pending";
     pub const ALLOC_PTRS: &str = "rw_alloc_ptrs";
     pub const ALLOC_STATS: &str = "rw_alloc_stats";
+    pub const PROFILE_STACKS: &str = "rw_profile_stacks";
+    pub const PROFILE_COUNTS: &str = "rw_profile_counts";
+    pub const PROFILE_PIDS: &str = "rw_profile_pids";
+    pub const PROFILE_CGROUPS: &str = "rw_profile_cgroups";
+    pub const SITE_STACKS: &str = "rw_site_stacks";
+    pub const SITE_BYTES: &str = "rw_site_bytes";
+    pub const SITE_PIDS: &str = "rw_site_pids";
 }
 
 /// Name of the read-only configuration global (`struct rw_config`).

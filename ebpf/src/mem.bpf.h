@@ -103,6 +103,8 @@ int BPF_PROG(rw_rss_stat, struct mm_struct *mm, int member)
 	if (!ctl)
 		return 0;
 
+	if (ctl->site_pids)
+		record_growth_site(ctx, tgid, total);
 	__u32 targets = ctl->targets;
 	if (targets) {
 		__u64 cgid = (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(owner) : 0;

@@ -5,14 +5,17 @@
  *   - memory: exact per-process RSS from rss_stat into a HashPipe of current RSS, plus a
  *     ring-buffer stream of samples when a process's RSS moved;
  *   - exact tracking of targeted PIDs / cgroups beside the sketches;
- *   - allocation mode: libc uprobes, a pointer -> size map, outstanding bytes per process.
+ *   - allocation mode: libc uprobes, a pointer -> size map, outstanding bytes per process;
+ *   - stacks: CPU profiles of chosen processes (perf events) and the growth sites of
+ *     leaking ones (rss_stat).
  *
- * All programs are tp_btf (BTF-typed raw tracepoints): arguments are read with plain loads
- * instead of bpf_probe_read calls, and no perf record is built for the event. That is what
- * keeps the per-event cost low (see node-agent/BENCHMARKS.md).
+ * The tracepoint programs are tp_btf (BTF-typed raw tracepoints): arguments are read with
+ * plain loads instead of bpf_probe_read calls, and no perf record is built for the event.
+ * That is what keeps the per-event cost low (see node-agent/BENCHMARKS.md).
  */
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
+#include <linux/bpf_perf_event.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
@@ -29,6 +32,7 @@ char LICENSE[] SEC("license") = "GPL";
 #include "maps.bpf.h"
 #include "hashpipe.bpf.h"
 #include "targets.bpf.h"
+#include "stacks.bpf.h"
 #include "cpu.bpf.h"
 #include "mem.bpf.h"
 #include "alloc.bpf.h"

@@ -19,6 +19,8 @@ pub const SAMPLE_EXIT: u32 = 2;
 /// Multiplier of stage 0's hash, and the step added per stage (see `hp_index` in C).
 pub const HASH_BASE: u32 = 0x9E37_79B1;
 pub const HASH_STEP: u32 = 0x6A09_E668;
+/// Frames kept per captured stack (the stack maps' values are this many addresses).
+pub const STACK_DEPTH: usize = 64;
 
 /// Indexes of the `rw_stats` per-CPU counters.
 pub mod stat {
@@ -30,6 +32,8 @@ pub mod stat {
     /// A task found on a CPU (switched out, or running at a close) whose switch-in the
     /// sched_switch program never saw.
     pub const SWITCH_IN_UNSEEN: u32 = 5;
+    /// A stack, or its counter, could not be stored (a stack or counter map full).
+    pub const STACKS_LOST: u32 = 6;
     pub const COUNT: u32 = 8;
 }
 
@@ -56,6 +60,7 @@ pub mod control {
     pub const MIN_DELTA: usize = offset_of!(RwControl, sample_min_delta_pages) / 8;
     pub const MIN_INTERVAL: usize = offset_of!(RwControl, sample_min_interval_ns) / 8;
     pub const RING_COALESCE: usize = offset_of!(RwControl, ring_coalesce_ns) / 8;
+    pub const SITE_PIDS: usize = offset_of!(RwControl, site_pids) / 8;
     /// Words in the struct.
     pub const WORDS: usize = size_of::<RwControl>() / 8;
 }
@@ -69,6 +74,7 @@ pub struct RwControl {
     pub sample_min_delta_pages: u64,
     pub sample_min_interval_ns: u64,
     pub ring_coalesce_ns: u64,
+    pub site_pids: u64,
 }
 
 #[repr(C)]
@@ -151,6 +157,18 @@ pub struct RwAllocStats {
     pub unknown_frees: u64,
 }
 
+/// Key of a stack counter: a process, its user and kernel stack ids (< 0: none), and the
+/// return address found on top of its user stack (0: none; see stacks.bpf.h).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RwStackKey {
+    pub caller: u64,
+    pub tgid: u32,
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+    pub _pad0: u32,
+}
+
 // SAFETY: all of these are repr(C) plain-old-data with explicit padding fields, so every
 // bit pattern is valid and no byte is uninitialised.
 unsafe impl aya::Pod for RwConfig {}
@@ -162,6 +180,7 @@ unsafe impl aya::Pod for RwMemSample {}
 unsafe impl aya::Pod for RwAllocKey {}
 unsafe impl aya::Pod for RwAllocPending {}
 unsafe impl aya::Pod for RwAllocStats {}
+unsafe impl aya::Pod for RwStackKey {}
 
 #[cfg(test)]
 mod tests {
@@ -191,7 +210,7 @@ mod tests {
     fn rust_mirror_matches_the_c_header() {
         let rust = layout! {
             "rw_config" => RwConfig { cpu_depth, cpu_width_shift, mem_depth, mem_width_shift, cgroup_v1_memory, page_shift },
-            "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns, ring_coalesce_ns },
+            "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns, ring_coalesce_ns, site_pids },
             "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, start_runtime, clock_offset, calib_epoch, credited_ns, _pad1 },
             "rw_target_proc" => RwTargetProc { cpu_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, updated_ns, exited, _pad0 },
             "rw_proc_mem" => RwProcMem { last_emit_pages, last_emit_ns, ring_head, ring_count, ring_mib, ring_ds },
@@ -199,6 +218,7 @@ mod tests {
             "rw_alloc_key" => RwAllocKey { tgid, _pad0, ptr },
             "rw_alloc_pending" => RwAllocPending { size, old_ptr, kind, _pad0 },
             "rw_alloc_stats" => RwAllocStats { outstanding_bytes, allocs, frees, unknown_frees },
+            "rw_stack_key" => RwStackKey { caller, tgid, user_stack, kernel_stack, _pad0 },
         };
         let c: BTreeMap<String, (usize, usize)> = probe()
             .lines()
@@ -248,7 +268,9 @@ mod tests {
                 "RW_STAT_SWITCH_IN_UNSEEN",
                 u64::from(stat::SWITCH_IN_UNSEEN),
             ),
+            ("RW_STAT_STACKS_LOST", u64::from(stat::STACKS_LOST)),
             ("RW_STAT_MAX", u64::from(stat::COUNT)),
+            ("RW_STACK_DEPTH", STACK_DEPTH as u64),
         ]
         .into_iter()
         .collect();
@@ -276,9 +298,10 @@ mod tests {
                 control::MIN_DELTA,
                 control::MIN_INTERVAL,
                 control::RING_COALESCE,
+                control::SITE_PIDS,
                 control::WORDS
             ],
-            [0, 1, 2, 3, 4, 5]
+            [0, 1, 2, 3, 4, 5, 6]
         );
     }
 

@@ -7,5 +7,7 @@ pub mod hashpipe;
 pub mod leak;
 pub mod pipelines;
 pub mod procfs;
+pub mod profile;
 pub mod snapshot;
+pub mod stacks;
 pub mod top;

@@ -1,5 +1,6 @@
-//! `resourcewatch-agent`: `top` (standalone, no cluster), `run` (the DaemonSet's agent,
-//! driven by the operator) and `probe` (what this node allows).
+//! `resourcewatch-agent`: `top` (standalone, no cluster), `profile` (CPU stacks of a
+//! process or cgroup), `run` (the DaemonSet's agent, driven by the operator) and `probe`
+//! (what this node allows).
 
 use std::{process::ExitCode, time::Duration};
 
@@ -8,6 +9,7 @@ use resourcewatch_agent::{
     capabilities,
     hashpipe::Geometry,
     pipelines::PipelineOptions,
+    profile,
     top::{self, TopOptions, parse_duration},
 };
 
@@ -26,6 +28,9 @@ struct Cli {
 enum Command {
     /// Live view of the heaviest processes by CPU and memory, read from the kernel.
     Top(TopArgs),
+    /// Sample the CPU stacks of processes or cgroups and write a flame graph, pprof or
+    /// folded stacks.
+    Profile(ProfileArgs),
     /// Run as the cluster's node agent: connect to the operator, apply its configuration,
     /// stream reports.
     Run(RunArgs),
@@ -75,6 +80,40 @@ fn metrics_addr(s: &str) -> Result<MetricsAddr, String> {
     s.parse()
         .map(|a| MetricsAddr(Some(a)))
         .map_err(|e| format!("{s:?}: {e} (an address like 0.0.0.0:9479, or off)"))
+}
+
+#[derive(Args)]
+struct ProfileArgs {
+    /// Profile this process, all its threads (repeatable).
+    #[arg(long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
+    /// Profile every process of this cgroup: a path in the cgroup hierarchy, a
+    /// /sys/fs/cgroup/... directory, or a cgroup id (repeatable).
+    #[arg(long = "cgroup", value_name = "CGROUP")]
+    cgroups: Vec<String>,
+    /// How long to sample, e.g. 10s, 1m (Ctrl-C stops early and still writes the output).
+    #[arg(long, short = 'd', default_value = "10s", value_parser = profile_duration)]
+    duration: Duration,
+    /// Samples per second per CPU (software cpu-clock).
+    #[arg(long, short = 'F', default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=profile::MAX_FREQUENCY_HZ))]
+    frequency: u64,
+    /// Output format.
+    #[arg(long, short = 'f', value_enum, default_value = "svg")]
+    format: profile::Format,
+    /// Write here instead of standard output.
+    #[arg(long, short = 'o')]
+    output: Option<std::path::PathBuf>,
+    /// Distinct stacks the kernel can hold (512 bytes each).
+    #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u32).range(64..=1_048_576))]
+    stack_entries: u32,
+}
+
+fn profile_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+        return Err(format!("{s}: a profile lasts 100ms to 1h"));
+    }
+    Ok(d)
 }
 
 #[derive(Args)]
@@ -152,6 +191,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Probe { json } => probe(json),
         Command::Top(args) => run_top(args),
+        Command::Profile(args) => run_profile(args),
         Command::Run(args) => run_agent(args),
     }
 }
@@ -259,6 +299,56 @@ fn run_top(a: TopArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn run_profile(a: ProfileArgs) -> ExitCode {
+    if a.pids.is_empty() && a.cgroups.is_empty() {
+        eprintln!("resourcewatch-agent profile: give --pid or --cgroup");
+        return ExitCode::from(2);
+    }
+    let report = capabilities::probe();
+    if let Some(why) = report.fatal() {
+        eprintln!("resourcewatch-agent profile cannot run here: {why}.");
+        return ExitCode::from(2);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(sig, stop.clone()) {
+            eprintln!("resourcewatch-agent profile: installing a signal handler failed: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let opts = profile::CommandOptions {
+        pids: a.pids,
+        cgroups: a.cgroups,
+        duration: a.duration,
+        frequency_hz: a.frequency,
+        format: a.format,
+        stack_entries: a.stack_entries,
+    };
+    let (bytes, summary) = match profile::command(&opts, &stop) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("resourcewatch-agent profile: {}", error_chain(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let written = match &a.output {
+        Some(path) => std::fs::write(path, &bytes),
+        None => std::io::Write::write_all(&mut std::io::stdout().lock(), &bytes),
+    };
+    if let Err(e) = written {
+        eprintln!("resourcewatch-agent profile: writing the output failed: {e}");
+        return ExitCode::from(1);
+    }
+    eprintln!("{summary}");
+    if summary.samples == 0 {
+        eprintln!(
+            "resourcewatch-agent profile: no sample: the target did not run on a CPU (or is gone)"
+        );
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -42,6 +42,10 @@ pub struct PipelineOptions {
     pub ring_coalesce: Duration,
     /// Load the libc uprobes (allocation mode); they attach per PID with [`Pipelines::trace_allocations`].
     pub allocation_mode: bool,
+    /// Entries of each stack map (CPU profiles, leak growth sites): each holds one stack
+    /// of up to 64 frames (512 bytes), preallocated. Distinct stacks beyond this, and
+    /// stacks whose hash collides with a stored one, are counted as lost.
+    pub stack_entries: u32,
 }
 
 impl Default for PipelineOptions {
@@ -59,6 +63,7 @@ impl Default for PipelineOptions {
             sample_min_interval: Duration::from_secs(1),
             ring_coalesce: Duration::from_secs(5),
             allocation_mode: false,
+            stack_entries: 1024,
         }
     }
 }
@@ -110,6 +115,8 @@ pub enum PipelineError {
     },
     #[error("allocation mode is off: start with allocation mode to trace PID {0}")]
     AllocationModeOff(u32),
+    #[error("PID {0}: no such process")]
+    NoProcess(u32),
     #[error("PID {pid}: no libc found in /proc/{pid}/maps (statically linked, or exited)")]
     NoLibc { pid: u32 },
     #[error("PID {pid}: attaching the {symbol} uprobe failed: {source}")]
@@ -121,7 +128,7 @@ pub enum PipelineError {
     },
 }
 
-fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> PipelineError {
+pub(crate) fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> PipelineError {
     move |source| PipelineError::Map {
         name,
         source: Box::new(source),
@@ -311,6 +318,8 @@ pub struct KernelStats {
     pub switch_ins_unseen: u64,
     /// rw_cpu_sync runs that failed (the running part of an epoch went uncredited).
     pub cpu_sync_failures: u64,
+    /// Stacks (profiles, growth sites) or their counters that did not fit their maps.
+    pub stacks_lost: u64,
 }
 
 /// The loaded, attached pipelines.
@@ -691,13 +700,7 @@ impl Pipelines {
 
     /// Sums the kernel's per-CPU self-counters.
     pub fn kernel_stats(&self) -> KernelStats {
-        let Some(map) = self.bpf.map(maps::STATS) else {
-            return KernelStats::default();
-        };
-        let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else {
-            return KernelStats::default();
-        };
-        let get = |i: u32| arr.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0);
+        let get = |i: u32| read_stat(&self.bpf, i);
         KernelStats {
             samples: get(shared::stat::SAMPLES),
             samples_lost: get(shared::stat::SAMPLES_LOST),
@@ -705,6 +708,7 @@ impl Pipelines {
             targets_full: get(shared::stat::TARGETS_FULL),
             alloc_ptrs_full: get(shared::stat::ALLOC_PTRS_FULL),
             switch_ins_unseen: get(shared::stat::SWITCH_IN_UNSEEN),
+            stacks_lost: get(shared::stat::STACKS_LOST),
             cpu_sync_failures: self.sync_failures.load(Ordering::Relaxed),
         }
     }
@@ -802,6 +806,57 @@ impl Pipelines {
         Ok(())
     }
 
+    /// Starts charging each new high of `tgid`'s resident memory to the user stack that
+    /// caused it (ebpf/src/stacks.bpf.h). The high starts at the process's RSS now, so
+    /// only growth from here on counts. Up to 64 processes at once.
+    pub fn capture_growth_sites(&mut self, tgid: u32) -> Result<(), PipelineError> {
+        let pages = procfs::resident_pages(tgid).ok_or(PipelineError::NoProcess(tgid))?;
+        let name = maps::SITE_PIDS;
+        let mut pids: BpfHashMap<_, u32, u64> = BpfHashMap::try_from(
+            self.bpf
+                .map_mut(name)
+                .ok_or(PipelineError::MissingMap(name))?,
+        )
+        .map_err(map_err(name))?;
+        if pids.get(&tgid, 0).is_err() {
+            pids.insert(tgid, pages, 1 /* BPF_NOEXIST */)
+                .map_err(map_err(name))?;
+        }
+        let n = pids.keys().filter_map(Result::ok).count() as u64;
+        self.control_word(shared::control::SITE_PIDS)
+            .store(n, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Stops capturing `tgid`'s growth sites (what was captured stays until read).
+    pub fn stop_growth_sites(&mut self, tgid: u32) {
+        let name = maps::SITE_PIDS;
+        let Some(map) = self.bpf.map_mut(name) else {
+            return;
+        };
+        let Ok(mut pids) = BpfHashMap::<_, u32, u64>::try_from(map) else {
+            return;
+        };
+        let _ = pids.remove(&tgid);
+        let n = pids.keys().filter_map(Result::ok).count() as u64;
+        self.control_word(shared::control::SITE_PIDS)
+            .store(n, Ordering::SeqCst);
+    }
+
+    /// The processes whose growth sites are being captured.
+    pub fn growth_site_pids(&self) -> Vec<u32> {
+        self.bpf
+            .map(maps::SITE_PIDS)
+            .and_then(|m| BpfHashMap::<_, u32, u64>::try_from(m).ok())
+            .map(|pids| pids.keys().filter_map(Result::ok).collect())
+            .unwrap_or_default()
+    }
+
+    /// Growth captured since the last call, every captured process's (bytes per stack).
+    pub fn drain_growth_sites(&mut self) -> Result<Vec<crate::stacks::RawStack>, PipelineError> {
+        crate::stacks::drain(&mut self.bpf, maps::SITE_BYTES, maps::SITE_STACKS)
+    }
+
     /// Outstanding allocated bytes per traced process.
     pub fn allocations(&self) -> Vec<(u32, RwAllocStats)> {
         let Some(map) = self.bpf.map(maps::ALLOC_STATS) else {
@@ -817,7 +872,15 @@ impl Pipelines {
 }
 
 /// The object with the loader's configuration set and its maps sized for this machine.
-fn load_object(
+/// One of the kernel's per-CPU self-counters (`RW_STAT_*`), summed over CPUs; 0 if unreadable.
+pub(crate) fn read_stat(bpf: &Ebpf, index: u32) -> u64 {
+    bpf.map(maps::STATS)
+        .and_then(|m| PerCpuArray::<_, u64>::try_from(m).ok())
+        .and_then(|arr| arr.get(&index, 0).ok())
+        .map_or(0, |v| v.iter().sum())
+}
+
+pub(crate) fn load_object(
     opts: &PipelineOptions,
     btf: &Btf,
     ncpus: u32,
@@ -846,6 +909,8 @@ fn load_object(
         .map_max_entries(maps::ALLOC_PENDING, pending)
         .map_max_entries(maps::ALLOC_PTRS, ptrs)
         .map_max_entries(maps::ALLOC_STATS, astats)
+        .map_max_entries(maps::PROFILE_STACKS, opts.stack_entries.max(1))
+        .map_max_entries(maps::SITE_STACKS, opts.stack_entries.max(1))
         .load(OBJECT)
         .map_err(|e| PipelineError::Load(Box::new(e)))
 }

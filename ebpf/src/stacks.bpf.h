@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Stacks: CPU profiles of chosen processes (a perf-event program, attached only while a
+ * profile runs) and the growth sites of leaking processes (from rss_stat, only for the
+ * processes user space listed in rw_site_pids, for a bounded time).
+ * Part of resourcewatch.bpf.c, the one object the agent loads (its programs share these
+ * maps); included once, in order, from there, after mem.bpf.h's helpers are declared.
+ *
+ * Both follow the design of the seeds' profilers (Pixie, Pyroscope): stacks are
+ * deduplicated in the kernel by bpf_get_stackid into a stack-trace map, a hash map counts
+ * per (process, user stack, kernel stack), and user space reads both and symbolises. The
+ * stacks are walked by frame pointers (what bpf_get_stackid does): binaries built without
+ * them give their leaf frame and then garbage, which user space shows as [unknown].
+ */
+#ifndef RW_STACKS_BPF_H
+#define RW_STACKS_BPF_H
+
+/* ---- maps ------------------------------------------------------------------------------ */
+
+/* Both stack maps are sized by the loader (PipelineOptions::stack_entries). */
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 1024);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, RW_STACK_DEPTH * sizeof(__u64));
+} rw_profile_stacks SEC(".maps");
+
+/* CPU samples per rw_stack_key. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct rw_stack_key);
+	__type(value, __u64);
+} rw_profile_counts SEC(".maps");
+
+/* Profiled processes (tgid -> 1) and cgroups (cgroup id -> 1). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u32);
+} rw_profile_pids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u64);
+	__type(value, __u32);
+} rw_profile_cgroups SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 1024);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, RW_STACK_DEPTH * sizeof(__u64));
+} rw_site_stacks SEC(".maps");
+
+/* Bytes of resident growth per rw_stack_key. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct rw_stack_key);
+	__type(value, __u64);
+} rw_site_bytes SEC(".maps");
+
+/* Processes whose growth sites are captured: tgid -> the highest resident pages seen. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u64);
+} rw_site_pids SEC(".maps");
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+static __always_inline void stack_count_add(void *map, struct rw_stack_key *key, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(map, key);
+	if (v) {
+		__sync_fetch_and_add(v, n);
+		return;
+	}
+	__u64 init = n;
+	if (bpf_map_update_elem(map, key, &init, BPF_NOEXIST) == 0)
+		return;
+	/* Another CPU inserted it first, or the map is full. */
+	v = bpf_map_lookup_elem(map, key);
+	if (v)
+		__sync_fetch_and_add(v, n);
+	else
+		stat_inc(RW_STAT_STACKS_LOST);
+}
+
+/*
+ * The return address on top of the current task's user stack, if the instruction before
+ * it is a call; else 0.
+ *
+ * Why: a frame-pointer walk starts at the instruction pointer and then follows the saved
+ * frame pointers, so when the event lands in a leaf that keeps no frame (memset, memcpy,
+ * Go's memclrNoHeapPointers: where new memory is first touched), the leaf's caller is
+ * missing from the stack: the walk goes from the leaf straight to the caller's caller. At
+ * that point the caller's return address is still the word at the stack pointer. In a
+ * function that did push a frame the word is something else (a saved register, a local),
+ * hence the call-instruction check, and user space keeps it only when it falls in an
+ * executable mapping of a file and is not already the walk's next frame. x86-64 only.
+ */
+static __always_inline __u64 top_return_address(void)
+{
+#if defined(__TARGET_ARCH_x86)
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	__u64 sp = 0, ret = 0;
+	__u8 code[7];
+	if (!regs || bpf_probe_read_kernel(&sp, sizeof(sp), &PT_REGS_SP(regs)))
+		return 0;
+	if (bpf_probe_read_user(&ret, sizeof(ret), (void *)sp) || ret < sizeof(code))
+		return 0;
+	if (bpf_probe_read_user(code, sizeof(code), (void *)(ret - sizeof(code))))
+		return 0;
+	if (code[2] == 0xe8)                                 /* call rel32 */
+		return ret;
+	if (code[1] == 0xff && code[2] == 0x15)              /* call *disp32(%rip) */
+		return ret;
+	if (code[5] == 0xff && (code[6] & 0xf8) == 0xd0)     /* call *%reg */
+		return ret;
+	if (code[4] == 0xff && (code[5] & 0xf8) == 0x50)     /* call *disp8(%reg) */
+		return ret;
+	if (code[1] == 0xff && (code[2] & 0xf8) == 0x90)     /* call *disp32(%reg) */
+		return ret;
+	return 0;
+#else
+	return 0;
+#endif
+}
+
+/*
+ * Called from rw_rss_stat for a process listed in rw_site_pids: when its resident total
+ * goes above the highest seen so far, the growth is charged to the user stack of the task
+ * that caused it, if that task belongs to the process (a fault, a brk or an mmap of its
+ * own; reclaim or another process's ptrace write have no stack of the process).
+ *
+ * Only new highs count: memory a process frees and takes back (allocator churn, a GC
+ * sawtooth) is resident already and adds nothing, so over a capture window what stays is
+ * where the process's footprint really grew, which for a leak is the leak. Two threads of
+ * one process racing on the high-water mark can misattribute a few pages.
+ */
+static __always_inline void record_growth_site(void *ctx, __u32 tgid, __u64 total)
+{
+	__u64 *high = bpf_map_lookup_elem(&rw_site_pids, &tgid);
+	if (!high)
+		return;
+	__u64 prev = *high;
+	if (total <= prev)
+		return;
+	*high = total;
+	if ((bpf_get_current_pid_tgid() >> 32) != tgid)
+		return;
+	struct rw_stack_key key = {
+		.tgid = tgid,
+		.kernel_stack = -1,
+	};
+	key.user_stack = bpf_get_stackid(ctx, &rw_site_stacks, BPF_F_USER_STACK);
+	key.caller = top_return_address();
+	if (key.user_stack < 0)
+		stat_inc(RW_STAT_STACKS_LOST);
+	stack_count_add(&rw_site_bytes, &key, (total - prev) << rw_config.page_shift);
+}
+
+/* ---- CPU profile ----------------------------------------------------------------------- */
+
+/*
+ * A software cpu-clock event at the profile's frequency on every CPU (this VM has no PMU);
+ * only the profiled processes and cgroups are sampled. Idle (tgid 0) never is.
+ */
+SEC("perf_event")
+int rw_profile(struct bpf_perf_event_data *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!tgid)
+		return 0;
+	if (!bpf_map_lookup_elem(&rw_profile_pids, &tgid)) {
+		__u64 cgid = task_cgroup_id(bpf_get_current_task_btf());
+		if (!cgid || !bpf_map_lookup_elem(&rw_profile_cgroups, &cgid))
+			return 0;
+	}
+	struct rw_stack_key key = { .tgid = tgid };
+	key.user_stack = bpf_get_stackid(ctx, &rw_profile_stacks, BPF_F_USER_STACK);
+	key.kernel_stack = bpf_get_stackid(ctx, &rw_profile_stacks, 0);
+	/* Samples land in frameless leaves too (Go's small functions, memcpy): their callers
+	 * are put back the same way as for growth sites. */
+	key.caller = top_return_address();
+	if (key.user_stack < 0 && key.kernel_stack < 0)
+		stat_inc(RW_STAT_STACKS_LOST);
+	stack_count_add(&rw_profile_counts, &key, 1);
+	return 0;
+}
+
+#endif /* RW_STACKS_BPF_H */

@@ -1,0 +1,386 @@
+//! CPU profiles of chosen processes or cgroups: a software cpu-clock perf event on every
+//! CPU at a low frequency runs `rw_profile` (ebpf/src/stacks.bpf.h), which counts the
+//! stacks of the profiled tasks only. `resourcewatch-agent profile` is its command line.
+//!
+//! Software cpu-clock rather than a hardware cycles event: it exists on every machine,
+//! VMs without a PMU included (this project's CI), and samples wall time on the CPU,
+//! which is what "where does the time go" means for a user.
+
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use aya::{
+    Btf, Ebpf,
+    maps::HashMap as BpfHashMap,
+    programs::{
+        PerfEvent,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+use resourcewatch_ebpf::{maps, programs as progs};
+
+use crate::{
+    cgroup_resolver::CgroupLayout,
+    pipelines::{PipelineError, PipelineOptions, load_object, map_err},
+    procfs,
+    stacks::{self, RawStack},
+};
+
+/// Highest sampling frequency accepted: 999 Hz is what perf's default of 4000 Hz is
+/// mostly throttled to in VMs, and a profiler meant to run in production needs far less.
+pub const MAX_FREQUENCY_HZ: u64 = 999;
+
+/// What to profile.
+#[derive(Clone, Debug, Default)]
+pub struct ProfileTarget {
+    pub pids: Vec<u32>,
+    /// Cgroup ids (the inode numbers of their directories, as [`CgroupLayout::cgroup_id`]).
+    pub cgroups: Vec<u64>,
+}
+
+/// Samples taken, and how.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub stacks: Vec<RawStack>,
+    pub frequency_hz: u64,
+    pub duration: Duration,
+    /// Stacks the kernel could not store (maps full); 0 in a complete profile.
+    pub lost: u64,
+}
+
+impl Profile {
+    pub fn samples(&self) -> u64 {
+        self.stacks.iter().map(|s| s.value).sum()
+    }
+
+    /// CPU time one sample stands for.
+    pub fn period_ns(&self) -> i64 {
+        (1_000_000_000 / self.frequency_hz.max(1)) as i64
+    }
+}
+
+/// The loaded profiling program (not attached between profiles).
+pub struct Profiler {
+    bpf: Ebpf,
+    ncpus: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    #[error("the sampling frequency must be 1..={MAX_FREQUENCY_HZ} Hz, not {0}")]
+    Frequency(u64),
+    #[error("nothing to profile: give a PID or a cgroup")]
+    NoTarget,
+    #[error("more than 64 {0} to profile")]
+    TooMany(&'static str),
+    #[error("perf_event_open of cpu-clock on CPU {cpu} failed: {source}")]
+    Attach {
+        cpu: u32,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+}
+
+impl Profiler {
+    /// Loads the object with stack maps of `stack_entries` and the profiling program.
+    pub fn load(stack_entries: u32) -> Result<Self, ProfileError> {
+        let btf = Btf::from_sys_fs().map_err(PipelineError::NoBtf)?;
+        let ncpus = procfs::possible_cpus().map_err(PipelineError::Cpus)?;
+        let layout = CgroupLayout::detect().map_err(PipelineError::from)?;
+        let opts = PipelineOptions {
+            stack_entries,
+            ..Default::default()
+        };
+        let mut bpf = load_object(&opts, &btf, ncpus, &layout)?;
+        let program = progs::PROFILE;
+        let prog: &mut PerfEvent = bpf
+            .program_mut(program)
+            .ok_or(PipelineError::MissingProgram(program))?
+            .try_into()
+            .map_err(|e| program_err(program, e))?;
+        prog.load().map_err(|e| program_err(program, e))?;
+        Ok(Self { bpf, ncpus })
+    }
+
+    /// Samples `target` at `frequency_hz` for `duration` (or until `stop` is set), then
+    /// detaches and returns the stacks, still unnamed.
+    pub fn run(
+        &mut self,
+        target: &ProfileTarget,
+        frequency_hz: u64,
+        duration: Duration,
+        stop: &AtomicBool,
+    ) -> Result<Profile, ProfileError> {
+        if !(1..=MAX_FREQUENCY_HZ).contains(&frequency_hz) {
+            return Err(ProfileError::Frequency(frequency_hz));
+        }
+        if target.pids.is_empty() && target.cgroups.is_empty() {
+            return Err(ProfileError::NoTarget);
+        }
+        self.set_targets(target)?;
+        let lost_before = self.stacks_lost();
+        let program = progs::PROFILE;
+        let prog: &mut PerfEvent = self
+            .bpf
+            .program_mut(program)
+            .ok_or(PipelineError::MissingProgram(program))?
+            .try_into()
+            .map_err(|e| program_err(program, e))?;
+        let mut links = Vec::new();
+        for cpu in 0..self.ncpus {
+            match prog.attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Frequency(frequency_hz),
+                false,
+            ) {
+                Ok(link) => links.push(link),
+                // A possible but offline CPU runs nothing.
+                Err(e) if offline(&e) => {}
+                Err(e) => {
+                    for l in links {
+                        let _ = prog.detach(l);
+                    }
+                    return Err(ProfileError::Attach {
+                        cpu,
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+        let start = Instant::now();
+        while start.elapsed() < duration && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(
+                Duration::from_millis(50).min(duration.saturating_sub(start.elapsed())),
+            );
+        }
+        let elapsed = start.elapsed();
+        for l in links {
+            let _ = prog.detach(l);
+        }
+        let stacks = stacks::drain(&mut self.bpf, maps::PROFILE_COUNTS, maps::PROFILE_STACKS)?;
+        Ok(Profile {
+            stacks,
+            frequency_hz,
+            duration: elapsed,
+            lost: self.stacks_lost().saturating_sub(lost_before),
+        })
+    }
+
+    fn set_targets(&mut self, target: &ProfileTarget) -> Result<(), ProfileError> {
+        if target.pids.len() > 64 {
+            return Err(ProfileError::TooMany("processes"));
+        }
+        if target.cgroups.len() > 64 {
+            return Err(ProfileError::TooMany("cgroups"));
+        }
+        let name = maps::PROFILE_PIDS;
+        let mut pids: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
+            self.bpf
+                .map_mut(name)
+                .ok_or(PipelineError::MissingMap(name))?,
+        )
+        .map_err(map_err(name))?;
+        let old: Vec<u32> = pids.keys().filter_map(Result::ok).collect();
+        for k in old {
+            let _ = pids.remove(&k);
+        }
+        for &p in &target.pids {
+            pids.insert(p, 1, 0).map_err(map_err(name))?;
+        }
+        let name = maps::PROFILE_CGROUPS;
+        let mut cgroups: BpfHashMap<_, u64, u32> = BpfHashMap::try_from(
+            self.bpf
+                .map_mut(name)
+                .ok_or(PipelineError::MissingMap(name))?,
+        )
+        .map_err(map_err(name))?;
+        let old: Vec<u64> = cgroups.keys().filter_map(Result::ok).collect();
+        for k in old {
+            let _ = cgroups.remove(&k);
+        }
+        for &c in &target.cgroups {
+            cgroups.insert(c, 1, 0).map_err(map_err(name))?;
+        }
+        Ok(())
+    }
+
+    fn stacks_lost(&self) -> u64 {
+        crate::pipelines::read_stat(&self.bpf, resourcewatch_ebpf::shared::stat::STACKS_LOST)
+    }
+}
+
+fn program_err(program: &'static str, e: aya::programs::ProgramError) -> PipelineError {
+    PipelineError::Program {
+        program,
+        tracepoint: "perf_event cpu-clock",
+        source: Box::new(e),
+    }
+}
+
+fn offline(e: &aya::programs::ProgramError) -> bool {
+    match e {
+        aya::programs::ProgramError::SyscallError(s) => {
+            matches!(s.io_error.raw_os_error(), Some(libc::ENODEV | libc::ENXIO))
+        }
+        _ => false,
+    }
+}
+
+/// Output formats of `resourcewatch-agent profile`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Folded stacks, one line per stack: `comm;root;...;leaf count`.
+    Folded,
+    /// An SVG flame graph (inferno).
+    Svg,
+    /// A gzipped pprof protobuf (`go tool pprof`, Pyroscope, Grafana).
+    Pprof,
+}
+
+/// `resourcewatch-agent profile`, resolved from the command line.
+#[derive(Clone, Debug)]
+pub struct CommandOptions {
+    pub pids: Vec<u32>,
+    /// Cgroups as `top --target-cgroup` takes them: a path in the hierarchy, a
+    /// /sys/fs/cgroup/... directory, or an id.
+    pub cgroups: Vec<String>,
+    pub duration: Duration,
+    pub frequency_hz: u64,
+    pub format: Format,
+    pub stack_entries: u32,
+}
+
+/// What a profile found, for the summary printed beside the output.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub samples: u64,
+    pub stacks: usize,
+    pub lost: u64,
+    pub duration: Duration,
+    /// The functions most often on top of the user stack (the "self" time), with samples.
+    pub hottest: Vec<(String, u64)>,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} samples in {:.1} s, {} distinct stacks",
+            self.samples,
+            self.duration.as_secs_f64(),
+            self.stacks
+        )?;
+        if self.lost > 0 {
+            write!(
+                f,
+                ", {} stacks lost (maps full: raise --stack-entries)",
+                self.lost
+            )?;
+        }
+        for (name, n) in &self.hottest {
+            write!(
+                f,
+                "\n  {:5.1} %  {name}",
+                *n as f64 * 100.0 / self.samples.max(1) as f64
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs a profile and renders it; stops early (and still renders) when `stop` is set.
+pub fn command(
+    opts: &CommandOptions,
+    stop: &AtomicBool,
+) -> Result<(Vec<u8>, Summary), CommandError> {
+    let mut profiler = Profiler::load(opts.stack_entries)?;
+    let layout = CgroupLayout::detect().map_err(PipelineError::from)?;
+    let cgroups = opts
+        .cgroups
+        .iter()
+        .map(|s| {
+            layout
+                .resolve_target(s)
+                .map_err(|source| CommandError::Cgroup {
+                    spec: s.clone(),
+                    source,
+                })
+        })
+        .collect::<Result<Vec<u64>, _>>()?;
+    let target = ProfileTarget {
+        pids: opts.pids.clone(),
+        cgroups,
+    };
+    let profile = profiler.run(&target, opts.frequency_hz, opts.duration, stop)?;
+    let sym = stacks::Symbolizer::new();
+    let named = stacks::name(&profile.stacks, &sym, procfs::comm);
+    let mut self_time: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for s in &named {
+        // The leaf of the user part: kernel frames sit above it.
+        let user = s.frames.len() - s.kernel_frames;
+        if let Some(f) = s.frames[..user].last() {
+            *self_time.entry(f.as_str()).or_default() += s.value;
+        }
+    }
+    let mut hottest: Vec<(String, u64)> = self_time
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    hottest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    hottest.truncate(5);
+    let summary = Summary {
+        samples: profile.samples(),
+        stacks: named.len(),
+        lost: profile.lost,
+        duration: profile.duration,
+        hottest,
+    };
+    let title = format!(
+        "CPU: {} samples at {} Hz over {:.1} s",
+        summary.samples,
+        profile.frequency_hz,
+        profile.duration.as_secs_f64()
+    );
+    let out = match opts.format {
+        Format::Folded => stacks::output::folded(&named).into_bytes(),
+        Format::Svg => {
+            stacks::output::svg(&named, &title, "samples").map_err(CommandError::Render)?
+        }
+        Format::Pprof => stacks::output::pprof(
+            &named,
+            stacks::output::PprofKind {
+                sample_type: "samples",
+                sample_unit: "count",
+                scaled: Some(("cpu", "nanoseconds", profile.period_ns())),
+                duration: profile.duration,
+            },
+        )
+        .map_err(CommandError::Render)?,
+    };
+    Ok((out, summary))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    #[error("--cgroup {spec}: {source}")]
+    Cgroup {
+        spec: String,
+        #[source]
+        source: crate::cgroup_resolver::CgroupError,
+    },
+    #[error("rendering the profile failed: {0}")]
+    Render(#[source] std::io::Error),
+}
+
+impl From<PipelineError> for CommandError {
+    fn from(e: PipelineError) -> Self {
+        Self::Profile(ProfileError::Pipeline(e))
+    }
+}

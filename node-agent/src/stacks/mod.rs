@@ -1,0 +1,177 @@
+//! Stacks captured in the kernel (`ebpf/src/stacks.bpf.h`): CPU profiles and leak growth
+//! sites. Reading them out of the maps, naming their frames, and the formats people
+//! already use (folded stacks, pprof, an SVG flame graph).
+
+pub mod output;
+pub mod symbolize;
+
+use std::collections::HashMap;
+
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, StackTraceMap},
+};
+use resourcewatch_ebpf::shared::RwStackKey;
+use serde::Serialize;
+
+use crate::pipelines::PipelineError;
+pub use symbolize::Symbolizer;
+
+/// One counter of the kernel: a process's user and kernel stacks (innermost first, as
+/// the kernel walked them) and its count (samples, or bytes of growth).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RawStack {
+    pub tgid: u32,
+    pub user: Vec<u64>,
+    pub kernel: Vec<u64>,
+    /// The return address on top of the user stack, if one was found (see stacks.bpf.h).
+    pub caller: u64,
+    pub value: u64,
+}
+
+/// A named stack, root first, and its count.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Stack {
+    pub tgid: u32,
+    pub frames: Vec<String>,
+    /// How many of `frames`, from the end, are kernel frames.
+    pub kernel_frames: usize,
+    pub value: u64,
+}
+
+/// Reads every counter of `counts` with its stacks from `stacks`, then empties both.
+pub(crate) fn drain(
+    bpf: &mut Ebpf,
+    counts: &'static str,
+    stacks: &'static str,
+) -> Result<Vec<RawStack>, PipelineError> {
+    let mut map: BpfHashMap<_, RwStackKey, u64> = BpfHashMap::try_from(
+        bpf.map_mut(counts)
+            .ok_or(PipelineError::MissingMap(counts))?,
+    )
+    .map_err(crate::pipelines::map_err(counts))?;
+    let entries: Vec<(RwStackKey, u64)> = map.iter().filter_map(Result::ok).collect();
+    for (k, _) in &entries {
+        let _ = map.remove(k);
+    }
+    let mut traces: StackTraceMap<_> = StackTraceMap::try_from(
+        bpf.map_mut(stacks)
+            .ok_or(PipelineError::MissingMap(stacks))?,
+    )
+    .map_err(crate::pipelines::map_err(stacks))?;
+    let frames = |id: i32| -> Vec<u64> {
+        if id < 0 {
+            return Vec::new();
+        }
+        traces
+            .get(&(id as u32), 0)
+            .map(|t| t.frames().iter().map(|f| f.ip).collect())
+            .unwrap_or_default()
+    };
+    let out = entries
+        .iter()
+        .map(|(k, v)| RawStack {
+            tgid: k.tgid,
+            user: frames(k.user_stack),
+            kernel: frames(k.kernel_stack),
+            caller: k.caller,
+            value: *v,
+        })
+        .collect();
+    let ids: Vec<u32> = traces.stack_ids().filter_map(Result::ok).collect();
+    for id in ids {
+        let _ = traces.remove(&id);
+    }
+    Ok(out)
+}
+
+/// Names every frame, and merges stacks that name the same frames. Sorted by value, then
+/// by frames. The root frame is the process's command when `comm` gives one.
+pub fn name(
+    raw: &[RawStack],
+    sym: &Symbolizer,
+    comm: impl Fn(u32) -> Option<String>,
+) -> Vec<Stack> {
+    let mut merged: HashMap<(u32, Vec<String>, usize), u64> = HashMap::new();
+    for r in raw {
+        let mut frames: Vec<String> = Vec::new();
+        if let Some(c) = comm(r.tgid) {
+            frames.push(c);
+        }
+        frames.extend(user_frames(r, sym).into_iter().rev());
+        let kernel = if r.kernel.is_empty() {
+            Vec::new()
+        } else {
+            sym.kernel(&r.kernel)
+        };
+        let kernel_frames = kernel.len();
+        frames.extend(kernel.into_iter().rev());
+        *merged.entry((r.tgid, frames, kernel_frames)).or_default() += r.value;
+    }
+    let mut out: Vec<Stack> = merged
+        .into_iter()
+        .map(|((tgid, frames, kernel_frames), value)| Stack {
+            tgid,
+            frames,
+            kernel_frames,
+            value,
+        })
+        .collect();
+    out.sort_by(|a, b| b.value.cmp(&a.value).then_with(|| a.frames.cmp(&b.frames)));
+    out
+}
+
+/// The user frames of one stack, innermost first, with the leaf's caller put back when
+/// the frame-pointer walk skipped it.
+fn user_frames(r: &RawStack, sym: &Symbolizer) -> Vec<String> {
+    let Some((&leaf, rest)) = r.user.split_first() else {
+        return Vec::new();
+    };
+    let mut names = sym.user(r.tgid, &[leaf], false);
+    names.extend(sym.user(r.tgid, rest, true));
+    if r.caller != 0 && sym.in_file(r.tgid, r.caller) {
+        let caller = sym.user(r.tgid, &[r.caller], true).remove(0);
+        // The walk found it already (the leaf kept a frame): nothing was skipped.
+        if names.get(1) != Some(&caller) && names.first() != Some(&caller) {
+            names.insert(1, caller);
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identical_named_stacks_merge_and_sort_by_value() {
+        let sym = Symbolizer::new();
+        // A PID that cannot exist: every user frame is [unknown], so these name alike.
+        let gone = 1 << 23;
+        let raw = [
+            RawStack {
+                tgid: gone,
+                user: vec![0x1000, 0x2000],
+                value: 3,
+                ..Default::default()
+            },
+            RawStack {
+                tgid: gone,
+                user: vec![0x3000, 0x4000],
+                value: 4,
+                ..Default::default()
+            },
+            RawStack {
+                tgid: gone,
+                user: vec![0x5000],
+                value: 1,
+                ..Default::default()
+            },
+        ];
+        let named = name(&raw, &sym, |_| Some("app".to_owned()));
+        assert_eq!(named.len(), 2, "{named:?}");
+        assert_eq!(named[0].value, 7);
+        assert_eq!(named[0].frames, ["app", "[unknown]", "[unknown]"]);
+        assert_eq!(named[1].frames, ["app", "[unknown]"]);
+    }
+}

@@ -1,0 +1,316 @@
+//! The formats profilers already speak: folded stacks (Brendan Gregg's, read by
+//! flamegraph.pl, inferno, speedscope), an SVG flame graph (inferno), and pprof (Go's
+//! `go tool pprof`, Pyroscope, Parca, Grafana).
+
+use std::{io::Write, time::Duration};
+
+use prost::Message;
+
+use super::Stack;
+
+/// One line per stack, root first, frames joined by `;`, then the count. Kernel frames
+/// carry perf's `_[k]` suffix, which flame graph tools colour apart.
+pub fn folded(stacks: &[Stack]) -> String {
+    let mut out = String::new();
+    for s in stacks {
+        let user = s.frames.len() - s.kernel_frames;
+        let names: Vec<String> = s
+            .frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                // `;` separates frames and the last space the count: neither may appear in a
+                // name (C++ and Rust names contain spaces: "{closure#0}", "operator new").
+                let clean = f.replace(';', ":").replace(' ', "_");
+                if i >= user {
+                    format!("{clean}_[k]")
+                } else {
+                    clean
+                }
+            })
+            .collect();
+        out.push_str(&names.join(";"));
+        out.push(' ');
+        out.push_str(&s.value.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// An SVG flame graph of the stacks.
+pub fn svg(stacks: &[Stack], title: &str, count_name: &str) -> std::io::Result<Vec<u8>> {
+    let text = folded(stacks);
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title.to_owned();
+    opts.count_name = count_name.to_owned();
+    let mut out = Vec::new();
+    inferno::flamegraph::from_lines(&mut opts, text.lines(), &mut out)?;
+    Ok(out)
+}
+
+/// What a pprof profile's values are.
+#[derive(Clone, Copy, Debug)]
+pub struct PprofKind<'a> {
+    /// e.g. ("samples", "count") and ("cpu", "nanoseconds").
+    pub sample_type: &'a str,
+    pub sample_unit: &'a str,
+    /// A second value per sample, `value * scale` (CPU time from samples), if any.
+    pub scaled: Option<(&'a str, &'a str, i64)>,
+    pub duration: Duration,
+}
+
+/// A gzipped pprof protobuf (`profile.proto`) of the stacks.
+pub fn pprof(stacks: &[Stack], kind: PprofKind<'_>) -> std::io::Result<Vec<u8>> {
+    let mut b = PprofBuilder::default();
+    b.string(""); // index 0 is the empty string, by the format's rule
+    let mut sample_type = vec![ValueType {
+        r#type: b.string(kind.sample_type),
+        unit: b.string(kind.sample_unit),
+    }];
+    if let Some((t, u, _)) = kind.scaled {
+        sample_type.push(ValueType {
+            r#type: b.string(t),
+            unit: b.string(u),
+        });
+    }
+    let mut samples = Vec::new();
+    for s in stacks {
+        // pprof lists a sample's locations leaf first.
+        let location_id = s.frames.iter().rev().map(|f| b.location(f)).collect();
+        let mut value = vec![s.value as i64];
+        if let Some((_, _, scale)) = kind.scaled {
+            value.push((s.value as i64).saturating_mul(scale));
+        }
+        samples.push(Sample { location_id, value });
+    }
+    let period_type = kind.scaled.map(|(t, u, _)| ValueType {
+        r#type: b.string(t),
+        unit: b.string(u),
+    });
+    let profile = Profile {
+        sample_type,
+        sample: samples,
+        location: b.locations,
+        function: b.functions,
+        string_table: b.strings,
+        time_nanos: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64)
+            - kind.duration.as_nanos() as i64,
+        duration_nanos: kind.duration.as_nanos() as i64,
+        period: kind.scaled.map_or(0, |(_, _, p)| p),
+        period_type,
+    };
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&profile.encode_to_vec())?;
+    gz.finish()
+}
+
+/// Interns strings, functions and locations (one location per function: the stacks are
+/// already named, addresses are not kept).
+#[derive(Default)]
+struct PprofBuilder {
+    strings: Vec<String>,
+    string_ids: std::collections::HashMap<String, i64>,
+    functions: Vec<Function>,
+    locations: Vec<Location>,
+    location_ids: std::collections::HashMap<String, u64>,
+}
+
+impl PprofBuilder {
+    fn string(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.string_ids.get(s) {
+            return i;
+        }
+        let i = self.strings.len() as i64;
+        self.strings.push(s.to_owned());
+        self.string_ids.insert(s.to_owned(), i);
+        i
+    }
+
+    fn location(&mut self, frame: &str) -> u64 {
+        if let Some(&id) = self.location_ids.get(frame) {
+            return id;
+        }
+        let id = self.locations.len() as u64 + 1; // ids start at 1; 0 means none
+        let name = self.string(frame);
+        self.functions.push(Function {
+            id,
+            name,
+            system_name: name,
+        });
+        self.locations.push(Location {
+            id,
+            line: vec![Line {
+                function_id: id,
+                line: 0,
+            }],
+        });
+        self.location_ids.insert(frame.to_owned(), id);
+        id
+    }
+}
+
+// The messages of pprof's profile.proto that are written, with its field numbers. Written
+// as prost derives rather than generated from the .proto: eight small messages, and the
+// agent then needs no protoc at build time for them. Field numbers are the format's
+// (github.com/google/pprof/proto/profile.proto), checked by the test below against a
+// decoder that knows only those numbers.
+#[derive(Clone, PartialEq, Message)]
+struct Profile {
+    #[prost(message, repeated, tag = "1")]
+    sample_type: Vec<ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "4")]
+    location: Vec<Location>,
+    #[prost(message, repeated, tag = "5")]
+    function: Vec<Function>,
+    #[prost(string, repeated, tag = "6")]
+    string_table: Vec<String>,
+    #[prost(int64, tag = "9")]
+    time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    period: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ValueType {
+    #[prost(int64, tag = "1")]
+    r#type: i64,
+    #[prost(int64, tag = "2")]
+    unit: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Sample {
+    #[prost(uint64, repeated, tag = "1")]
+    location_id: Vec<u64>,
+    #[prost(int64, repeated, tag = "2")]
+    value: Vec<i64>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Location {
+    #[prost(uint64, tag = "1")]
+    id: u64,
+    #[prost(message, repeated, tag = "4")]
+    line: Vec<Line>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Line {
+    #[prost(uint64, tag = "1")]
+    function_id: u64,
+    #[prost(int64, tag = "2")]
+    line: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Function {
+    #[prost(uint64, tag = "1")]
+    id: u64,
+    #[prost(int64, tag = "2")]
+    name: i64,
+    #[prost(int64, tag = "3")]
+    system_name: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+
+    fn stacks() -> Vec<Stack> {
+        vec![
+            Stack {
+                tgid: 1,
+                frames: vec![
+                    "app".into(),
+                    "main".into(),
+                    "burn cpu;now".into(),
+                    "clear_page".into(),
+                ],
+                kernel_frames: 1,
+                value: 90,
+            },
+            Stack {
+                tgid: 1,
+                frames: vec!["app".into(), "main".into(), "idle".into()],
+                kernel_frames: 0,
+                value: 10,
+            },
+        ]
+    }
+
+    #[test]
+    fn folded_lines_are_root_first_with_kernel_frames_marked() {
+        assert_eq!(
+            folded(&stacks()),
+            "app;main;burn_cpu:now;clear_page_[k] 90\napp;main;idle 10\n"
+        );
+    }
+
+    #[test]
+    fn the_flame_graph_is_an_svg_naming_every_frame() {
+        let svg = String::from_utf8(svg(&stacks(), "CPU", "samples").expect("svg")).expect("utf-8");
+        assert!(svg.starts_with("<?xml"), "{}", &svg[..100]);
+        for f in ["burn_cpu:now", "idle", "clear_page"] {
+            assert!(svg.contains(f), "{f} missing");
+        }
+    }
+
+    /// The decoder side of the same field numbers, written independently of the encoder
+    /// structs above (only what the test reads).
+    #[derive(Clone, PartialEq, Message)]
+    struct ReadProfile {
+        #[prost(message, repeated, tag = "2")]
+        sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "4")]
+        location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        string_table: Vec<String>,
+        #[prost(int64, tag = "12")]
+        period: i64,
+    }
+
+    #[test]
+    fn pprof_decodes_to_the_same_stacks_leaf_first() {
+        let gz = pprof(
+            &stacks(),
+            PprofKind {
+                sample_type: "samples",
+                sample_unit: "count",
+                scaled: Some(("cpu", "nanoseconds", 10_101_010)),
+                duration: Duration::from_secs(10),
+            },
+        )
+        .expect("pprof");
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut raw)
+            .expect("gzip");
+        let p = ReadProfile::decode(&raw[..]).expect("protobuf");
+        assert_eq!(p.string_table[0], "");
+        assert_eq!(p.period, 10_101_010);
+        let name = |loc: u64| {
+            let l = p.location.iter().find(|l| l.id == loc).expect("location");
+            let f = p
+                .function
+                .iter()
+                .find(|f| f.id == l.line[0].function_id)
+                .expect("function");
+            p.string_table[f.name as usize].clone()
+        };
+        let first: Vec<String> = p.sample[0].location_id.iter().map(|&l| name(l)).collect();
+        assert_eq!(first, ["clear_page", "burn cpu;now", "main", "app"]);
+        assert_eq!(p.sample[0].value, [90, 909_090_900]);
+    }
+}
