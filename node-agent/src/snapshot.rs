@@ -14,6 +14,7 @@ use crate::{
     leak::{LeakTracker, MemSample, Seed, SeriesKey, memory_limit},
     pipelines::{CpuEpoch, KernelStats, Pipelines, TargetProcess},
     procfs,
+    stacks::sites::{GrowthSite, SiteTracker},
 };
 
 /// Where a process runs. Fields are null when unknown (exited, or not in a container).
@@ -86,6 +87,9 @@ pub struct LeakRow {
     pub time_to_oom_low_secs: Option<f64>,
     /// How long the growth has been held at confidence >= 60.
     pub growing_secs: f64,
+    /// Where the memory grows (stacks/sites.rs): captured from confidence 60 on, the
+    /// heaviest first; empty until then.
+    pub growth_sites: Vec<GrowthSite>,
     #[serde(flatten)]
     pub who: Attribution,
 }
@@ -175,6 +179,8 @@ pub struct FrameBuilder {
     /// Exactly tracked cgroups (id, path in the hierarchy): each gets a container-level
     /// series from the cgroup's own charge.
     pub watched_cgroups: Vec<(u64, String)>,
+    /// Captures the growth sites of leaking processes; None turns it off.
+    pub sites: Option<SiteTracker>,
 }
 
 /// Verdicts are recomputed at most this often: at a 10 ms interval the detectors would
@@ -196,6 +202,7 @@ impl FrameBuilder {
             last_leak_rows: Vec::new(),
             last_assessed_ns: 0,
             watched_cgroups: Vec::new(),
+            sites: Some(SiteTracker::new()),
         }
     }
 
@@ -369,6 +376,7 @@ impl FrameBuilder {
                 time_to_oom_secs: eta.map(|e| e.secs.round()),
                 time_to_oom_low_secs: eta.map(|e| e.low_secs.floor()),
                 growing_secs: v.growing_secs.floor(),
+                growth_sites: Vec::new(),
                 who,
             });
         }
@@ -431,6 +439,10 @@ impl FrameBuilder {
                 who: self.attributor.get(pid, now),
             })
             .collect();
+        let mut leaks = self.leak_rows(&mem, now);
+        if let Some(sites) = &mut self.sites {
+            sites.update(pipes, &mut leaks, now);
+        }
         Frame {
             ts_ns: procfs::realtime_ns(),
             interval_ns,
@@ -438,7 +450,7 @@ impl FrameBuilder {
             memory,
             targets,
             allocations,
-            leaks: self.leak_rows(&mem, now),
+            leaks,
             kernel: pipes.kernel_stats(),
         }
     }

@@ -15,7 +15,7 @@ use ratatui::{
 };
 use resourcewatch_units::{format_bytes, format_duration};
 
-use crate::snapshot::{Attribution, Frame};
+use crate::snapshot::{Attribution, Frame, LeakRow};
 
 /// How a cell sorts: numbers as numbers (a missing value last), text as text.
 #[derive(Clone, Debug, PartialEq, PartialOrd)]
@@ -33,6 +33,14 @@ const fn col(name: &'static str, width: u16) -> Column {
     Column {
         name,
         width: Constraint::Min(width),
+    }
+}
+
+/// A column that never widens: the leaks table gives its spare width to the growth site.
+const fn fixed(name: &'static str, width: u16) -> Column {
+    Column {
+        name,
+        width: Constraint::Length(width),
     }
 }
 
@@ -77,13 +85,18 @@ const ALLOCATIONS: &[Column] = &[
     col("COMMAND", 16),
 ];
 const LEAKS: &[Column] = &[
-    col("PID", 7),
-    col("CONF", 4),
-    col("GROWTH/s", 10),
-    col("RSS", 10),
-    col("LIMIT", 10),
-    col("OOM IN", 8),
-    col("COMMAND", 16),
+    fixed("PID", 7),
+    fixed("CONF", 4),
+    fixed("GROWTH/s", 10),
+    fixed("RSS", 10),
+    fixed("LIMIT", 10),
+    fixed("OOM IN", 8),
+    fixed("COMMAND", 16),
+    // The heaviest growth site, leaf first (stacks/sites.rs): the rest of the width.
+    Column {
+        name: "GROWS AT",
+        width: Constraint::Fill(1),
+    },
 ];
 
 fn num(text: String, v: f64) -> (String, Key) {
@@ -222,11 +235,23 @@ fn sections(f: &Frame) -> Vec<Section> {
                             None => num("none".into(), f64::INFINITY),
                         },
                         text(who.unwrap_or_else(|| "<exited>".into())),
+                        text(growth_site(r)),
                     ]
                 })
                 .collect(),
         },
     ]
+}
+
+/// The heaviest growth site of a leak, leaf first: "leak_here < keep < grow (81%)".
+fn growth_site(r: &LeakRow) -> String {
+    match r.growth_sites.first() {
+        Some(site) => format!("{} ({:.0}%)", site.frames.join(" < "), site.percent),
+        None if r.confidence >= crate::stacks::sites::SITE_CONFIDENCE && r.pid.is_some() => {
+            "capturing...".into()
+        }
+        None => String::new(),
+    }
 }
 
 /// Per-section state kept across refreshes.
@@ -485,6 +510,31 @@ mod tests {
             .collect();
         at.sort();
         at.into_iter().map(|(_, n)| n.to_string()).collect()
+    }
+
+    #[test]
+    fn a_leak_shows_where_it_grows() {
+        let mut f = frame();
+        f.leaks = vec![LeakRow {
+            pid: Some(42),
+            rss_bytes: 100 << 20,
+            growth_bytes_per_sec: 6.4e6,
+            r2: 0.99,
+            confidence: 100,
+            limit_bytes: None,
+            time_to_oom_secs: None,
+            time_to_oom_low_secs: None,
+            growing_secs: 20.0,
+            growth_sites: vec![crate::stacks::sites::GrowthSite {
+                frames: vec!["leak_here".into(), "keep".into(), "grow".into()],
+                bytes: 30 << 20,
+                percent: 91.2,
+            }],
+            who: who("leak-c"),
+        }];
+        let text = screen(&mut View::new(30), &f);
+        assert!(text.contains("GROWS AT"), "{text}");
+        assert!(text.contains("leak_here < keep < grow (91%)"), "{text}");
     }
 
     #[test]

@@ -1,0 +1,185 @@
+//! Leak growth sites: where a leaking process's memory grows.
+//!
+//! When a process's leak series reaches [`SITE_CONFIDENCE`], the kernel is asked to charge
+//! each new high of its resident memory to the user stack that caused it
+//! ([`Pipelines::capture_growth_sites`]) for [`CAPTURE_FOR`]; no other process pays more
+//! than one load and branch per rss_stat event. The stacks are named every few seconds
+//! while the capture runs, so a site is known seconds after the leak is, and kept while
+//! the process lives. A process is captured again only after [`RECAPTURE_AFTER`].
+//!
+//! What a site means: the code that first touched memory the process had never held
+//! before. For a leak in a malloc-based program (C, C++, Rust, CPython's objects) that is
+//! the leak's allocation or its first write; memory freed and reused adds nothing. For a
+//! garbage-collected runtime it is wherever the heap's new peak was reached, which points
+//! at allocation pressure rather than at what is retained (the runtime's own heap profile,
+//! e.g. Go's pprof inuse_space, answers that).
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::{RawStack, Symbolizer};
+use crate::{pipelines::Pipelines, procfs, snapshot::LeakRow};
+
+/// Confidence at which a process's growth sites start being captured.
+pub const SITE_CONFIDENCE: u8 = 60;
+/// How long one capture lasts.
+pub const CAPTURE_FOR_NS: u64 = 60_000_000_000;
+/// A process is captured again after this long (its leak may have moved).
+pub const RECAPTURE_AFTER_NS: u64 = 600_000_000_000;
+/// Stacks are named this often while a capture runs.
+const NAME_EVERY_NS: u64 = 5_000_000_000;
+/// Captures at once (the kernel's list holds 64).
+const MAX_CAPTURES: usize = 8;
+/// Sites kept per process, and frames per site (leaf first).
+pub const SITES_KEPT: usize = 3;
+pub const FRAMES_KEPT: usize = 8;
+
+/// One growth site: a user stack, leaf first, and the resident bytes it added.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GrowthSite {
+    pub frames: Vec<String>,
+    pub bytes: u64,
+    /// Of all the growth captured for the process.
+    pub percent: f64,
+}
+
+struct Capture {
+    started_ns: u64,
+    active: bool,
+    ended_ns: u64,
+    named_ns: u64,
+    cgroup: Option<String>,
+    raw: HashMap<(Vec<u64>, u64), u64>,
+    sites: Vec<GrowthSite>,
+}
+
+#[derive(Default)]
+pub struct SiteTracker {
+    captures: HashMap<u32, Capture>,
+    sym: Symbolizer,
+}
+
+impl SiteTracker {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts, feeds and ends captures for this evaluation's leaks, and puts each leak's
+    /// sites on its row (a container's row gets its processes' sites).
+    pub fn update(&mut self, pipes: &mut Pipelines, rows: &mut [LeakRow], now: u64) {
+        self.start(pipes, rows, now);
+        if self.captures.values().any(|c| c.active) {
+            match pipes.drain_growth_sites() {
+                Ok(raw) => self.accumulate(raw),
+                Err(e) => tracing::warn!("reading growth sites failed: {e}"),
+            }
+        }
+        let pids: Vec<u32> = self.captures.keys().copied().collect();
+        for pid in pids {
+            let alive = procfs::exists(pid);
+            let Some(c) = self.captures.get_mut(&pid) else {
+                continue;
+            };
+            if c.active && (!alive || now.saturating_sub(c.started_ns) >= CAPTURE_FOR_NS) {
+                pipes.stop_growth_sites(pid);
+                c.active = false;
+                c.ended_ns = now;
+                c.sites = name_sites(&self.sym, pid, &c.raw);
+                c.named_ns = now;
+            } else if c.active && now.saturating_sub(c.named_ns) >= NAME_EVERY_NS {
+                c.sites = name_sites(&self.sym, pid, &c.raw);
+                c.named_ns = now;
+            }
+            if !alive && !c.active {
+                self.captures.remove(&pid);
+            }
+        }
+        for row in rows.iter_mut() {
+            row.growth_sites = match row.pid {
+                Some(pid) => self
+                    .captures
+                    .get(&pid)
+                    .map(|c| c.sites.clone())
+                    .unwrap_or_default(),
+                None => {
+                    let mut all: Vec<GrowthSite> = self
+                        .captures
+                        .values()
+                        .filter(|c| c.cgroup.is_some() && c.cgroup == row.who.cgroup)
+                        .flat_map(|c| c.sites.iter().cloned())
+                        .collect();
+                    all.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+                    all.truncate(SITES_KEPT);
+                    all
+                }
+            };
+        }
+    }
+
+    fn start(&mut self, pipes: &mut Pipelines, rows: &[LeakRow], now: u64) {
+        for row in rows {
+            let Some(pid) = row.pid else { continue };
+            if row.confidence < SITE_CONFIDENCE {
+                continue;
+            }
+            if let Some(c) = self.captures.get(&pid) {
+                if c.active || now.saturating_sub(c.ended_ns) < RECAPTURE_AFTER_NS {
+                    continue;
+                }
+            }
+            if self.captures.values().filter(|c| c.active).count() >= MAX_CAPTURES {
+                return;
+            }
+            match pipes.capture_growth_sites(pid) {
+                Ok(()) => {
+                    self.captures.insert(
+                        pid,
+                        Capture {
+                            started_ns: now,
+                            active: true,
+                            ended_ns: 0,
+                            named_ns: now,
+                            cgroup: row.who.cgroup.clone(),
+                            raw: HashMap::new(),
+                            sites: Vec::new(),
+                        },
+                    );
+                }
+                Err(e) => tracing::debug!("capturing the growth sites of {pid}: {e}"),
+            }
+        }
+    }
+
+    fn accumulate(&mut self, raw: Vec<RawStack>) {
+        for r in raw {
+            if let Some(c) = self.captures.get_mut(&r.tgid) {
+                *c.raw.entry((r.user, r.caller)).or_default() += r.value;
+            }
+        }
+    }
+}
+
+fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -> Vec<GrowthSite> {
+    let stacks: Vec<RawStack> = raw
+        .iter()
+        .map(|((user, caller), &value)| RawStack {
+            tgid: pid,
+            user: user.clone(),
+            kernel: Vec::new(),
+            caller: *caller,
+            value,
+        })
+        .collect();
+    let named = super::name(&stacks, sym, |_| None);
+    let total: u64 = named.iter().map(|s| s.value).sum::<u64>().max(1);
+    named
+        .into_iter()
+        .take(SITES_KEPT)
+        .map(|s| GrowthSite {
+            frames: s.frames.into_iter().rev().take(FRAMES_KEPT).collect(),
+            bytes: s.value,
+            percent: (s.value as f64 * 1000.0 / total as f64).round() / 10.0,
+        })
+        .collect()
+}
