@@ -109,7 +109,7 @@ impl SiteTracker {
                         .filter(|c| c.cgroup.is_some() && c.cgroup == row.who.cgroup)
                         .flat_map(|c| c.sites.iter().cloned())
                         .collect();
-                    all.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+                    all.sort_by_key(|s| std::cmp::Reverse(s.bytes));
                     all.truncate(SITES_KEPT);
                     all
                 }
@@ -123,10 +123,10 @@ impl SiteTracker {
             if row.confidence < SITE_CONFIDENCE {
                 continue;
             }
-            if let Some(c) = self.captures.get(&pid) {
-                if c.active || now.saturating_sub(c.ended_ns) < RECAPTURE_AFTER_NS {
-                    continue;
-                }
+            if let Some(c) = self.captures.get(&pid)
+                && (c.active || now.saturating_sub(c.ended_ns) < RECAPTURE_AFTER_NS)
+            {
+                continue;
             }
             if self.captures.values().filter(|c| c.active).count() >= MAX_CAPTURES {
                 return;
