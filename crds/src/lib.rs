@@ -444,6 +444,32 @@ pub struct LeakEntry {
     /// The memory limit the prediction is against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_bytes: Option<u64>,
+    /// Where the memory grows, heaviest first: the user stacks that added resident memory
+    /// while the agent captured them (from confidence 60, for 60 s). Absent until the
+    /// first seconds of capture are named.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_GROWTH_SITES))]
+    pub growth_sites: Vec<GrowthSiteEntry>,
+}
+
+/// Growth sites kept per leak in a status, frames per site, and characters per frame.
+pub const MAX_GROWTH_SITES: u32 = 3;
+pub const MAX_SITE_FRAMES: u32 = 8;
+pub const MAX_FRAME_LENGTH: u32 = 160;
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GrowthSiteEntry {
+    /// Function names, leaf first. `[unknown]`: an address outside any file (JIT code, or
+    /// a frame of a binary built without frame pointers); `[libfoo.so]`: a file without a
+    /// symbol for it.
+    #[schemars(length(min = 1, max = MAX_SITE_FRAMES), inner(length(min = 1, max = MAX_FRAME_LENGTH)))]
+    pub frames: Vec<String>,
+    /// Resident bytes this stack added while captured.
+    pub bytes: u64,
+    /// Its share of all the growth captured for the process, 0-100.
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub percent: f64,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -682,6 +708,7 @@ mod tests {
                 time_to_oom_lower_bound_seconds: None,
                 growing_for_seconds: None,
                 limit_bytes: None,
+                growth_sites: vec![],
             }],
             conditions: vec![Condition {
                 type_: "Ready".into(),

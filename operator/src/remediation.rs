@@ -254,6 +254,7 @@ mod tests {
             time_to_oom_lower_bound_seconds: None,
             growing_for_seconds: Some(600.0),
             limit_bytes: Some(128 << 20),
+            growth_sites: vec![],
         }
     }
 

@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use resourcewatch_crds::{
-    Condition, ConditionStatus, LeakEntry, Metric, NodeEntry, ResourceWatchStatus, Summary,
-    ThresholdEntry, TopEntry,
+    Condition, ConditionStatus, GrowthSiteEntry, LeakEntry, MAX_FRAME_LENGTH, MAX_GROWTH_SITES,
+    MAX_SITE_FRAMES, Metric, NodeEntry, ResourceWatchStatus, Summary, ThresholdEntry, TopEntry,
 };
 use resourcewatch_proto as pb;
 use resourcewatch_units::format_bytes;
@@ -159,6 +159,7 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
                     }),
                     growing_for_seconds: Some(l.growing_seconds.floor()),
                     limit_bytes: (l.limit_bytes > 0).then_some(l.limit_bytes),
+                    growth_sites: growth_sites(&l.growth_sites),
                 };
                 // One entry per container: the container-level series (pid 0) wins, else
                 // the most confident process.
@@ -518,26 +519,49 @@ fn transitions(
             ));
         }
     }
-    let old_leaks: BTreeSet<(&str, &str)> = old
+    // Old leaks, and whether their growth site was known then.
+    let old_leaks: BTreeMap<(&str, &str), bool> = old
         .map(|o| {
             o.leaks
                 .iter()
-                .map(|l| (l.pod.as_str(), l.container.as_str()))
+                .map(|l| {
+                    (
+                        (l.pod.as_str(), l.container.as_str()),
+                        !l.growth_sites.is_empty(),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();
     for l in &new.leaks {
-        if old_leaks.contains(&(l.pod.as_str(), l.container.as_str())) {
-            continue;
-        }
-        let note = format!(
-            "{}/{} grows {}/s (confidence {}){}{}",
+        let who = format!(
+            "{}/{}",
             l.pod,
             if l.container.is_empty() {
                 "?"
             } else {
                 &l.container
-            },
+            }
+        );
+        let site = l.growth_sites.first().map(site_note);
+        match old_leaks.get(&(l.pod.as_str(), l.container.as_str())) {
+            // Already announced; the site came later (it is captured once the leak is
+            // found): say where it grows, once.
+            Some(false) if site.is_some() => {
+                out.push(ev(
+                    true,
+                    EventReason::LeakDetected,
+                    EventAction::Predict,
+                    format!("{who} grows at {}", site.unwrap_or_default()),
+                    None,
+                ));
+                continue;
+            }
+            Some(_) => continue,
+            None => {}
+        }
+        let note = format!(
+            "{who} grows {}/s (confidence {}){}{}{}",
             format_bytes(l.growth_bytes_per_second.max(0.0) as u64),
             l.confidence,
             l.time_to_oom_seconds
@@ -549,6 +573,7 @@ fn transitions(
             l.limit_bytes
                 .map(|b| format!(" (limit {})", format_bytes(b)))
                 .unwrap_or_default(),
+            site.map(|s| format!(", at {s}")).unwrap_or_default(),
         );
         out.push(ev(
             true,
@@ -592,6 +617,47 @@ fn transitions(
         ));
     }
     out
+}
+
+/// A growth site as an Event says it: its first frames, leaf first, and its share.
+fn site_note(site: &GrowthSiteEntry) -> String {
+    let mut frames: Vec<&str> = site.frames.iter().take(4).map(String::as_str).collect();
+    if site.frames.len() > 4 {
+        frames.push("...");
+    }
+    format!(
+        "{} ({:.0}% of its growth)",
+        frames.join(" < "),
+        site.percent
+    )
+}
+
+/// The agent's growth sites, held to the status's bounds (an agent is not trusted to
+/// keep them): empty names dropped, long ones cut on a character boundary.
+fn growth_sites(sites: &[pb::GrowthSite]) -> Vec<GrowthSiteEntry> {
+    sites
+        .iter()
+        .take(MAX_GROWTH_SITES as usize)
+        .filter_map(|g| {
+            let frames: Vec<String> = g
+                .frames
+                .iter()
+                .filter(|f| !f.is_empty())
+                .take(MAX_SITE_FRAMES as usize)
+                .map(|f| f.chars().take(MAX_FRAME_LENGTH as usize).collect())
+                .collect();
+            let percent = if g.percent.is_finite() {
+                (g.percent.clamp(0.0, 100.0) * 10.0).round() / 10.0
+            } else {
+                0.0
+            };
+            (!frames.is_empty()).then_some(GrowthSiteEntry {
+                frames,
+                bytes: g.bytes,
+                percent,
+            })
+        })
+        .collect()
 }
 
 fn node_message(n: &NodeView, mine: &BTreeSet<&str>) -> String {
@@ -893,6 +959,97 @@ mod tests {
             now: "t1",
         }));
         assert!(again.is_empty(), "no repeat: {again:?}");
+    }
+
+    #[test]
+    fn a_growth_site_found_later_is_written_bounded_and_announced_once() {
+        let s = settings(serde_json::json!({}));
+        let pods = [pod("a", "n1")];
+        let leak = |sites: Vec<pb::GrowthSite>| pb::Leak {
+            pod_uid: "a".into(),
+            container_id: "cid-a".into(),
+            pid: 12,
+            growth_bytes_per_second: 6.4e6,
+            confidence: 100,
+            growth_sites: sites,
+            ..Default::default()
+        };
+        let first = [node("n1", vec![], vec![leak(vec![])])];
+        let (st0, ev0) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &first,
+            old: None,
+            now: "t0",
+        }));
+        assert!(st0.leaks[0].growth_sites.is_empty());
+        assert_eq!(ev0.iter().filter(|e| e.reason == "LeakDetected").count(), 1);
+        // An agent sending more than the status holds, an empty name and a huge one.
+        let site = |top: &str, pct| pb::GrowthSite {
+            frames: vec![
+                "__memset_avx2".into(),
+                top.into(),
+                "keep".into(),
+                "grow".into(),
+                "main".into(),
+                "".into(),
+                "x".repeat(1000),
+                "a".into(),
+                "b".into(),
+                "c".into(),
+            ],
+            bytes: 30 << 20,
+            percent: pct,
+        };
+        let later = [node(
+            "n1",
+            vec![],
+            vec![leak(vec![
+                site("leak_here", 91.2),
+                site("other", 5.0),
+                site("more", 2.0),
+                site("most", f64::NAN),
+            ])],
+        )];
+        let (st1, ev1) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &later,
+            old: Some(&st0),
+            now: "t1",
+        }));
+        let sites = &st1.leaks[0].growth_sites;
+        assert_eq!(sites.len(), MAX_GROWTH_SITES as usize);
+        assert_eq!(sites[0].frames.len(), MAX_SITE_FRAMES as usize);
+        assert_eq!(sites[0].frames[1], "leak_here");
+        assert!(
+            sites[0]
+                .frames
+                .iter()
+                .all(|f| !f.is_empty() && f.chars().count() <= MAX_FRAME_LENGTH as usize)
+        );
+        let notes: Vec<&str> = ev1
+            .iter()
+            .filter(|e| e.reason == "LeakDetected")
+            .map(|e| e.note.as_str())
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                "pod-a/app grows at __memset_avx2 < leak_here < keep < grow < ... (91% of its growth)"
+            ]
+        );
+        let (_, ev2) = write(compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &later,
+            old: Some(&st1),
+            now: "t2",
+        }));
+        assert!(ev2.is_empty(), "announced once: {ev2:?}");
     }
 
     #[test]

@@ -95,6 +95,15 @@ pub fn build(i: ReportInputs<'_>) -> pb::Report {
                 time_to_oom_seconds: l.time_to_oom_secs,
                 time_to_oom_low_seconds: l.time_to_oom_low_secs,
                 growing_seconds: l.growing_secs,
+                growth_sites: l
+                    .growth_sites
+                    .iter()
+                    .map(|g| pb::GrowthSite {
+                        frames: g.frames.clone(),
+                        bytes: g.bytes,
+                        percent: g.percent,
+                    })
+                    .collect(),
             })
             .collect()
     } else {

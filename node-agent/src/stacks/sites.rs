@@ -50,6 +50,7 @@ struct Capture {
     ended_ns: u64,
     named_ns: u64,
     cgroup: Option<String>,
+    container_id: Option<String>,
     raw: HashMap<(Vec<u64>, u64), u64>,
     sites: Vec<GrowthSite>,
 }
@@ -106,7 +107,11 @@ impl SiteTracker {
                     let mut all: Vec<GrowthSite> = self
                         .captures
                         .values()
-                        .filter(|c| c.cgroup.is_some() && c.cgroup == row.who.cgroup)
+                        .filter(|c| {
+                            (c.cgroup.is_some() && c.cgroup == row.who.cgroup)
+                                || (c.container_id.is_some()
+                                    && c.container_id == row.who.container_id)
+                        })
                         .flat_map(|c| c.sites.iter().cloned())
                         .collect();
                     all.sort_by_key(|s| std::cmp::Reverse(s.bytes));
@@ -141,6 +146,7 @@ impl SiteTracker {
                             ended_ns: 0,
                             named_ns: now,
                             cgroup: row.who.cgroup.clone(),
+                            container_id: row.who.container_id.clone(),
                             raw: HashMap::new(),
                             sites: Vec::new(),
                         },
