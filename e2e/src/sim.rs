@@ -264,6 +264,7 @@ pub fn report(c: &pb::NodeConfig, planner: &Planner) -> pb::Report {
                     time_to_oom_seconds: Some(tto),
                     time_to_oom_low_seconds: Some(tto * 0.9),
                     growing_seconds: tto,
+                    growth_sites: Vec::new(),
                 });
             }
         }
