@@ -162,6 +162,8 @@ pub const WORKLOADS_IMAGE: &str = "localhost/resourcewatch/workloads:0.1.0";
 /// This machine's Node.js with the corpus's `mem.js` (node-agent/corpus/programs): a real
 /// language runtime in a pod (`make images`).
 pub const NODE_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/node-workloads:0.1.0";
+/// The C stack fixture (node-agent/tests/fixtures/stacks/leak.c) with its glibc.
+pub const C_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/c-workloads:0.1.0";
 
 /// A bare pod running the workload simulator (`leak-sim ARGS`) with the memory limit
 /// `limit`, labelled `app=APP`, created in `ns`.

@@ -576,3 +576,104 @@ async fn a_leak_from_the_container_start_is_reported_before_its_oom_kill() {
     );
     ns.delete().await;
 }
+
+/// A C program (node-agent/tests/fixtures/stacks/leak.c, frame pointers, its glibc as a
+/// shared library) leaking 6.4 MB/s from `leak_here`, reached through `grow` and `keep`,
+/// run as a non-root user: within 60 s of the leak being listed, the status's top growth
+/// site names `leak_here` with its callers, and a LeakDetected Event says where it grows.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_leaks_growth_site_names_the_leaking_function() {
+    let client = cluster::client().await.expect("cluster");
+    let ns = TestNamespace::create(&client, "rw-e2e-sites")
+        .await
+        .expect("ns");
+    let n = ns.name.as_str();
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
+    apply_watch(
+        &rws,
+        "w",
+        serde_json::json!({"selector": {"matchLabels": {"app": "cleak"}}, "interval": "5s"}),
+    )
+    .await;
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cleak", "labels": {"app": "cleak"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            // Another user than the agent's: naming its frames needs CAP_SYS_PTRACE.
+            "securityContext": {"runAsUser": 65532, "runAsGroup": 65532},
+            "containers": [{
+                "name": "main",
+                "image": cluster::C_WORKLOADS_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/leak-c"],
+                // 6.4 MB/s into 1Gi: about 160 s to its OOM kill, enough to be named first.
+                "resources": {"limits": {"memory": "1Gi"}, "requests": {"memory": "8Mi", "cpu": "10m"}}
+            }]
+        }
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(client.clone(), n)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let listed = status_where(&rws, "w", "the leak listed", 120, |s| {
+        s.leaks.iter().any(|l| l.pod == "cleak")
+    })
+    .await;
+    let listed_at = std::time::Instant::now();
+    let conf = listed
+        .leaks
+        .iter()
+        .find(|l| l.pod == "cleak")
+        .map(|l| l.confidence);
+    let s = status_where(&rws, "w", "a growth site in the status", 60, |s| {
+        s.leaks
+            .iter()
+            .any(|l| l.pod == "cleak" && !l.growth_sites.is_empty())
+    })
+    .await;
+    let named_after = listed_at.elapsed().as_secs_f64();
+    let leak = s.leaks.iter().find(|l| l.pod == "cleak").expect("leak");
+    let top = &leak.growth_sites[0];
+    let at = top
+        .frames
+        .iter()
+        .position(|f| f == "leak_here")
+        .unwrap_or_else(|| panic!("leak_here not in the top site: {:?}", leak.growth_sites));
+    assert_eq!(
+        top.frames.get(at + 1..at + 3),
+        Some(&["keep".to_owned(), "grow".to_owned()][..]),
+        "its callers: {top:?}"
+    );
+    wait_for(
+        "a LeakDetected Event naming leak_here",
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            async move {
+                let events = Api::<Event>::namespaced(client, n)
+                    .list(&ListParams::default())
+                    .await?;
+                Ok(events
+                    .items
+                    .iter()
+                    .any(|e| {
+                        e.reason.as_deref() == Some("LeakDetected")
+                            && e.note.as_deref().is_some_and(|t| t.contains("leak_here"))
+                    })
+                    .then_some(()))
+            }
+        },
+    )
+    .await
+    .expect("LeakDetected names the site");
+    eprintln!(
+        "C leak 6.4 MB/s: listed at confidence {conf:?}; top growth site named {named_after:.1} s later: {} ({} %)",
+        top.frames.join(" < "),
+        top.percent
+    );
+    ns.delete().await;
+}
