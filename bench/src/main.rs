@@ -103,6 +103,17 @@ enum Cmd {
         #[arg(long, default_value = "50ms", value_parser = parse_duration)]
         churn: Duration,
     },
+    /// What a CPU profile costs the profiled process: a fixed amount of work, pinned to the
+    /// last CPU, timed with and without `profile` sampling it, in alternating pairs.
+    Profile {
+        #[arg(long, default_value_t = 10)]
+        pairs: usize,
+        #[arg(long, default_value_t = 99)]
+        frequency: u64,
+        /// Iterations of the worker's loop per run (about 1.5 s here at 600 M).
+        #[arg(long, default_value_t = 600_000_000)]
+        work: u64,
+    },
     /// User-space cost of `resourcewatch-agent top --json`.
     Agent {
         #[arg(long, default_value = "2s", value_parser = parse_duration)]
@@ -146,6 +157,11 @@ fn main() {
             loops,
             pin_cpu,
         } => cost(runs, loops, pin_cpu),
+        Cmd::Profile {
+            pairs,
+            frequency,
+            work,
+        } => profile_cost(pairs, frequency, work),
         Cmd::Agent {
             interval,
             duration,
@@ -577,6 +593,116 @@ fn floor(loops: u64) -> Vec<(String, f64)> {
         }
     }
     out
+}
+
+/// One run of the profiled worker: a forked child pinned to `cpu` runs `work` iterations
+/// of a multiply-add loop and reports its wall time through a pipe. With `profiler`, the
+/// child is sampled at `frequency` for its whole run.
+fn profiled_run(
+    cpu: usize,
+    work: u64,
+    profiler: Option<(&mut resourcewatch_agent::profile::Profiler, u64)>,
+) -> (Duration, u64) {
+    let mut fds = [0; 2];
+    // SAFETY: a pipe into a local array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+    let go = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // SAFETY: the child only computes, writes to the pipe and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: pinning this child; plain arithmetic; writing 8 bytes; _exit.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+            // Wait for the profiler to be attached (or not): 200 ms.
+            std::thread::sleep(Duration::from_millis(200));
+            let start = Instant::now();
+            let mut x = 0u64;
+            for i in 0..work {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+            let ns = start.elapsed().as_nanos() as u64;
+            libc::write(fds[1], (&ns as *const u64).cast(), 8);
+            libc::_exit((x & 1) as i32);
+        }
+    }
+    let pid = pid as u32;
+    let stop = go.clone();
+    let samples = std::thread::scope(|scope| {
+        let sampler = profiler.map(|(p, freq)| {
+            let stop = stop.clone();
+            scope.spawn(move || {
+                p.run(
+                    &resourcewatch_agent::profile::ProfileTarget {
+                        pids: vec![pid],
+                        cgroups: vec![],
+                    },
+                    freq,
+                    Duration::from_secs(600),
+                    &stop,
+                )
+                .map(|prof| prof.samples())
+                .unwrap_or_else(|e| fail(&format!("profile: {e}")))
+            })
+        });
+        let mut ns = 0u64;
+        // SAFETY: reading 8 bytes from our pipe.
+        let n = unsafe { libc::read(fds[0], (&mut ns as *mut u64).cast(), 8) };
+        assert_eq!(n, 8, "the worker's time");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: reaping our child.
+        unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), 0) };
+        (
+            Duration::from_nanos(ns),
+            sampler.map_or(0, |h| h.join().expect("sampler")),
+        )
+    });
+    // SAFETY: closing our pipe.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    samples
+}
+
+fn profile_cost(pairs: usize, frequency: u64, work: u64) {
+    let mut profiler = resourcewatch_agent::profile::Profiler::load(16384)
+        .unwrap_or_else(|e| fail(&format!("loading the profiler: {e}")));
+    let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    println!(
+        "profiled worker: {work} iterations pinned to CPU {cpu}, sampled at {frequency} Hz; {pairs} pairs, the order alternating"
+    );
+    println!("| pair | without | with | samples | ratio |\n|---|---|---|---|---|");
+    let mut ratios = Vec::new();
+    for i in 0..pairs {
+        let mut without = Duration::ZERO;
+        let mut with = (Duration::ZERO, 0);
+        for first in [i % 2 == 0, i % 2 != 0] {
+            if first {
+                without = profiled_run(cpu, work, None).0;
+            } else {
+                with = profiled_run(cpu, work, Some((&mut profiler, frequency)));
+            }
+        }
+        let ratio = with.0.as_secs_f64() / without.as_secs_f64();
+        ratios.push(ratio);
+        println!(
+            "| {} | {:.3} s | {:.3} s | {} | x{ratio:.4} |",
+            i + 1,
+            without.as_secs_f64(),
+            with.0.as_secs_f64(),
+            with.1
+        );
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "median ratio x{:.4} (min x{:.4}, max x{:.4})",
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
 }
 
 fn cost(runs: usize, loops: u64, pin: Option<u32>) {
