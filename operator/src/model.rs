@@ -37,6 +37,7 @@ names!(
         AgentRecovered,
         ConfigRejected,
         LeakDetected,
+        LeakSiteFound,
         ThresholdCrossed,
         Restarted,
         RestartBlocked,

@@ -546,11 +546,13 @@ fn transitions(
         let site = l.growth_sites.first().map(site_note);
         match old_leaks.get(&(l.pod.as_str(), l.container.as_str())) {
             // Already announced; the site came later (it is captured once the leak is
-            // found): say where it grows, once.
+            // found): say where it grows, once. Its own reason: the Event recorder merges
+            // Events of one reason about one object into a series that keeps the first
+            // note, so a second LeakDetected would never show the site.
             Some(false) if site.is_some() => {
                 out.push(ev(
                     true,
-                    EventReason::LeakDetected,
+                    EventReason::LeakSiteFound,
                     EventAction::Predict,
                     format!("{who} grows at {}", site.unwrap_or_default()),
                     None,
@@ -1032,7 +1034,7 @@ mod tests {
         );
         let notes: Vec<&str> = ev1
             .iter()
-            .filter(|e| e.reason == "LeakDetected")
+            .filter(|e| e.reason == "LeakSiteFound")
             .map(|e| e.note.as_str())
             .collect();
         assert_eq!(
