@@ -630,10 +630,16 @@ async fn a_leaks_growth_site_names_the_leaking_function() {
         .iter()
         .find(|l| l.pod == "cleak")
         .map(|l| l.confidence);
-    let s = status_where(&rws, "w", "a growth site in the status", 60, |s| {
-        s.leaks
-            .iter()
-            .any(|l| l.pod == "cleak" && !l.growth_sites.is_empty())
+    // The first sites are named 5 s into the capture, when the program's start-up heap
+    // growth (charged to glibc's own frames, which cannot be walked) may still weigh
+    // more than the leak; the goal is the leak's site on top within 60 s.
+    let s = status_where(&rws, "w", "leak_here in the top growth site", 60, |s| {
+        s.leaks.iter().any(|l| {
+            l.pod == "cleak"
+                && l.growth_sites
+                    .first()
+                    .is_some_and(|g| g.frames.iter().any(|f| f == "leak_here"))
+        })
     })
     .await;
     let named_after = listed_at.elapsed().as_secs_f64();
