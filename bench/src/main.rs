@@ -606,7 +606,6 @@ fn profiled_run(
     let mut fds = [0; 2];
     // SAFETY: a pipe into a local array.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
-    let go = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // SAFETY: the child only computes, writes to the pipe and _exits.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork");
@@ -629,10 +628,10 @@ fn profiled_run(
         }
     }
     let pid = pid as u32;
-    let stop = go.clone();
+    let stop = std::sync::atomic::AtomicBool::new(false);
     let samples = std::thread::scope(|scope| {
+        let stop = &stop;
         let sampler = profiler.map(|(p, freq)| {
-            let stop = stop.clone();
             scope.spawn(move || {
                 p.run(
                     &resourcewatch_agent::profile::ProfileTarget {
@@ -641,7 +640,7 @@ fn profiled_run(
                     },
                     freq,
                     Duration::from_secs(600),
-                    &stop,
+                    stop,
                 )
                 .map(|prof| prof.samples())
                 .unwrap_or_else(|e| fail(&format!("profile: {e}")))

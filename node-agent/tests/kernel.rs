@@ -9,7 +9,6 @@ mod common;
 
 use std::{
     collections::HashSet,
-    sync::{Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -20,16 +19,7 @@ use resourcewatch_agent::{
     procfs,
 };
 
-static KERNEL: Mutex<()> = Mutex::new(());
-
-/// The lock, or None (with the reason printed) when this machine can't run BPF tests.
-fn kernel_or_skip(test: &str) -> Option<MutexGuard<'static, ()>> {
-    if let Some(why) = common::kernel_missing() {
-        common::skip(test, &why);
-        return None;
-    }
-    Some(KERNEL.lock().unwrap_or_else(|e| e.into_inner()))
-}
+use common::kernel_or_skip;
 
 fn load(opts: PipelineOptions) -> Pipelines {
     Pipelines::load(opts).unwrap_or_else(|e| panic!("loading the pipelines failed: {e}"))

@@ -7,7 +7,7 @@ mod common;
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{Mutex, MutexGuard, atomic::AtomicBool},
+    sync::atomic::AtomicBool,
     time::Duration,
 };
 
@@ -18,15 +18,7 @@ use resourcewatch_agent::{
     stacks::{self, Stack, Symbolizer},
 };
 
-static KERNEL: Mutex<()> = Mutex::new(());
-
-fn kernel_or_skip(test: &str) -> Option<MutexGuard<'static, ()>> {
-    if let Some(why) = common::kernel_missing() {
-        common::skip(test, &why);
-        return None;
-    }
-    Some(KERNEL.lock().unwrap_or_else(|e| e.into_inner()))
-}
+use common::kernel_or_skip;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

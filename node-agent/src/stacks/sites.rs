@@ -70,7 +70,15 @@ impl SiteTracker {
     /// sites on its row (a container's row gets its processes' sites).
     pub fn update(&mut self, pipes: &mut Pipelines, rows: &mut [LeakRow], now: u64) {
         self.start(pipes, rows, now);
-        if self.captures.values().any(|c| c.active) {
+        // The kernel keeps adding to its counters between reads: read them only when a
+        // capture is due to be named or to end, not at every frame (`top` at 10 ms).
+        let due = |pid: &u32, c: &Capture| {
+            c.active
+                && (now.saturating_sub(c.named_ns) >= NAME_EVERY_NS
+                    || now.saturating_sub(c.started_ns) >= CAPTURE_FOR_NS
+                    || !procfs::exists(*pid))
+        };
+        if self.captures.iter().any(|(pid, c)| due(pid, c)) {
             match pipes.drain_growth_sites() {
                 Ok(raw) => self.accumulate(raw),
                 Err(e) => tracing::warn!("reading growth sites failed: {e}"),

@@ -30,3 +30,23 @@ pub fn skip(test: &str, why: &str) {
 pub fn kernel_missing() -> Option<String> {
     resourcewatch_agent::capabilities::probe().fatal()
 }
+
+#[allow(
+    dead_code,
+    reason = "each test binary compiles this module; cli.rs has no BPF test"
+)]
+static KERNEL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The lock serialising the BPF tests of one binary, or None (with the reason recorded as
+/// a skip) when this machine can't run them.
+#[allow(
+    dead_code,
+    reason = "each test binary compiles this module; cli.rs has no BPF test"
+)]
+pub fn kernel_or_skip(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    if let Some(why) = kernel_missing() {
+        skip(test, &why);
+        return None;
+    }
+    Some(KERNEL.lock().unwrap_or_else(|e| e.into_inner()))
+}
