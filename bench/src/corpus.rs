@@ -214,66 +214,7 @@ pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>)
     let start = Instant::now();
     let mut running: Vec<Running> = Vec::new();
     for case in cases {
-        let rel = match case.pod {
-            Some(pod) => {
-                let pd = root.join(pod);
-                if !pd.exists() {
-                    std::fs::create_dir_all(&pd).unwrap_or_else(|e| fail(&e));
-                    if let Some(l) = case.pod_limit {
-                        std::fs::write(pd.join(limit_file(&pd)), l.to_string())
-                            .unwrap_or_else(|e| fail(&e));
-                    }
-                }
-                format!("{pod}/{}", case.name)
-            }
-            None => case.name.to_string(),
-        };
-        let dir = root.join(&rel);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&e));
-        if let Some(l) = case.limit {
-            std::fs::write(dir.join(limit_file(&dir)), l.to_string()).unwrap_or_else(|e| fail(&e));
-        }
-        let path = format!("/{top}/{rel}");
-        let id = layout.cgroup_id(&path).unwrap_or_else(|e| fail(&e));
-        let procs_file =
-            CString::new(dir.join("cgroup.procs").as_os_str().as_encoded_bytes()).expect("path");
-        let mut cmd = programs.command(case.argv);
-        cmd.stdout(Stdio::null()).stderr(Stdio::null());
-        // SAFETY: only async-signal-safe calls (open, write, close, prctl) between fork
-        // and exec: the child enters its cgroup before the runtime allocates anything.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs_file.as_ptr(), libc::O_WRONLY);
-                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::close(fd);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| fail(&format!("{}: {e}", case.argv[0])));
-        running.push(Running {
-            case,
-            path,
-            dir,
-            id,
-            child,
-            started: start.elapsed().as_secs_f64(),
-            trace: Trace {
-                name: case.name.into(),
-                truth: Some(case.truth),
-                rate: case.rate,
-                leak_from: case.leak_from,
-                limit: case.limit.or(case.pod_limit),
-                ..Default::default()
-            },
-            steps: Vec::new(),
-            procs: HashMap::new(),
-            done: false,
-        });
+        running.push(start_case(case, &root, &top, &layout, &programs, start));
     }
     builder.watched_cgroups = running.iter().map(|r| (r.id, r.path.clone())).collect();
     let mut n = 0u64;
@@ -299,83 +240,10 @@ pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>)
                 r.done = true;
                 continue;
             }
-            let limit = memory_limit::effective(layout.root(), &r.path);
-            let headroom = limit.and_then(|l| l.headroom());
-            if let Some(s) = builder.leaks.last_sample(SeriesKey::Cgroup { id: r.id }) {
-                r.trace.rows.push((
-                    t,
-                    "cg".into(),
-                    TraceSample {
-                        rss: s.rss_bytes(),
-                        anon: s.anon_bytes + s.shmem_bytes,
-                        headroom,
-                        reclaimable: limit.map(|l| l.reclaimable_bytes),
-                    },
-                ));
-            }
-            let pids = procs_of(&r.dir);
-            for pid in &pids {
-                if let Some(s) = builder.leaks.last_sample(SeriesKey::Process { tgid: *pid }) {
-                    let k = r.procs.len();
-                    let name = r
-                        .procs
-                        .entry(*pid)
-                        .or_insert_with(|| format!("p{k}"))
-                        .clone();
-                    r.trace.rows.push((
-                        t,
-                        name,
-                        TraceSample {
-                            rss: s.rss_bytes(),
-                            anon: s.anon_bytes + s.shmem_bytes,
-                            headroom: None,
-                            reclaimable: None,
-                        },
-                    ));
-                }
-            }
-            // The case's verdict: its most confident row (container or any of its processes).
-            let best = f
-                .leaks
-                .iter()
-                .filter(|row| {
-                    row.pid.is_some_and(|p| pids.contains(&p))
-                        || (row.pid.is_none() && row.who.cgroup.as_deref() == Some(r.path.as_str()))
-                })
-                .map(|row| Step {
-                    t,
-                    confidence: row.confidence,
-                    eta: row
-                        .time_to_oom_secs
-                        .zip(row.time_to_oom_low_secs)
-                        .map(|(secs, low_secs)| resourcewatch_agent::leak::Eta { secs, low_secs }),
-                })
-                .fold(None::<Step>, |best, s| match best {
-                    Some(b) if !s.outranks(&b) => Some(b),
-                    _ => Some(s),
-                });
-            r.steps.push(best.unwrap_or(Step {
-                t,
-                confidence: 0,
-                eta: None,
-            }));
+            observe(r, &f, &builder, &layout, t);
         }
     }
-    for r in &mut running {
-        kill_all(&r.dir);
-        let _ = r.child.kill();
-        let _ = r.child.wait();
-    }
-    // Leaves first, then pods, then the top directory.
-    for r in &running {
-        let _ = std::fs::remove_dir(&r.dir);
-    }
-    for r in &running {
-        if let Some(p) = r.dir.parent().filter(|p| *p != root) {
-            let _ = std::fs::remove_dir(p);
-        }
-    }
-    let _ = std::fs::remove_dir(&root);
+    stop_all(&mut running, &root);
     drop(programs);
 
     if let Some(dir) = &record {
@@ -388,6 +256,166 @@ pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>)
     let results: Vec<(Trace, Vec<Step>)> =
         running.into_iter().map(|r| (r.trace, r.steps)).collect();
     print_table(&results);
+}
+
+/// Starts `case` in its own memory cgroup under `root` (its pod's, for a sidecar), with
+/// the limits the case names.
+fn start_case(
+    case: &'static Case,
+    root: &Path,
+    top: &str,
+    layout: &resourcewatch_agent::cgroup_resolver::CgroupLayout,
+    programs: &Programs,
+    start: Instant,
+) -> Running {
+    let rel = match case.pod {
+        Some(pod) => {
+            let pd = root.join(pod);
+            if !pd.exists() {
+                std::fs::create_dir_all(&pd).unwrap_or_else(|e| fail(&e));
+                if let Some(l) = case.pod_limit {
+                    std::fs::write(pd.join(limit_file(&pd)), l.to_string())
+                        .unwrap_or_else(|e| fail(&e));
+                }
+            }
+            format!("{pod}/{}", case.name)
+        }
+        None => case.name.to_string(),
+    };
+    let dir = root.join(&rel);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&e));
+    if let Some(l) = case.limit {
+        std::fs::write(dir.join(limit_file(&dir)), l.to_string()).unwrap_or_else(|e| fail(&e));
+    }
+    let path = format!("/{top}/{rel}");
+    let id = layout.cgroup_id(&path).unwrap_or_else(|e| fail(&e));
+    let procs_file =
+        CString::new(dir.join("cgroup.procs").as_os_str().as_encoded_bytes()).expect("path");
+    let mut cmd = programs.command(case.argv);
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: only async-signal-safe calls (open, write, close, prctl) between fork
+    // and exec: the child enters its cgroup before the runtime allocates anything.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs_file.as_ptr(), libc::O_WRONLY);
+            if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| fail(&format!("{}: {e}", case.argv[0])));
+    Running {
+        case,
+        path,
+        dir,
+        id,
+        child,
+        started: start.elapsed().as_secs_f64(),
+        trace: Trace {
+            name: case.name.into(),
+            truth: Some(case.truth),
+            rate: case.rate,
+            leak_from: case.leak_from,
+            limit: case.limit.or(case.pod_limit),
+            ..Default::default()
+        },
+        steps: Vec::new(),
+        procs: HashMap::new(),
+        done: false,
+    }
+}
+
+/// One second of `r`: its container's and processes' last samples into the trace, and its
+/// most confident leak row (container or any of its processes) as the step.
+fn observe(
+    r: &mut Running,
+    f: &resourcewatch_agent::snapshot::Frame,
+    builder: &FrameBuilder,
+    layout: &resourcewatch_agent::cgroup_resolver::CgroupLayout,
+    t: f64,
+) {
+    let limit = memory_limit::effective(layout.root(), &r.path);
+    let headroom = limit.and_then(|l| l.headroom());
+    if let Some(s) = builder.leaks.last_sample(SeriesKey::Cgroup { id: r.id }) {
+        r.trace.rows.push((
+            t,
+            "cg".into(),
+            TraceSample {
+                rss: s.rss_bytes(),
+                anon: s.anon_bytes + s.shmem_bytes,
+                headroom,
+                reclaimable: limit.map(|l| l.reclaimable_bytes),
+            },
+        ));
+    }
+    let pids = procs_of(&r.dir);
+    for pid in &pids {
+        if let Some(s) = builder.leaks.last_sample(SeriesKey::Process { tgid: *pid }) {
+            let k = r.procs.len();
+            let name = r
+                .procs
+                .entry(*pid)
+                .or_insert_with(|| format!("p{k}"))
+                .clone();
+            r.trace.rows.push((
+                t,
+                name,
+                TraceSample {
+                    rss: s.rss_bytes(),
+                    anon: s.anon_bytes + s.shmem_bytes,
+                    headroom: None,
+                    reclaimable: None,
+                },
+            ));
+        }
+    }
+    let best = f
+        .leaks
+        .iter()
+        .filter(|row| {
+            row.pid.is_some_and(|p| pids.contains(&p))
+                || (row.pid.is_none() && row.who.cgroup.as_deref() == Some(r.path.as_str()))
+        })
+        .map(|row| Step {
+            t,
+            confidence: row.confidence,
+            eta: row
+                .time_to_oom_secs
+                .zip(row.time_to_oom_low_secs)
+                .map(|(secs, low_secs)| resourcewatch_agent::leak::Eta { secs, low_secs }),
+        })
+        .fold(None::<Step>, |best, s| match best {
+            Some(b) if !s.outranks(&b) => Some(b),
+            _ => Some(s),
+        });
+    r.steps.push(best.unwrap_or(Step {
+        t,
+        confidence: 0,
+        eta: None,
+    }));
+}
+
+/// Kills every case and removes the cgroups: leaves first, then pods, then the top.
+fn stop_all(running: &mut [Running], root: &Path) {
+    for r in running.iter_mut() {
+        kill_all(&r.dir);
+        let _ = r.child.kill();
+        let _ = r.child.wait();
+    }
+    for r in running.iter() {
+        let _ = std::fs::remove_dir(&r.dir);
+    }
+    for r in running.iter() {
+        if let Some(p) = r.dir.parent().filter(|p| *p != root) {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+    let _ = std::fs::remove_dir(root);
 }
 
 /// The traces of `dir` replayed through the current detectors (no kernel, no workload):

@@ -10,7 +10,10 @@ use std::{
 
 use anyhow::{Context, bail};
 use k8s_openapi::{
-    api::core::v1::{Namespace, Node, Pod},
+    api::{
+        core::v1::{Namespace, Node, Pod},
+        events::v1::Event,
+    },
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
@@ -509,6 +512,66 @@ pub fn container_id(seed: &str) -> String {
         out.push_str(&format!("{h:016x}"));
     }
     out
+}
+
+/// Container restarts of a pod (an OOM kill in place restarts its container, keeping the
+/// pod's UID).
+pub fn restarts(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum())
+}
+
+/// Whether a container of the pod was OOM-killed: its current or last state says so.
+pub fn oom_killed(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                [c.last_state.as_ref(), c.state.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| s.terminated.as_ref())
+                    .any(|t| t.reason.as_deref() == Some("OOMKilled"))
+            })
+        })
+}
+
+/// `kubectl apply -f -` of `manifest` (YAML or JSON): whether it succeeded, its stdout
+/// and its stderr.
+pub fn kubectl_apply(manifest: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut c = std::process::Command::new(kubectl())
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    if let Some(mut i) = c.stdin.take() {
+        i.write_all(manifest.as_bytes()).expect("stdin");
+    }
+    let o = c.wait_with_output().expect("kubectl output");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The events.k8s.io/v1 Events of namespace `ns` with `reason` (none if listing fails:
+/// callers poll).
+pub async fn events(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
 }
 
 /// The kubectl the harness built (the right version for the cluster), else `kubectl`.

@@ -7,14 +7,10 @@
 
 use std::{collections::BTreeMap, process::Command, sync::Arc, time::Duration};
 
-use k8s_openapi::api::events::v1::Event;
-use kube::{
-    Api, Client, ResourceExt,
-    api::{ListParams, PostParams},
-};
+use kube::{Api, Client, ResourceExt, api::PostParams};
 use resourcewatch_crds::{ConditionStatus, ResourceWatch};
 use resourcewatch_e2e::{
-    cluster::{self, TestNamespace, wait_for},
+    cluster::{self, TestNamespace, events, wait_for},
     operator::OperatorProcess,
     sim::{AgentTls, PodPlan, SimAgent},
 };
@@ -44,17 +40,6 @@ fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-async fn events(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
 }
 
 async fn setup(prefix: &str) -> (Client, TestNamespace) {

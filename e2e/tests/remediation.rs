@@ -9,13 +9,13 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod, events::v1::Event};
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod};
 use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, Patch, PatchParams, PostParams},
 };
 use resourcewatch_crds::{RemediationOutcome, ResourceWatch};
-use resourcewatch_e2e::cluster::{self, TestNamespace, wait_for};
+use resourcewatch_e2e::cluster::{self, TestNamespace, oom_killed, restarts, wait_for};
 
 fn container(args: &[&str], limit: &str) -> serde_json::Value {
     serde_json::json!({
@@ -101,43 +101,6 @@ async fn running_pod(client: &Client, ns: &str, app: &str) -> Pod {
     )
     .await
     .unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-/// Container restarts of a pod (an OOM kill in place restarts its container).
-fn restarts(p: &Pod) -> i32 {
-    p.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum())
-}
-
-fn oom_killed(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
-                let now = c.state.as_ref().and_then(|s| s.terminated.as_ref());
-                [last, now]
-                    .into_iter()
-                    .flatten()
-                    .any(|t| t.reason.as_deref() == Some("OOMKilled"))
-            })
-        })
-}
-
-async fn events(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .map(|l| {
-            l.items
-                .into_iter()
-                .filter(|e| e.reason.as_deref() == Some(reason))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// 20 MiB, flat 20 s (the detector sees a baseline), then `rate` against 128Mi.
@@ -240,13 +203,13 @@ async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_i
     .await
     .expect("replacement");
     assert!(!oom_killed(&replacement));
-    let restarted = events(&client, n, "Restarted").await;
+    let restarted = cluster::events(&client, n, "Restarted").await;
     assert!(!restarted.is_empty(), "a Restarted Event");
     // The first pod's restart was never blocked. The replacement leaks the same way, so a
     // RestartBlocked for *it* (cooldown 10m) is the rail working and may already exist;
     // the note names the pod.
     let first_name = first.name_any();
-    let blocked: Vec<_> = events(&client, n, "RestartBlocked")
+    let blocked: Vec<_> = cluster::events(&client, n, "RestartBlocked")
         .await
         .into_iter()
         .filter(|e| {
@@ -405,26 +368,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
         "metadata": {"name": "guarded", "namespace": n},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}
     });
-    let (ok, out) = {
-        use std::io::Write;
-        let mut c = std::process::Command::new(cluster::kubectl())
-            .args(["apply", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        c.stdin
-            .take()
-            .expect("stdin")
-            .write_all(pdb.to_string().as_bytes())
-            .expect("write");
-        let o = c.wait_with_output().expect("kubectl output");
-        (
-            o.status.success(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    };
+    let (ok, _, out) = cluster::kubectl_apply(&pdb.to_string());
     assert!(ok, "PDB: {out}");
     watch(
         &client,
@@ -443,7 +387,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
     let blocked = wait_for("a RestartBlocked Event", Duration::from_secs(120), || {
         let client = client.clone();
         async move {
-            Ok(events(&client, n, "RestartBlocked")
+            Ok(cluster::events(&client, n, "RestartBlocked")
                 .await
                 .into_iter()
                 .next())
@@ -494,7 +438,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
     .expect("pod");
     wait_for("a WouldRestart Event", Duration::from_secs(120), || {
         let client = client.clone();
-        async move { Ok((!events(&client, n, "WouldRestart").await.is_empty()).then_some(())) }
+        async move { Ok((!cluster::events(&client, n, "WouldRestart").await.is_empty()).then_some(())) }
     })
     .await
     .expect("WouldRestart");
@@ -516,7 +460,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
     )
     .await
     .expect("OOM-killed");
-    assert!(events(&client, n, "Restarted").await.is_empty());
+    assert!(cluster::events(&client, n, "Restarted").await.is_empty());
     ns.delete().await;
 }
 
@@ -602,7 +546,7 @@ async fn a_pending_record_written_into_status_is_never_carried_out() {
             .any(|p| p.uid() == pod.uid() && p.metadata.deletion_timestamp.is_none()),
         "the victim was evicted on a record nobody decided"
     );
-    assert!(events(&client, n, "Restarted").await.is_empty());
+    assert!(cluster::events(&client, n, "Restarted").await.is_empty());
     ns.delete().await;
 }
 

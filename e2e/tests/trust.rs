@@ -145,14 +145,7 @@ impl Env {
     }
 
     async fn events(&self, reason: &str) -> Vec<Event> {
-        Api::<Event>::namespaced(self.client.clone(), self.n())
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some(reason))
-            .collect()
+        cluster::events(&self.client, self.n(), reason).await
     }
 
     /// Waits for a first eviction (a pod with a deletionTimestamp) and returns them.
@@ -412,7 +405,7 @@ subjects: [{{kind: ServiceAccount, name: dev, namespace: {ns}}}]
 "#,
         ns = env.n()
     );
-    let (ok, _, err) = kubectl_apply(&rbac);
+    let (ok, _, err) = cluster::kubectl_apply(&rbac);
     assert!(ok, "{err}");
     let mut cfg = kube::Config::infer().await.expect("config");
     cfg.auth_info.impersonate = Some(format!("system:serviceaccount:{}:dev", env.n()));
@@ -771,24 +764,4 @@ async fn oversized_and_malformed_reports_cost_bounded_memory_and_reach_nothing()
     assert!(s.leaks.is_empty(), "{:?}", s.leaks);
     assert!(env.op.exited().is_none(), "the operator died");
     env.end().await;
-}
-
-fn kubectl_apply(yaml: &str) -> (bool, String, String) {
-    use std::io::Write;
-    let mut c = std::process::Command::new(cluster::kubectl())
-        .args(["apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("kubectl");
-    if let Some(mut i) = c.stdin.take() {
-        i.write_all(yaml.as_bytes()).expect("stdin");
-    }
-    let o = c.wait_with_output().expect("kubectl output");
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
 }

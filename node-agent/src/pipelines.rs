@@ -93,6 +93,11 @@ pub enum PipelineError {
     MissingMap(&'static str),
     #[error("program {0} is missing from the BPF object")]
     MissingProgram(&'static str),
+    #[error("map {name} in the BPF object is not of the {want} type this agent reads")]
+    MapType {
+        name: &'static str,
+        want: &'static str,
+    },
     #[error("map {name}: {source}")]
     Map {
         name: &'static str,
@@ -198,8 +203,15 @@ struct MmapArray<T> {
 
 impl<T> MmapArray<T> {
     fn new(bpf: &Ebpf, name: &'static str, len: usize) -> Result<Self, PipelineError> {
-        let Some(Map::Array(data)) = bpf.map(name) else {
-            return Err(PipelineError::MissingMap(name));
+        let data = match bpf.map(name) {
+            Some(Map::Array(data)) => data,
+            Some(_) => {
+                return Err(PipelineError::MapType {
+                    name,
+                    want: "array",
+                });
+            }
+            None => return Err(PipelineError::MissingMap(name)),
         };
         // Array elements are laid out back to back, each rounded up to 8 bytes.
         assert!(

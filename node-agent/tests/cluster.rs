@@ -279,47 +279,8 @@ fn run_mode_tracks_a_targeted_container_and_predicts_its_oom() {
 async fn drive(leaf: PathBuf, pid: u32) {
     let tmp = std::env::temp_dir().join(format!("rw-run-test-{}", std::process::id()));
     tls_files(&tmp);
-    let op = FakeOperator::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(
-            std::fs::read_to_string(tmp.join("server.crt")).expect("cert"),
-            std::fs::read_to_string(tmp.join("server.key")).expect("key"),
-        ))
-        .client_ca_root(Certificate::from_pem(
-            std::fs::read_to_string(tmp.join("ca.crt")).expect("ca"),
-        ));
-    tokio::spawn(
-        Server::builder()
-            .tls_config(tls)
-            .expect("tls")
-            .add_service(AgentControlServer::new(op.clone()))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-
-    let agent = Command::new(env!("CARGO_BIN_EXE_resourcewatch-agent"))
-        .args([
-            "run",
-            "--node-name",
-            "test-node",
-            "--operator",
-            &format!("https://{addr}"),
-        ])
-        .args(["--operator-namespace", "test", "--tls-dir"])
-        .arg(&tmp)
-        .arg("--token-path")
-        .arg({
-            let t = tmp.join("token");
-            std::fs::write(&t, "test-token\n").expect("token file");
-            t
-        })
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("agent starts");
-    let mut agent = Proc(agent);
+    let (op, addr) = serve_fake_operator(&tmp).await;
+    let mut agent = start_agent(addr, &tmp);
 
     // Hello first, with the node name and what the kernel allows.
     let hello = wait_until("the agent's Hello", 30, || {
@@ -382,9 +343,81 @@ async fn drive(leaf: PathBuf, pid: u32) {
             .is_some_and(|h| h.unresolved_containers.is_empty())
     );
 
-    // The leak, with a time to OOM against the container's own limit.
+    check_leak(&op).await;
+
+    // A configuration the agent cannot apply is refused with a reason; it keeps running.
+    let push = op.push.lock().expect("lock").clone().expect("stream open");
+    push.send(Ok(config(2, 1000))).await.expect("push");
+    let nack = wait_until("the NACK of version 2", 15, || {
+        acks(&op).into_iter().find(|a| a.version == 2)
+    })
+    .await;
+    assert!(!nack.accepted && nack.reason.contains("sketch"), "{nack:?}");
+    let n = reports(&op).len();
+    wait_until("reports to continue after the NACK", 10, || {
+        (reports(&op).len() > n + 1).then_some(())
+    })
+    .await;
+
+    stop_agent(&mut agent).await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    let _ = leaf;
+}
+
+/// A fake operator serving the agent protocol over mutual TLS on a free local port.
+async fn serve_fake_operator(tmp: &std::path::Path) -> (FakeOperator, std::net::SocketAddr) {
+    let op = FakeOperator::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(
+            std::fs::read_to_string(tmp.join("server.crt")).expect("cert"),
+            std::fs::read_to_string(tmp.join("server.key")).expect("key"),
+        ))
+        .client_ca_root(Certificate::from_pem(
+            std::fs::read_to_string(tmp.join("ca.crt")).expect("ca"),
+        ));
+    tokio::spawn(
+        Server::builder()
+            .tls_config(tls)
+            .expect("tls")
+            .add_service(AgentControlServer::new(op.clone()))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+
+    (op, addr)
+}
+
+/// `resourcewatch-agent run` against the fake operator at `addr`.
+fn start_agent(addr: std::net::SocketAddr, tmp: &std::path::Path) -> Proc {
+    let agent = Command::new(env!("CARGO_BIN_EXE_resourcewatch-agent"))
+        .args([
+            "run",
+            "--node-name",
+            "test-node",
+            "--operator",
+            &format!("https://{addr}"),
+        ])
+        .args(["--operator-namespace", "test", "--tls-dir"])
+        .arg(tmp)
+        .arg("--token-path")
+        .arg({
+            let t = tmp.join("token");
+            std::fs::write(&t, "test-token\n").expect("token file");
+            t
+        })
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("agent starts");
+    Proc(agent)
+}
+
+/// The leak of the targeted container, with a time to OOM against its own limit.
+async fn check_leak(op: &FakeOperator) {
     let (leak, charge) = wait_until("a leak of the targeted container", 75, || {
-        reports(&op).into_iter().rev().find_map(|r| {
+        reports(op).into_iter().rev().find_map(|r| {
             let charge = r.containers.first().map_or(0, |c| c.memory_bytes);
             r.leaks
                 .into_iter()
@@ -418,22 +451,10 @@ async fn drive(leaf: PathBuf, pid: u32) {
         "growing for {}",
         leak.growing_seconds
     );
+}
 
-    // A configuration the agent cannot apply is refused with a reason; it keeps running.
-    let push = op.push.lock().expect("lock").clone().expect("stream open");
-    push.send(Ok(config(2, 1000))).await.expect("push");
-    let nack = wait_until("the NACK of version 2", 15, || {
-        acks(&op).into_iter().find(|a| a.version == 2)
-    })
-    .await;
-    assert!(!nack.accepted && nack.reason.contains("sketch"), "{nack:?}");
-    let n = reports(&op).len();
-    wait_until("reports to continue after the NACK", 10, || {
-        (reports(&op).len() > n + 1).then_some(())
-    })
-    .await;
-
-    // SIGTERM ends it promptly and cleanly.
+/// SIGTERM ends the agent promptly and cleanly.
+async fn stop_agent(agent: &mut Proc) {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
     let start = Instant::now();
@@ -448,6 +469,4 @@ async fn drive(leaf: PathBuf, pid: u32) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(status.success(), "exit status {status}");
-    let _ = std::fs::remove_dir_all(&tmp);
-    let _ = leaf;
 }

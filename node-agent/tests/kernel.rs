@@ -13,6 +13,7 @@ use std::{
 };
 
 use resourcewatch_agent::{
+    capabilities::CheckId,
     cgroup_resolver::CgroupLayout,
     hashpipe::Geometry,
     pipelines::{PipelineOptions, Pipelines},
@@ -128,6 +129,30 @@ fn wait_until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
 
 fn within(actual: f64, expected: f64, rel: f64) -> bool {
     (actual - expected).abs() <= rel * expected.abs()
+}
+
+/// The probe on a machine that runs the kernel tests: every tracepoint the pipelines
+/// attach to is reported present, and the Hello sent to the operator says so.
+#[test]
+fn this_machine_has_what_the_pipelines_need() {
+    let Some(_k) = kernel_or_skip("this_machine_has_what_the_pipelines_need") else {
+        return;
+    };
+    let r = resourcewatch_agent::capabilities::probe();
+    for id in [
+        CheckId::Btf,
+        CheckId::SchedSwitch,
+        CheckId::RssStat,
+        CheckId::SchedProcessExit,
+    ] {
+        let c = r.checks.iter().find(|c| c.id == id).expect("check present");
+        assert!(c.ok, "{}: {}", c.name, c.detail);
+    }
+    let hello = resourcewatch_agent::cluster::hello_capabilities(&r);
+    assert!(
+        hello.btf && hello.sched_switch && hello.rss_stat,
+        "{hello:?}"
+    );
 }
 
 #[test]

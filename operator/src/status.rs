@@ -1244,9 +1244,6 @@ mod tests {
         }));
         assert!(again.is_empty());
     }
-
-    #[test]
-    fn bytes_format_like_quantities() {}
 }
 
 #[cfg(test)]

@@ -54,20 +54,10 @@ fn deployment(name: &str, watched: bool, args: Vec<String>) -> Deployment {
     .expect("deployment json")
 }
 
+/// Killed by the kernel: an OOMKilled state, or any restart (a leaking container restarts
+/// only when OOM-killed in place).
 fn oom_killed(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.restart_count > 0
-                    || [c.last_state.as_ref(), c.state.as_ref()]
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|s| s.terminated.as_ref())
-                        .any(|t| t.reason.as_deref() == Some("OOMKilled"))
-            })
-        })
+    cluster::oom_killed(p) || cluster::restarts(p) > 0
 }
 
 fn started(p: &Pod) -> Option<i64> {

@@ -244,74 +244,80 @@ impl Collector for AgentMetrics {
             "Streams to the operator that failed or were closed",
             &c(self.stream_failures.load(Ordering::Relaxed)),
         )?;
-        let k = &t.kernel;
-        counter(
-            &mut e,
+        encode_kernel(&mut e, &t)
+    }
+}
+
+/// The kernel side's counters: samples, full maps, and each program's runs and time.
+fn encode_kernel(e: &mut DescriptorEncoder, t: &TickSnapshot) -> Result<(), std::fmt::Error> {
+    let c = |v: u64| vec![(Vec::new(), v)];
+    let k = &t.kernel;
+    for (name, help, v) in [
+        (
             "resourcewatch_agent_kernel_memory_samples",
             "rss_stat samples the kernel streamed to the ring buffer",
-            &c(k.samples),
-        )?;
-        counter(
-            &mut e,
+            k.samples,
+        ),
+        (
             "resourcewatch_agent_kernel_memory_samples_lost",
             "rss_stat samples lost to a full ring buffer",
-            &c(k.samples_lost),
-        )?;
-        counter(
-            &mut e,
-            "resourcewatch_agent_kernel_map_full",
-            "Updates refused by a full map, by map",
-            &[
-                (vec![("map", "proc_mem".into())], k.proc_mem_full),
-                (vec![("map", "targets".into())], k.targets_full),
-                (vec![("map", "alloc_ptrs".into())], k.alloc_ptrs_full),
-            ],
-        )?;
-        counter(
-            &mut e,
+            k.samples_lost,
+        ),
+        (
             "resourcewatch_agent_kernel_switch_ins_unseen",
             "Tasks switched out whose switch-in the kernel did not report (credited from the scheduler's bookkeeping)",
-            &c(k.switch_ins_unseen),
-        )?;
-        counter(
-            &mut e,
+            k.switch_ins_unseen,
+        ),
+        (
             "resourcewatch_agent_kernel_cpu_sync_failures",
             "Per-CPU epoch syncs that failed (that CPU's running part credited late)",
-            &c(k.cpu_sync_failures),
-        )?;
-        let runs: Vec<_> = t
-            .programs
-            .iter()
-            .map(|p| (vec![("program", p.name.clone())], p.run_cnt))
-            .collect();
-        counter(
-            &mut e,
-            "resourcewatch_agent_bpf_program_runs",
-            "Runs of each eBPF program (counted while kernel.bpf_stats_enabled=1)",
-            &runs,
-        )?;
-        let secs: Vec<_> = t
-            .programs
-            .iter()
-            .map(|p| {
-                (
-                    vec![("program", p.name.clone())],
-                    p.run_time_ns as f64 / 1e9,
-                )
-            })
-            .collect();
-        // A float counter: seconds.
-        let mut family = e.encode_descriptor(
-            "resourcewatch_agent_bpf_program_run_seconds",
-            "Kernel time spent in each eBPF program (counted while kernel.bpf_stats_enabled=1)",
-            None,
-            MetricType::Counter,
-        )?;
-        for (labels, v) in &secs {
-            ConstCounter::new(*v).encode(family.encode_family(labels)?)?;
-        }
-        Ok(())
+            k.cpu_sync_failures,
+        ),
+    ] {
+        counter(e, name, help, &c(v))?;
     }
+    counter(
+        e,
+        "resourcewatch_agent_kernel_map_full",
+        "Updates refused by a full map, by map",
+        &[
+            (vec![("map", "proc_mem".into())], k.proc_mem_full),
+            (vec![("map", "targets".into())], k.targets_full),
+            (vec![("map", "alloc_ptrs".into())], k.alloc_ptrs_full),
+        ],
+    )?;
+    let runs: Vec<_> = t
+        .programs
+        .iter()
+        .map(|p| (vec![("program", p.name.clone())], p.run_cnt))
+        .collect();
+    counter(
+        e,
+        "resourcewatch_agent_bpf_program_runs",
+        "Runs of each eBPF program (counted while kernel.bpf_stats_enabled=1)",
+        &runs,
+    )?;
+    let secs: Vec<_> = t
+        .programs
+        .iter()
+        .map(|p| {
+            (
+                vec![("program", p.name.clone())],
+                p.run_time_ns as f64 / 1e9,
+            )
+        })
+        .collect();
+    // A float counter: seconds.
+    let mut family = e.encode_descriptor(
+        "resourcewatch_agent_bpf_program_run_seconds",
+        "Kernel time spent in each eBPF program (counted while kernel.bpf_stats_enabled=1)",
+        None,
+        MetricType::Counter,
+    )?;
+    for (labels, v) in &secs {
+        ConstCounter::new(*v).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
 }
 
 pub fn router(metrics: Arc<AgentMetrics>) -> Router {

@@ -75,6 +75,8 @@ pub enum RunError {
     Status(#[from] tonic::Status),
     #[error("the engine stopped")]
     EngineGone,
+    #[error("the stream to the operator closed")]
+    StreamClosed,
     #[error("starting the agent's {what}: {source}")]
     Start {
         what: &'static str,
@@ -82,16 +84,11 @@ pub enum RunError {
     },
 }
 
-/// Runs until SIGTERM/SIGINT.
-pub fn run(opts: RunOptions) -> Result<(), RunError> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (config_tx, config_rx) = std_mpsc::channel::<pb::NodeConfig>();
-    let (ack_tx, ack_rx) = mpsc::unbounded_channel::<pb::ConfigAck>();
-    let (report_tx, report_rx) = watch::channel::<Option<pb::Report>>(None);
-    let applied = Arc::new(AtomicU64::new(0));
-    let metrics = Arc::new(metrics::AgentMetrics::default());
-    let caps = capabilities::probe();
-    let hello_caps = pb::Capabilities {
+/// What the Hello tells the operator this node can do: each flag from its typed check (a
+/// name match once claimed BTF on every node: no check's name contained "btf", and `all`
+/// of nothing is true).
+pub fn hello_capabilities(caps: &capabilities::CapabilityReport) -> pb::Capabilities {
+    pb::Capabilities {
         kernel_release: caps.kernel_release.clone(),
         cgroup_mode: caps.cgroup_version.clone().unwrap_or_default(),
         btf: caps.holds(CheckId::Btf),
@@ -104,7 +101,19 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
             .iter()
             .map(|c| format!("{}: {}", c.name, c.detail))
             .collect(),
-    };
+    }
+}
+
+/// Runs until SIGTERM/SIGINT.
+pub fn run(opts: RunOptions) -> Result<(), RunError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (config_tx, config_rx) = std_mpsc::channel::<pb::NodeConfig>();
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel::<pb::ConfigAck>();
+    let (report_tx, report_rx) = watch::channel::<Option<pb::Report>>(None);
+    let applied = Arc::new(AtomicU64::new(0));
+    let metrics = Arc::new(metrics::AgentMetrics::default());
+    let caps = capabilities::probe();
+    let hello_caps = hello_capabilities(&caps);
     let engine = {
         let stop = stop.clone();
         let applied = applied.clone();
@@ -250,9 +259,10 @@ async fn session(
     let mut client = client.max_encoding_message_size(pb::MAX_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
     let send = |m| pb::AgentMessage { msg: Some(m) };
+    // The receiver is still ours here: only a dropped stream could refuse the Hello.
     tx.send(send(agent_message::Msg::Hello(hello)))
         .await
-        .map_err(|_| RunError::EngineGone)?;
+        .map_err(|_| RunError::StreamClosed)?;
     let token = std::fs::read_to_string(&opts.token_path).map_err(|source| RunError::Token {
         path: opts.token_path.clone(),
         source,
@@ -617,4 +627,59 @@ fn fit(mut r: pb::Report) -> pb::Report {
         r.containers.truncate(500);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capabilities::{CapabilityReport, Check};
+
+    fn report(failing: &[CheckId]) -> CapabilityReport {
+        let ids = [
+            (CheckId::Btf, "BTF"),
+            (CheckId::SchedSwitch, "tracepoint sched_switch"),
+            (CheckId::RssStat, "tracepoint rss_stat"),
+            (CheckId::Uprobes, "uprobes"),
+            (CheckId::RingBuffer, "BPF ring buffer"),
+        ];
+        CapabilityReport {
+            kernel_release: "6.18.0".into(),
+            cgroup_version: Some("v2".into()),
+            checks: ids
+                .iter()
+                .map(|&(id, name)| Check {
+                    id,
+                    name: name.into(),
+                    ok: !failing.contains(&id),
+                    detail: if failing.contains(&id) {
+                        "absent".into()
+                    } else {
+                        String::new()
+                    },
+                    required: id == CheckId::Btf,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_hello_claims_only_what_the_probe_found() {
+        let all = hello_capabilities(&report(&[]));
+        assert!(all.btf && all.sched_switch && all.rss_stat && all.uprobes && all.ring_buffer);
+        assert!(all.missing.is_empty());
+
+        // A node without BTF: the old name match ("btf" in "BTF") claimed it anyway.
+        let no_btf = hello_capabilities(&report(&[CheckId::Btf]));
+        assert!(!no_btf.btf, "{no_btf:?}");
+        assert!(no_btf.sched_switch && no_btf.rss_stat);
+        assert_eq!(no_btf.missing, vec!["BTF: absent".to_owned()]);
+
+        let no_ring = hello_capabilities(&report(&[CheckId::RingBuffer, CheckId::Uprobes]));
+        assert!(!no_ring.ring_buffer && !no_ring.uprobes && no_ring.btf);
+
+        // A check that did not run is not claimed.
+        let mut partial = report(&[]);
+        partial.checks.retain(|c| c.id != CheckId::RssStat);
+        assert!(!hello_capabilities(&partial).rss_stat);
+    }
 }

@@ -3,6 +3,8 @@
 //! sustained growth, and the 0-100 confidence that combines them. See `README.md` here
 //! for what each part weighs and why.
 
+use std::borrow::Cow;
+
 /// One point of a series: seconds (monotonic), resident bytes, and the anonymous-like
 /// part of them (anon + shmem).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -405,33 +407,8 @@ fn score_window(
     p: &Params,
 ) -> Option<Verdict> {
     let raw = &points[from..];
-    let derived;
-    let run: &[Point] = match how {
-        Fitted::Points => raw,
-        Fitted::Envelope => {
-            derived = envelope(raw);
-            if derived.len() < 6 {
-                return None;
-            }
-            &derived
-        }
-        Fitted::Troughs => {
-            derived = troughs(raw, noise, p);
-            // Four, so that the halves below can say whether they slow down.
-            if derived.len() < 4 {
-                return None;
-            }
-            &derived
-        }
-        Fitted::Steps => {
-            derived = steps(raw, step_rise(noise, p));
-            // Not a staircase (every point its own level): the points path has it.
-            if derived.len() < 4 || derived.len() * 2 > raw.len() {
-                return None;
-            }
-            &derived
-        }
-    };
+    let run = fitted_points(raw, how, noise, p)?;
+    let run: &[Point] = &run;
     let ts: Vec<f64> = run.iter().map(|x| x.t).collect();
     let ys: Vec<f64> = run.iter().map(|x| x.rss).collect();
     let f = fit(&ts, &ys)?;
@@ -476,16 +453,7 @@ fn score_window(
     let of_headroom = ctx.headroom.map_or(0.0, |h| growth / h.max(1.0));
     c.magnitude = 25.0
         * ramp((growth / p.min_growth_bytes).log2(), 0.0, 3.0).max(ramp(of_headroom, 0.05, 0.5));
-    // Points that set a new high: a leak keeps setting them, noise does not.
-    let mut highs = 0usize;
-    let mut top = f64::MIN;
-    for y in &ys {
-        if *y > top + 4096.0 {
-            highs += 1;
-            top = *y;
-        }
-    }
-    c.duration = 20.0 * ramp(highs as f64, 2.0, 8.0);
+    c.duration = 20.0 * ramp(new_highs(&ys) as f64, 2.0, 8.0);
     c.relative = 15.0 * ramp(growth / first.rss.max(1.0), 0.0, 0.5);
 
     // Composition: file-backed growth is page cache the kernel can reclaim, not a leak.
@@ -501,20 +469,11 @@ fn score_window(
     // on the tail of a warm-up is locally straight, but much slower than what preceded it.
     // A leak that starts after a flat period has a preceding slope near zero: no penalty.
     let len = raw.len();
-    if how != Fitted::Troughs && from >= run_from + len {
-        let prev = &points[from - len..from];
-        let prev = match how {
-            Fitted::Envelope => envelope(prev),
-            Fitted::Steps => steps(prev, step_rise(noise, p)),
-            _ => prev.to_vec(),
-        };
-        let pts: Vec<f64> = prev.iter().map(|x| x.t).collect();
-        let pys: Vec<f64> = prev.iter().map(|x| x.rss).collect();
-        if let Some(before) = fit(&pts, &pys)
-            && before.slope > 0.0
-        {
-            c.linearity = c.linearity.min(ramp(f.slope / before.slope, 0.3, 0.8));
-        }
+    if how != Fitted::Troughs
+        && from >= run_from + len
+        && let Some(before) = slope_before(&points[from - len..from], how, noise, p)
+    {
+        c.linearity = c.linearity.min(ramp(f.slope / before, 0.3, 0.8));
     }
 
     c.oscillation = if how == Fitted::Troughs {
@@ -550,6 +509,54 @@ fn score_window(
         * c.freshness
         * levels;
     Some(verdict(score.round().clamp(0.0, 100.0) as u8, c))
+}
+
+/// The points a window is fitted through: as sampled, or derived (the lower envelope,
+/// the troughs between collections, the corners of a staircase); None when the derived
+/// series is too short to fit.
+fn fitted_points<'a>(
+    raw: &'a [Point],
+    how: Fitted,
+    noise: f64,
+    p: &Params,
+) -> Option<Cow<'a, [Point]>> {
+    let derived = match how {
+        Fitted::Points => return Some(Cow::Borrowed(raw)),
+        Fitted::Envelope => Some(envelope(raw)).filter(|d| d.len() >= 6),
+        // Four, so that the halves can say whether they slow down.
+        Fitted::Troughs => Some(troughs(raw, noise, p)).filter(|d| d.len() >= 4),
+        // Not a staircase (every point its own level): the points path has it.
+        Fitted::Steps => Some(steps(raw, step_rise(noise, p)))
+            .filter(|d| d.len() >= 4 && d.len() * 2 <= raw.len()),
+    }?;
+    Some(Cow::Owned(derived))
+}
+
+/// The rising slope of the window before this one, fitted the same way; None when it did
+/// not rise.
+fn slope_before(prev: &[Point], how: Fitted, noise: f64, p: &Params) -> Option<f64> {
+    let prev = match how {
+        Fitted::Envelope => envelope(prev),
+        Fitted::Steps => steps(prev, step_rise(noise, p)),
+        _ => prev.to_vec(),
+    };
+    let ts: Vec<f64> = prev.iter().map(|x| x.t).collect();
+    let ys: Vec<f64> = prev.iter().map(|x| x.rss).collect();
+    fit(&ts, &ys).map(|f| f.slope).filter(|s| *s > 0.0)
+}
+
+/// Points that set a new high by more than a page: a leak keeps setting them, noise does
+/// not.
+fn new_highs(ys: &[f64]) -> usize {
+    let mut highs = 0usize;
+    let mut top = f64::MIN;
+    for y in ys {
+        if *y > top + 4096.0 {
+            highs += 1;
+            top = *y;
+        }
+    }
+    highs
 }
 
 /// The slope of a fit's later half over its earlier half, 0 at <= 0.3, 1 at >= 0.7 (1 with

@@ -23,11 +23,13 @@ fn usage(msg: &str) -> ! {
     std::process::exit(64)
 }
 
+/// The workspace's duration grammar (`500ms`, `90s`, `2m30s`), and a bare number as
+/// seconds, like sleep(1): scripts and pod specs pass `--delay 20`.
 fn secs(v: &str) -> Duration {
-    let t = v.trim_end_matches('s');
-    t.parse::<f64>()
-        .map(Duration::from_secs_f64)
-        .unwrap_or_else(|_| usage(&format!("{v:?} is not seconds")))
+    let bare = v.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0);
+    bare.map(Duration::from_secs_f64).unwrap_or_else(|| {
+        resourcewatch_units::parse_duration(v).unwrap_or_else(|e| usage(&e.to_string()))
+    })
 }
 
 fn main() {
