@@ -383,6 +383,46 @@ mod tests {
         );
     }
 
+    /// Whole `/proc/PID/cgroup` files of a container's process on cgroup v2 nodes, through
+    /// the same two steps the agent takes (the unified line, then the path's names).
+    /// containerd 2 names its scopes `cri-containerd-<id>.scope` as 1.x did, and the
+    /// kubelet its slices; what varies is the prefix (kind runs the kubelet with
+    /// `--cgroup-root=/kubelet`) and the driver (k3s keeps cgroupfs on v2). Shapes written
+    /// from those projects' documented layouts: no such node can run here.
+    #[test]
+    fn cgroup_v2_proc_files_of_containerd_2_kind_and_k3s() {
+        let u = UID.replace('-', "_");
+        let mountinfo = "25 20 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate";
+        let layout = CgroupLayout::from_mountinfo(mountinfo).expect("v2");
+        for proc_cgroup in [
+            // containerd 2 (as 1.x) under the kubelet's systemd driver.
+            format!(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{CID}.scope\n"
+            ),
+            // A kind node: systemd driver, the kubelet's cgroup root /kubelet.
+            format!(
+                "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{u}.slice/cri-containerd-{CID}.scope\n"
+            ),
+            // k3s (embedded containerd, cgroupfs driver on v2).
+            format!("0::/kubepods/burstable/pod{UID}/{CID}\n"),
+            // Guaranteed QoS has no QoS slice.
+            format!("0::/kubepods.slice/kubepods-pod{u}.slice/cri-containerd-{CID}.scope\n"),
+        ] {
+            let path = layout.path_in_proc_cgroup(&proc_cgroup).expect("a v2 path");
+            let a = attribute(path);
+            assert_eq!(a.pod_uid.as_deref(), Some(UID), "{proc_cgroup}");
+            assert_eq!(a.container_id.as_deref(), Some(CID), "{proc_cgroup}");
+        }
+        // The kubelet itself and containerd's own service are host processes.
+        for host in [
+            "0::/kubelet.slice/kubelet.service\n",
+            "0::/system.slice/containerd.service\n",
+        ] {
+            let path = layout.path_in_proc_cgroup(host).expect("a v2 path");
+            assert_eq!(attribute(path), Attribution::default(), "{host}");
+        }
+    }
+
     #[test]
     fn mountinfo_escapes_are_decoded() {
         assert_eq!(unescape("/mnt/with\\040space"), "/mnt/with space");

@@ -22,7 +22,9 @@ use kube::{
         watcher,
     },
 };
-use resourcewatch_crds::{RemediationAction, ResourceWatch, ResourceWatchStatus};
+use resourcewatch_crds::{
+    RemediationAction, RemediationRecord, ResourceWatch, ResourceWatchStatus,
+};
 use tokio::sync::watch;
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 
@@ -188,16 +190,14 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
     let mut status = plan.status;
     let mut events = plan.events;
     write_status(ctx, &ns, &key.name, &status).await?;
+    let old_records = rw.status.as_ref().map_or(&[][..], |s| &s.remediations[..]);
+    count_remediations(ctx, old_records, &status.remediations);
     if !plan.evictions.is_empty() {
+        let before = status.remediations.clone();
         for ev in &plan.evictions {
             let Some(result) = evict(ctx, &ns, ev).await else {
                 continue; // a transient failure: the intent stays, the next reconcile retries
             };
-            ctx.metrics.remediation(match &result {
-                EvictResult::Evicted => "Evicted",
-                EvictResult::Refused(_) => "PodDisruptionBudget",
-                EvictResult::Gone => "Gone",
-            });
             for _ in 0..3 {
                 let entry = versions.entry(ev.workload.clone()).or_default();
                 let mut book = entry.ledger.clone();
@@ -225,11 +225,21 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
             }
         }
         write_status(ctx, &ns, &key.name, &status).await?;
+        count_remediations(ctx, &before, &status.remediations);
     }
     for e in &events {
         publish(ctx, rw, &selected, e).await;
     }
     Ok(Action::requeue(plan.requeue))
+}
+
+/// Counts each remediation record a written status added, by its reason: every decision
+/// (Decided, Evicted, DryRun, Cooldown, NotAuthorized, ...) once, however many reconciles
+/// repeat it.
+fn count_remediations(ctx: &Context, old: &[RemediationRecord], new: &[RemediationRecord]) {
+    for r in decide::new_records(old, new) {
+        ctx.metrics.remediation(&r.reason);
+    }
 }
 
 /// What a remediation decision needs from the API server.

@@ -474,6 +474,22 @@ fn upsert(status: &mut ResourceWatchStatus, r: RemediationRecord) -> bool {
     true
 }
 
+/// The records of `new` that `old` did not hold (same pod, outcome, reason and time): what
+/// one status write decided.
+pub fn new_records<'a>(
+    old: &'a [RemediationRecord],
+    new: &'a [RemediationRecord],
+) -> impl Iterator<Item = &'a RemediationRecord> + 'a {
+    new.iter().filter(move |r| {
+        !old.iter().any(|o| {
+            o.pod_uid == r.pod_uid
+                && o.action == r.action
+                && o.reason == r.reason
+                && o.time == r.time
+        })
+    })
+}
+
 fn cap_records(status: &mut ResourceWatchStatus) {
     // Oldest first; pending ones are never dropped.
     while status.remediations.len() > resourcewatch_crds::MAX_STATUS_REMEDIATIONS {
@@ -761,6 +777,35 @@ mod tests {
             (cond.status, cond.reason.as_str()),
             (ConditionStatus::True, "Enabled")
         );
+    }
+
+    #[test]
+    fn a_decision_is_new_once_however_many_reconciles_repeat_it() {
+        let first = plan(
+            &[node(&[1], true)],
+            None,
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        );
+        let counted: Vec<&str> = new_records(&[], &first.status.remediations)
+            .map(|r| r.reason.as_str())
+            .collect();
+        assert_eq!(counted, ["Decided"]);
+        // The next reconcile, before the eviction: the same record, nothing new.
+        let again = plan(
+            &[node(&[1], true)],
+            Some(&first.status),
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        );
+        assert_eq!(
+            new_records(&first.status.remediations, &again.status.remediations).count(),
+            0
+        );
+        // The same pod and reason at another time is another decision.
+        let mut later = first.status.remediations.clone();
+        later[0].time = "2030-01-01T00:10:00Z".into();
+        assert_eq!(new_records(&first.status.remediations, &later).count(), 1);
     }
 
     #[test]

@@ -146,7 +146,7 @@ impl Default for Metrics {
             "1 while this replica holds the leader Lease",
             m.leader.clone(),
         );
-        registry.register("remediations", "Pre-OOM remediation outcomes, by reason (Evicted, PodDisruptionBudget, Cooldown, DryRun, ...)", m.remediations.clone());
+        registry.register("remediations", "Remediation decisions recorded in status, by reason (Decided, Evicted, PodDisruptionBudget, Gone, DryRun, Cooldown, MaxRestarts, NotAuthorized, NamespaceNotOptedIn, ...), each once; LedgerConflict when another watch decided first", m.remediations.clone());
         registry.register("watches", "ResourceWatch objects known", m.watches.clone());
         registry.register(
             "agent_auth_failures",
