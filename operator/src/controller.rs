@@ -731,6 +731,29 @@ mod tests {
             ));
         }
 
+        /// The eviction request as sent: POST to the pods/eviction subresource with a body
+        /// that names no apiVersion or kind. The API server decodes such a body as the
+        /// subresource's own kind, policy/v1beta1 Eviction on 1.20 and policy/v1 from 1.22
+        /// (v1beta1 is gone from 1.25): one request for every version. A client upgrade
+        /// that pinned a version in the body would fail here before it failed a cluster.
+        #[test]
+        fn the_eviction_request_names_no_api_version() {
+            let req = kube::core::Request::new("/api/v1/namespaces/ns/pods")
+                .evict("app-1", &EvictParams::default())
+                .expect("a request");
+            assert_eq!(req.method(), Method::POST);
+            assert_eq!(
+                req.uri().path(),
+                "/api/v1/namespaces/ns/pods/app-1/eviction"
+            );
+            let body: serde_json::Value = serde_json::from_slice(req.body()).expect("JSON");
+            assert_eq!(body["metadata"]["name"], "app-1");
+            assert!(
+                body.get("apiVersion").is_none() && body.get("kind").is_none(),
+                "{body}"
+            );
+        }
+
         #[test]
         fn a_1_20_events_k8s_io_v1_event_parses() {
             let e: k8s_openapi::api::events::v1::Event = serde_json::from_str(include_str!(

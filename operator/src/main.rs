@@ -169,7 +169,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let own_pod = PodLabel::new(client.clone(), &args.namespace, &args.pod_name);
     // A restarted container may still carry the label of its previous life.
     own_pod.set(false).await;
-    tokio::spawn(async move {
+    metrics.spawn_task("leader label", async move {
         while leader_watch.changed().await.is_ok() {
             let leading = *leader_watch.borrow();
             leader_metric.leader.set(i64::from(leading));

@@ -181,11 +181,18 @@ impl Metrics {
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let m = self.clone();
+        /// Marks the task ended when dropped: after it returns, and also when it panics
+        /// (the unwinding drops it) — a panicked task once left /healthz at 200.
+        struct Ended(Arc<Metrics>, &'static str);
+        impl Drop for Ended {
+            fn drop(&mut self) {
+                self.0.tasks.ended(self.1);
+            }
+        }
+        let ended = Ended(self.clone(), name);
         tokio::spawn(async move {
-            let out = task.await;
-            m.tasks.ended(name);
-            out
+            let _ended = ended;
+            task.await
         })
     }
 
@@ -514,6 +521,25 @@ mod tests {
                        "growthBytesPerSecond": 1000.0, "confidence": 61}]
         }))
         .expect("status")
+    }
+
+    #[tokio::test]
+    async fn a_task_that_returns_or_panics_fails_health_until_shutdown() {
+        let m = Arc::new(Metrics::default());
+        assert!(m.tasks.stopped().is_empty());
+        let _ = m.spawn_task("returns", async {}).await;
+        let panicked = m.spawn_task("panics", async { panic!("a bug") }).await;
+        assert!(panicked.is_err());
+        assert_eq!(m.tasks.stopped(), ["returns", "panics"]);
+        let running = m.spawn_task("runs", std::future::pending::<()>());
+        m.tasks.shutting_down();
+        running.abort();
+        let _ = running.await;
+        assert_eq!(
+            m.tasks.stopped(),
+            ["returns", "panics"],
+            "ends at shutdown are fine"
+        );
     }
 
     #[test]
