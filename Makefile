@@ -46,6 +46,9 @@ generate: ## Regenerate the CRD YAML (crds/, config/crd/, the chart's crds/) fro
 	$(CARGO) run -q -p resourcewatch-crds --bin crdgen > crds/resourcewatch.io_resourcewatches.yaml
 	cp crds/resourcewatch.io_resourcewatches.yaml config/crd/resourcewatch.io_resourcewatches.yaml
 	cp crds/resourcewatch.io_resourcewatches.yaml charts/resourcewatch/crds/resourcewatch.io_resourcewatches.yaml
+	$(CARGO) run -q -p resourcewatch-crds --bin crdgen cluster > crds/resourcewatch.io_clusterresourcewatches.yaml
+	cp crds/resourcewatch.io_clusterresourcewatches.yaml config/crd/resourcewatch.io_clusterresourcewatches.yaml
+	cp crds/resourcewatch.io_clusterresourcewatches.yaml charts/resourcewatch/crds/resourcewatch.io_clusterresourcewatches.yaml
 
 .PHONY: fmt
 fmt: ## Format the code
@@ -103,6 +106,10 @@ e2e-api: deps ## Operator API tests against a real kube-apiserver (started and s
 .PHONY: chart
 chart: ## Render the Helm chart offline and check it against config/ (see charts/README.md)
 	charts/check.sh
+
+.PHONY: chart-install
+chart-install: deps ## Install, upgrade and uninstall the chart with Helm's engine on the local cluster (started and stopped when down; root)
+	e2e/run-chart-install.sh
 
 .PHONY: rules
 rules: ## promtool check + test of the alerting rules (config/prometheus/; Debian's promtool, cached)

@@ -92,7 +92,7 @@ step "(b) every document parses as YAML with apiVersion, kind, metadata.name"
 "${CHECK[@]}" docs "$TMP/default.yaml" --namespace "$NS" || failed "documents of the default render"
 "${CHECK[@]}" docs "$TMP/remediation.yaml" --namespace "$NS" || failed "documents of the remediation render"
 "${CHECK[@]}" docs "$TMP/custom.yaml" --namespace monitoring || failed "documents of the values-file render"
-"${CHECK[@]}" crd "$CHART" "$REPO/crds/resourcewatch.io_resourcewatches.yaml" "$TMP/default.yaml" ||
+"${CHECK[@]}" crd "$CHART" "$REPO/crds" "$TMP/default.yaml" ||
   failed "crds/"
 if grep -q 'resourcewatch-operator (1 replica(s))' "$TMP/default.notes" &&
    grep -q 'Remediation is OFF' "$TMP/default.notes" && grep -q 'Remediation is ON' "$TMP/remediation.notes"; then

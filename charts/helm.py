@@ -32,7 +32,12 @@ NO_CLUSTER = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: [
 
 
 def merge(a, b):
-    """Deep merge as Helm merges -f files: maps merge, anything else replaces."""
+    """Deep merge as Helm merges -f files: maps merge, anything else (lists too) replaces;
+    a null is kept, so that Helm's own coalescing with the chart's values deletes the key.
+
+    Hand-made because the SDK's render and install calls take one values map, not Helm's
+    list of -f files and --set flags: this is only the order and the overlay of those,
+    before Helm's engine coalesces the result with values.yaml and checks the schema."""
     out = dict(a)
     for k, v in b.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):

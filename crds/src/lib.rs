@@ -12,6 +12,12 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub mod cluster;
+pub use cluster::{
+    ClusterResourceWatch, ClusterResourceWatchSpec, ClusterResourceWatchStatus, ClusterSummary,
+    NodeProcess, NodeTop, ProcessOwner,
+};
+
 /// A Go-style duration such as `10s`, `1m30s`, `500ms`, `2h`.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
 
@@ -586,11 +592,18 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     serde_yaml::to_string(&ResourceWatch::crd())
 }
 
+/// The `ClusterResourceWatch` CRD as YAML.
+pub fn cluster_crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    serde_yaml::to_string(&ClusterResourceWatch::crd())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const COMMITTED: &str = include_str!("../resourcewatch.io_resourcewatches.yaml");
+    const COMMITTED_CLUSTER: &str = include_str!("../resourcewatch.io_clusterresourcewatches.yaml");
 
     #[test]
     fn committed_crd_matches_the_types() {
@@ -598,6 +611,11 @@ mod tests {
         assert!(
             generated == COMMITTED,
             "crds/resourcewatch.io_resourcewatches.yaml is stale: run `make generate` and commit it"
+        );
+        let generated = cluster_crd_yaml().expect("the CRD serialises");
+        assert!(
+            generated == COMMITTED_CLUSTER,
+            "crds/resourcewatch.io_clusterresourcewatches.yaml is stale: run `make generate` and commit it"
         );
     }
 
@@ -626,42 +644,51 @@ mod tests {
                 }
             }
         }
-        let crd = serde_json::to_value(ResourceWatch::crd()).expect("json");
-        let mut seen = 0;
-        for version in crd["spec"]["versions"].as_array().expect("versions") {
-            let schema = &version["schema"]["openAPIV3Schema"];
-            let top = schema["description"].as_str().unwrap_or_default();
-            assert!(
-                top.starts_with("A ResourceWatch"),
-                "the kind's description: {top:?}"
-            );
-            let mut missing = Vec::new();
-            walk(schema, "", &mut missing);
-            // metadata is the API server's own (ObjectMeta), described by it.
-            missing.retain(|p| p != ".metadata");
-            assert!(
-                missing.is_empty(),
-                "fields without a description: {missing:#?}"
-            );
-            seen += 1;
-            for column in version["additionalPrinterColumns"]
-                .as_array()
-                .expect("columns")
-            {
+        for (crd, kind, min_wide) in [
+            (
+                serde_json::to_value(ResourceWatch::crd()).expect("json"),
+                "A ResourceWatch",
+                3,
+            ),
+            (
+                serde_json::to_value(ClusterResourceWatch::crd()).expect("json"),
+                "A ClusterResourceWatch",
+                2,
+            ),
+        ] {
+            let mut seen = 0;
+            for version in crd["spec"]["versions"].as_array().expect("versions") {
+                let schema = &version["schema"]["openAPIV3Schema"];
+                let top = schema["description"].as_str().unwrap_or_default();
+                assert!(top.starts_with(kind), "the kind's description: {top:?}");
+                let mut missing = Vec::new();
+                walk(schema, "", &mut missing);
+                // metadata is the API server's own (ObjectMeta), described by it.
+                missing.retain(|p| p != ".metadata");
                 assert!(
-                    column["name"] == "Age" || column.get("description").is_some(),
-                    "printer column without a description: {column}"
+                    missing.is_empty(),
+                    "{kind}: fields without a description: {missing:#?}"
                 );
+                seen += 1;
+                for column in version["additionalPrinterColumns"]
+                    .as_array()
+                    .expect("columns")
+                {
+                    assert!(
+                        column["name"] == "Age" || column.get("description").is_some(),
+                        "printer column without a description: {column}"
+                    );
+                }
+                let wide = version["additionalPrinterColumns"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| c.get("priority").and_then(|p| p.as_i64()) == Some(1))
+                    .count();
+                assert!(wide >= min_wide, "{kind}: -o wide adds {wide} columns");
             }
-            let wide = version["additionalPrinterColumns"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|c| c.get("priority").and_then(|p| p.as_i64()) == Some(1))
-                .count();
-            assert!(wide >= 3, "-o wide adds {wide} columns");
+            assert_eq!(seen, 1);
         }
-        assert_eq!(seen, 1);
     }
 
     /// Server-side apply on Kubernetes 1.20 turns an empty string into null, which the
@@ -739,6 +766,23 @@ mod tests {
         ] {
             assert!(
                 copy == COMMITTED,
+                "{path} is stale: run `make generate` and commit it"
+            );
+        }
+        for (path, copy) in [
+            (
+                "config/crd/resourcewatch.io_clusterresourcewatches.yaml",
+                include_str!("../../config/crd/resourcewatch.io_clusterresourcewatches.yaml"),
+            ),
+            (
+                "charts/resourcewatch/crds/resourcewatch.io_clusterresourcewatches.yaml",
+                include_str!(
+                    "../../charts/resourcewatch/crds/resourcewatch.io_clusterresourcewatches.yaml"
+                ),
+            ),
+        ] {
+            assert!(
+                copy == COMMITTED_CLUSTER,
                 "{path} is stale: run `make generate` and commit it"
             );
         }

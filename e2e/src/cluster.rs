@@ -131,33 +131,44 @@ where
     }
 }
 
-/// Applies the generated CRD (server-side) and waits until it is established.
+/// Applies the generated CRDs (server-side) and waits until they are established.
 pub async fn install_crd(client: &Client) -> anyhow::Result<()> {
-    let yaml =
-        std::fs::read_to_string(repo_root().join("crds/resourcewatch.io_resourcewatches.yaml"))?;
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml)?;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    api.patch(
-        "resourcewatches.resourcewatch.io",
-        &PatchParams::apply("resourcewatch-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .context("applying the CRD")?;
-    wait_for("the CRD to be established", Duration::from_secs(30), || {
-        let api = api.clone();
-        async move {
-            let crd = api.get("resourcewatches.resourcewatch.io").await?;
-            let ok = crd
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            Ok(ok.then_some(()))
-        }
-    })
-    .await
+    for (file, name) in [
+        (
+            "crds/resourcewatch.io_resourcewatches.yaml",
+            "resourcewatches.resourcewatch.io",
+        ),
+        (
+            "crds/resourcewatch.io_clusterresourcewatches.yaml",
+            "clusterresourcewatches.resourcewatch.io",
+        ),
+    ] {
+        let yaml = std::fs::read_to_string(repo_root().join(file))?;
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml)?;
+        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+        api.patch(
+            name,
+            &PatchParams::apply("resourcewatch-e2e").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("applying the CRD {name}"))?;
+        wait_for("the CRD to be established", Duration::from_secs(30), || {
+            let api = api.clone();
+            async move {
+                let crd = api.get(name).await?;
+                let ok = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(ok.then_some(()))
+            }
+        })
+        .await?;
+    }
+    Ok(())
 }
 
 /// The workload simulator's image (`make images`; imported, never pulled).

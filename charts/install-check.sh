@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The chart installed for real by Helm's engine (charts/helm.sh) on the cluster KUBECONFIG
+# names, with its images already loadable there: both workloads must become ready (the
+# agent's readiness means its kernel pipelines are loaded and it built a report); an
+# upgrade rolls the operator and the Service must route to the new leader; then Helm
+# uninstalls what it installed. Nothing of resourcewatch may be installed before (the
+# objects have fixed names: Helm refuses to adopt config/'s).
+# Run by e2e/run-cluster-tests.sh and `make chart-install`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+K="${KUBECTL:-kubectl}"
+NS=resourcewatch-system
+
+if "$K" -n "$NS" get deploy/resourcewatch-operator >/dev/null 2>&1; then
+  echo "resourcewatch is already installed in $NS (kubectl delete -k config first)" >&2
+  exit 1
+fi
+# The agent needs Pod Security "privileged"; --create-namespace would make the namespace
+# without the label (README, Pod Security).
+"$K" create namespace "$NS" --dry-run=client -o yaml | "$K" apply -f - >/dev/null
+"$K" label namespace "$NS" --overwrite pod-security.kubernetes.io/enforce=privileged >/dev/null
+charts/helm.sh install resourcewatch charts/resourcewatch -n "$NS" --wait --timeout 180 | sed -n '1,4p'
+"$K" -n "$NS" rollout status deploy/resourcewatch-operator --timeout=60s
+"$K" -n "$NS" rollout status ds/resourcewatch-agent --timeout=60s
+# An upgrade rolls the operator: the new replica is Ready as a standby, the old one
+# releases the Lease on SIGTERM, the new one leads and labels its pod, so the Service
+# (which selects the leader) has an endpoint again.
+charts/helm.sh upgrade resourcewatch charts/resourcewatch -n "$NS" \
+  --set operator.logLevel=debug --wait --timeout 180 | sed -n '3,4p'
+"$K" -n "$NS" rollout status deploy/resourcewatch-operator --timeout=60s
+leader_ep=""
+for _ in $(seq 60); do
+  leader_ep=$("$K" -n "$NS" get endpoints resourcewatch-operator \
+    -o jsonpath='{.subsets[0].addresses[0].targetRef.name}' 2>/dev/null || true)
+  [[ -n $leader_ep ]] && break
+  sleep 1
+done
+[[ -n $leader_ep ]] || { echo "no leader behind the operator Service 60 s after the upgrade" >&2; exit 1; }
+echo "after the upgrade the Service routes to the new leader $leader_ep"
+charts/helm.sh uninstall resourcewatch -n "$NS" --wait
+if "$K" -n "$NS" get deploy/resourcewatch-operator ds/resourcewatch-agent >/dev/null 2>&1; then
+  echo "helm uninstall left the workloads behind" >&2; exit 1
+fi
+echo "the chart installed, upgraded and uninstalled by Helm's engine"
