@@ -692,3 +692,202 @@ async fn a_leaks_growth_site_names_the_leaking_function() {
     );
     ns.delete().await;
 }
+
+/// CPU of a host process over `window`, from /proc (utime + stime), percent of one core.
+fn proc_cpu_percent(pid: u32, window: Duration) -> f64 {
+    let ticks = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        let after = &stat[stat.rfind(')').expect("comm") + 2..];
+        let f: Vec<&str> = after.split_whitespace().collect();
+        f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+    };
+    let hz = 100.0; // USER_HZ on Linux
+    let (a, t) = (ticks(), std::time::Instant::now());
+    std::thread::sleep(window);
+    let b = ticks();
+    (b - a) as f64 / hz / t.elapsed().as_secs_f64() * 100.0
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
+    use resourcewatch_crds::{ClusterResourceWatch, ProcessOwner};
+    let client = cluster::client().await.expect("cluster");
+    let ns = TestNamespace::create(&client, "rw-e2e-nodes")
+        .await
+        .expect("ns");
+    let n = ns.name.as_str();
+    workload(&client, n, "nv-burn", "nv", &["--pattern", "burn"], "64Mi").await;
+    workload(
+        &client,
+        n,
+        "nv-mem",
+        "nv",
+        &["--pattern", "flat", "--size", "300MiB"],
+        "512Mi",
+    )
+    .await;
+    wait_running(&client, n, &["nv-burn", "nv-mem"]).await;
+    // A process of the host itself, outside Kubernetes: `yes` under its own name.
+    let dir = std::env::temp_dir().join(format!("rw-e2e-host-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let burner = dir.join("rwhostburn");
+    std::fs::copy("/usr/bin/yes", &burner).expect("copy yes");
+    let mut host = std::process::Command::new(&burner)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("host burner");
+    let host_pid = host.id();
+
+    let view = |name: &str, spec: serde_json::Value| {
+        serde_json::json!({
+            "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ClusterResourceWatch",
+            "metadata": {"name": name}, "spec": spec
+        })
+        .to_string()
+    };
+    let (ok, _, err) =
+        cluster::kubectl_apply(&view("e2e-all", serde_json::json!({"interval": "5s"})));
+    assert!(ok, "{err}");
+    let (ok, _, err) = cluster::kubectl_apply(&view(
+        "e2e-none",
+        serde_json::json!({"nodeSelector": {"matchLabels": {"rw-e2e": "no-such-node"}}}),
+    ));
+    assert!(ok, "{err}");
+    let applied = std::time::Instant::now();
+    let views: Api<ClusterResourceWatch> = Api::all(client.clone());
+    let status = |name: &'static str| {
+        let views = views.clone();
+        async move { Ok::<_, kube::Error>(views.get(name).await?.status.unwrap_or_default()) }
+    };
+    let s = wait_for(
+        "the node view with the host burner and the pods",
+        Duration::from_secs(90),
+        || async {
+            let s = status("e2e-all").await?;
+            let host_seen = s.top_cpu.iter().any(|p| p.pid == host_pid);
+            let pod_seen = s.top_cpu.iter().any(|p| p.pod == "nv-burn");
+            let mem_seen = s.top_memory.iter().any(|p| p.pod == "nv-mem");
+            Ok((host_seen && pod_seen && mem_seen && s.reporting_nodes == 1).then_some(s))
+        },
+    )
+    .await;
+    let s = match s {
+        Ok(s) => s,
+        Err(e) => panic!("{e:#}\nlast: {:#?}", status("e2e-all").await.ok()),
+    };
+    eprintln!(
+        "node view filled {:.0}s after apply",
+        applied.elapsed().as_secs_f64()
+    );
+    assert_eq!(s.selected_nodes, 1);
+    let host_row = s
+        .top_cpu
+        .iter()
+        .find(|p| p.pid == host_pid)
+        .expect("host burner");
+    assert_eq!(host_row.owner, ProcessOwner::Host);
+    assert_eq!(host_row.command, "rwhostburn");
+    assert!(host_row.pod.is_empty() && host_row.namespace.is_empty());
+    let pod_row = s
+        .top_cpu
+        .iter()
+        .find(|p| p.pod == "nv-burn")
+        .expect("pod burner");
+    assert_eq!(
+        (
+            pod_row.owner,
+            pod_row.namespace.as_str(),
+            pod_row.container.as_str()
+        ),
+        (ProcessOwner::Pod, n, "main")
+    );
+    let mem_row = s
+        .top_memory
+        .iter()
+        .find(|p| p.pod == "nv-mem")
+        .expect("pod memory");
+    assert!(
+        mem_row.value > 250.0 * 1048576.0,
+        "300 MiB resident: {}",
+        mem_row.value
+    );
+    assert!(s.summary.top_host_memory.is_some(), "{:?}", s.summary);
+    assert!(s.nodes.len() == 1 && s.nodes[0].reporting && s.nodes[0].top_cpu.is_some());
+    // Sketch against /proc for the same process (windows differ by up to an interval; a
+    // lone burner holds its core either way).
+    let proc = proc_cpu_percent(host_pid, Duration::from_secs(5));
+    eprintln!(
+        "host burner: node view {:.1}%, /proc {proc:.1}%",
+        host_row.value
+    );
+    assert!(
+        (host_row.value - proc).abs() <= 20.0,
+        "node view {:.1}% against /proc {proc:.1}%",
+        host_row.value
+    );
+    let none = status("e2e-none").await.expect("status");
+    assert_eq!(
+        (none.selected_nodes, none.top_cpu.len()),
+        (0, 0),
+        "{none:?}"
+    );
+
+    // Who may read it: nobody without the viewer ClusterRole, a bound user may, and it
+    // grants nothing else.
+    let who = "--as=rw-e2e-viewer";
+    let (ok, out) = kubectl(&["get", "clusterresourcewatches", who]);
+    assert!(!ok && out.contains("forbidden"), "{out}");
+    let (ok, out) = kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "rw-e2e-viewer",
+        "--clusterrole=resourcewatch-node-viewer",
+        "--user=rw-e2e-viewer",
+    ]);
+    assert!(ok, "{out}");
+    let allowed = wait_for(
+        "the binding to take effect",
+        Duration::from_secs(20),
+        || async {
+            let (ok, out) = kubectl(&["get", "crw", "-o", "wide", who]);
+            Ok(ok.then_some(out))
+        },
+    )
+    .await
+    .expect("a bound viewer reads the node view");
+    eprintln!("{allowed}");
+    assert!(
+        allowed.contains("e2e-all") && allowed.contains("rwhostburn")
+            || allowed.contains("nv-burn"),
+        "{allowed}"
+    );
+    let (ok, out) = kubectl(&["get", "resourcewatches", "-A", who]);
+    assert!(!ok && out.contains("forbidden"), "{out}");
+    let _ = kubectl(&["delete", "clusterrolebinding", "rw-e2e-viewer"]);
+
+    // Without host processes: only pods remain.
+    let (ok, _, err) = cluster::kubectl_apply(&view(
+        "e2e-all",
+        serde_json::json!({"interval": "5s", "includeHostProcesses": false}),
+    ));
+    assert!(ok, "{err}");
+    wait_for(
+        "host processes to leave the view",
+        Duration::from_secs(30),
+        || async {
+            let s = status("e2e-all").await?;
+            Ok(
+                (!s.top_cpu.is_empty() && s.top_cpu.iter().all(|p| p.owner == ProcessOwner::Pod))
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+    .expect("only pods");
+    let _ = host.kill();
+    let _ = host.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = kubectl(&["delete", "clusterresourcewatch", "e2e-all", "e2e-none"]);
+    ns.delete().await;
+}

@@ -6,7 +6,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::Arc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use futures::StreamExt;
@@ -81,14 +81,7 @@ pub struct Context {
 }
 
 pub async fn reconcile(rw: Arc<ResourceWatch>, ctx: Arc<Context>) -> Result<Action> {
-    let started = Instant::now();
-    let result = reconcile_inner(&rw, &ctx).await;
-    ctx.metrics
-        .reconcile_seconds
-        .observe(started.elapsed().as_secs_f64());
-    ctx.metrics
-        .reconciled(if result.is_ok() { "ok" } else { "error" });
-    result
+    ctx.metrics.timed(reconcile_inner(&rw, &ctx)).await
 }
 
 async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
@@ -514,28 +507,38 @@ async fn write_status(
     status: &ResourceWatchStatus,
 ) -> Result<()> {
     let api: Api<ResourceWatch> = Api::namespaced(ctx.client.clone(), ns);
+    apply_status(&api, name, status, &ctx.metrics, ctx.write_timeout).await
+}
+
+/// Writes `status` by server-side apply under the operator's field manager, bounded by
+/// `timeout`, counting the outcome in `resourcewatch_operator_status_writes_total`.
+pub(crate) async fn apply_status<K>(
+    api: &Api<K>,
+    name: &str,
+    status: &impl serde::Serialize,
+    metrics: &Metrics,
+    timeout: Duration,
+) -> Result<()>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let patch = serde_json::json!({
-        "apiVersion": "resourcewatch.io/v1alpha1",
-        "kind": "ResourceWatch",
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
         "status": status,
     });
     let pp = PatchParams::apply(FIELD_MANAGER).force();
-    match tokio::time::timeout(
-        ctx.write_timeout,
-        api.patch_status(name, &pp, &Patch::Apply(&patch)),
-    )
-    .await
-    {
+    match tokio::time::timeout(timeout, api.patch_status(name, &pp, &Patch::Apply(&patch))).await {
         Ok(Ok(_)) => {
-            ctx.metrics.status_write("ok");
+            metrics.status_write("ok");
             Ok(())
         }
         Ok(Err(e)) => {
-            ctx.metrics.status_write("error");
+            metrics.status_write("error");
             Err(Error::Kube(e))
         }
         Err(_) => {
-            ctx.metrics.status_write("timeout");
+            metrics.status_write("timeout");
             Err(Error::Timeout("status write"))
         }
     }
@@ -630,11 +633,19 @@ pub async fn run(
         eviction_client: settings.eviction_client,
         remediation: settings.remediation,
     });
+    let node_view = crate::nodeview::run(
+        ctx.client.clone(),
+        ctx.hub.clone(),
+        ctx.pods.clone(),
+        metrics.clone(),
+        ctx.leader.clone(),
+        shutdown.clone(),
+    );
     let mut shutdown_signal = shutdown.clone();
     metrics
         .ready
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    controller
+    let watches = controller
         .reconcile_all_on(futures::stream::select(hub_changes, leader_changes))
         .reconcile_on(leak_triggers)
         .graceful_shutdown_on(async move {
@@ -645,8 +656,8 @@ pub async fn run(
             if let Err(e) = r {
                 tracing::debug!(error = %e, "controller");
             }
-        })
-        .await;
+        });
+    tokio::join!(watches, node_view);
 }
 
 #[cfg(test)]

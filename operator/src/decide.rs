@@ -137,7 +137,11 @@ pub fn decide(i: &Inputs<'_>) -> Plan {
         );
         if s.action == RemediationAction::Restart {
             status.conditions.push(remediation_condition(s, i.gate));
-            status::carry_transition_times(&mut status.conditions, i.status.old, i.status.now);
+            status::carry_transition_times(
+                &mut status.conditions,
+                i.status.old.map_or(&[][..], |o| &o.conditions[..]),
+                i.status.now,
+            );
         }
     } else {
         expire_all_pending(

@@ -53,6 +53,15 @@ pub struct WatchTargets {
     pub pods: Vec<TargetPod>,
 }
 
+/// What a ClusterResourceWatch asks of its nodes: the node-wide Top-K of at least `top_k`
+/// processes every `interval`. No targets: the sketches see every process anyway.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeScope {
+    pub nodes: BTreeSet<String>,
+    pub top_k: u32,
+    pub interval: Duration,
+}
+
 /// Sketch geometry and report cadence for nodes no watch constrains.
 #[derive(Clone, Debug)]
 pub struct HubOptions {
@@ -144,6 +153,8 @@ pub struct Hub {
 #[derive(Default)]
 struct Inner {
     watches: BTreeMap<WatchKey, WatchTargets>,
+    /// ClusterResourceWatches, by name.
+    scopes: BTreeMap<String, NodeScope>,
     nodes: BTreeMap<String, NodeState>,
 }
 
@@ -219,6 +230,28 @@ impl Hub {
         }
     }
 
+    /// Sets what a ClusterResourceWatch asks of its nodes; nodes whose configuration
+    /// changes get a new version.
+    pub fn set_node_scope(&self, name: &str, scope: NodeScope) {
+        let mut inner = self.lock();
+        if inner.scopes.get(name) == Some(&scope) {
+            return;
+        }
+        inner.scopes.insert(name.to_owned(), scope);
+        self.recompute(&mut inner);
+    }
+
+    pub fn remove_node_scope(&self, name: &str) {
+        let mut inner = self.lock();
+        if inner.scopes.remove(name).is_some() {
+            self.recompute(&mut inner);
+        }
+    }
+
+    pub fn node_scope_names(&self) -> Vec<String> {
+        self.lock().scopes.keys().cloned().collect()
+    }
+
     pub fn watch_keys(&self) -> Vec<WatchKey> {
         self.lock().watches.keys().cloned().collect()
     }
@@ -263,6 +296,18 @@ impl Hub {
                             .collect(),
                     },
                 );
+            }
+        }
+        // The node view: a larger K and a shorter cadence on the nodes it selects.
+        for scope in inner.scopes.values() {
+            for node in &scope.nodes {
+                let c = out.entry(node.clone()).or_insert_with(|| pb::NodeConfig {
+                    top_k: scope.top_k,
+                    report_interval_ms: report_interval_ms(scope.interval),
+                    ..self.idle_config()
+                });
+                c.top_k = c.top_k.max(scope.top_k);
+                c.report_interval_ms = c.report_interval_ms.min(report_interval_ms(scope.interval));
             }
         }
         for (node, c) in out.iter_mut() {
@@ -647,6 +692,39 @@ mod tests {
         assert_eq!(uids, ["2", "3"], "pod 2 once, though two watches select it");
         assert_eq!((n2.top_k, n2.report_interval_ms), (20, 5_000));
         assert_eq!(n2.targets[0].containers[0].container_id, "cid-2");
+    }
+
+    #[test]
+    fn a_node_scope_raises_k_and_cadence_on_its_nodes_only() {
+        let hub = Hub::new(HubOptions::default());
+        hub.set_watch(key("a"), targets(5, 30, vec![pod("1", "n1")]));
+        let scope = |k, s, nodes: &[&str]| NodeScope {
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            top_k: k,
+            interval: Duration::from_secs(s),
+        };
+        hub.set_node_scope("view", scope(25, 10, &["n1", "n3"]));
+        let n1 = hub.config("n1").expect("n1");
+        assert_eq!((n1.top_k, n1.report_interval_ms), (25, 5_000));
+        assert_eq!(n1.targets.len(), 1, "the watch's targets stay");
+        let n3 = hub
+            .config("n3")
+            .expect("a node only the view selects is configured");
+        assert_eq!(
+            (n3.top_k, n3.report_interval_ms, n3.targets.len()),
+            (25, 5_000, 0)
+        );
+        assert!(n3.leak.is_some_and(|l| !l.enabled));
+        // A slower view does not slow a watch's node down; removing it restores the watch's.
+        hub.set_node_scope("view", scope(3, 120, &["n1"]));
+        let n1 = hub.config("n1").expect("n1");
+        assert_eq!((n1.top_k, n1.report_interval_ms), (5, 15_000));
+        hub.remove_node_scope("view");
+        assert_eq!(hub.config("n1").expect("n1").top_k, 5);
+        assert!(
+            hub.config("n3").is_none(),
+            "nothing targets n3 and no agent is there"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod leader;
 pub mod ledger;
 pub mod metrics;
 pub mod model;
+pub mod nodeview;
 pub mod remediation;
 pub mod spec;
 pub mod status;

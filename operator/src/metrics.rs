@@ -202,6 +202,19 @@ impl Metrics {
             .inc();
     }
 
+    /// Runs one reconciliation, observing its duration and counting its result.
+    pub async fn timed<T>(
+        &self,
+        reconcile: impl std::future::Future<Output = crate::Result<T>>,
+    ) -> crate::Result<T> {
+        let started = std::time::Instant::now();
+        let result = reconcile.await;
+        self.reconcile_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.reconciled(if result.is_ok() { "ok" } else { "error" });
+        result
+    }
+
     pub fn reconciled(&self, result: &'static str) {
         self.reconciliations
             .get_or_create(&vec![("result", result.to_string())])

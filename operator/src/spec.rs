@@ -166,7 +166,7 @@ impl WatchSettings {
     }
 }
 
-fn duration(field: &'static str, value: &str) -> Result<Duration, SpecError> {
+pub(crate) fn duration(field: &'static str, value: &str) -> Result<Duration, SpecError> {
     parse_duration(value).map_err(|_| SpecError::Duration {
         field,
         value: value.into(),
@@ -175,7 +175,7 @@ fn duration(field: &'static str, value: &str) -> Result<Duration, SpecError> {
 
 /// Label keys and values as Kubernetes defines them (a DNS-1123 subdomain prefix, a name
 /// of at most 63 characters); the schema only bounds their length.
-fn validate_selector(sel: &LabelSelector) -> Result<(), String> {
+pub(crate) fn validate_selector(sel: &LabelSelector) -> Result<(), String> {
     for (k, v) in &sel.match_labels {
         valid_key(k)?;
         valid_value(v).map_err(|e| format!("matchLabels[{k}]: {e}"))?;

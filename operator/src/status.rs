@@ -383,7 +383,7 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         last_update_time: Some(i.now.to_owned()),
         truncated: (truncated != resourcewatch_crds::Truncated::default()).then_some(truncated),
     };
-    carry_transition_times(&mut status.conditions, i.old, i.now);
+    carry_transition_times(&mut status.conditions, old_conditions(i.old), i.now);
     let events = if pending {
         Vec::new()
     } else {
@@ -436,7 +436,7 @@ fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
     status.truncated = None;
     status.summary = Summary::default();
     status.last_update_time = Some(i.now.to_owned());
-    carry_transition_times(&mut status.conditions, i.old, i.now);
+    carry_transition_times(&mut status.conditions, old_conditions(i.old), i.now);
     let was = i
         .old
         .and_then(|o| find(&o.conditions, ConditionType::Ready));
@@ -732,18 +732,18 @@ pub fn find(conds: &[Condition], type_: ConditionType) -> Option<&Condition> {
 }
 
 /// A condition keeps its transition time while its status does not change.
-pub fn carry_transition_times(
-    conds: &mut [Condition],
-    old: Option<&ResourceWatchStatus>,
-    now: &str,
-) {
+pub fn carry_transition_times(conds: &mut [Condition], old: &[Condition], now: &str) {
     for c in conds {
-        let prev = old.and_then(|o| o.conditions.iter().find(|p| p.type_ == c.type_));
+        let prev = old.iter().find(|p| p.type_ == c.type_);
         c.last_transition_time = match prev {
             Some(p) if p.status == c.status => p.last_transition_time.clone(),
             _ => now.to_owned(),
         };
     }
+}
+
+fn old_conditions(old: Option<&ResourceWatchStatus>) -> &[Condition] {
+    old.map_or(&[][..], |o| &o.conditions[..])
 }
 
 /// Equal apart from the update time: no need to write.

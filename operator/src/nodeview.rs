@@ -1,0 +1,690 @@
+//! The node view: each `ClusterResourceWatch` becomes a node scope on the hub (its nodes
+//! report at least its K at its cadence) and a status built from what the agents' HashPipe
+//! sketches saw, node-wide: every namespace's pods and the hosts' own processes.
+//!
+//! [`compute`] is pure and unit-tested; [`run`] is the controller around it (one
+//! [`Context`], leader-only writes, like the ResourceWatch controller).
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    core::{Selector, SelectorExt},
+    runtime::{
+        Controller, WatchStreamExt,
+        controller::Action,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use resourcewatch_crds::{
+    ClusterResourceWatch, ClusterResourceWatchSpec, ClusterResourceWatchStatus, ClusterSummary,
+    ConditionStatus, MAX_STATUS_NODES, NodeProcess, NodeTop, ProcessOwner,
+};
+use resourcewatch_proto as pb;
+use resourcewatch_units::format_bytes;
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+
+use crate::{
+    Error, Result,
+    controller::{apply_status, selected_pod},
+    hub::{Hub, NodeScope, NodeView},
+    metrics::Metrics,
+    model::ConditionType,
+    spec::{MIN_INTERVAL, SpecError, duration, pod_selector, validate_selector},
+    status::{carry_transition_times, cond},
+};
+
+/// A ClusterResourceWatch's spec, checked.
+#[derive(Clone, Debug)]
+pub struct ViewSettings {
+    pub nodes: Selector,
+    pub top_k: u32,
+    pub interval: Duration,
+    pub include_host: bool,
+}
+
+impl ViewSettings {
+    pub fn from_spec(spec: &ClusterResourceWatchSpec) -> Result<Self, SpecError> {
+        let interval = duration("interval", &spec.interval)?;
+        if interval < MIN_INTERVAL {
+            return Err(SpecError::IntervalTooShort(spec.interval.clone()));
+        }
+        if !(1..=100).contains(&spec.top_k) {
+            return Err(SpecError::TopK(spec.top_k));
+        }
+        validate_selector(&spec.node_selector).map_err(SpecError::Selector)?;
+        Ok(Self {
+            nodes: pod_selector(&spec.node_selector),
+            top_k: spec.top_k,
+            interval,
+            include_host: spec.include_host_processes,
+        })
+    }
+}
+
+/// What the operator knows of a pod, to name the owner of a process the agent attributed
+/// to a pod UID and a container id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    /// container id (no scheme) -> container name
+    pub containers: std::collections::BTreeMap<String, String>,
+}
+
+/// Pods by UID.
+pub type PodIndex = HashMap<String, PodInfo>;
+
+pub fn pod_index(pods: &[Arc<Pod>]) -> PodIndex {
+    pods.iter()
+        .map(|p| {
+            let s = selected_pod(p);
+            (
+                s.uid,
+                PodInfo {
+                    namespace: p.namespace().unwrap_or_default(),
+                    name: s.name,
+                    containers: s.containers,
+                },
+            )
+        })
+        .collect()
+}
+
+pub struct Inputs<'a> {
+    pub generation: Option<i64>,
+    pub settings: &'a Result<ViewSettings, SpecError>,
+    /// What the selector matched (empty when the spec is invalid).
+    pub selected: &'a BTreeSet<String>,
+    pub nodes: &'a [NodeView],
+    pub pods: &'a PodIndex,
+    pub old: Option<&'a ClusterResourceWatchStatus>,
+    /// RFC 3339, seconds.
+    pub now: &'a str,
+}
+
+/// The status of a ClusterResourceWatch from the agents' last reports: the cluster's
+/// Top-K by CPU and memory (processes of reporting nodes only: a lost node's last figures
+/// are not current), and each node's heaviest process.
+pub fn compute(i: &Inputs<'_>) -> ClusterResourceWatchStatus {
+    let mut status = ClusterResourceWatchStatus {
+        observed_generation: i.generation,
+        selected_nodes: i.selected.len() as u32,
+        last_update_time: Some(i.now.to_owned()),
+        ..Default::default()
+    };
+    let s = match i.settings {
+        Ok(s) => s,
+        Err(e) => {
+            status.conditions = vec![cond(
+                ConditionType::Ready,
+                ConditionStatus::False,
+                "InvalidSpec",
+                e.to_string(),
+            )];
+            carry_transition_times(
+                &mut status.conditions,
+                i.old.map_or(&[][..], |o| &o.conditions[..]),
+                i.now,
+            );
+            return status;
+        }
+    };
+    let attributed = |node: &str, list: &[pb::Process], cpu: bool| -> Vec<NodeProcess> {
+        list.iter()
+            .filter_map(|p| {
+                let e = attribute(node, p, cpu, i.pods);
+                (e.value > 0.0 && (s.include_host || e.owner == ProcessOwner::Pod)).then_some(e)
+            })
+            .collect()
+    };
+    let mut all_cpu = Vec::new();
+    let mut all_memory = Vec::new();
+    let mut rows = Vec::new();
+    for n in i.nodes {
+        let (cpu, memory) = match &n.last_report {
+            Some(r) if n.reporting => (
+                attributed(&n.name, &r.node_top_cpu, true),
+                attributed(&n.name, &r.node_top_memory, false),
+            ),
+            _ => (Vec::new(), Vec::new()),
+        };
+        rows.push(NodeTop {
+            name: n.name.clone(),
+            reporting: n.reporting,
+            top_cpu: heaviest(&cpu).cloned(),
+            top_memory: heaviest(&memory).cloned(),
+        });
+        all_cpu.extend(cpu);
+        all_memory.extend(memory);
+    }
+    status.reporting_nodes = i.nodes.iter().filter(|n| n.reporting).count() as u32;
+    let k = s.top_k as usize;
+    status.top_cpu = top(all_cpu, k);
+    status.top_memory = top(all_memory, k);
+    // Heaviest nodes first (by their top CPU process), silent ones last, by name within.
+    rows.sort_by(|a, b| {
+        let v = |r: &NodeTop| r.top_cpu.as_ref().map_or(-1.0, |p| p.value);
+        v(b).total_cmp(&v(a)).then_with(|| a.name.cmp(&b.name))
+    });
+    if rows.len() > MAX_STATUS_NODES {
+        status.truncated_nodes = Some((rows.len() - MAX_STATUS_NODES) as u32);
+        rows.truncate(MAX_STATUS_NODES);
+    }
+    status.nodes = rows;
+    let host = |list: &[NodeProcess]| list.iter().find(|p| p.owner == ProcessOwner::Host).cloned();
+    status.summary = ClusterSummary {
+        top_cpu: status.top_cpu.first().map(|p| describe(p, true)),
+        top_memory: status.top_memory.first().map(|p| describe(p, false)),
+        top_host_cpu: host(&status.top_cpu).map(|p| describe(&p, true)),
+        top_host_memory: host(&status.top_memory).map(|p| describe(&p, false)),
+    };
+    let reporting = status.reporting_nodes;
+    status.conditions = vec![cond(
+        ConditionType::Ready,
+        ConditionStatus::True,
+        "Configured",
+        format!(
+            "{} node(s) selected, {reporting} reporting",
+            status.selected_nodes
+        ),
+    )];
+    carry_transition_times(
+        &mut status.conditions,
+        i.old.map_or(&[][..], |o| &o.conditions[..]),
+        i.now,
+    );
+    status
+}
+
+/// A process of a node's report, named: the pod and container the operator knows for its
+/// pod UID and container id, or the host when the agent found no pod cgroup.
+fn attribute(node: &str, p: &pb::Process, cpu: bool, pods: &PodIndex) -> NodeProcess {
+    let pod = (!p.pod_uid.is_empty())
+        .then(|| pods.get(&p.pod_uid))
+        .flatten();
+    NodeProcess {
+        node: node.to_owned(),
+        pid: p.pid,
+        command: p.command.clone(),
+        value: if cpu {
+            (p.cpu_percent * 10.0).round() / 10.0
+        } else {
+            p.rss_bytes as f64
+        },
+        owner: if p.pod_uid.is_empty() {
+            ProcessOwner::Host
+        } else {
+            ProcessOwner::Pod
+        },
+        namespace: pod.map(|x| x.namespace.clone()).unwrap_or_default(),
+        pod: pod.map(|x| x.name.clone()).unwrap_or_default(),
+        container: pod
+            .and_then(|x| x.containers.get(&p.container_id).cloned())
+            .unwrap_or_default(),
+    }
+}
+
+fn heaviest(list: &[NodeProcess]) -> Option<&NodeProcess> {
+    list.iter().max_by(|a, b| a.value.total_cmp(&b.value))
+}
+
+fn top(mut list: Vec<NodeProcess>, k: usize) -> Vec<NodeProcess> {
+    list.sort_by(|a, b| {
+        b.value
+            .total_cmp(&a.value)
+            .then_with(|| (&a.node, a.pid).cmp(&(&b.node, b.pid)))
+    });
+    list.truncate(k);
+    list
+}
+
+/// "node-1 shop/api-1 java (97%)", "node-2 host containerd (151Mi)".
+fn describe(p: &NodeProcess, cpu: bool) -> String {
+    let owner = match p.owner {
+        ProcessOwner::Host => "host".to_owned(),
+        ProcessOwner::Pod if p.pod.is_empty() => "pod".to_owned(),
+        ProcessOwner::Pod => format!("{}/{}", p.namespace, p.pod),
+    };
+    let value = if cpu {
+        format!("{}%", p.value.round())
+    } else {
+        format_bytes(p.value as u64)
+    };
+    let command = if p.command.is_empty() {
+        format!("pid {}", p.pid)
+    } else {
+        p.command.clone()
+    };
+    format!("{} {owner} {command} ({value})", p.node)
+}
+
+/// Equal apart from the update time: no need to write.
+fn same_content(a: &ClusterResourceWatchStatus, b: &ClusterResourceWatchStatus) -> bool {
+    let strip = |s: &ClusterResourceWatchStatus| ClusterResourceWatchStatus {
+        last_update_time: None,
+        ..s.clone()
+    };
+    strip(a) == strip(b)
+}
+
+/// The node view controller's state.
+pub struct Context {
+    pub client: Client,
+    pub hub: Arc<Hub>,
+    pub metrics: Arc<Metrics>,
+    pub nodes: Store<Node>,
+    pub pods: Store<Pod>,
+    pub views: Store<ClusterResourceWatch>,
+    pub leader: watch::Receiver<bool>,
+    pub write_timeout: Duration,
+}
+
+pub async fn reconcile(crw: Arc<ClusterResourceWatch>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.timed(reconcile_inner(&crw, &ctx)).await
+}
+
+async fn reconcile_inner(crw: &ClusterResourceWatch, ctx: &Context) -> Result<Action> {
+    if !*ctx.leader.borrow() {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    // Until the node and pod watches have listed once, a selector matches nothing and
+    // every process reads as a pod nobody knows.
+    for ready in [
+        tokio::time::timeout(Duration::from_millis(1), ctx.nodes.wait_until_ready()).await,
+        tokio::time::timeout(Duration::from_millis(1), ctx.pods.wait_until_ready()).await,
+    ] {
+        if ready.is_err() {
+            return Ok(Action::requeue(Duration::from_millis(500)));
+        }
+    }
+    forget_deleted(ctx);
+    let name = crw.name_any();
+    let settings = ViewSettings::from_spec(&crw.spec);
+    let selected: BTreeSet<String> = match &settings {
+        Ok(s) => ctx
+            .nodes
+            .state()
+            .iter()
+            .filter(|n| s.nodes.matches(n.labels()))
+            .map(|n| n.name_any())
+            .collect(),
+        Err(_) => BTreeSet::new(),
+    };
+    match &settings {
+        Ok(s) => ctx.hub.set_node_scope(
+            &name,
+            NodeScope {
+                nodes: selected.clone(),
+                top_k: s.top_k,
+                interval: s.interval,
+            },
+        ),
+        Err(_) => ctx.hub.remove_node_scope(&name),
+    }
+    let views = ctx.hub.view(&selected);
+    let pods = pod_index(&ctx.pods.state());
+    let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+        .map_err(|e| Error::Internal(e.to_string()))?
+        .to_string();
+    let status = compute(&Inputs {
+        generation: crw.meta().generation,
+        settings: &settings,
+        selected: &selected,
+        nodes: &views,
+        pods: &pods,
+        old: crw.status.as_ref(),
+        now: &now,
+    });
+    let requeue = settings
+        .as_ref()
+        .map_or(Duration::from_secs(60), |s| s.interval);
+    if crw
+        .status
+        .as_ref()
+        .is_some_and(|old| same_content(old, &status))
+    {
+        ctx.metrics.status_skipped.inc();
+        return Ok(Action::requeue(requeue));
+    }
+    write_status(ctx, &name, &status).await?;
+    Ok(Action::requeue(requeue))
+}
+
+/// Node scopes of ClusterResourceWatches that are gone.
+fn forget_deleted(ctx: &Context) {
+    let live: BTreeSet<String> = ctx.views.state().iter().map(|v| v.name_any()).collect();
+    for name in ctx.hub.node_scope_names() {
+        if !live.contains(&name) {
+            ctx.hub.remove_node_scope(&name);
+        }
+    }
+}
+
+async fn write_status(
+    ctx: &Context,
+    name: &str,
+    status: &ClusterResourceWatchStatus,
+) -> Result<()> {
+    let api: Api<ClusterResourceWatch> = Api::all(ctx.client.clone());
+    apply_status(&api, name, status, &ctx.metrics, ctx.write_timeout).await
+}
+
+pub fn error_policy(crw: Arc<ClusterResourceWatch>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(view = %crw.name_any(), %error, "node view reconcile failed");
+    ctx.metrics.reconciled("error_policy");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// Runs the node view controller until `shutdown`, on the pod store the ResourceWatch
+/// controller keeps (one pod watch for both).
+pub async fn run(
+    client: Client,
+    hub: Arc<Hub>,
+    pods: Store<Pod>,
+    metrics: Arc<Metrics>,
+    leader: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let (nodes, nodes_writer) = reflector::store();
+    let node_stream = reflector::reflector(
+        nodes_writer,
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .modify(|n| n.managed_fields_mut().clear()),
+    )
+    .default_backoff()
+    .touched_objects();
+    let controller = Controller::new(
+        Api::<ClusterResourceWatch>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    );
+    let views = controller.store();
+    let mapper = views.clone();
+    // A node's labels decide which views select it: any node change reconciles them all.
+    let controller = controller.watches_stream(node_stream, move |_: Node| {
+        mapper
+            .state()
+            .into_iter()
+            .map(|v| ObjectRef::from_obj(&*v))
+            .collect::<Vec<_>>()
+    });
+    let hub_changes = WatchStream::new(hub.subscribe_changes()).map(|_| ());
+    let leader_changes = WatchStream::new(leader.clone()).map(|_| ());
+    let ctx = Arc::new(Context {
+        client,
+        hub,
+        metrics,
+        nodes,
+        pods,
+        views,
+        leader,
+        write_timeout: Duration::from_secs(10),
+    });
+    let mut shutdown_signal = shutdown;
+    controller
+        .reconcile_all_on(futures::stream::select(hub_changes, leader_changes))
+        .graceful_shutdown_on(async move {
+            let _ = shutdown_signal.wait_for(|s| *s).await;
+        })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "node view controller");
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    fn spec(json: serde_json::Value) -> ClusterResourceWatchSpec {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn process(pid: u32, comm: &str, cpu: f64, rss: u64, pod_uid: &str, cid: &str) -> pb::Process {
+        pb::Process {
+            pid,
+            command: comm.into(),
+            cpu_percent: cpu,
+            rss_bytes: rss,
+            pod_uid: pod_uid.into(),
+            container_id: cid.into(),
+        }
+    }
+
+    fn node(
+        name: &str,
+        reporting: bool,
+        cpu: Vec<pb::Process>,
+        memory: Vec<pb::Process>,
+    ) -> NodeView {
+        NodeView {
+            name: name.into(),
+            connected: reporting,
+            reporting,
+            last_report: reporting.then(|| pb::Report {
+                node_top_cpu: cpu,
+                node_top_memory: memory,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn pods() -> PodIndex {
+        let mut index = PodIndex::new();
+        index.insert(
+            "uid-api".into(),
+            PodInfo {
+                namespace: "shop".into(),
+                name: "api-1".into(),
+                containers: [("cid-app".to_owned(), "app".to_owned())].into(),
+            },
+        );
+        index
+    }
+
+    fn run(s: &Result<ViewSettings, SpecError>, nodes: &[NodeView]) -> ClusterResourceWatchStatus {
+        let selected: BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        compute(&Inputs {
+            generation: Some(3),
+            settings: s,
+            selected: &selected,
+            nodes,
+            pods: &pods(),
+            old: None,
+            now: "2026-11-24T12:00:00Z",
+        })
+    }
+
+    #[test]
+    fn the_cluster_top_k_merges_nodes_and_names_pods_and_the_host() {
+        let s = ViewSettings::from_spec(&spec(serde_json::json!({"topK": 3})));
+        let nodes = [
+            node(
+                "n1",
+                true,
+                vec![
+                    process(10, "java", 97.26, 0, "uid-api", "cid-app"),
+                    process(11, "kubelet", 12.0, 0, "", ""),
+                ],
+                vec![process(10, "java", 0.0, 300 << 20, "uid-api", "cid-app")],
+            ),
+            node(
+                "n2",
+                true,
+                vec![
+                    process(20, "containerd", 40.0, 0, "", ""),
+                    process(21, "ghost", 30.0, 0, "uid-gone", "cid-x"),
+                    process(22, "idle", 0.0, 0, "", ""),
+                ],
+                vec![process(20, "containerd", 0.0, 500 << 20, "", "")],
+            ),
+            node("n3", false, vec![], vec![]),
+        ];
+        let st = run(&s, &nodes);
+        assert_eq!((st.selected_nodes, st.reporting_nodes), (3, 2));
+        let cpu: Vec<(&str, u32, f64)> = st
+            .top_cpu
+            .iter()
+            .map(|p| (p.node.as_str(), p.pid, p.value))
+            .collect();
+        assert_eq!(
+            cpu,
+            [("n1", 10, 97.3), ("n2", 20, 40.0), ("n2", 21, 30.0)],
+            "K = 3"
+        );
+        let java = &st.top_cpu[0];
+        assert_eq!(
+            (
+                java.owner,
+                java.namespace.as_str(),
+                java.pod.as_str(),
+                java.container.as_str()
+            ),
+            (ProcessOwner::Pod, "shop", "api-1", "app")
+        );
+        let ghost = &st.top_cpu[2];
+        assert_eq!(
+            (ghost.owner, ghost.pod.as_str()),
+            (ProcessOwner::Pod, ""),
+            "a pod the operator does not know"
+        );
+        assert_eq!(st.top_cpu[1].owner, ProcessOwner::Host);
+        assert_eq!(st.top_memory[0].command, "containerd");
+        assert_eq!(
+            st.summary.top_cpu.as_deref(),
+            Some("n1 shop/api-1 java (97%)")
+        );
+        assert_eq!(
+            st.summary.top_memory.as_deref(),
+            Some("n2 host containerd (500Mi)")
+        );
+        assert_eq!(
+            st.summary.top_host_cpu.as_deref(),
+            Some("n2 host containerd (40%)")
+        );
+        // Per node: heaviest first, the silent node last with nothing.
+        let rows: Vec<(&str, bool, Option<u32>)> = st
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.name.as_str(),
+                    n.reporting,
+                    n.top_cpu.as_ref().map(|p| p.pid),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("n1", true, Some(10)),
+                ("n2", true, Some(20)),
+                ("n3", false, None)
+            ]
+        );
+        let ready = &st.conditions[0];
+        assert_eq!(
+            (ready.status, ready.reason.as_str()),
+            (ConditionStatus::True, "Configured")
+        );
+    }
+
+    #[test]
+    fn host_processes_can_be_left_out() {
+        let s = ViewSettings::from_spec(&spec(serde_json::json!({"includeHostProcesses": false})));
+        let nodes = [node(
+            "n1",
+            true,
+            vec![
+                process(11, "kubelet", 50.0, 0, "", ""),
+                process(10, "java", 5.0, 0, "uid-api", "cid-app"),
+            ],
+            vec![],
+        )];
+        let st = run(&s, &nodes);
+        assert_eq!(st.top_cpu.len(), 1);
+        assert_eq!(st.top_cpu[0].command, "java");
+        assert!(st.summary.top_host_cpu.is_none());
+    }
+
+    #[test]
+    fn an_invalid_spec_is_ready_false_and_lists_nothing() {
+        for bad in [
+            serde_json::json!({"interval": "1s"}),
+            serde_json::json!({"topK": 0}),
+            serde_json::json!({"nodeSelector": {"matchExpressions": [{"key": "zone", "operator": "In"}]}}),
+        ] {
+            let s = ViewSettings::from_spec(&spec(bad.clone()));
+            assert!(s.is_err(), "{bad}");
+            let st = compute(&Inputs {
+                generation: Some(1),
+                settings: &s,
+                selected: &BTreeSet::new(),
+                nodes: &[],
+                pods: &pods(),
+                old: None,
+                now: "2026-11-24T12:00:00Z",
+            });
+            let ready = &st.conditions[0];
+            assert_eq!(
+                (ready.status, ready.reason.as_str()),
+                (ConditionStatus::False, "InvalidSpec"),
+                "{bad}"
+            );
+            assert!(st.top_cpu.is_empty() && st.nodes.is_empty());
+        }
+    }
+
+    #[test]
+    fn node_rows_are_capped_and_counted() {
+        let s = ViewSettings::from_spec(&spec(serde_json::json!({})));
+        let nodes: Vec<NodeView> = (0..MAX_STATUS_NODES + 7)
+            .map(|i| {
+                node(
+                    &format!("n{i:04}"),
+                    true,
+                    vec![process(1, "x", 1.0 + i as f64, 0, "", "")],
+                    vec![],
+                )
+            })
+            .collect();
+        let st = run(&s, &nodes);
+        assert_eq!(st.nodes.len(), MAX_STATUS_NODES);
+        assert_eq!(st.truncated_nodes, Some(7));
+        assert_eq!(
+            st.nodes[0].name,
+            format!("n{:04}", MAX_STATUS_NODES + 6),
+            "heaviest kept"
+        );
+        assert_eq!(st.top_cpu.len(), 10, "the default K");
+    }
+
+    #[test]
+    fn node_selectors_pick_nodes_by_label() {
+        let s = ViewSettings::from_spec(&spec(serde_json::json!({
+            "nodeSelector": {"matchLabels": {"pool": "batch"}}
+        })))
+        .unwrap();
+        let labels = |v: &str| [("pool".to_owned(), v.to_owned())].into();
+        assert!(s.nodes.matches(&labels("batch")));
+        assert!(!s.nodes.matches(&labels("web")));
+        let all = ViewSettings::from_spec(&spec(serde_json::json!({}))).unwrap();
+        assert!(
+            all.nodes.matches(&Default::default()),
+            "empty selects every node"
+        );
+    }
+}
