@@ -28,6 +28,13 @@ struct Cli {
     cmd: Cmd,
 }
 
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Capture {
+    Other,
+    #[value(name = "self")]
+    Own,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Top-K precision for CPU and memory against /proc.
@@ -59,6 +66,12 @@ enum Cmd {
         /// context switch on one CPU, without the cross-CPU wake-up noise of a VM.
         #[arg(long)]
         pin_cpu: Option<u32>,
+        /// With a growth-site capture running: `other` (on an idle process: what every
+        /// other process's events pay while the agent names a leak's sites), or `self`
+        /// (on the faulting process, whose every event is then a new high with a stack
+        /// walk: the captured process's own worst case).
+        #[arg(long, value_enum)]
+        capture: Option<Capture>,
     },
     /// Leak detection: time to confidence >= 60 per leak rate, the highest confidence of
     /// each stable pattern, all run at once for `duration`.
@@ -156,7 +169,8 @@ fn main() {
             runs,
             loops,
             pin_cpu,
-        } => cost(runs, loops, pin_cpu),
+            capture,
+        } => cost(runs, loops, pin_cpu, capture),
         Cmd::Profile {
             pairs,
             frequency,
@@ -704,7 +718,23 @@ fn profile_cost(pairs: usize, frequency: u64, work: u64) {
     );
 }
 
-fn cost(runs: usize, loops: u64, pin: Option<u32>) {
+/// A process for a growth-site capture to list: idle, or the fault storm itself (it
+/// sleeps 300 ms so the capture is in place before its first fault).
+fn capture_target(pipes: &mut Pipelines, capture: Capture) -> Workload {
+    let pid = match capture {
+        Capture::Other => fork(|| std::thread::sleep(Duration::from_secs(3600))),
+        Capture::Own => fork(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            // One growing round: every resident-page increment is a new high.
+            drop(resourcewatch_workloads::Chunk::new(256 << 20));
+        }),
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    pipes.capture_growth_sites(pid).unwrap_or_else(|e| fail(&e));
+    Workload { pids: vec![pid] }
+}
+
+fn cost(runs: usize, loops: u64, pin: Option<u32>, capture: Option<Capture>) {
     {
         let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
         // One method for every figure: the kernel's run_time_ns / run_cnt of our program,
@@ -712,10 +742,25 @@ fn cost(runs: usize, loops: u64, pin: Option<u32>) {
         // the same invocation; the difference is our programs' own work (the empty one is
         // what the accounting itself reports, two clock reads around each run).
         let floors = floor(loops);
-        let pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+        let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+        let mut target = capture.map(|c| capture_target(&mut pipes, c));
         perf_pipe(loops, None);
-        fault_storm(20);
+        match (capture, &mut target) {
+            (Some(Capture::Own), Some(t)) => {
+                // SAFETY: waiting for our own child (its storm ends it); reaped, it is no
+                // longer the Workload's to kill.
+                unsafe { libc::waitpid(t.pids[0] as i32, std::ptr::null_mut(), 0) };
+                t.pids.clear();
+            }
+            _ => fault_storm(20),
+        }
         std::thread::sleep(Duration::from_millis(200));
+        if let Some(c) = capture {
+            println!(
+                "with a growth-site capture running on {c:?} (RW_STAT stacks lost: {})",
+                pipes.kernel_stats().stacks_lost
+            );
+        }
         println!("| program | events | ns/event | empty program, same tracepoint | over it |");
         println!("|---|---|---|---|---|");
         for s in pipes.program_stats().iter().filter(|s| s.run_cnt > 0) {
@@ -749,8 +794,10 @@ fn cost(runs: usize, loops: u64, pin: Option<u32>) {
     perf_pipe(loops, pin); // warm-up
     for _ in 0..runs {
         let base = perf_pipe(loops, pin);
-        let pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+        let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+        let target = capture.map(|_| capture_target(&mut pipes, Capture::Other));
         let t = perf_pipe(loops, pin);
+        drop(target);
         drop(pipes);
         ratios.push(t / base);
         with.push(t);
