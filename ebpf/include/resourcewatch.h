@@ -62,6 +62,9 @@ struct rw_config {
 };
 
 /* The one-entry control array, mmapped and written by user space while programs run. */
+/* Processes whose growth sites can be captured at once (rw_control.site_pid). */
+#define RW_MAX_SITE_CAPTURES 8
+
 struct rw_control {
 	/*
 	 * Bit 0: the CPU-sketch half being filled. Bits 63..1: when that epoch started
@@ -75,6 +78,12 @@ struct rw_control {
 	__u64 sample_min_interval_ns; /* ... and at most this often per process */
 	__u64 ring_coalesce_ns;       /* minimum spacing of kernel ring entries */
 	__u64 site_pids;              /* processes whose growth sites are captured (rw_site_pids) */
+	/*
+	 * Their tgids (0: a free slot). rss_stat compares these before any map lookup: a
+	 * lookup in rw_site_pids on every event cost every other process 22 ns while a
+	 * capture ran (BENCHMARKS.md); eight compares of one cache line cost next to nothing.
+	 */
+	__u64 site_pid[RW_MAX_SITE_CAPTURES];
 };
 
 /*

@@ -103,7 +103,7 @@ int BPF_PROG(rw_rss_stat, struct mm_struct *mm, int member)
 	if (!ctl)
 		return 0;
 
-	if (ctl->site_pids)
+	if (ctl->site_pids && site_listed(ctl, tgid))
 		record_growth_site(ctx, tgid, total);
 	__u32 targets = ctl->targets;
 	if (targets) {

@@ -21,6 +21,8 @@ pub const HASH_BASE: u32 = 0x9E37_79B1;
 pub const HASH_STEP: u32 = 0x6A09_E668;
 /// Frames kept per captured stack (the stack maps' values are this many addresses).
 pub const STACK_DEPTH: usize = 64;
+/// Processes whose growth sites can be captured at once (`rw_control.site_pid`).
+pub const MAX_SITE_CAPTURES: usize = 8;
 
 /// Indexes of the `rw_stats` per-CPU counters.
 pub mod stat {
@@ -61,6 +63,8 @@ pub mod control {
     pub const MIN_INTERVAL: usize = offset_of!(RwControl, sample_min_interval_ns) / 8;
     pub const RING_COALESCE: usize = offset_of!(RwControl, ring_coalesce_ns) / 8;
     pub const SITE_PIDS: usize = offset_of!(RwControl, site_pids) / 8;
+    /// The first of the `MAX_SITE_CAPTURES` tgid slots.
+    pub const SITE_PID: usize = offset_of!(RwControl, site_pid) / 8;
     /// Words in the struct.
     pub const WORDS: usize = size_of::<RwControl>() / 8;
 }
@@ -75,6 +79,7 @@ pub struct RwControl {
     pub sample_min_interval_ns: u64,
     pub ring_coalesce_ns: u64,
     pub site_pids: u64,
+    pub site_pid: [u64; MAX_SITE_CAPTURES],
 }
 
 #[repr(C)]
@@ -210,7 +215,7 @@ mod tests {
     fn rust_mirror_matches_the_c_header() {
         let rust = layout! {
             "rw_config" => RwConfig { cpu_depth, cpu_width_shift, mem_depth, mem_width_shift, cgroup_v1_memory, page_shift },
-            "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns, ring_coalesce_ns, site_pids },
+            "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns, ring_coalesce_ns, site_pids, site_pid },
             "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, start_runtime, clock_offset, calib_epoch, credited_ns, _pad1 },
             "rw_target_proc" => RwTargetProc { cpu_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, updated_ns, exited, _pad0 },
             "rw_proc_mem" => RwProcMem { last_emit_pages, last_emit_ns, ring_head, ring_count, ring_mib, ring_ds },
@@ -271,6 +276,7 @@ mod tests {
             ("RW_STAT_STACKS_LOST", u64::from(stat::STACKS_LOST)),
             ("RW_STAT_MAX", u64::from(stat::COUNT)),
             ("RW_STACK_DEPTH", STACK_DEPTH as u64),
+            ("RW_MAX_SITE_CAPTURES", MAX_SITE_CAPTURES as u64),
         ]
         .into_iter()
         .collect();
@@ -299,9 +305,10 @@ mod tests {
                 control::MIN_INTERVAL,
                 control::RING_COALESCE,
                 control::SITE_PIDS,
+                control::SITE_PID,
                 control::WORDS
             ],
-            [0, 1, 2, 3, 4, 5, 6]
+            [0, 1, 2, 3, 4, 5, 6, 14]
         );
     }
 

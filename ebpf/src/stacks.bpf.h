@@ -144,6 +144,16 @@ static __always_inline __u64 top_return_address(void)
  * where the process's footprint really grew, which for a leak is the leak. Two threads of
  * one process racing on the high-water mark can misattribute a few pages.
  */
+/* Whether user space listed `tgid` for a growth-site capture: constant indices, unrolled. */
+static __always_inline int site_listed(const struct rw_control *ctl, __u32 tgid)
+{
+#pragma unroll
+	for (int i = 0; i < RW_MAX_SITE_CAPTURES; i++)
+		if (ctl->site_pid[i] == tgid)
+			return 1;
+	return 0;
+}
+
 static __always_inline void record_growth_site(void *ctx, __u32 tgid, __u64 total)
 {
 	__u64 *high = bpf_map_lookup_elem(&rw_site_pids, &tgid);

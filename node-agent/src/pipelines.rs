@@ -122,6 +122,8 @@ pub enum PipelineError {
     AllocationModeOff(u32),
     #[error("PID {0}: no such process")]
     NoProcess(u32),
+    #[error("growth sites are already being captured for {max} processes")]
+    SiteCapturesFull { max: usize },
     #[error("PID {pid}: no libc found in /proc/{pid}/maps (statically linked, or exited)")]
     NoLibc { pid: u32 },
     #[error("PID {pid}: attaching the {symbol} uprobe failed: {source}")]
@@ -820,9 +822,23 @@ impl Pipelines {
 
     /// Starts charging each new high of `tgid`'s resident memory to the user stack that
     /// caused it (ebpf/src/stacks.bpf.h). The high starts at the process's RSS now, so
-    /// only growth from here on counts. Up to 64 processes at once.
+    /// only growth from here on counts. Up to `MAX_SITE_CAPTURES` processes at once: the
+    /// kernel compares each rss_stat event's process with that many control-word slots
+    /// before it looks anything up.
     pub fn capture_growth_sites(&mut self, tgid: u32) -> Result<(), PipelineError> {
         let pages = procfs::resident_pages(tgid).ok_or(PipelineError::NoProcess(tgid))?;
+        let slots = (0..shared::MAX_SITE_CAPTURES).map(|i| shared::control::SITE_PID + i);
+        let slot_of = |this: &Self, pid: u64| {
+            slots
+                .clone()
+                .find(|&w| this.control_word(w).load(Ordering::SeqCst) == pid)
+        };
+        if slot_of(self, u64::from(tgid)).is_some() {
+            return Ok(());
+        }
+        let free = slot_of(self, 0).ok_or(PipelineError::SiteCapturesFull {
+            max: shared::MAX_SITE_CAPTURES,
+        })?;
         let name = maps::SITE_PIDS;
         let mut pids: BpfHashMap<_, u32, u64> = BpfHashMap::try_from(
             self.bpf
@@ -830,18 +846,23 @@ impl Pipelines {
                 .ok_or(PipelineError::MissingMap(name))?,
         )
         .map_err(map_err(name))?;
-        if pids.get(&tgid, 0).is_err() {
-            pids.insert(tgid, pages, 1 /* BPF_NOEXIST */)
-                .map_err(map_err(name))?;
-        }
-        let n = pids.keys().filter_map(Result::ok).count() as u64;
-        self.control_word(shared::control::SITE_PIDS)
-            .store(n, Ordering::SeqCst);
+        // The high-water mark first: the kernel acts on the slot, and looks this up.
+        pids.insert(tgid, pages, 0).map_err(map_err(name))?;
+        self.control_word(free)
+            .store(u64::from(tgid), Ordering::SeqCst);
+        self.count_site_captures();
         Ok(())
     }
 
     /// Stops capturing `tgid`'s growth sites (what was captured stays until read).
     pub fn stop_growth_sites(&mut self, tgid: u32) {
+        for i in 0..shared::MAX_SITE_CAPTURES {
+            let w = self.control_word(shared::control::SITE_PID + i);
+            if w.load(Ordering::SeqCst) == u64::from(tgid) {
+                w.store(0, Ordering::SeqCst);
+            }
+        }
+        self.count_site_captures();
         let name = maps::SITE_PIDS;
         let Some(map) = self.bpf.map_mut(name) else {
             return;
@@ -850,7 +871,17 @@ impl Pipelines {
             return;
         };
         let _ = pids.remove(&tgid);
-        let n = pids.keys().filter_map(Result::ok).count() as u64;
+    }
+
+    /// `rw_control.site_pids`: how many slots are taken (0 spares every event the compares).
+    fn count_site_captures(&self) {
+        let n = (0..shared::MAX_SITE_CAPTURES)
+            .filter(|i| {
+                self.control_word(shared::control::SITE_PID + i)
+                    .load(Ordering::SeqCst)
+                    != 0
+            })
+            .count() as u64;
         self.control_word(shared::control::SITE_PIDS)
             .store(n, Ordering::SeqCst);
     }

@@ -255,3 +255,66 @@ fn growth_sites_name_the_leaking_function_not_the_churn() {
         "churn charged with growth: {named:?}"
     );
 }
+
+/// The kernel compares each rss_stat event's process with the control words' slots, so
+/// at most that many processes are captured at once: one more is refused with a reason,
+/// and a slot freed is usable again. A process not listed is never charged, however much
+/// it grows beside a listed one.
+#[test]
+fn growth_site_captures_are_bounded_and_only_listed_processes_are_charged() {
+    const TEST: &str = "growth_site_captures_are_bounded_and_only_listed_processes_are_charged";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    let Some(bin) = build(TEST, "leak.c") else {
+        return;
+    };
+    let mut pipes = Pipelines::load(PipelineOptions::default()).expect("pipelines");
+    let max = resourcewatch_ebpf::shared::MAX_SITE_CAPTURES;
+    let idle: Vec<Child> = (0..max)
+        .map(|_| Command::new("sleep").arg("60").spawn().expect("sleep"))
+        .collect();
+    for c in &idle {
+        pipes.capture_growth_sites(c.id()).expect("a free slot");
+    }
+    // Listing one again takes no second slot.
+    pipes
+        .capture_growth_sites(idle[0].id())
+        .expect("already listed");
+    assert_eq!(pipes.growth_site_pids().len(), max);
+    let leaking = Running::start(&bin);
+    let refused = pipes.capture_growth_sites(leaking.pid());
+    assert!(
+        matches!(
+            refused,
+            Err(resourcewatch_agent::pipelines::PipelineError::SiteCapturesFull { .. })
+        ),
+        "{refused:?}"
+    );
+    // The leak grows meanwhile, unlisted: nothing is charged to it.
+    std::thread::sleep(Duration::from_secs(1));
+    let raw = pipes.drain_growth_sites().expect("drain");
+    assert!(
+        raw.iter().all(|s| s.tgid != leaking.pid()),
+        "an unlisted process was charged"
+    );
+    pipes.stop_growth_sites(idle[3].id());
+    pipes
+        .capture_growth_sites(leaking.pid())
+        .expect("the freed slot");
+    std::thread::sleep(Duration::from_secs(1));
+    let raw = pipes.drain_growth_sites().expect("drain");
+    let charged: u64 = raw
+        .iter()
+        .filter(|s| s.tgid == leaking.pid())
+        .map(|s| s.value)
+        .sum();
+    assert!(
+        charged > 1 << 20,
+        "the listed leak was charged {charged} bytes"
+    );
+    for mut c in idle {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

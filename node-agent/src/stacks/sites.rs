@@ -29,8 +29,8 @@ pub const CAPTURE_FOR_NS: u64 = 60_000_000_000;
 pub const RECAPTURE_AFTER_NS: u64 = 600_000_000_000;
 /// Stacks are named this often while a capture runs.
 const NAME_EVERY_NS: u64 = 5_000_000_000;
-/// Captures at once (the kernel's list holds 64).
-const MAX_CAPTURES: usize = 8;
+/// Captures at once: the control-word slots the kernel compares (ebpf/include/resourcewatch.h).
+const MAX_CAPTURES: usize = resourcewatch_ebpf::shared::MAX_SITE_CAPTURES;
 /// Sites kept per process, and frames per site (leaf first).
 pub const SITES_KEPT: usize = 3;
 pub const FRAMES_KEPT: usize = 8;
