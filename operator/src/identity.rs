@@ -198,6 +198,11 @@ pub fn token_expiry(token: &str) -> Option<SystemTime> {
     UNIX_EPOCH.checked_add(Duration::from_secs(exp))
 }
 
+/// The bearer token an agent presented, or NoToken for none or an empty one.
+fn presented(token: Option<&str>) -> Result<&str, AuthError> {
+    token.filter(|t| !t.is_empty()).ok_or(AuthError::NoToken)
+}
+
 /// Authenticates agents through the API server's TokenReview and the agent pod.
 pub struct TokenReviewer {
     pub client: Client,
@@ -215,7 +220,7 @@ impl Authenticator for TokenReviewer {
         token: Option<&str>,
         claimed_node: &str,
     ) -> Result<AgentIdentity, AuthError> {
-        let token = token.filter(|t| !t.is_empty()).ok_or(AuthError::NoToken)?;
+        let token = presented(token)?;
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_owned()),
@@ -259,7 +264,7 @@ impl Authenticator for StaticTokens {
         token: Option<&str>,
         claimed_node: &str,
     ) -> Result<AgentIdentity, AuthError> {
-        let token = token.filter(|t| !t.is_empty()).ok_or(AuthError::NoToken)?;
+        let token = presented(token)?;
         let node = self
             .0
             .get(token)
