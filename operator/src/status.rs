@@ -519,7 +519,7 @@ fn transitions(
             ));
         }
     }
-    // Old leaks, and whether their growth site was known then.
+    // Old leaks, and whether their growth site was announced then.
     let old_leaks: BTreeMap<(&str, &str), bool> = old
         .map(|o| {
             o.leaks
@@ -527,7 +527,7 @@ fn transitions(
                 .map(|l| {
                     (
                         (l.pod.as_str(), l.container.as_str()),
-                        !l.growth_sites.is_empty(),
+                        announced_site(l).is_some(),
                     )
                 })
                 .collect()
@@ -543,7 +543,7 @@ fn transitions(
                 &l.container
             }
         );
-        let site = l.growth_sites.first().map(site_note);
+        let site = announced_site(l);
         match old_leaks.get(&(l.pod.as_str(), l.container.as_str())) {
             // Already announced; the site came later (it is captured once the leak is
             // found): say where it grows, once. Its own reason: the Event recorder merges
@@ -619,6 +619,18 @@ fn transitions(
         ));
     }
     out
+}
+
+/// The top growth site worth an Event: one that names a function. A top site of only
+/// `[libc.so.6]` / `[unknown]` frames (a program's start-up heap growth in glibc's
+/// unwalkable code, named first while the capture is young) says nothing a user can act
+/// on, and the Event recorder keeps a series' first note: announcing it would hide the
+/// leak's real site when it takes the top a few seconds later.
+fn announced_site(l: &LeakEntry) -> Option<String> {
+    l.growth_sites
+        .first()
+        .filter(|g| g.frames.iter().any(|f| !f.starts_with('[')))
+        .map(site_note)
 }
 
 /// A growth site as an Event says it: its first frames, leaf first, and its share.
@@ -976,7 +988,14 @@ mod tests {
             growth_sites: sites,
             ..Default::default()
         };
-        let first = [node("n1", vec![], vec![leak(vec![])])];
+        // First named while the capture is young: glibc's unwalkable start-up growth on
+        // top, no function to name. Written in status, not announced.
+        let libc_only = pb::GrowthSite {
+            frames: vec!["[libc.so.6]".into()],
+            bytes: 1 << 20,
+            percent: 52.6,
+        };
+        let first = [node("n1", vec![], vec![leak(vec![libc_only])])];
         let (st0, ev0) = write(compute(&Inputs {
             generation: Some(1),
             settings: &s,
@@ -985,8 +1004,15 @@ mod tests {
             old: None,
             now: "t0",
         }));
-        assert!(st0.leaks[0].growth_sites.is_empty());
-        assert_eq!(ev0.iter().filter(|e| e.reason == "LeakDetected").count(), 1);
+        assert_eq!(st0.leaks[0].growth_sites.len(), 1);
+        let detected: Vec<&str> = ev0
+            .iter()
+            .filter(|e| e.reason == "LeakDetected")
+            .map(|e| e.note.as_str())
+            .collect();
+        assert_eq!(detected.len(), 1);
+        assert!(!detected[0].contains("libc"), "{detected:?}");
+        assert!(ev0.iter().all(|e| e.reason != "LeakSiteFound"));
         // An agent sending more than the status holds, an empty name and a huge one.
         let site = |top: &str, pct| pb::GrowthSite {
             frames: vec![
