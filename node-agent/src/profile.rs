@@ -178,34 +178,8 @@ impl Profiler {
         if target.cgroups.len() > 64 {
             return Err(ProfileError::TooMany("cgroups"));
         }
-        let name = maps::PROFILE_PIDS;
-        let mut pids: BpfHashMap<_, u32, u32> = BpfHashMap::try_from(
-            self.bpf
-                .map_mut(name)
-                .ok_or(PipelineError::MissingMap(name))?,
-        )
-        .map_err(map_err(name))?;
-        let old: Vec<u32> = pids.keys().filter_map(Result::ok).collect();
-        for k in old {
-            let _ = pids.remove(&k);
-        }
-        for &p in &target.pids {
-            pids.insert(p, 1, 0).map_err(map_err(name))?;
-        }
-        let name = maps::PROFILE_CGROUPS;
-        let mut cgroups: BpfHashMap<_, u64, u32> = BpfHashMap::try_from(
-            self.bpf
-                .map_mut(name)
-                .ok_or(PipelineError::MissingMap(name))?,
-        )
-        .map_err(map_err(name))?;
-        let old: Vec<u64> = cgroups.keys().filter_map(Result::ok).collect();
-        for k in old {
-            let _ = cgroups.remove(&k);
-        }
-        for &c in &target.cgroups {
-            cgroups.insert(c, 1, 0).map_err(map_err(name))?;
-        }
+        replace_keys(&mut self.bpf, maps::PROFILE_PIDS, &target.pids)?;
+        replace_keys(&mut self.bpf, maps::PROFILE_CGROUPS, &target.cgroups)?;
         Ok(())
     }
 
@@ -383,4 +357,24 @@ impl From<PipelineError> for CommandError {
     fn from(e: PipelineError) -> Self {
         Self::Profile(ProfileError::Pipeline(e))
     }
+}
+
+/// Makes the hash map `name` hold exactly `keys` (each with the value 1): the filter
+/// sets the perf-event program checks.
+fn replace_keys<K: aya::Pod + Copy>(
+    bpf: &mut aya::Ebpf,
+    name: &'static str,
+    keys: &[K],
+) -> Result<(), PipelineError> {
+    let mut map: BpfHashMap<_, K, u32> =
+        BpfHashMap::try_from(bpf.map_mut(name).ok_or(PipelineError::MissingMap(name))?)
+            .map_err(map_err(name))?;
+    let old: Vec<K> = map.keys().filter_map(Result::ok).collect();
+    for k in old {
+        let _ = map.remove(&k);
+    }
+    for k in keys {
+        map.insert(*k, 1, 0).map_err(map_err(name))?;
+    }
+    Ok(())
 }

@@ -83,8 +83,16 @@ pub struct PodInfo {
 /// Pods by UID.
 pub type PodIndex = HashMap<String, PodInfo>;
 
-pub fn pod_index(pods: &[Arc<Pod>]) -> PodIndex {
+/// The pods scheduled to `nodes`, by UID: only their processes can be in the view, so the
+/// rest of the cluster's pods are not indexed at each reconcile.
+pub fn pod_index(pods: &[Arc<Pod>], nodes: &BTreeSet<String>) -> PodIndex {
     pods.iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some_and(|n| nodes.contains(n))
+        })
         .map(|p| {
             let s = selected_pod(p);
             (
@@ -331,7 +339,7 @@ async fn reconcile_inner(crw: &ClusterResourceWatch, ctx: &Context) -> Result<Ac
         Err(_) => ctx.hub.remove_node_scope(&name),
     }
     let views = ctx.hub.view(&selected);
-    let pods = pod_index(&ctx.pods.state());
+    let pods = pod_index(&ctx.pods.state(), &selected);
     let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
         .map_err(|e| Error::Internal(e.to_string()))?
         .to_string();
@@ -670,6 +678,29 @@ mod tests {
             "heaviest kept"
         );
         assert_eq!(st.top_cpu.len(), 10, "the default K");
+    }
+
+    #[test]
+    fn only_pods_of_the_selected_nodes_are_indexed_with_their_containers() {
+        let pod = |uid: &str, node: &str| -> Arc<Pod> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("p-{uid}"), "namespace": "shop", "uid": uid},
+                    "spec": {"nodeName": node, "containers": [{"name": "app"}]},
+                    "status": {"containerStatuses": [{
+                        "name": "app", "containerID": format!("containerd://cid-{uid}"),
+                        "image": "i", "imageID": "", "ready": true, "restartCount": 0
+                    }]}
+                }))
+                .unwrap(),
+            )
+        };
+        let nodes: BTreeSet<String> = ["n1".to_owned()].into();
+        let index = pod_index(&[pod("a", "n1"), pod("b", "n2")], &nodes);
+        assert_eq!(index.len(), 1);
+        let a = &index["a"];
+        assert_eq!((a.namespace.as_str(), a.name.as_str()), ("shop", "p-a"));
+        assert_eq!(a.containers.get("cid-a").map(String::as_str), Some("app"));
     }
 
     #[test]
