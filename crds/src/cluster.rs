@@ -14,7 +14,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{Condition, DURATION_PATTERN, LabelSelector, MAX_STATUS_NODES};
+use crate::{Condition, DURATION_PATTERN, LabelSelector, MAX_STATUS_NODES, ProcessFigure};
 
 /// The heaviest processes of the selected nodes, ranked across the cluster and per node,
 /// attributed to their namespace, pod and container, or to the host.
@@ -125,16 +125,8 @@ pub enum ProcessOwner {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeProcess {
-    /// The node it runs on.
-    pub node: String,
-    /// The process id on the node (the host's PID namespace).
-    pub pid: u32,
-    /// The process's command name (`comm`).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(with = "Option<String>")]
-    pub command: String,
-    /// CPU in percent of one core, or resident memory in bytes.
-    pub value: f64,
+    #[serde(flatten)]
+    pub process: ProcessFigure,
     /// `Pod` or `Host`.
     pub owner: ProcessOwner,
     /// The pod's namespace (absent for the host, or a pod the operator does not know).

@@ -399,6 +399,16 @@ pub struct TopEntry {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(with = "Option<String>")]
     pub container: String,
+    #[serde(flatten)]
+    pub process: ProcessFigure,
+}
+
+/// A process on a node and its figure: the part every Top-K entry has, a watch's
+/// (`TopEntry`) and the node view's (`NodeProcess`). Flattened into both, so the fields
+/// stand beside the entry's own in the API.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessFigure {
     /// The node it runs on.
     pub node: String,
     /// The process id on the node (the host's PID namespace).
@@ -407,7 +417,7 @@ pub struct TopEntry {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(with = "Option<String>")]
     pub command: String,
-    /// CPU in percent of one core, or memory in bytes.
+    /// CPU in percent of one core, or resident memory in bytes.
     pub value: f64,
 }
 
@@ -717,10 +727,12 @@ mod tests {
         let entry = TopEntry {
             pod: "p".into(),
             container: String::new(),
-            node: "n".into(),
-            pid: 1,
-            command: String::new(),
-            value: 1.0,
+            process: ProcessFigure {
+                node: "n".into(),
+                pid: 1,
+                command: String::new(),
+                value: 1.0,
+            },
         };
         let status = ResourceWatchStatus {
             top_cpu: vec![entry.clone()],

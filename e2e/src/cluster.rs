@@ -20,6 +20,7 @@ use kube::{
     Api, Client,
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
+use resourcewatch_crds::ResourceWatch;
 
 /// The repository root (this crate lives in `e2e/`).
 pub fn repo_root() -> PathBuf {
@@ -180,7 +181,8 @@ pub const NODE_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/node-workloads:0
 pub const C_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/c-workloads:0.1.0";
 
 /// A bare pod running the workload simulator (`leak-sim ARGS`) with the memory limit
-/// `limit`, labelled `app=APP`, created in `ns`.
+/// `limit`, labelled `app=APP`, created in `ns`. A test helper: it panics (the test
+/// fails) when the API server refuses the pod.
 pub async fn leak_sim_pod(
     client: &Client,
     ns: &str,
@@ -188,7 +190,7 @@ pub async fn leak_sim_pod(
     app: &str,
     args: &[&str],
     limit: &str,
-) -> anyhow::Result<Pod> {
+) -> Pod {
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"app": app}},
         "spec": {
@@ -207,11 +209,50 @@ pub async fn leak_sim_pod(
                 "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
             }]
         }
-    }))?;
+    }))
+    .expect("pod json");
     Api::<Pod>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &pod)
         .await
-        .with_context(|| format!("creating pod {ns}/{name}"))
+        .unwrap_or_else(|e| panic!("creating pod {ns}/{name}: {e}"))
+}
+
+/// A client of the test cluster and a fresh namespace for one test. A test helper: it
+/// panics (the test fails) when either can't be had.
+pub async fn test_namespace(prefix: &str) -> (Client, TestNamespace) {
+    let client = client().await.expect("cluster");
+    let ns = TestNamespace::create(&client, prefix)
+        .await
+        .unwrap_or_else(|e| panic!("namespace {prefix}: {e:#}"));
+    (client, ns)
+}
+
+/// The usual test watch: `name` in `ns` on the pods labelled `app=APP`, every 5 s.
+pub async fn watch_app(client: &Client, ns: &str, name: &str, app: &str) -> Api<ResourceWatch> {
+    let spec = serde_json::json!({"selector": {"matchLabels": {"app": app}}, "interval": "5s"});
+    create_watch(client, ns, name, spec).await.0
+}
+
+/// Creates the ResourceWatch `name` in `ns` with `spec` and returns the namespace's
+/// watch API and the object as the API server stored it (with what admission added).
+/// A test helper: it panics when the watch is refused.
+pub async fn create_watch(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> (Api<ResourceWatch>, ResourceWatch) {
+    let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .expect("watch json");
+    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), ns);
+    let created = rws
+        .create(&PostParams::default(), &rw)
+        .await
+        .unwrap_or_else(|e| panic!("creating watch {ns}/{name}: {e}"));
+    (rws, created)
 }
 
 /// `leak-sim` arguments of the stable pods remediation must never restart: 100 MiB held
@@ -228,6 +269,14 @@ pub const SAWTOOTH_ARGS: &[&str] = &[
     "--period",
     "8",
 ];
+
+/// `leak-sim` arguments of a leak: 20 MiB held, then `rate` (e.g. "2MiB/s") after
+/// `delay` seconds.
+pub fn leak_args<'a>(rate: &'a str, delay: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["--pattern", "leak", "--baseline", "20MiB", "--rate", rate];
+    args.extend(["--delay", delay]);
+    args
+}
 
 /// A namespace for one test, deleted (without waiting) when dropped.
 pub struct TestNamespace {

@@ -13,7 +13,7 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use resourcewatch_crds::{ConditionStatus, ResourceWatch, ResourceWatchStatus};
-use resourcewatch_e2e::cluster::{self, TestNamespace, wait_for};
+use resourcewatch_e2e::cluster::{self, leak_sim_pod, wait_for};
 
 const SYSTEM: &str = "resourcewatch-system";
 
@@ -30,20 +30,6 @@ fn kubectl(args: &[&str]) -> (bool, String) {
             String::from_utf8_lossy(&out.stderr)
         ),
     )
-}
-
-/// A pod running the workload simulator with `args`, memory-limited to `limit`.
-async fn workload(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    app: &str,
-    args: &[&str],
-    limit: &str,
-) -> Pod {
-    cluster::leak_sim_pod(client, ns, name, app, args, limit)
-        .await
-        .expect("create pod")
 }
 
 async fn wait_running(client: &Client, ns: &str, names: &[&str]) {
@@ -110,26 +96,12 @@ fn condition(s: &ResourceWatchStatus, t: &str) -> Option<(ConditionStatus, Strin
         .map(|c| (c.status, c.reason.clone()))
 }
 
-async fn apply_watch(rws: &Api<ResourceWatch>, name: &str, spec: serde_json::Value) {
-    let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
-        "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
-        "metadata": {"name": name}, "spec": spec
-    }))
-    .expect("rw json");
-    rws.create(&PostParams::default(), &rw)
-        .await
-        .expect("create rw");
-}
-
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-top")
-        .await
-        .expect("ns");
+    let (client, ns) = cluster::test_namespace("rw-e2e-top").await;
     let n = ns.name.as_str();
-    workload(
+    leak_sim_pod(
         &client,
         n,
         "api-burn",
@@ -138,7 +110,7 @@ async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
         "64Mi",
     )
     .await;
-    workload(
+    leak_sim_pod(
         &client,
         n,
         "api-mem",
@@ -147,7 +119,7 @@ async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
         "512Mi",
     )
     .await;
-    workload(
+    leak_sim_pod(
         &client,
         n,
         "api-idle",
@@ -156,7 +128,7 @@ async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
         "64Mi",
     )
     .await;
-    workload(
+    leak_sim_pod(
         &client,
         n,
         "other-burn",
@@ -205,17 +177,17 @@ async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
     for e in s.top_cpu.iter().chain(&s.top_memory) {
         assert_ne!(e.pod, "other-burn", "a pod outside the selector appeared");
         assert_eq!(e.container, "main");
-        assert!(!e.node.is_empty() && e.pid > 0);
+        assert!(!e.process.node.is_empty() && e.process.pid > 0);
     }
     assert!(
-        s.top_cpu[0].value > 50.0,
+        s.top_cpu[0].process.value > 50.0,
         "the burner uses a core: {}",
-        s.top_cpu[0].value
+        s.top_cpu[0].process.value
     );
     assert!(
-        s.top_memory[0].value > 250.0 * 1048576.0,
+        s.top_memory[0].process.value > 250.0 * 1048576.0,
         "300 MiB resident: {}",
-        s.top_memory[0].value
+        s.top_memory[0].process.value
     );
     assert_ne!(s.top_cpu[0].pod, "api-idle");
     assert_ne!(s.top_memory[0].pod, "api-idle");
@@ -246,12 +218,9 @@ async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn losing_the_agent_degrades_and_recovers_and_an_operator_restart_repeats_no_event() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-loss")
-        .await
-        .expect("ns");
+    let (client, ns) = cluster::test_namespace("rw-e2e-loss").await;
     let n = ns.name.as_str();
-    workload(
+    leak_sim_pod(
         &client,
         n,
         "api-burn",
@@ -261,13 +230,7 @@ async fn losing_the_agent_degrades_and_recovers_and_an_operator_restart_repeats_
     )
     .await;
     wait_running(&client, n, &["api-burn"]).await;
-    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
-    apply_watch(
-        &rws,
-        "w",
-        serde_json::json!({"selector": {"matchLabels": {"app": "api"}}, "interval": "5s"}),
-    )
-    .await;
+    let rws = cluster::watch_app(&client, n, "w", "api").await;
     status_where(&rws, "w", "a reporting watch", 60, |s| {
         !s.top_cpu.is_empty() && s.reporting_nodes == 1
     })
@@ -378,34 +341,16 @@ async fn losing_the_agent_degrades_and_recovers_and_an_operator_restart_repeats_
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_leak_is_listed_with_its_time_to_oom_before_the_kernel_kills_it() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-leak")
-        .await
-        .expect("ns");
+    let (client, ns) = cluster::test_namespace("rw-e2e-leak").await;
     let n = ns.name.as_str();
-    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
-    apply_watch(
-        &rws,
-        "w",
-        serde_json::json!({"selector": {"matchLabels": {"app": "leaky"}}, "interval": "5s"}),
-    )
-    .await;
+    let rws = cluster::watch_app(&client, n, "w", "leaky").await;
     // 20 MiB, flat for 20 s, then 2 MiB/s against a 128Mi limit: OOM about 74 s after start.
-    workload(
+    leak_sim_pod(
         &client,
         n,
         "leaky",
         "leaky",
-        &[
-            "--pattern",
-            "leak",
-            "--baseline",
-            "20MiB",
-            "--rate",
-            "2MiB/s",
-            "--delay",
-            "20",
-        ],
+        &cluster::leak_args("2MiB/s", "20"),
         "128Mi",
     )
     .await;
@@ -509,24 +454,15 @@ async fn a_leak_is_listed_with_its_time_to_oom_before_the_kernel_kills_it() {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_leak_from_the_container_start_is_reported_before_its_oom_kill() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-startleak")
-        .await
-        .expect("ns");
+    let (client, ns) = cluster::test_namespace("rw-e2e-startleak").await;
     let n = ns.name.as_str();
-    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
-    apply_watch(
-        &rws,
-        "w",
-        serde_json::json!({"selector": {"matchLabels": {"app": "fast"}}, "interval": "5s"}),
-    )
-    .await;
+    let rws = cluster::watch_app(&client, n, "w", "fast").await;
     // The watch is in place (its nodes configured) before the pod exists.
     status_where(&rws, "w", "the watch reconciled", 60, |s| {
         condition(s, "Ready").is_some_and(|(st, _)| st == ConditionStatus::True)
     })
     .await;
-    workload(
+    leak_sim_pod(
         &client,
         n,
         "fast",
@@ -593,18 +529,9 @@ async fn a_leak_from_the_container_start_is_reported_before_its_oom_kill() {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_leaks_growth_site_names_the_leaking_function() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-sites")
-        .await
-        .expect("ns");
+    let (client, ns) = cluster::test_namespace("rw-e2e-sites").await;
     let n = ns.name.as_str();
-    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
-    apply_watch(
-        &rws,
-        "w",
-        serde_json::json!({"selector": {"matchLabels": {"app": "cleak"}}, "interval": "5s"}),
-    )
-    .await;
+    let rws = cluster::watch_app(&client, n, "w", "cleak").await;
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "cleak", "labels": {"app": "cleak"}},
         "spec": {
@@ -712,13 +639,10 @@ fn proc_cpu_percent(pid: u32, window: Duration) -> f64 {
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
     use resourcewatch_crds::{ClusterResourceWatch, ProcessOwner};
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-nodes")
-        .await
-        .expect("ns");
+    let (client, ns) = cluster::test_namespace("rw-e2e-nodes").await;
     let n = ns.name.as_str();
-    workload(&client, n, "nv-burn", "nv", &["--pattern", "burn"], "64Mi").await;
-    workload(
+    leak_sim_pod(&client, n, "nv-burn", "nv", &["--pattern", "burn"], "64Mi").await;
+    leak_sim_pod(
         &client,
         n,
         "nv-mem",
@@ -775,7 +699,7 @@ async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
         Duration::from_secs(90),
         || async {
             let s = status("e2e-all").await?;
-            let host_seen = s.top_cpu.iter().any(|p| p.pid == host_pid);
+            let host_seen = s.top_cpu.iter().any(|p| p.process.pid == host_pid);
             let pod_seen = s.top_cpu.iter().any(|p| p.pod == "nv-burn");
             let mem_seen = s.top_memory.iter().any(|p| p.pod == "nv-mem");
             Ok((host_seen && pod_seen && mem_seen && s.reporting_nodes == 1).then_some(s))
@@ -794,10 +718,10 @@ async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
     let host_row = s
         .top_cpu
         .iter()
-        .find(|p| p.pid == host_pid)
+        .find(|p| p.process.pid == host_pid)
         .expect("host burner");
     assert_eq!(host_row.owner, ProcessOwner::Host);
-    assert_eq!(host_row.command, "rwhostburn");
+    assert_eq!(host_row.process.command, "rwhostburn");
     assert!(host_row.pod.is_empty() && host_row.namespace.is_empty());
     let pod_row = s
         .top_cpu
@@ -818,9 +742,9 @@ async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
         .find(|p| p.pod == "nv-mem")
         .expect("pod memory");
     assert!(
-        mem_row.value > 250.0 * 1048576.0,
+        mem_row.process.value > 250.0 * 1048576.0,
         "300 MiB resident: {}",
-        mem_row.value
+        mem_row.process.value
     );
     assert!(s.summary.top_host_memory.is_some(), "{:?}", s.summary);
     assert!(s.nodes.len() == 1 && s.nodes[0].reporting && s.nodes[0].top_cpu.is_some());
@@ -835,16 +759,16 @@ async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
     let host_row = s
         .top_cpu
         .iter()
-        .find(|p| p.pid == host_pid)
+        .find(|p| p.process.pid == host_pid)
         .unwrap_or_else(|| panic!("the host burner left the view: {:?}", s.top_cpu));
     eprintln!(
         "host burner: node view {:.1}%, /proc {proc:.1}%",
-        host_row.value
+        host_row.process.value
     );
     assert!(
-        (host_row.value - proc).abs() <= 20.0,
+        (host_row.process.value - proc).abs() <= 20.0,
         "node view {:.1}% against /proc {proc:.1}%",
-        host_row.value
+        host_row.process.value
     );
     let none = status("e2e-none").await.expect("status");
     assert_eq!(

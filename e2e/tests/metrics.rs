@@ -15,12 +15,8 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::{
-    Api, Client,
-    api::{ListParams, PostParams},
-};
-use resourcewatch_crds::ResourceWatch;
-use resourcewatch_e2e::cluster::{self, TestNamespace, wait_for};
+use kube::{Api, Client, api::ListParams};
+use resourcewatch_e2e::cluster::{self, wait_for};
 use serde_json::Value;
 
 const SYSTEM: &str = "resourcewatch-system";
@@ -142,43 +138,22 @@ async fn pod_ips(client: &Client, app: &str) -> Vec<String> {
 }
 
 async fn workload(client: &Client, ns: &str, name: &str, args: &[&str], limit: &str) {
-    cluster::leak_sim_pod(client, ns, name, "scraped", args, limit)
-        .await
-        .expect("create pod");
+    cluster::leak_sim_pod(client, ns, name, "scraped", args, limit).await;
 }
 
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_only() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-metrics")
-        .await
-        .expect("ns");
+    let (client, ns) = cluster::test_namespace("rw-e2e-metrics").await;
     let n = ns.name.clone();
-    let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), &n);
-    let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
-        "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
-        "metadata": {"name": "scraped"},
-        "spec": {"selector": {"matchLabels": {"app": "scraped"}}, "interval": "5s"}
-    }))
-    .expect("watch");
-    rws.create(&PostParams::default(), &rw)
-        .await
-        .expect("create watch");
+    cluster::watch_app(&client, &n, "scraped", "scraped").await;
     // 1 MiB/s from 20 MiB into 256Mi: an OOM predicted about 4 minutes ahead, under the
     // alert's 10 minutes from the first report. And two pods that do not grow.
     workload(
         &client,
         &n,
         "leaky",
-        &[
-            "--pattern",
-            "leak",
-            "--baseline",
-            "20MiB",
-            "--rate",
-            "1MiB/s",
-        ],
+        &cluster::leak_args("1MiB/s", "0"),
         "256Mi",
     )
     .await;

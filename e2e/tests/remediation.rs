@@ -54,16 +54,13 @@ async fn watch(
     selector: serde_json::Value,
     remediation: serde_json::Value,
 ) {
-    let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
-        "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
-        "metadata": {"name": "w"},
-        "spec": {"selector": selector, "interval": "5s", "remediation": remediation}
-    }))
-    .expect("rw json");
-    let created = Api::<ResourceWatch>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &rw)
-        .await
-        .expect("create rw");
+    let (_, created) = cluster::create_watch(
+        client,
+        ns,
+        "w",
+        serde_json::json!({"selector": selector, "interval": "5s", "remediation": remediation}),
+    )
+    .await;
     // The admin applied it: the operator's admission webhook (called by the API server
     // through the operator's Service) must have recorded the authorization.
     if remediation["action"] == "Restart" && remediation["dryRun"] != true {
@@ -75,6 +72,13 @@ async fn watch(
             created.annotations()
         );
     }
+}
+
+/// A client and a fresh namespace opted in to remediation.
+async fn opted_in(prefix: &str) -> (Client, TestNamespace) {
+    let (client, ns) = cluster::test_namespace(prefix).await;
+    ns.opt_in().await.expect("opt in");
+    (client, ns)
 }
 
 async fn pods_of(client: &Client, ns: &str, app: &str) -> Vec<Pod> {
@@ -104,27 +108,10 @@ async fn running_pod(client: &Client, ns: &str, app: &str) -> Pod {
 }
 
 /// 20 MiB, flat 20 s (the detector sees a baseline), then `rate` against 128Mi.
-fn leak_args(rate: &str) -> Vec<&str> {
-    vec![
-        "--pattern",
-        "leak",
-        "--baseline",
-        "20MiB",
-        "--rate",
-        rate,
-        "--delay",
-        "20",
-    ]
-}
-
 #[tokio::test]
 #[ignore = "needs the e2e cluster with remediation on: make e2e"]
 async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_is_killed() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-restart")
-        .await
-        .expect("ns");
-    ns.opt_in().await.expect("opt in");
+    let (client, ns) = opted_in("rw-e2e-restart").await;
     let n = ns.name.as_str();
     // Only `fixed` is watched; `control` leaks the same way with nobody watching.
     watch(
@@ -134,8 +121,22 @@ async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_i
         serde_json::json!({"action": "Restart", "minTimeToOOM": "40s", "cooldown": "10m"}),
     )
     .await;
-    deployment(&client, n, "control", &leak_args("2MiB/s"), "128Mi").await;
-    deployment(&client, n, "fixed", &leak_args("2MiB/s"), "128Mi").await;
+    deployment(
+        &client,
+        n,
+        "control",
+        &cluster::leak_args("2MiB/s", "20"),
+        "128Mi",
+    )
+    .await;
+    deployment(
+        &client,
+        n,
+        "fixed",
+        &cluster::leak_args("2MiB/s", "20"),
+        "128Mi",
+    )
+    .await;
     let start = Instant::now();
     let first = running_pod(&client, n, "fixed").await;
     let first_uid = first.uid().unwrap_or_default();
@@ -233,11 +234,7 @@ async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_i
 #[tokio::test]
 #[ignore = "needs the e2e cluster with remediation on: make e2e"]
 async fn stable_pods_near_their_limit_are_never_restarted() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-stable")
-        .await
-        .expect("ns");
-    ns.opt_in().await.expect("opt in");
+    let (client, ns) = opted_in("rw-e2e-stable").await;
     let n = ns.name.as_str();
     watch(
         &client,
@@ -289,11 +286,7 @@ async fn stable_pods_near_their_limit_are_never_restarted() {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with remediation on: make e2e"]
 async fn a_node_js_warm_up_is_never_restarted() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-warmup")
-        .await
-        .expect("ns");
-    ns.opt_in().await.expect("opt in");
+    let (client, ns) = opted_in("rw-e2e-warmup").await;
     let n = ns.name.as_str();
     watch(
         &client,
@@ -356,11 +349,7 @@ async fn a_node_js_warm_up_is_never_restarted() {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with remediation on: make e2e"]
 async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-rails")
-        .await
-        .expect("ns");
-    ns.opt_in().await.expect("opt in");
+    let (client, ns) = opted_in("rw-e2e-rails").await;
     let n = ns.name.as_str();
     // Guarded by a PDB (minAvailable 1 over one replica), and a dry-run watch's pod.
     let pdb: serde_json::Value = serde_json::json!({
@@ -377,7 +366,14 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
         serde_json::json!({"action": "Restart", "minTimeToOOM": "40s"}),
     )
     .await;
-    deployment(&client, n, "guarded", &leak_args("2MiB/s"), "128Mi").await;
+    deployment(
+        &client,
+        n,
+        "guarded",
+        &cluster::leak_args("2MiB/s", "20"),
+        "128Mi",
+    )
+    .await;
     let first = wait_for("the guarded pod", Duration::from_secs(60), || {
         let client = client.clone();
         async move { Ok(pods_of(&client, n, "guarded").await.into_iter().next()) }
@@ -429,7 +425,14 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
         serde_json::json!({"action": "Restart", "minTimeToOOM": "40s", "dryRun": true}),
     )
     .await;
-    deployment(&client, n, "dry", &leak_args("2MiB/s"), "128Mi").await;
+    deployment(
+        &client,
+        n,
+        "dry",
+        &cluster::leak_args("2MiB/s", "20"),
+        "128Mi",
+    )
+    .await;
     let first = wait_for("the dry pod", Duration::from_secs(60), || {
         let client = client.clone();
         async move { Ok(pods_of(&client, n, "dry").await.into_iter().next()) }
@@ -467,11 +470,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with remediation on: make e2e"]
 async fn a_pending_record_written_into_status_is_never_carried_out() {
-    let client = cluster::client().await.expect("cluster");
-    let ns = TestNamespace::create(&client, "rw-e2e-forged")
-        .await
-        .expect("ns");
-    ns.opt_in().await.expect("opt in");
+    let (client, ns) = opted_in("rw-e2e-forged").await;
     let n = ns.name.as_str();
     // A flat pod that never triggers by itself. Whoever may write the watch's status
     // leaves a Pending intent for it while the operator restarts: only the workload's

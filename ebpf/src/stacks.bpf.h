@@ -17,21 +17,28 @@
 
 /* ---- maps ------------------------------------------------------------------------------ */
 
-/* Both stack maps are sized by the loader (PipelineOptions::stack_entries). */
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, 1024);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, RW_STACK_DEPTH * sizeof(__u64));
-} rw_profile_stacks SEC(".maps");
+/* The two stack pipelines (CPU profile, growth sites) have the same pair of maps: stack
+ * traces, and a figure (samples or bytes) per rw_stack_key. One definition of each shape;
+ * the stack-trace maps are sized by the loader (PipelineOptions::stack_entries). */
+#define RW_STACK_TRACE_MAP(name)                                          \
+	struct {                                                          \
+		__uint(type, BPF_MAP_TYPE_STACK_TRACE);                   \
+		__uint(max_entries, 1024);                                \
+		__uint(key_size, sizeof(__u32));                          \
+		__uint(value_size, RW_STACK_DEPTH * sizeof(__u64));       \
+	} name SEC(".maps")
 
+#define RW_STACK_FIGURE_MAP(name, entries)                                \
+	struct {                                                          \
+		__uint(type, BPF_MAP_TYPE_HASH);                          \
+		__uint(max_entries, entries);                             \
+		__type(key, struct rw_stack_key);                         \
+		__type(value, __u64);                                     \
+	} name SEC(".maps")
+
+RW_STACK_TRACE_MAP(rw_profile_stacks);
 /* CPU samples per rw_stack_key. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct rw_stack_key);
-	__type(value, __u64);
-} rw_profile_counts SEC(".maps");
+RW_STACK_FIGURE_MAP(rw_profile_counts, 16384);
 
 /* Profiled processes (tgid -> 1) and cgroups (cgroup id -> 1). */
 struct {
@@ -48,20 +55,9 @@ struct {
 	__type(value, __u32);
 } rw_profile_cgroups SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, 1024);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, RW_STACK_DEPTH * sizeof(__u64));
-} rw_site_stacks SEC(".maps");
-
+RW_STACK_TRACE_MAP(rw_site_stacks);
 /* Bytes of resident growth per rw_stack_key. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, struct rw_stack_key);
-	__type(value, __u64);
-} rw_site_bytes SEC(".maps");
+RW_STACK_FIGURE_MAP(rw_site_bytes, 4096);
 
 /* Processes whose growth sites are captured: tgid -> the highest resident pages seen. */
 struct {

@@ -276,14 +276,23 @@ fn remediate(
                 confidence: leak.confidence,
                 time: now_str.to_owned(),
             };
-            let eviction = |w: &Workload| Eviction {
-                pod: facts.name.clone(),
-                pod_uid: facts.uid.clone(),
-                workload: w.clone(),
-                watch: i.watch.to_owned(),
-                time_to_oom_seconds: leak.time_to_oom_seconds,
-                confidence: leak.confidence,
-            };
+            // An eviction decided now or resumed: a Pending record, and the request.
+            let evict =
+                |status: &mut ResourceWatchStatus, evictions: &mut Vec<Eviction>, w: &Workload| {
+                    let pending = RemediationOutcome::Pending;
+                    upsert(
+                        status,
+                        record(pending, RemediationReason::Decided, String::new()),
+                    );
+                    evictions.push(Eviction {
+                        pod: facts.name.clone(),
+                        pod_uid: facts.uid.clone(),
+                        workload: w.clone(),
+                        watch: i.watch.to_owned(),
+                        time_to_oom_seconds: leak.time_to_oom_seconds,
+                        confidence: leak.confidence,
+                    });
+                };
             match d {
                 Decision::Nothing => {}
                 Decision::Evict(intent) => {
@@ -302,27 +311,11 @@ fn remediate(
                         workload: w.clone(),
                         intent,
                     });
-                    upsert(
-                        status,
-                        record(
-                            RemediationOutcome::Pending,
-                            RemediationReason::Decided,
-                            String::new(),
-                        ),
-                    );
-                    evictions.push(eviction(w));
+                    evict(status, evictions, w);
                 }
                 Decision::Resume => {
                     if let Some(w) = &facts.workload {
-                        upsert(
-                            status,
-                            record(
-                                RemediationOutcome::Pending,
-                                RemediationReason::Decided,
-                                String::new(),
-                            ),
-                        );
-                        evictions.push(eviction(w));
+                        evict(status, evictions, w);
                     }
                 }
                 Decision::Report {
@@ -723,6 +716,16 @@ mod tests {
         }
     }
 
+    /// Pod 1 leaking on a reporting node, remediation allowed, no ledger yet.
+    fn first_decision() -> Plan {
+        plan(
+            &[node(&[1], true)],
+            None,
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        )
+    }
+
     fn plan(
         nodes: &[NodeView],
         old: Option<&ResourceWatchStatus>,
@@ -771,12 +774,7 @@ mod tests {
             .collect();
         assert_eq!(blocked, ["RestartInProgress", "RestartInProgress"]);
         assert_eq!(p.write, Write::Now);
-        let cond = p
-            .status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Remediation")
-            .unwrap();
+        let cond = status::find(&p.status.conditions, ConditionType::Remediation).unwrap();
         assert_eq!(
             (cond.status, cond.reason.as_str()),
             (ConditionStatus::True, "Enabled")
@@ -785,12 +783,7 @@ mod tests {
 
     #[test]
     fn a_decision_is_new_once_however_many_reconciles_repeat_it() {
-        let first = plan(
-            &[node(&[1], true)],
-            None,
-            Some(&open_gate()),
-            &BTreeMap::new(),
-        );
+        let first = first_decision();
         let counted: Vec<&str> = new_records(&[], &first.status.remediations)
             .map(|r| r.reason.as_str())
             .collect();
@@ -814,12 +807,7 @@ mod tests {
 
     #[test]
     fn a_lost_nodes_last_leaks_are_shown_but_never_acted_on() {
-        let first = plan(
-            &[node(&[1], true)],
-            None,
-            Some(&open_gate()),
-            &BTreeMap::new(),
-        );
+        let first = first_decision();
         let mut old = first.status.clone();
         old.remediations.clear();
         let p = plan(
@@ -918,12 +906,7 @@ mod tests {
         old.observed_generation = Some(1);
         let p = plan(&[node(&[], true)], Some(&old), Some(&open_gate()), &ledger);
         assert!(p.evictions.is_empty());
-        let r = p
-            .status
-            .remediations
-            .iter()
-            .find(|r| r.pod_uid == "uid-1")
-            .unwrap();
+        let r = last_record(&p.status, "uid-1").unwrap();
         assert_eq!(
             (r.action, r.reason.as_str()),
             (RemediationOutcome::Expired, "PredictionNoLongerHolds")
@@ -932,13 +915,7 @@ mod tests {
 
     #[test]
     fn an_eviction_becomes_a_restart_in_the_ledger() {
-        let mut status = plan(
-            &[node(&[1], true)],
-            None,
-            Some(&open_gate()),
-            &BTreeMap::new(),
-        )
-        .status;
+        let mut status = first_decision().status;
         let ev = Eviction {
             pod: "app-1".into(),
             pod_uid: "uid-1".into(),
@@ -981,13 +958,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let mut status = plan(
-            &[node(&[1], true)],
-            None,
-            Some(&open_gate()),
-            &BTreeMap::new(),
-        )
-        .status;
+        let mut status = first_decision().status;
         after_eviction(
             &ev,
             &EvictResult::Refused("budget".into()),

@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
     hub::{Hub, HubError, Session},
-    identity::{AgentIdentity, Authenticator},
+    identity::{self, AgentIdentity, Authenticator},
     metrics::Metrics,
 };
 
@@ -90,9 +90,7 @@ impl AgentControl for AgentService {
                 resourcewatch_proto::NODE_METADATA
             )));
         }
-        let identity = self
-            .auth
-            .authenticate(token.as_deref(), &claimed)
+        let identity = identity::authenticate(&*self.auth, token.as_deref(), &claimed)
             .await
             .map_err(|e| {
                 Metrics::labelled(

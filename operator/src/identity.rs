@@ -102,11 +102,19 @@ impl AuthError {
 /// tests use a fixed table.
 #[tonic::async_trait]
 pub trait Authenticator: Send + Sync + 'static {
-    async fn authenticate(
-        &self,
-        token: Option<&str>,
-        claimed_node: &str,
-    ) -> Result<AgentIdentity, AuthError>;
+    /// `token` is the presented bearer token, never empty ([`authenticate`] checks that).
+    async fn verify(&self, token: &str, claimed_node: &str) -> Result<AgentIdentity, AuthError>;
+}
+
+/// Who a stream's bearer token speaks for: NoToken for none or an empty one, else what
+/// `auth` verifies.
+pub async fn authenticate(
+    auth: &dyn Authenticator,
+    token: Option<&str>,
+    claimed_node: &str,
+) -> Result<AgentIdentity, AuthError> {
+    let token = token.filter(|t| !t.is_empty()).ok_or(AuthError::NoToken)?;
+    auth.verify(token, claimed_node).await
 }
 
 /// The pod a reviewed token is bound to.
@@ -198,11 +206,6 @@ pub fn token_expiry(token: &str) -> Option<SystemTime> {
     UNIX_EPOCH.checked_add(Duration::from_secs(exp))
 }
 
-/// The bearer token an agent presented, or NoToken for none or an empty one.
-fn presented(token: Option<&str>) -> Result<&str, AuthError> {
-    token.filter(|t| !t.is_empty()).ok_or(AuthError::NoToken)
-}
-
 /// Authenticates agents through the API server's TokenReview and the agent pod.
 pub struct TokenReviewer {
     pub client: Client,
@@ -215,12 +218,7 @@ pub struct TokenReviewer {
 
 #[tonic::async_trait]
 impl Authenticator for TokenReviewer {
-    async fn authenticate(
-        &self,
-        token: Option<&str>,
-        claimed_node: &str,
-    ) -> Result<AgentIdentity, AuthError> {
-        let token = presented(token)?;
+    async fn verify(&self, token: &str, claimed_node: &str) -> Result<AgentIdentity, AuthError> {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_owned()),
@@ -259,12 +257,7 @@ pub struct StaticTokens(pub BTreeMap<String, String>);
 
 #[tonic::async_trait]
 impl Authenticator for StaticTokens {
-    async fn authenticate(
-        &self,
-        token: Option<&str>,
-        claimed_node: &str,
-    ) -> Result<AgentIdentity, AuthError> {
-        let token = presented(token)?;
+    async fn verify(&self, token: &str, claimed_node: &str) -> Result<AgentIdentity, AuthError> {
         let node = self
             .0
             .get(token)

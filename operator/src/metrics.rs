@@ -491,10 +491,10 @@ impl Collector for WatchSeries {
                         ("rank", (rank + 1).to_string()),
                         ("pod", e.pod.clone()),
                         ("container", e.container.clone()),
-                        ("node", e.node.clone()),
-                        ("command", e.command.clone()),
+                        ("node", e.process.node.clone()),
+                        ("command", e.process.command.clone()),
                     ]);
-                    family.rows.push((labels, e.value));
+                    family.rows.push((labels, e.process.value));
                 }
             }
         }

@@ -25,7 +25,7 @@ use kube::{
 };
 use resourcewatch_crds::{
     ClusterResourceWatch, ClusterResourceWatchSpec, ClusterResourceWatchStatus, ClusterSummary,
-    ConditionStatus, MAX_STATUS_NODES, NodeProcess, NodeTop, ProcessOwner,
+    ConditionStatus, MAX_STATUS_NODES, NodeProcess, NodeTop, ProcessFigure, ProcessOwner,
 };
 use resourcewatch_proto as pb;
 use resourcewatch_units::format_bytes;
@@ -150,7 +150,8 @@ pub fn compute(i: &Inputs<'_>) -> ClusterResourceWatchStatus {
         list.iter()
             .filter_map(|p| {
                 let e = attribute(node, p, cpu, i.pods);
-                (e.value > 0.0 && (s.include_host || e.owner == ProcessOwner::Pod)).then_some(e)
+                (e.process.value > 0.0 && (s.include_host || e.owner == ProcessOwner::Pod))
+                    .then_some(e)
             })
             .collect()
     };
@@ -180,7 +181,7 @@ pub fn compute(i: &Inputs<'_>) -> ClusterResourceWatchStatus {
     status.top_memory = top(all_memory, k);
     // Heaviest nodes first (by their top CPU process), silent ones last, by name within.
     rows.sort_by(|a, b| {
-        let v = |r: &NodeTop| r.top_cpu.as_ref().map_or(-1.0, |p| p.value);
+        let v = |r: &NodeTop| r.top_cpu.as_ref().map_or(-1.0, |p| p.process.value);
         v(b).total_cmp(&v(a)).then_with(|| a.name.cmp(&b.name))
     });
     if rows.len() > MAX_STATUS_NODES {
@@ -220,13 +221,15 @@ fn attribute(node: &str, p: &pb::Process, cpu: bool, pods: &PodIndex) -> NodePro
         .then(|| pods.get(&p.pod_uid))
         .flatten();
     NodeProcess {
-        node: node.to_owned(),
-        pid: p.pid,
-        command: p.command.clone(),
-        value: if cpu {
-            (p.cpu_percent * 10.0).round() / 10.0
-        } else {
-            p.rss_bytes as f64
+        process: ProcessFigure {
+            node: node.to_owned(),
+            pid: p.pid,
+            command: p.command.clone(),
+            value: if cpu {
+                (p.cpu_percent * 10.0).round() / 10.0
+            } else {
+                p.rss_bytes as f64
+            },
         },
         owner: if p.pod_uid.is_empty() {
             ProcessOwner::Host
@@ -242,14 +245,16 @@ fn attribute(node: &str, p: &pb::Process, cpu: bool, pods: &PodIndex) -> NodePro
 }
 
 fn heaviest(list: &[NodeProcess]) -> Option<&NodeProcess> {
-    list.iter().max_by(|a, b| a.value.total_cmp(&b.value))
+    list.iter()
+        .max_by(|a, b| a.process.value.total_cmp(&b.process.value))
 }
 
 fn top(mut list: Vec<NodeProcess>, k: usize) -> Vec<NodeProcess> {
     list.sort_by(|a, b| {
-        b.value
-            .total_cmp(&a.value)
-            .then_with(|| (&a.node, a.pid).cmp(&(&b.node, b.pid)))
+        b.process
+            .value
+            .total_cmp(&a.process.value)
+            .then_with(|| (&a.process.node, a.process.pid).cmp(&(&b.process.node, b.process.pid)))
     });
     list.truncate(k);
     list
@@ -263,16 +268,16 @@ fn describe(p: &NodeProcess, cpu: bool) -> String {
         ProcessOwner::Pod => format!("{}/{}", p.namespace, p.pod),
     };
     let value = if cpu {
-        format!("{}%", p.value.round())
+        format!("{}%", p.process.value.round())
     } else {
-        format_bytes(p.value as u64)
+        format_bytes(p.process.value as u64)
     };
-    let command = if p.command.is_empty() {
-        format!("pid {}", p.pid)
+    let command = if p.process.command.is_empty() {
+        format!("pid {}", p.process.pid)
     } else {
-        p.command.clone()
+        p.process.command.clone()
     };
-    format!("{} {owner} {command} ({value})", p.node)
+    format!("{} {owner} {command} ({value})", p.process.node)
 }
 
 /// Equal apart from the update time: no need to write.
@@ -546,7 +551,7 @@ mod tests {
         let cpu: Vec<(&str, u32, f64)> = st
             .top_cpu
             .iter()
-            .map(|p| (p.node.as_str(), p.pid, p.value))
+            .map(|p| (p.process.node.as_str(), p.process.pid, p.process.value))
             .collect();
         assert_eq!(
             cpu,
@@ -570,7 +575,7 @@ mod tests {
             "a pod the operator does not know"
         );
         assert_eq!(st.top_cpu[1].owner, ProcessOwner::Host);
-        assert_eq!(st.top_memory[0].command, "containerd");
+        assert_eq!(st.top_memory[0].process.command, "containerd");
         assert_eq!(
             st.summary.top_cpu.as_deref(),
             Some("n1 shop/api-1 java (97%)")
@@ -591,7 +596,7 @@ mod tests {
                 (
                     n.name.as_str(),
                     n.reporting,
-                    n.top_cpu.as_ref().map(|p| p.pid),
+                    n.top_cpu.as_ref().map(|p| p.process.pid),
                 )
             })
             .collect();
@@ -624,7 +629,7 @@ mod tests {
         )];
         let st = run(&s, &nodes);
         assert_eq!(st.top_cpu.len(), 1);
-        assert_eq!(st.top_cpu[0].command, "java");
+        assert_eq!(st.top_cpu[0].process.command, "java");
         assert!(st.summary.top_host_cpu.is_none());
     }
 

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use resourcewatch_crds::{
     Condition, ConditionStatus, GrowthSiteEntry, LeakEntry, MAX_FRAME_LENGTH, MAX_GROWTH_SITES,
-    MAX_SITE_FRAMES, Metric, NodeEntry, ResourceWatchStatus, Summary, ThresholdEntry, TopEntry,
+    MAX_SITE_FRAMES, Metric, NodeEntry, ProcessFigure, ResourceWatchStatus, Summary,
+    ThresholdEntry, TopEntry,
 };
 use resourcewatch_proto as pb;
 use resourcewatch_units::format_bytes;
@@ -98,10 +99,12 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
                 let entry = |value| TopEntry {
                     pod: pod.name.clone(),
                     container: container.clone(),
-                    node: n.name.clone(),
-                    pid: p.pid,
-                    command: p.command.clone(),
-                    value,
+                    process: ProcessFigure {
+                        node: n.name.clone(),
+                        pid: p.pid,
+                        command: p.command.clone(),
+                        value,
+                    },
                 };
                 top_cpu.push(entry(round2(p.cpu_percent)));
                 top_memory.push(entry(p.rss_bytes as f64));
@@ -199,13 +202,13 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         top_cpu.extend(
             old.top_cpu
                 .iter()
-                .filter(|e| keep(&e.pod, &e.node))
+                .filter(|e| keep(&e.pod, &e.process.node))
                 .cloned(),
         );
         top_memory.extend(
             old.top_memory
                 .iter()
-                .filter(|e| keep(&e.pod, &e.node))
+                .filter(|e| keep(&e.pod, &e.process.node))
                 .cloned(),
         );
         for l in old.leaks.iter().filter(|l| keep(&l.pod, &l.node)) {
@@ -227,9 +230,19 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         );
     }
     let k = settings.top_k as usize;
-    top_cpu.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.pid.cmp(&b.pid)));
+    top_cpu.sort_by(|a, b| {
+        b.process
+            .value
+            .total_cmp(&a.process.value)
+            .then(a.process.pid.cmp(&b.process.pid))
+    });
     top_cpu.truncate(if settings.cpu { k } else { 0 });
-    top_memory.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.pid.cmp(&b.pid)));
+    top_memory.sort_by(|a, b| {
+        b.process
+            .value
+            .total_cmp(&a.process.value)
+            .then(a.process.pid.cmp(&b.process.pid))
+    });
     top_memory.truncate(if settings.memory { k } else { 0 });
     let mut leaks: Vec<LeakEntry> = leaks.into_values().map(|(_, l)| l).collect();
     leaks.sort_by(|a, b| {
@@ -347,10 +360,10 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
     let summary = Summary {
         top_cpu: top_cpu
             .first()
-            .map(|e| format!("{} ({}%)", e.pod, e.value.round())),
+            .map(|e| format!("{} ({}%)", e.pod, e.process.value.round())),
         top_memory: top_memory
             .first()
-            .map(|e| format!("{} ({})", e.pod, format_bytes(e.value as u64))),
+            .map(|e| format!("{} ({})", e.pod, format_bytes(e.process.value as u64))),
         leaking: leaks.len() as u32,
         soonest_oom: soonest
             .map(|(_, s)| format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))),
@@ -890,12 +903,12 @@ mod tests {
             old: None,
             now: "t0",
         }));
-        let cpu: Vec<u32> = st.top_cpu.iter().map(|e| e.pid).collect();
-        let mem: Vec<u32> = st.top_memory.iter().map(|e| e.pid).collect();
+        let cpu: Vec<u32> = st.top_cpu.iter().map(|e| e.process.pid).collect();
+        let mem: Vec<u32> = st.top_memory.iter().map(|e| e.process.pid).collect();
         assert_eq!(cpu, [10, 20], "pod zzz is not selected");
         assert_eq!(mem, [20, 11]);
         assert_eq!(st.top_cpu[0].container, "app");
-        assert_eq!(st.top_cpu[0].node, "n1");
+        assert_eq!(st.top_cpu[0].process.node, "n1");
         assert_eq!(st.summary.top_cpu.as_deref(), Some("pod-a (90%)"));
         assert_eq!(st.summary.top_memory.as_deref(), Some("pod-b (300Mi)"));
         assert_eq!(

@@ -154,8 +154,8 @@ impl PprofBuilder {
 // The messages of pprof's profile.proto that are written, with its field numbers. Written
 // as prost derives rather than generated from the .proto: eight small messages, and the
 // agent then needs no protoc at build time for them. Field numbers are the format's
-// (github.com/google/pprof/proto/profile.proto), checked by the test below against a
-// decoder that knows only those numbers.
+// (github.com/google/pprof/proto/profile.proto), checked by the test below on the wire
+// format itself.
 #[derive(Clone, PartialEq, Message)]
 struct Profile {
     #[prost(message, repeated, tag = "1")]
@@ -224,6 +224,8 @@ struct Function {
 mod tests {
     use std::io::Read;
 
+    use prost::encoding::{DecodeContext, WireType, decode_key, skip_field};
+
     use super::*;
 
     fn stacks() -> Vec<Stack> {
@@ -265,20 +267,17 @@ mod tests {
         }
     }
 
-    /// The decoder side of the same field numbers, written independently of the encoder
-    /// structs above (only what the test reads).
-    #[derive(Clone, PartialEq, Message)]
-    struct ReadProfile {
-        #[prost(message, repeated, tag = "2")]
-        sample: Vec<Sample>,
-        #[prost(message, repeated, tag = "4")]
-        location: Vec<Location>,
-        #[prost(message, repeated, tag = "5")]
-        function: Vec<Function>,
-        #[prost(string, repeated, tag = "6")]
-        string_table: Vec<String>,
-        #[prost(int64, tag = "12")]
-        period: i64,
+    /// The field numbers and wire types at the top level of an encoded message, read
+    /// with protobuf's wire format alone (no struct of ours), so a wrong tag in the
+    /// encoder's derives can't check itself.
+    fn top_level_fields(mut buf: &[u8]) -> std::collections::BTreeMap<u32, WireType> {
+        let mut fields = std::collections::BTreeMap::new();
+        while !buf.is_empty() {
+            let (tag, wire) = decode_key(&mut buf).expect("key");
+            skip_field(wire, tag, &mut buf, DecodeContext::default()).expect("field");
+            fields.insert(tag, wire);
+        }
+        fields
     }
 
     #[test]
@@ -297,7 +296,25 @@ mod tests {
         flate2::read::GzDecoder::new(&gz[..])
             .read_to_end(&mut raw)
             .expect("gzip");
-        let p = ReadProfile::decode(&raw[..]).expect("protobuf");
+        // profile.proto: sample_type 1, sample 2, location 4, function 5, string_table 6
+        // (messages and strings: length-delimited), time_nanos 9, duration_nanos 10,
+        // period_type 11 (a message), period 12.
+        use WireType::{LengthDelimited as Len, Varint};
+        assert_eq!(
+            top_level_fields(&raw).into_iter().collect::<Vec<_>>(),
+            [
+                (1, Len),
+                (2, Len),
+                (4, Len),
+                (5, Len),
+                (6, Len),
+                (9, Varint),
+                (10, Varint),
+                (11, Len),
+                (12, Varint)
+            ]
+        );
+        let p = Profile::decode(&raw[..]).expect("protobuf");
         assert_eq!(p.string_table[0], "");
         assert_eq!(p.period, 10_101_010);
         let name = |loc: u64| {
