@@ -53,6 +53,17 @@ pub const NAMESPACE_OPT_IN_LABEL: &str = "resourcewatch.io/remediation";
 /// Its value that allows evictions.
 pub const NAMESPACE_OPT_IN_VALUE: &str = "enabled";
 
+/// The annotation a user sets on a ResourceWatch to ask for a CPU profile of one of its
+/// pods: `pod=NAME[,container=NAME][,duration=30s][,request=ANY]`. The operator takes each
+/// new value once (it never edits the watch: GitOps tools would fight it) and
+/// `status.profile` says what became of it; the rendered profile is in the ConfigMap
+/// `status.profile.configMap`. To ask again, change the value (e.g. `request=2`). Whoever
+/// may patch the watch may ask.
+pub const PROFILE_ANNOTATION: &str = "resourcewatch.io/profile";
+
+/// The most functions `status.profile.hottest` lists.
+pub const MAX_HOT_FUNCTIONS: u32 = 5;
+
 /// Watch the pods selected in this namespace: their Top-K processes by CPU and memory,
 /// leaks with a predicted time to OOM, and optionally act before the kernel OOM-kills.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -339,9 +350,87 @@ pub struct ResourceWatchStatus {
     /// How many entries each capped list left out (absent when nothing was cut).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncated: Option<Truncated>,
+    /// The last CPU profile asked for with the `resourcewatch.io/profile` annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileStatus>,
     /// RFC 3339.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_update_time: Option<String>,
+}
+
+/// A CPU profile of one pod, asked for with the `resourcewatch.io/profile` annotation.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfileStatus {
+    /// Names this request in the agent protocol and Events.
+    pub id: String,
+    /// The annotation's value this status answers; a different value is a new request.
+    #[schemars(length(max = 256))]
+    pub request: String,
+    /// The profiled pod.
+    pub pod: String,
+    /// The profiled container (absent: all of the pod's containers).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
+    pub container: String,
+    /// The node the pod runs on (absent when the request was refused before one was known).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
+    pub node: String,
+    /// `Pending`, `Succeeded`, `Failed`, `Refused` or `Expired`.
+    pub state: ProfileState,
+    /// Why it was refused or failed, or what it found, in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
+    pub message: String,
+    /// How long the stacks are sampled (1-60 s).
+    pub duration_seconds: u32,
+    /// Samples per second on each CPU the pod runs on.
+    pub frequency_hz: u32,
+    /// When the operator took the request, RFC 3339.
+    pub requested_at: String,
+    /// When the result arrived, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// The ConfigMap in this namespace holding `profile.folded`, `profile.svg` (a flame
+    /// graph) and `profile.pb.gz` (pprof). Deleted at `expiresAt`, or with the watch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<String>,
+    /// When the ConfigMap is deleted, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// CPU samples taken.
+    #[serde(default)]
+    pub samples: u64,
+    /// The functions most often on top of the user stack ("self" time), heaviest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_HOT_FUNCTIONS))]
+    pub hottest: Vec<HotFunction>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HotFunction {
+    /// The function, as the agent named it ("[unknown]" or "[libfoo.so]" when it could not).
+    #[schemars(length(max = MAX_FRAME_LENGTH))]
+    pub function: String,
+    /// Percent of the samples.
+    pub percent: f64,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ProfileState {
+    /// Taken and sent to the pod's node; the result is awaited.
+    Pending,
+    /// The profile is in `configMap`.
+    Succeeded,
+    /// The node could not profile, or no result came in time.
+    Failed,
+    /// Not run: a malformed request, a pod the watch does not select, or the namespace's
+    /// rate limit.
+    Refused,
+    /// Succeeded, and its ConfigMap has been deleted at `expiresAt`.
+    Expired,
 }
 
 /// Entries left out of the status by its caps.

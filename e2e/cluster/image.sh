@@ -6,7 +6,7 @@
 # Usage: e2e/cluster/image.sh [--path /IN/IMAGE/PATH] [--with-libs] [--add SRC:DEST]... NAME:TAG OUT.tar BINARY [ENTRYPOINT [ARGS...]]
 #   --path      where the binary goes in the image (default: /<basename of BINARY>)
 #   --with-libs copy the shared libraries BINARY needs (ldd) to the same paths in the image
-#   --add       copy the file SRC to DEST in the image (repeatable)
+#   --add       copy the file SRC to DEST in the image (repeatable; executables stay executable)
 #   ENTRYPOINT defaults to the binary's path in the image; any further words are its args.
 # Example: e2e/cluster/image.sh localhost/resourcewatch/pause:3.2 /tmp/pause.tar ./pause
 set -euo pipefail
@@ -62,7 +62,8 @@ for a in "${ADDS[@]}"; do
   src="${a%%:/*}"; dest="/${a#*:/}"
   [[ -f "$src" ]] || die "--add: no file $src"
   mkdir -p "$root$(dirname "$dest")"
-  install -m 0644 "$src" "$root$dest"
+  # An executable stays one (a second program beside the entrypoint).
+  if [[ -x "$src" ]]; then install -m 0755 "$src" "$root$dest"; else install -m 0644 "$src" "$root$dest"; fi
 done
 
 # Reproducible layer: sorted, fixed owner and time, names without a leading "./".

@@ -191,6 +191,52 @@ pub async fn leak_sim_pod(
     args: &[&str],
     limit: &str,
 ) -> Pod {
+    let container =
+        serde_json::json!({"image": WORKLOADS_IMAGE, "command": ["/leak-sim"], "args": args});
+    bare_pod(
+        client,
+        ns,
+        name,
+        app,
+        container,
+        limit,
+        serde_json::json!({}),
+    )
+    .await
+}
+
+/// A bare pod running `command` of the C workloads image (node-agent/tests/fixtures/stacks,
+/// frame pointers, glibc as a shared library) as a user other than the agent's (naming
+/// its frames then needs the agent's CAP_SYS_PTRACE), labelled `app=NAME`. A test helper:
+/// it panics when the pod is refused.
+pub async fn c_workload_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    command: &str,
+    limit: &str,
+) -> Pod {
+    let container = serde_json::json!({"image": C_WORKLOADS_IMAGE, "command": [command]});
+    let security = serde_json::json!({"runAsUser": 65532, "runAsGroup": 65532});
+    bare_pod(client, ns, name, name, container, limit, security).await
+}
+
+/// A pod of one container `main` (`container`: its image and command), never restarted,
+/// with the memory limit `limit`.
+async fn bare_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    app: &str,
+    mut container: serde_json::Value,
+    limit: &str,
+    security_context: serde_json::Value,
+) -> Pod {
+    container["name"] = "main".into();
+    container["imagePullPolicy"] = "Never".into();
+    container["resources"] = serde_json::json!({
+        "limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}
+    });
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"app": app}},
         "spec": {
@@ -200,14 +246,8 @@ pub async fn leak_sim_pod(
             // a pod that mounts one is refused ("No API token found ... retry") until the
             // token controller has caught up with the new namespace.
             "automountServiceAccountToken": false,
-            "containers": [{
-                "name": "main",
-                "image": WORKLOADS_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["/leak-sim"],
-                "args": args,
-                "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
-            }]
+            "securityContext": security_context,
+            "containers": [container]
         }
     }))
     .expect("pod json");

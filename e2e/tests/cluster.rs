@@ -10,7 +10,7 @@ use std::{process::Command, time::Duration};
 use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::Pod, events::v1::Event};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use resourcewatch_crds::{ConditionStatus, ResourceWatch, ResourceWatchStatus};
 use resourcewatch_e2e::cluster::{self, leak_sim_pod, wait_for};
@@ -532,29 +532,8 @@ async fn a_leaks_growth_site_names_the_leaking_function() {
     let (client, ns) = cluster::test_namespace("rw-e2e-sites").await;
     let n = ns.name.as_str();
     let rws = cluster::watch_app(&client, n, "w", "cleak").await;
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "cleak", "labels": {"app": "cleak"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "automountServiceAccountToken": false,
-            // Another user than the agent's: naming its frames needs CAP_SYS_PTRACE.
-            "securityContext": {"runAsUser": 65532, "runAsGroup": 65532},
-            "containers": [{
-                "name": "main",
-                "image": cluster::C_WORKLOADS_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["/leak-c"],
-                // 6.4 MB/s into 1Gi: about 160 s to its OOM kill, enough to be named first.
-                "resources": {"limits": {"memory": "1Gi"}, "requests": {"memory": "8Mi", "cpu": "10m"}}
-            }]
-        }
-    }))
-    .expect("pod");
-    Api::<Pod>::namespaced(client.clone(), n)
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
+    // 6.4 MB/s into 1Gi: about 160 s to its OOM kill, enough to be named first.
+    cluster::c_workload_pod(&client, n, "cleak", "/leak-c", "1Gi").await;
     let listed = status_where(&rws, "w", "the leak listed", 120, |s| {
         s.leaks.iter().any(|l| l.pod == "cleak")
     })
@@ -832,5 +811,110 @@ async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
     drop(host);
     let _ = std::fs::remove_dir_all(&dir);
     let _ = kubectl(&["delete", "clusterresourcewatch", "e2e-all", "e2e-none"]);
+    ns.delete().await;
+}
+
+/// A CPU profile asked for on the watch (`resourcewatch.io/profile`): a C program burning
+/// a core in `burn_here`, reached through `outer` and `middle` (frame pointers), run as a
+/// non-root user, profiled for 5 s at 99 Hz. The status says Succeeded with `burn_here`
+/// the hottest function, the ConfigMap holds folded stacks naming the call path, an SVG
+/// flame graph and gzipped pprof, and an Event says where it is. The same annotation value
+/// is not taken twice; a new one within the namespace's minute is refused, with an Event.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use resourcewatch_crds::{PROFILE_ANNOTATION, ProfileState};
+    let (client, ns) = cluster::test_namespace("rw-e2e-profile").await;
+    let n = ns.name.as_str();
+    let rws = cluster::watch_app(&client, n, "w", "cburn").await;
+    cluster::c_workload_pod(&client, n, "cburn", "/burn-c", "64Mi").await;
+    wait_running(&client, n, &["cburn"]).await;
+    status_where(&rws, "w", "the burner in topCPU", 60, |s| {
+        s.top_cpu.iter().any(|e| e.pod == "cburn")
+    })
+    .await;
+    let annotate = |value: &str| {
+        let patch = serde_json::json!({"metadata": {"annotations": {PROFILE_ANNOTATION: value}}});
+        let rws = rws.clone();
+        async move {
+            rws.patch("w", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("annotate");
+        }
+    };
+    let asked = std::time::Instant::now();
+    annotate("pod=cburn,duration=5s").await;
+    let s = status_where(&rws, "w", "the profile done", 90, |s| {
+        s.profile
+            .as_ref()
+            .is_some_and(|p| p.state != ProfileState::Pending)
+    })
+    .await;
+    let p = s.profile.expect("profile");
+    let took = asked.elapsed().as_secs_f64();
+    assert_eq!(p.state, ProfileState::Succeeded, "{p:?}");
+    assert_eq!(p.hottest[0].function, "burn_here", "{:?}", p.hottest);
+    assert!(p.hottest[0].percent >= 80.0, "{:?}", p.hottest);
+    // 5 s at 99 Hz of a process on a CPU all the time: about 500 samples.
+    assert!((300..=600).contains(&p.samples), "{} samples", p.samples);
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), n)
+        .get(p.config_map.as_deref().expect("a ConfigMap"))
+        .await
+        .expect("the profile's ConfigMap");
+    let data = cm.data.unwrap_or_default();
+    let folded = &data["profile.folded"];
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.contains("main;outer;middle;burn_here")),
+        "{folded}"
+    );
+    assert!(
+        data["profile.svg"].contains("burn_here"),
+        "an SVG naming it"
+    );
+    let pprof = &cm.binary_data.unwrap_or_default()["profile.pb.gz"];
+    assert_eq!(pprof.0[..2], [0x1f, 0x8b], "gzipped pprof");
+    let succeeded = cluster::events(&client, n, "ProfileSucceeded").await;
+    assert!(
+        succeeded
+            .iter()
+            .any(|e| e.note.as_deref().is_some_and(|t| t.contains("burn_here"))),
+        "{succeeded:?}"
+    );
+    eprintln!(
+        "profile of burn-c: {} samples, hottest {} {}%, status Succeeded {took:.1} s after the annotation",
+        p.samples, p.hottest[0].function, p.hottest[0].percent
+    );
+    // The value stays on the watch: it is not taken again.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let again = rws.get("w").await.expect("rw").status.unwrap_or_default();
+    assert_eq!(again.profile.map(|x| x.id), Some(p.id));
+    // A new value within the namespace's minute: refused, and said so.
+    annotate("pod=cburn,duration=5s,request=2").await;
+    let s = status_where(&rws, "w", "the second request refused", 30, |s| {
+        s.profile
+            .as_ref()
+            .is_some_and(|p| p.state == ProfileState::Refused)
+    })
+    .await;
+    assert!(
+        s.profile
+            .expect("profile")
+            .message
+            .contains("one profile per namespace")
+    );
+    wait_for("a ProfileRefused Event", Duration::from_secs(30), || {
+        let client = client.clone();
+        async move {
+            Ok((!cluster::events(&client, n, "ProfileRefused")
+                .await
+                .is_empty())
+            .then_some(()))
+        }
+    })
+    .await
+    .expect("ProfileRefused");
     ns.delete().await;
 }

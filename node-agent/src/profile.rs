@@ -291,52 +291,80 @@ pub fn command(
         cgroups,
     };
     let profile = profiler.run(&target, opts.frequency_hz, opts.duration, stop)?;
-    let sym = stacks::Symbolizer::new();
-    let named = stacks::name(&profile.stacks, &sym, procfs::comm);
-    let mut self_time: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
-    for s in &named {
-        // The leaf of the user part: kernel frames sit above it.
-        let user = s.frames.len() - s.kernel_frames;
-        if let Some(f) = s.frames[..user].last() {
-            *self_time.entry(f.as_str()).or_default() += s.value;
+    let rendered = Rendered::new(&profile, &stacks::Symbolizer::new());
+    let out = match opts.format {
+        Format::Folded => rendered.folded().into_bytes(),
+        Format::Svg => rendered.svg().map_err(CommandError::Render)?,
+        Format::Pprof => rendered.pprof().map_err(CommandError::Render)?,
+    };
+    Ok((out, rendered.summary))
+}
+
+/// A profile with its frames named, ready for any of the three formats.
+pub struct Rendered {
+    pub named: Vec<stacks::Stack>,
+    pub summary: Summary,
+    frequency_hz: u64,
+    period_ns: i64,
+}
+
+impl Rendered {
+    pub fn new(profile: &Profile, sym: &stacks::Symbolizer) -> Self {
+        let named = stacks::name(&profile.stacks, sym, procfs::comm);
+        let mut self_time: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        for s in &named {
+            // The leaf of the user part: kernel frames sit above it.
+            let user = s.frames.len() - s.kernel_frames;
+            if let Some(f) = s.frames[..user].last() {
+                *self_time.entry(f.as_str()).or_default() += s.value;
+            }
+        }
+        let mut hottest: Vec<(String, u64)> = self_time
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        hottest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        hottest.truncate(5);
+        let summary = Summary {
+            samples: profile.samples(),
+            stacks: named.len(),
+            lost: profile.lost,
+            duration: profile.duration,
+            hottest,
+        };
+        Self {
+            named,
+            summary,
+            frequency_hz: profile.frequency_hz,
+            period_ns: profile.period_ns(),
         }
     }
-    let mut hottest: Vec<(String, u64)> = self_time
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
-    hottest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    hottest.truncate(5);
-    let summary = Summary {
-        samples: profile.samples(),
-        stacks: named.len(),
-        lost: profile.lost,
-        duration: profile.duration,
-        hottest,
-    };
-    let title = format!(
-        "CPU: {} samples at {} Hz over {:.1} s",
-        summary.samples,
-        profile.frequency_hz,
-        profile.duration.as_secs_f64()
-    );
-    let out = match opts.format {
-        Format::Folded => stacks::output::folded(&named).into_bytes(),
-        Format::Svg => {
-            stacks::output::svg(&named, &title, "samples").map_err(CommandError::Render)?
-        }
-        Format::Pprof => stacks::output::pprof(
-            &named,
+
+    pub fn folded(&self) -> String {
+        stacks::output::folded(&self.named)
+    }
+
+    pub fn svg(&self) -> std::io::Result<Vec<u8>> {
+        let title = format!(
+            "CPU: {} samples at {} Hz over {:.1} s",
+            self.summary.samples,
+            self.frequency_hz,
+            self.summary.duration.as_secs_f64()
+        );
+        stacks::output::svg(&self.named, &title, "samples")
+    }
+
+    pub fn pprof(&self) -> std::io::Result<Vec<u8>> {
+        stacks::output::pprof(
+            &self.named,
             stacks::output::PprofKind {
                 sample_type: "samples",
                 sample_unit: "count",
-                scaled: Some(("cpu", "nanoseconds", profile.period_ns())),
-                duration: profile.duration,
+                scaled: Some(("cpu", "nanoseconds", self.period_ns)),
+                duration: self.summary.duration,
             },
         )
-        .map_err(CommandError::Render)?,
-    };
-    Ok((out, summary))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -44,6 +44,10 @@ struct FakeOperator {
 }
 
 fn config(version: u64, width: u32) -> pb::OperatorMessage {
+    config_with(version, width, Vec::new())
+}
+
+fn config_with(version: u64, width: u32, profiles: Vec<pb::ProfileRequest>) -> pb::OperatorMessage {
     pb::OperatorMessage {
         msg: Some(operator_message::Msg::Config(pb::NodeConfig {
             version,
@@ -65,7 +69,18 @@ fn config(version: u64, width: u32) -> pb::OperatorMessage {
                     container_id: CID.into(),
                 }],
             }],
+            profiles,
         })),
+    }
+}
+
+impl FakeOperator {
+    /// The agent's messages so far that `pick` keeps.
+    fn received<T>(&self, pick: impl Fn(&Msg) -> Option<T>) -> Vec<T> {
+        let all = self.received.lock().expect("lock");
+        all.iter()
+            .filter_map(|m| m.msg.as_ref().and_then(&pick))
+            .collect()
     }
 }
 
@@ -204,27 +219,17 @@ fn tls_files(dir: &Path) {
 }
 
 fn reports(op: &FakeOperator) -> Vec<pb::Report> {
-    op.received
-        .lock()
-        .expect("lock")
-        .iter()
-        .filter_map(|m| match &m.msg {
-            Some(Msg::Report(r)) => Some(r.clone()),
-            _ => None,
-        })
-        .collect()
+    op.received(|m| match m {
+        Msg::Report(x) => Some(x.clone()),
+        _ => None,
+    })
 }
 
 fn acks(op: &FakeOperator) -> Vec<pb::ConfigAck> {
-    op.received
-        .lock()
-        .expect("lock")
-        .iter()
-        .filter_map(|m| match &m.msg {
-            Some(Msg::Ack(a)) => Some(a.clone()),
-            _ => None,
-        })
-        .collect()
+    op.received(|m| match m {
+        Msg::Ack(x) => Some(x.clone()),
+        _ => None,
+    })
 }
 
 async fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
@@ -284,14 +289,11 @@ async fn drive(leaf: PathBuf, pid: u32) {
 
     // Hello first, with the node name and what the kernel allows.
     let hello = wait_until("the agent's Hello", 30, || {
-        op.received
-            .lock()
-            .expect("lock")
-            .iter()
-            .find_map(|m| match &m.msg {
-                Some(Msg::Hello(h)) => Some(h.clone()),
-                _ => None,
-            })
+        op.received(|m| match m {
+            Msg::Hello(h) => Some(h.clone()),
+            _ => None,
+        })
+        .pop()
     })
     .await;
     assert_eq!(hello.node_name, "test-node");
@@ -359,9 +361,79 @@ async fn drive(leaf: PathBuf, pid: u32) {
     })
     .await;
 
+    check_profile(&op, &leaf).await;
+
     stop_agent(&mut agent).await;
     let _ = std::fs::remove_dir_all(&tmp);
     let _ = leaf;
+}
+
+fn profile_results(op: &FakeOperator) -> Vec<pb::ProfileResult> {
+    op.received(|m| match m {
+        Msg::Profile(x) => Some(x.clone()),
+        _ => None,
+    })
+}
+
+/// A profile request of the container, with a CPU burner (`yes`) in it: one result, with
+/// the three formats; a later snapshot still asking gets the same result, not a new run.
+async fn check_profile(op: &FakeOperator, leaf: &Path) {
+    let burner = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {} && exec yes",
+            leaf.join("cgroup.procs").display()
+        ))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("yes starts");
+    let _burner = Proc(burner);
+    let request = pb::ProfileRequest {
+        id: "p1".into(),
+        pod_uid: UID.into(),
+        container_ids: vec![CID.into()],
+        duration_ms: 3000,
+        frequency_hz: 99,
+    };
+    let push = op.push.lock().expect("lock").clone().expect("stream open");
+    push.send(Ok(config_with(3, 1024, vec![request.clone()])))
+        .await
+        .expect("push");
+    let r = wait_until("the profile's result", 30, || {
+        profile_results(op).into_iter().find(|r| r.id == "p1")
+    })
+    .await;
+    assert!(r.error.is_empty(), "{}", r.error);
+    // 3 s at 99 Hz of a process on a CPU all the time: about 300.
+    assert!(
+        (150..=400).contains(&r.samples),
+        "{} samples of `yes` in {:.1} s",
+        r.samples,
+        r.duration_seconds
+    );
+    assert!(
+        r.folded.lines().any(|l| l.starts_with("yes;")),
+        "{}",
+        r.folded
+    );
+    assert!(r.svg.starts_with(b"<?xml"), "an SVG flame graph");
+    assert_eq!(r.pprof[..2], [0x1f, 0x8b], "gzipped pprof");
+    assert!(!r.hottest.is_empty());
+    push.send(Ok(config_with(4, 1024, vec![request])))
+        .await
+        .expect("push");
+    let again = wait_until("the result sent again", 15, || {
+        let all: Vec<_> = profile_results(op)
+            .into_iter()
+            .filter(|r| r.id == "p1")
+            .collect();
+        (all.len() >= 2).then(|| all[1].clone())
+    })
+    .await;
+    assert_eq!(
+        again.samples, r.samples,
+        "the same result, not a second run"
+    );
 }
 
 /// A fake operator serving the agent protocol over mutual TLS on a free local port.

@@ -10,7 +10,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{EvictParams, Patch, PatchParams},
@@ -23,7 +23,8 @@ use kube::{
     },
 };
 use resourcewatch_crds::{
-    RemediationAction, RemediationRecord, ResourceWatch, ResourceWatchStatus,
+    PROFILE_ANNOTATION, ProfileState, ProfileStatus, RemediationAction, RemediationRecord,
+    ResourceWatch, ResourceWatchStatus,
 };
 use tokio::sync::watch;
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
@@ -35,6 +36,8 @@ use crate::{
     hub::{Hub, TargetPod, WatchKey, WatchTargets},
     ledger::{Conflict, Ledger, LedgerStore, Versioned, Workload},
     metrics::Metrics,
+    model::{EventAction, EventReason},
+    profile,
     remediation::{Gate, PodFacts},
     spec::{Floors, WatchSettings, selects},
     status::{EventSpec, Inputs, SelectedPod},
@@ -115,6 +118,8 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
         Err(_) => Vec::new(),
     };
     let pods: Vec<SelectedPod> = selected.iter().map(|p| selected_pod(p)).collect();
+    let now_s = jiff::Timestamp::now().as_second();
+    let profiled = profile_step(ctx, rw, &ns, &pods, now_s).await;
     match &settings {
         Ok(s) => ctx.hub.set_watch(
             key.clone(),
@@ -125,13 +130,16 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
                 min_confidence: s.min_confidence,
                 horizon: s.horizon,
                 pods: target_pods(&ns, &pods),
+                profile: profiled
+                    .status
+                    .as_ref()
+                    .and_then(|p| profile::order(p, &pods)),
             },
         ),
         Err(_) => ctx.hub.remove_watch(&key),
     }
     let nodes: BTreeSet<String> = pods.iter().filter_map(|p| p.node.clone()).collect();
     let views = ctx.hub.view(&nodes);
-    let now_s = jiff::Timestamp::now().as_second();
     let now = jiff::Timestamp::from_second(now_s)
         .map_err(|e| Error::Internal(e.to_string()))?
         .to_string();
@@ -176,12 +184,25 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
     }
-    if let decide::Write::Skip(wait) = plan.write {
+    let old_profile = rw.status.as_ref().and_then(|s| s.profile.as_ref());
+    let requeue = match profiled
+        .status
+        .as_ref()
+        .and_then(|p| profile::next_check(p, now_s))
+    {
+        Some(d) => plan.requeue.min(d),
+        None => plan.requeue,
+    };
+    if let decide::Write::Skip(wait) = plan.write
+        && profiled.status.as_ref() == old_profile
+    {
         ctx.metrics.status_skipped.inc();
-        return Ok(Action::requeue(wait));
+        return Ok(Action::requeue(wait.min(requeue)));
     }
     let mut status = plan.status;
+    status.profile = profiled.status;
     let mut events = plan.events;
+    events.extend(profiled.events);
     write_status(ctx, &ns, &key.name, &status).await?;
     let old_records = rw.status.as_ref().map_or(&[][..], |s| &s.remediations[..]);
     count_remediations(ctx, old_records, &status.remediations);
@@ -223,7 +244,133 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
     for e in &events {
         publish(ctx, rw, &selected, e).await;
     }
-    Ok(Action::requeue(plan.requeue))
+    Ok(Action::requeue(requeue))
+}
+
+/// What the profile annotation and the hub's results make of `status.profile`.
+struct ProfileStep {
+    status: Option<ProfileStatus>,
+    events: Vec<EventSpec>,
+}
+
+/// Takes a `resourcewatch.io/profile` request, stores a node's result in the watch's
+/// ConfigMap, fails an overdue request and deletes an expired result (crate::profile).
+async fn profile_step(
+    ctx: &Context,
+    rw: &ResourceWatch,
+    ns: &str,
+    pods: &[SelectedPod],
+    now: i64,
+) -> ProfileStep {
+    let old = rw.status.as_ref().and_then(|s| s.profile.as_ref());
+    let mut current = old.cloned();
+    let mut events = Vec::new();
+    let annotation = rw.annotations().get(PROFILE_ANNOTATION);
+    if let Some(a) = annotation {
+        let watches = ctx.watches.state();
+        let namespace_last = profile::latest_request(
+            watches
+                .iter()
+                .filter(|w| w.namespace().as_deref() == Some(ns))
+                .filter_map(|w| w.status.as_ref()?.profile.as_ref()),
+        );
+        let uid = rw.uid().unwrap_or_default();
+        let id = format!("{}-{now}", uid.chars().take(8).collect::<String>());
+        let taken = profile::take(&profile::Take {
+            annotation: a,
+            old,
+            pods,
+            namespace_last,
+            now,
+            id,
+        });
+        if let Some(p) = taken {
+            if p.state == ProfileState::Refused {
+                events.push(profile_event(EventReason::ProfileRefused, &p));
+            }
+            current = Some(p);
+        }
+    }
+    if let Some(p) = current.as_mut() {
+        if p.state == ProfileState::Pending
+            && let Some(r) = ctx.hub.take_profile_result(&p.id)
+        {
+            let stored = if r.error.is_empty() {
+                store_profile(ctx, rw, ns, p, &r).await
+            } else {
+                None
+            };
+            profile::finish(p, &r, stored, now);
+            let reason = if p.state == ProfileState::Succeeded {
+                EventReason::ProfileSucceeded
+            } else {
+                EventReason::ProfileFailed
+            };
+            events.push(profile_event(reason, p));
+        } else if profile::age(p, now) {
+            if p.state == ProfileState::Failed {
+                events.push(profile_event(EventReason::ProfileFailed, p));
+            } else {
+                delete_profile(ctx, rw, ns).await;
+            }
+        }
+    }
+    ProfileStep {
+        status: current,
+        events,
+    }
+}
+
+fn profile_event(reason: EventReason, p: &ProfileStatus) -> EventSpec {
+    let what = format!("CPU profile {} of pod {}", p.id, p.pod);
+    EventSpec {
+        warning: reason != EventReason::ProfileSucceeded,
+        reason,
+        action: EventAction::Profile,
+        note: match &p.config_map {
+            Some(cm) => format!("{what}: {}; in ConfigMap {cm}", p.message),
+            None => format!("{what}: {}", p.message),
+        },
+        pod: None,
+    }
+}
+
+/// Writes the result's ConfigMap (replacing the watch's previous one); None when the API
+/// server refused it (the request then fails, saying so in its message).
+async fn store_profile(
+    ctx: &Context,
+    rw: &ResourceWatch,
+    ns: &str,
+    p: &ProfileStatus,
+    r: &resourcewatch_proto::ProfileResult,
+) -> Option<String> {
+    let cm = profile::config_map(rw, p, r);
+    let name = cm.metadata.name.clone()?;
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    match tokio::time::timeout(ctx.write_timeout, api.patch(&name, &pp, &Patch::Apply(&cm))).await {
+        Ok(Ok(_)) => Some(name),
+        Ok(Err(e)) => {
+            tracing::warn!(configmap = %name, error = %e, "could not store a profile");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(configmap = %name, "storing a profile timed out");
+            None
+        }
+    }
+}
+
+async fn delete_profile(ctx: &Context, rw: &ResourceWatch, ns: &str) {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let name = profile::config_map_name(&rw.name_any());
+    match api.delete(&name, &Default::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => {
+            tracing::warn!(configmap = %name, error = %e, "could not delete an expired profile")
+        }
+    }
 }
 
 /// Counts each remediation record a written status added, by its reason: every decision
@@ -957,6 +1104,7 @@ mod tests {
                     node: node.into(),
                     containers: vec![("app".into(), CID_A.into())],
                 }],
+                profile: None,
             },
         );
         let s = hub
@@ -1154,6 +1302,7 @@ mod tests {
                     node: "node-2".into(),
                     containers: vec![],
                 }],
+                profile: None,
             },
         );
         assert!(hub.config("node-2").is_some());

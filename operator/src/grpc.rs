@@ -43,9 +43,9 @@ pub struct AgentService {
 impl From<HubError> for Status {
     fn from(e: HubError) -> Self {
         match e {
-            HubError::NoNodeName | HubError::UnknownVersion { .. } => {
-                Status::invalid_argument(e.to_string())
-            }
+            HubError::NoNodeName
+            | HubError::UnknownVersion { .. }
+            | HubError::UnaskedProfile { .. } => Status::invalid_argument(e.to_string()),
             HubError::Protocol(..) => Status::failed_precondition(e.to_string()),
             HubError::NoSession(_) => Status::aborted(e.to_string()),
         }
@@ -239,6 +239,19 @@ fn handle(hub: &Hub, metrics: &Metrics, s: &Session, m: pb::AgentMessage) -> Res
                     why.metric_label(),
                     n,
                 );
+            }
+            Ok(())
+        }
+        Some(Msg::Profile(r)) => {
+            let id = r.id.clone();
+            match hub.profile_result(&s.node, s.id, r) {
+                Ok(()) => tracing::info!(node = %s.node, %id, "profile result received"),
+                // A result that crossed its request's deadline: late, not hostile.
+                Err(e @ HubError::UnaskedProfile { .. }) => {
+                    metrics.protocol_error("unasked_profile");
+                    tracing::warn!(error = %e, "dropping a profile result");
+                }
+                Err(e) => return Err(Status::from(e)),
             }
             Ok(())
         }

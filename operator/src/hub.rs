@@ -51,6 +51,19 @@ pub struct WatchTargets {
     pub min_confidence: u8,
     pub horizon: Duration,
     pub pods: Vec<TargetPod>,
+    /// A CPU profile a user asked for (crate::profile), while it is Pending.
+    pub profile: Option<ProfileOrder>,
+}
+
+/// A CPU profile the node `node` must run once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfileOrder {
+    pub id: String,
+    pub pod_uid: String,
+    pub node: String,
+    pub container_ids: Vec<String>,
+    pub duration: Duration,
+    pub frequency_hz: u32,
 }
 
 /// What a ClusterResourceWatch asks of its nodes: the node-wide Top-K of at least `top_k`
@@ -96,6 +109,8 @@ pub enum HubError {
     NoSession(String),
     #[error("node {node}: ack for version {version}, which was never sent to it")]
     UnknownVersion { node: String, version: u64 },
+    #[error("node {node}: a profile result for request {id:?}, which it was not sent")]
+    UnaskedProfile { node: String, id: String },
 }
 
 /// What the rest of the operator sees of a node.
@@ -156,6 +171,9 @@ struct Inner {
     /// ClusterResourceWatches, by name.
     scopes: BTreeMap<String, NodeScope>,
     nodes: BTreeMap<String, NodeState>,
+    /// Profile results not yet taken by their watch's reconcile, by request id. Bounded:
+    /// only requests a node was sent are kept, at most MAX_PROFILES_PER_NODE per node.
+    profiles: BTreeMap<String, pb::ProfileResult>,
 }
 
 /// A connected agent's handle: its configuration feed, and a signal when replaced.
@@ -310,6 +328,21 @@ impl Hub {
                 c.report_interval_ms = c.report_interval_ms.min(report_interval_ms(scope.interval));
             }
         }
+        for w in inner.watches.values() {
+            let Some(o) = &w.profile else { continue };
+            let Some(c) = out.get_mut(&o.node) else {
+                continue; // the pod left the node: the request fails at its deadline
+            };
+            if c.profiles.len() < resourcewatch_proto::MAX_PROFILES_PER_NODE {
+                c.profiles.push(pb::ProfileRequest {
+                    id: o.id.clone(),
+                    pod_uid: o.pod_uid.clone(),
+                    container_ids: o.container_ids.clone(),
+                    duration_ms: o.duration.as_millis() as u32,
+                    frequency_hz: o.frequency_hz,
+                });
+            }
+        }
         for (node, c) in out.iter_mut() {
             c.targets = pods
                 .remove(node)
@@ -335,6 +368,7 @@ impl Hub {
                 horizon_secs: 0,
             }),
             targets: Vec::new(),
+            profiles: Vec::new(),
         }
     }
 
@@ -374,6 +408,13 @@ impl Hub {
                 }
             }
         }
+        // Results of requests no node runs any more (failed at their deadline, or the
+        // watch went away) are never taken.
+        let asked: BTreeSet<&String> = desired
+            .values()
+            .flat_map(|c| c.profiles.iter().map(|p| &p.id))
+            .collect();
+        inner.profiles.retain(|id, _| asked.contains(id));
         // Forget nodes nothing targets and no agent is connected from.
         let targeted: BTreeSet<&String> = desired.keys().collect();
         inner
@@ -466,11 +507,7 @@ impl Hub {
 
     pub fn ack(&self, node: &str, session: u64, ack: &pb::ConfigAck) -> Result<(), HubError> {
         let mut inner = self.lock();
-        let n = inner
-            .nodes
-            .get_mut(node)
-            .filter(|n| n.session.as_ref().is_some_and(|s| s.id == session))
-            .ok_or_else(|| HubError::NoSession(node.into()))?;
+        let n = session_node(&mut inner.nodes, node, session)?;
         if !n.sent.contains(&ack.version) {
             return Err(HubError::UnknownVersion {
                 node: node.into(),
@@ -503,11 +540,7 @@ impl Hub {
     ) -> Result<crate::validate::Dropped, HubError> {
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let n = inner
-            .nodes
-            .get_mut(node)
-            .filter(|n| n.session.as_ref().is_some_and(|s| s.id == session))
-            .ok_or_else(|| HubError::NoSession(node.into()))?;
+        let n = session_node(&mut inner.nodes, node, session)?;
         let dropped =
             crate::validate::report(&mut report, &crate::validate::NodeTargets::new(&n.config));
         let first = n.last_report.is_none();
@@ -522,6 +555,52 @@ impl Hub {
             let _ = self.leak_tx.try_send(key);
         }
         Ok(dropped)
+    }
+
+    /// Stores a node's profile result for its watch's next reconcile, which is triggered
+    /// now. A result for a request this node was not sent (or no longer is) is refused.
+    pub fn profile_result(
+        &self,
+        node: &str,
+        session: u64,
+        mut result: pb::ProfileResult,
+    ) -> Result<(), HubError> {
+        let mut inner = self.lock();
+        let n = session_node(&mut inner.nodes, node, session)?;
+        if !n.config.profiles.iter().any(|p| p.id == result.id) {
+            return Err(HubError::UnaskedProfile {
+                node: node.into(),
+                id: result.id,
+            });
+        }
+        // The agent bounds its outputs; a result over the bound loses its flame graph
+        // first, then everything but the summary.
+        let size = |r: &pb::ProfileResult| r.folded.len() + r.pprof.len() + r.svg.len();
+        if size(&result) > resourcewatch_proto::MAX_PROFILE_BYTES {
+            result.svg.clear();
+        }
+        if size(&result) > resourcewatch_proto::MAX_PROFILE_BYTES {
+            result.folded.clear();
+            result.pprof.clear();
+            result.error = "the profile's outputs exceeded their bound".into();
+        }
+        let owner = inner
+            .watches
+            .iter()
+            .find(|(_, w)| w.profile.as_ref().is_some_and(|p| p.id == result.id))
+            .map(|(k, _)| k.clone());
+        inner.profiles.insert(result.id.clone(), result);
+        drop(inner);
+        if let Some(key) = owner {
+            // Full: the controller is behind; the watch's periodic reconcile takes it.
+            let _ = self.leak_tx.try_send(key);
+        }
+        Ok(())
+    }
+
+    /// The result of a profile request, once (its watch's reconcile takes it).
+    pub fn take_profile_result(&self, id: &str) -> Option<pb::ProfileResult> {
+        self.lock().profiles.remove(id)
     }
 
     /// The current configuration of a node (tests, diagnostics).
@@ -616,6 +695,18 @@ fn leaking_watches(
         .collect()
 }
 
+/// The node's state, if `session` is its current stream (a replaced stream speaks no more).
+fn session_node<'a>(
+    nodes: &'a mut BTreeMap<String, NodeState>,
+    node: &str,
+    session: u64,
+) -> Result<&'a mut NodeState, HubError> {
+    nodes
+        .get_mut(node)
+        .filter(|n| n.session.as_ref().is_some_and(|s| s.id == session))
+        .ok_or_else(|| HubError::NoSession(node.into()))
+}
+
 fn same_body(a: &pb::NodeConfig, b: &pb::NodeConfig) -> bool {
     pb::NodeConfig {
         version: 0,
@@ -655,6 +746,7 @@ mod tests {
             min_confidence: 60,
             horizon: Duration::from_secs(7200),
             pods,
+            profile: None,
         }
     }
 
@@ -671,6 +763,84 @@ mod tests {
             protocol_version: resourcewatch_proto::PROTOCOL_VERSION,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_profile_goes_to_its_node_only_and_only_that_node_may_answer() {
+        let hub = Hub::new(HubOptions::default());
+        let order = ProfileOrder {
+            id: "p1".into(),
+            pod_uid: "1".into(),
+            node: "n1".into(),
+            container_ids: vec!["cid-1".into()],
+            duration: Duration::from_secs(10),
+            frequency_hz: 99,
+        };
+        let mut t = targets(5, 30, vec![pod("1", "n1"), pod("2", "n2")]);
+        t.profile = Some(order);
+        hub.set_watch(key("a"), t.clone());
+        let n1 = hub.config("n1").unwrap();
+        assert_eq!(n1.profiles.len(), 1);
+        assert_eq!(
+            (n1.profiles[0].duration_ms, n1.profiles[0].frequency_hz),
+            (10_000, 99)
+        );
+        assert!(hub.config("n2").unwrap().profiles.is_empty());
+        let s1 = hub.connect(&hello("n1")).unwrap();
+        let s2 = hub.connect(&hello("n2")).unwrap();
+        let mut triggers = hub.take_leak_triggers().unwrap();
+        let result = pb::ProfileResult {
+            id: "p1".into(),
+            samples: 5,
+            ..Default::default()
+        };
+        // Another node cannot answer for it.
+        assert!(matches!(
+            hub.profile_result("n2", s2.id, result.clone()),
+            Err(HubError::UnaskedProfile { .. })
+        ));
+        assert!(hub.take_profile_result("p1").is_none());
+        // Its node can; the watch is reconciled at once; the result is taken once.
+        hub.profile_result("n1", s1.id, result).unwrap();
+        assert_eq!(triggers.try_recv().unwrap(), key("a"));
+        assert_eq!(hub.take_profile_result("p1").unwrap().samples, 5);
+        assert!(hub.take_profile_result("p1").is_none());
+        // Oversized outputs lose the flame graph first.
+        let big = pb::ProfileResult {
+            id: "p1".into(),
+            folded: "x 1\n".into(),
+            svg: vec![b'<'; resourcewatch_proto::MAX_PROFILE_BYTES],
+            ..Default::default()
+        };
+        hub.profile_result("n1", s1.id, big).unwrap();
+        let kept = hub.take_profile_result("p1").unwrap();
+        assert!(kept.svg.is_empty() && kept.folded == "x 1\n" && kept.error.is_empty());
+        // Once the request is no longer ordered, a late result is refused, and one not
+        // yet taken is dropped.
+        hub.profile_result(
+            "n1",
+            s1.id,
+            pb::ProfileResult {
+                id: "p1".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        t.profile = None;
+        hub.set_watch(key("a"), t);
+        assert!(hub.config("n1").unwrap().profiles.is_empty());
+        assert!(hub.take_profile_result("p1").is_none());
+        assert!(
+            hub.profile_result(
+                "n1",
+                s1.id,
+                pb::ProfileResult {
+                    id: "p1".into(),
+                    ..Default::default()
+                }
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod model;
 pub mod nodeview;
+pub mod profile;
 pub mod remediation;
 pub mod spec;
 pub mod status;

@@ -43,12 +43,15 @@ names!(
         RestartBlocked,
         WouldRestart,
         RestartExpired,
+        ProfileRefused,
+        ProfileSucceeded,
+        ProfileFailed,
     }
 );
 
 names!(
     /// Event actions, PascalCase.
-    EventAction { Validate, Reconcile, Monitor, Configure, Predict, Remediate }
+    EventAction { Validate, Reconcile, Monitor, Configure, Predict, Remediate, Profile }
 );
 
 impl EventReason {

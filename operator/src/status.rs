@@ -395,6 +395,8 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         summary,
         last_update_time: Some(i.now.to_owned()),
         truncated: (truncated != resourcewatch_crds::Truncated::default()).then_some(truncated),
+        // The controller's (crate::profile); carried as it was.
+        profile: i.old.and_then(|o| o.profile.clone()),
     };
     carry_transition_times(&mut status.conditions, old_conditions(i.old), i.now);
     let events = if pending {

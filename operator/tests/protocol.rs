@@ -174,6 +174,7 @@ impl Fixture {
                         containers: vec![("app".into(), format!("{u:0>64}"))],
                     })
                     .collect(),
+                profile: None,
             },
         );
     }
@@ -486,6 +487,7 @@ async fn a_report_speaks_only_for_its_own_nodes_containers_and_is_bounded() {
             node: "n2".into(),
             containers: vec![("app".into(), format!("{:0>64}", "b"))],
         }],
+        profile: None,
     };
     f.hub.set_watch(
         WatchKey {

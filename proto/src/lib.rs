@@ -34,3 +34,10 @@ pub const AGENT_CERT_NAME: &str = "resourcewatch-agent";
 pub fn operator_server_name(namespace: &str) -> String {
     format!("resourcewatch-operator.{namespace}.svc")
 }
+
+/// The most profile requests a node runs per snapshot (and at once).
+pub const MAX_PROFILES_PER_NODE: usize = 2;
+
+/// The most bytes of a ProfileResult's outputs (folded + pprof + svg): under the message
+/// limit, and under what one ConfigMap holds (1 MiB) with room for its metadata.
+pub const MAX_PROFILE_BYTES: usize = 768 << 10;

@@ -4,11 +4,12 @@
 //!
 //! Two halves: the *engine*, an OS thread that owns the kernel pipelines (aya objects and
 //! their mmaps stay on one thread, and a slow network never delays an epoch close), and
-//! the *session*, async, which reconnects with backoff. They meet in three channels:
-//! configurations in, acknowledgements out, and the latest report (older unsent reports
-//! are worthless, so only the newest is kept).
+//! the *session*, async, which reconnects with backoff. They meet in four channels:
+//! configurations in, acknowledgements out, the latest report (older unsent reports
+//! are worthless, so only the newest is kept), and profile results (profiles.rs).
 
 pub mod metrics;
+pub mod profiles;
 pub mod report;
 pub mod resolve;
 
@@ -110,6 +111,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
     let (config_tx, config_rx) = std_mpsc::channel::<pb::NodeConfig>();
     let (ack_tx, ack_rx) = mpsc::unbounded_channel::<pb::ConfigAck>();
     let (report_tx, report_rx) = watch::channel::<Option<pb::Report>>(None);
+    let (profile_tx, profile_rx) = mpsc::unbounded_channel::<pb::ProfileResult>();
     let applied = Arc::new(AtomicU64::new(0));
     let metrics = Arc::new(metrics::AgentMetrics::default());
     let caps = capabilities::probe();
@@ -120,7 +122,10 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         let metrics = metrics.clone();
         std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || Engine::new(ack_tx, report_tx, applied, metrics).run(config_rx, &stop))
+            .spawn(move || {
+                let profiles = profiles::Runner::new(profile_tx);
+                Engine::new(ack_tx, report_tx, applied, metrics, profiles).run(config_rx, &stop)
+            })
             .map_err(|source| RunError::Start {
                 what: "engine thread",
                 source,
@@ -149,22 +154,31 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
             });
             tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
         }
-        session_loop(
-            &opts, hello_caps, config_tx, ack_rx, report_rx, applied, &metrics,
-        )
-        .await
+        let channels = Channels {
+            configs: config_tx,
+            acks: ack_rx,
+            reports: report_rx,
+            profiles: profile_rx,
+        };
+        session_loop(&opts, hello_caps, channels, applied, &metrics).await
     });
     stop.store(true, Ordering::SeqCst);
     let _ = engine.join();
     result
 }
 
+/// The session's ends of the channels to the engine; they outlive each stream.
+struct Channels {
+    configs: std_mpsc::Sender<pb::NodeConfig>,
+    acks: mpsc::UnboundedReceiver<pb::ConfigAck>,
+    reports: watch::Receiver<Option<pb::Report>>,
+    profiles: mpsc::UnboundedReceiver<pb::ProfileResult>,
+}
+
 async fn session_loop(
     opts: &RunOptions,
     caps: pb::Capabilities,
-    config_tx: std_mpsc::Sender<pb::NodeConfig>,
-    mut ack_rx: mpsc::UnboundedReceiver<pb::ConfigAck>,
-    mut report_rx: watch::Receiver<Option<pb::Report>>,
+    mut ch: Channels,
     applied: Arc<AtomicU64>,
     metrics: &metrics::AgentMetrics,
 ) -> Result<(), RunError> {
@@ -183,14 +197,7 @@ async fn session_loop(
             last_applied_version: applied.load(Ordering::SeqCst),
             capabilities: Some(caps.clone()),
         };
-        let session = session(
-            opts,
-            hello,
-            &config_tx,
-            &mut ack_rx,
-            &mut report_rx,
-            metrics,
-        );
+        let session = session(opts, hello, &mut ch, metrics);
         let outcome = tokio::select! {
             r = session => r,
             _ = term.recv() => return Ok(()),
@@ -249,11 +256,15 @@ pub async fn connect(
 async fn session(
     opts: &RunOptions,
     hello: pb::Hello,
-    config_tx: &std_mpsc::Sender<pb::NodeConfig>,
-    ack_rx: &mut mpsc::UnboundedReceiver<pb::ConfigAck>,
-    report_rx: &mut watch::Receiver<Option<pb::Report>>,
+    ch: &mut Channels,
     metrics: &metrics::AgentMetrics,
 ) -> Result<(), RunError> {
+    let Channels {
+        configs: config_tx,
+        acks: ack_rx,
+        reports: report_rx,
+        profiles: profile_rx,
+    } = ch;
     let channel = connect(&opts.operator, &opts.server_name, &opts.tls_dir).await?;
     let client = AgentControlClient::new(channel);
     let mut client = client.max_encoding_message_size(pb::MAX_MESSAGE_BYTES);
@@ -303,6 +314,13 @@ async fn session(
                     return Ok(());
                 }
             }
+            result = profile_rx.recv() => {
+                let result = result.ok_or(RunError::EngineGone)?;
+                tracing::info!(id = %result.id, "sending a profile result");
+                if tx.send(send(agent_message::Msg::Profile(result))).await.is_err() {
+                    return Ok(());
+                }
+            }
             changed = report_rx.changed() => {
                 changed.map_err(|_| RunError::EngineGone)?;
                 let r = report_rx.borrow_and_update().clone().map(fit);
@@ -329,6 +347,7 @@ struct Engine {
     unresolved: BTreeSet<String>,
     self_cpu: Option<u64>,
     metrics: Arc<metrics::AgentMetrics>,
+    profiles: profiles::Runner,
 }
 
 /// Before the first configuration arrives.
@@ -340,6 +359,7 @@ impl Engine {
         reports: watch::Sender<Option<pb::Report>>,
         applied: Arc<AtomicU64>,
         metrics: Arc<metrics::AgentMetrics>,
+        profiles: profiles::Runner,
     ) -> Self {
         let pipes = load(PipelineOptions::default());
         let layout = pipes.as_ref().ok().map(|p| p.cgroup_layout().clone());
@@ -365,6 +385,7 @@ impl Engine {
             unresolved: BTreeSet::new(),
             self_cpu: None,
             metrics,
+            profiles,
         }
     }
 
@@ -414,7 +435,9 @@ impl Engine {
             reason,
         };
         if c.version == self.config.version && c.version != 0 {
-            // A reconnect resent what runs already.
+            // A reconnect resent what runs already (a profile result the old stream lost
+            // is sent again).
+            self.start_profiles();
             return pb::ConfigAck {
                 version: c.version,
                 accepted: true,
@@ -470,11 +493,22 @@ impl Engine {
         if reload && let Ok(p) = &self.pipes {
             p.close_cpu_epoch();
         }
+        self.start_profiles();
         pb::ConfigAck {
             version: self.config.version,
             accepted: true,
             reason: self.unresolved_reason(),
         }
+    }
+
+    fn start_profiles(&mut self) {
+        let root = self
+            .pipes
+            .as_ref()
+            .ok()
+            .and(self.layout.as_ref())
+            .map(|l| l.root().to_path_buf());
+        self.profiles.apply(&self.config.profiles, root.as_deref());
     }
 
     /// What `/metrics` shows of this tick.

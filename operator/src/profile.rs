@@ -1,0 +1,608 @@
+//! CPU profiles on request: a user sets `resourcewatch.io/profile: pod=NAME[,container=C]
+//! [,duration=30s][,request=ANY]` on a ResourceWatch; the operator takes each new value
+//! once, records it in `status.profile` (with the value, so the same value is never taken
+//! twice), and has the pod's node agent sample the pod's cgroups for that long. The agent
+//! renders the result; the operator stores it in a ConfigMap owned by the watch, deleted
+//! after [`RETENTION`].
+//!
+//! The operator never removes the annotation (as Argo CD's controller removes its refresh
+//! annotation): a GitOps tool re-applying it would fight the removal, and a write to the
+//! watch by the operator would pass its own admission webhook, which must only ever
+//! record people as a Restart watch's author.
+//!
+//! Everything here is pure (inputs to decisions); the controller makes the API calls.
+//!
+//! What a user can reach: only pods the watch selects, in its own namespace, for a
+//! bounded time at a fixed low frequency; the kernel sees nothing of the request but
+//! cgroup ids the agent resolves itself. One request per namespace per [`MIN_GAP`].
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::{ByteString, api::core::v1::ConfigMap};
+use kube::{Resource, ResourceExt};
+use resourcewatch_crds::{
+    HotFunction, MAX_FRAME_LENGTH, MAX_HOT_FUNCTIONS, MAX_MESSAGE, ProfileState, ProfileStatus,
+    ResourceWatch,
+};
+use resourcewatch_proto as pb;
+
+use crate::{hub::ProfileOrder, status::SelectedPod};
+
+/// The longest profile a user may ask for: long enough to catch a periodic hot path,
+/// short enough that a forgotten request costs nothing for long.
+pub const MAX_DURATION: Duration = Duration::from_secs(60);
+/// Without `duration=`.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(30);
+/// 99 Hz: Brendan Gregg's usual choice (not a multiple of common timer frequencies), and
+/// measured at under 1 % of the profiled process's CPU (node-agent/BENCHMARKS.md).
+pub const FREQUENCY_HZ: u32 = 99;
+/// The least time between two requests taken in one namespace.
+pub const MIN_GAP: Duration = Duration::from_secs(60);
+/// How long a result's ConfigMap lives.
+pub const RETENTION: Duration = Duration::from_secs(3600);
+/// A Pending request with no result this long after its profile should have ended fails
+/// (the agent was lost, or cannot profile).
+pub const RESULT_GRACE: Duration = Duration::from_secs(60);
+
+/// A parsed `resourcewatch.io/profile` value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub pod: String,
+    pub container: Option<String>,
+    pub duration: Duration,
+}
+
+/// `pod=NAME[,container=NAME][,duration=D][,request=ANY]`, or a bare pod name. `request`
+/// only makes a value new, to ask again for the same profile.
+pub fn parse(value: &str) -> Result<Request, String> {
+    let value = value.trim();
+    let mut pod = None;
+    let mut container = None;
+    let mut duration = DEFAULT_DURATION;
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('=') {
+            None if pod.is_none() && !value.contains('=') => pod = Some(part.to_owned()),
+            Some(("pod", v)) => pod = Some(v.trim().to_owned()),
+            Some(("container", v)) => container = Some(v.trim().to_owned()),
+            Some(("request", _)) => {}
+            Some(("duration", v)) => {
+                duration = resourcewatch_units::parse_duration(v.trim())
+                    .map_err(|e| format!("duration {v:?}: {e}"))?;
+            }
+            _ => {
+                return Err(format!(
+                    "{part:?} is not pod=NAME, container=NAME, duration=D or request=ANY"
+                ));
+            }
+        }
+    }
+    let pod = pod
+        .filter(|p| !p.is_empty())
+        .ok_or("no pod named: expected pod=NAME[,container=NAME][,duration=30s]")?;
+    if duration < Duration::from_secs(1) || duration > MAX_DURATION {
+        return Err(format!(
+            "duration {} s is outside 1-{} s",
+            duration.as_secs_f64(),
+            MAX_DURATION.as_secs()
+        ));
+    }
+    Ok(Request {
+        pod,
+        container: container.filter(|c| !c.is_empty()),
+        duration,
+    })
+}
+
+/// What the controller knows when it meets the annotation.
+pub struct Take<'a> {
+    pub annotation: &'a str,
+    /// The watch's profile so far.
+    pub old: Option<&'a ProfileStatus>,
+    pub pods: &'a [SelectedPod],
+    /// The latest `requestedAt` of any watch's profile in the namespace (unix seconds).
+    pub namespace_last: Option<i64>,
+    pub now: i64,
+    /// Unique per request: the watch's UID and the time.
+    pub id: String,
+}
+
+/// The longest annotation value taken (and kept in status).
+pub const MAX_REQUEST: usize = 256;
+
+/// What taking the annotation gives: a new profile status (Pending or Refused), or
+/// nothing new when the status already answers this value.
+pub fn take(t: &Take<'_>) -> Option<ProfileStatus> {
+    let request = cut(t.annotation, MAX_REQUEST);
+    if t.old.is_some_and(|o| o.request == request) {
+        return None;
+    }
+    let requested_at = rfc3339(t.now);
+    let refused = |pod: String, message: String| ProfileStatus {
+        id: t.id.clone(),
+        request: request.clone(),
+        pod,
+        container: String::new(),
+        node: String::new(),
+        state: ProfileState::Refused,
+        message: cut(&message, MAX_MESSAGE),
+        duration_seconds: 0,
+        frequency_hz: FREQUENCY_HZ,
+        requested_at: requested_at.clone(),
+        finished_at: None,
+        config_map: None,
+        expires_at: None,
+        samples: 0,
+        hottest: Vec::new(),
+    };
+    let req = match parse(t.annotation) {
+        Ok(r) => r,
+        Err(e) => return Some(refused(String::new(), e)),
+    };
+    if let Some(last) = t.namespace_last
+        && t.now - last < MIN_GAP.as_secs() as i64
+    {
+        return Some(refused(
+            req.pod,
+            format!(
+                "one profile per namespace per {} s: the last was taken {} s ago",
+                MIN_GAP.as_secs(),
+                t.now - last
+            ),
+        ));
+    }
+    let Some(pod) = t.pods.iter().find(|p| p.name == req.pod) else {
+        return Some(refused(
+            req.pod,
+            "the watch does not select this pod (or it is not running)".into(),
+        ));
+    };
+    let Some(node) = pod.node.clone() else {
+        return Some(refused(
+            req.pod,
+            "the pod is not scheduled to a node".into(),
+        ));
+    };
+    if let Some(c) = &req.container
+        && !pod.containers.values().any(|name| name == c)
+    {
+        return Some(refused(
+            req.pod,
+            format!("the pod has no started container {c:?}"),
+        ));
+    }
+    if pod.containers.is_empty() {
+        return Some(refused(
+            req.pod,
+            "none of the pod's containers has started".into(),
+        ));
+    }
+    Some(ProfileStatus {
+        id: t.id.clone(),
+        request,
+        pod: req.pod,
+        container: req.container.unwrap_or_default(),
+        node,
+        state: ProfileState::Pending,
+        message: String::new(),
+        duration_seconds: req.duration.as_secs() as u32,
+        frequency_hz: FREQUENCY_HZ,
+        requested_at,
+        finished_at: None,
+        config_map: None,
+        expires_at: None,
+        samples: 0,
+        hottest: Vec::new(),
+    })
+}
+
+/// What the hub sends the pod's node while the request is Pending. None once the pod is
+/// gone (the request then fails at its deadline) or for any other state.
+pub fn order(p: &ProfileStatus, pods: &[SelectedPod]) -> Option<ProfileOrder> {
+    if p.state != ProfileState::Pending {
+        return None;
+    }
+    let pod = pods.iter().find(|x| x.name == p.pod)?;
+    let container_ids: Vec<String> = pod
+        .containers
+        .iter()
+        .filter(|(_, name)| p.container.is_empty() || **name == p.container)
+        .map(|(id, _)| id.clone())
+        .collect();
+    Some(ProfileOrder {
+        id: p.id.clone(),
+        pod_uid: pod.uid.clone(),
+        node: pod.node.clone()?,
+        container_ids,
+        duration: Duration::from_secs(p.duration_seconds.into()),
+        frequency_hz: p.frequency_hz,
+    })
+}
+
+/// The name of the ConfigMap holding a watch's last profile.
+pub fn config_map_name(watch: &str) -> String {
+    // A watch name is at most 253 characters; so is a ConfigMap's.
+    let mut name = watch.chars().take(253 - 8).collect::<String>();
+    name.push_str("-profile");
+    name
+}
+
+/// Applies a node's result: Succeeded with what it found (the ConfigMap is `config_map`,
+/// written by the caller first), or Failed with the node's reason.
+pub fn finish(p: &mut ProfileStatus, r: &pb::ProfileResult, config_map: Option<String>, now: i64) {
+    p.finished_at = Some(rfc3339(now));
+    p.samples = r.samples;
+    if !r.error.is_empty() || config_map.is_none() {
+        p.state = ProfileState::Failed;
+        p.message = cut(
+            if r.error.is_empty() {
+                "the result could not be stored"
+            } else {
+                &r.error
+            },
+            MAX_MESSAGE,
+        );
+        return;
+    }
+    p.state = ProfileState::Succeeded;
+    p.config_map = config_map;
+    p.expires_at = Some(rfc3339(now + RETENTION.as_secs() as i64));
+    p.hottest = r
+        .hottest
+        .iter()
+        .take(MAX_HOT_FUNCTIONS as usize)
+        .map(|h| HotFunction {
+            function: cut(&h.name, MAX_FRAME_LENGTH as usize),
+            percent: (h.samples as f64 * 1000.0 / r.samples.max(1) as f64).round() / 10.0,
+        })
+        .collect();
+    p.message = match p.hottest.first() {
+        Some(h) => format!(
+            "{} samples in {:.1} s; hottest {} ({}%)",
+            r.samples, r.duration_seconds, h.function, h.percent
+        ),
+        None => format!(
+            "no samples in {:.1} s: the pod did not run on a CPU",
+            r.duration_seconds
+        ),
+    };
+    if r.lost > 0 {
+        p.message.push_str(&format!(
+            "; {} stacks lost (the kernel's maps were full)",
+            r.lost
+        ));
+    }
+    if r.svg.is_empty() {
+        p.message
+            .push_str("; no flame graph: it would not fit the ConfigMap (folded and pprof do)");
+    }
+}
+
+/// A Pending request whose result is overdue fails; a Succeeded one whose ConfigMap
+/// outlived [`RETENTION`] expires (the caller deletes the ConfigMap). Returns whether the
+/// status changed.
+pub fn age(p: &mut ProfileStatus, now: i64) -> bool {
+    match p.state {
+        ProfileState::Pending => {
+            let due = seconds(&p.requested_at).unwrap_or(now)
+                + i64::from(p.duration_seconds)
+                + RESULT_GRACE.as_secs() as i64;
+            if now <= due {
+                return false;
+            }
+            p.state = ProfileState::Failed;
+            p.finished_at = Some(rfc3339(now));
+            p.message = format!(
+                "no result from node {:?} within {} s of the profile's end (agent lost, or the pod gone)",
+                p.node,
+                RESULT_GRACE.as_secs()
+            );
+            true
+        }
+        ProfileState::Succeeded => {
+            let Some(exp) = p.expires_at.as_deref().and_then(seconds) else {
+                return false;
+            };
+            if now < exp {
+                return false;
+            }
+            p.state = ProfileState::Expired;
+            p.message = format!("its ConfigMap was deleted after {} s", RETENTION.as_secs());
+            p.config_map = None;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// When the controller must look again: the end of a Pending request's grace, or a
+/// result's expiry.
+pub fn next_check(p: &ProfileStatus, now: i64) -> Option<Duration> {
+    let at = match p.state {
+        ProfileState::Pending => {
+            seconds(&p.requested_at)?
+                + i64::from(p.duration_seconds)
+                + RESULT_GRACE.as_secs() as i64
+                + 1
+        }
+        ProfileState::Succeeded => seconds(p.expires_at.as_deref()?)?,
+        _ => return None,
+    };
+    Some(Duration::from_secs((at - now).max(1) as u64))
+}
+
+/// The ConfigMap of a result: `profile.folded` (text), `profile.svg` (text, when it
+/// fit), `profile.pb.gz` (binary). Owned by the watch, so deleting the watch deletes it.
+pub fn config_map(rw: &ResourceWatch, p: &ProfileStatus, r: &pb::ProfileResult) -> ConfigMap {
+    let mut data = BTreeMap::new();
+    data.insert("profile.folded".to_owned(), r.folded.clone());
+    if let Ok(svg) = String::from_utf8(r.svg.clone())
+        && !svg.is_empty()
+    {
+        data.insert("profile.svg".to_owned(), svg);
+    }
+    let mut binary = BTreeMap::new();
+    if !r.pprof.is_empty() {
+        binary.insert("profile.pb.gz".to_owned(), ByteString(r.pprof.clone()));
+    }
+    let mut cm = ConfigMap {
+        data: Some(data),
+        binary_data: Some(binary),
+        ..Default::default()
+    };
+    cm.metadata.name = Some(config_map_name(&rw.name_any()));
+    cm.metadata.namespace = rw.namespace();
+    cm.metadata.owner_references = rw.controller_owner_ref(&()).map(|o| vec![o]);
+    cm.metadata.labels = Some(
+        [
+            ("app.kubernetes.io/managed-by", "resourcewatch-operator"),
+            ("resourcewatch.io/watch", rw.name_any().as_str()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), cut(v, 63)))
+        .collect(),
+    );
+    cm.metadata.annotations = Some(
+        [
+            ("resourcewatch.io/profile-id", p.id.clone()),
+            ("resourcewatch.io/profiled-pod", p.pod.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect(),
+    );
+    cm
+}
+
+/// The latest `requestedAt` of the watches' profiles (the namespace's rate limit).
+pub fn latest_request<'a>(profiles: impl Iterator<Item = &'a ProfileStatus>) -> Option<i64> {
+    profiles
+        .filter(|p| p.state != ProfileState::Refused)
+        .filter_map(|p| seconds(&p.requested_at))
+        .max()
+}
+
+fn rfc3339(unix: i64) -> String {
+    jiff::Timestamp::from_second(unix)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+fn seconds(s: &str) -> Option<i64> {
+    s.parse::<jiff::Timestamp>().ok().map(|t| t.as_second())
+}
+
+fn cut(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_800_000_000;
+
+    fn pods() -> Vec<SelectedPod> {
+        vec![SelectedPod {
+            uid: "uid-1".into(),
+            name: "api-1".into(),
+            node: Some("n1".into()),
+            containers: [
+                ("cid-a".to_string(), "app".to_string()),
+                ("cid-b".to_string(), "sidecar".to_string()),
+            ]
+            .into(),
+        }]
+    }
+
+    fn take_at(
+        annotation: &str,
+        old: Option<&ProfileStatus>,
+        last: Option<i64>,
+    ) -> Option<ProfileStatus> {
+        let pods = pods();
+        take(&Take {
+            annotation,
+            old,
+            pods: &pods,
+            namespace_last: last,
+            now: NOW,
+            id: "w-1".into(),
+        })
+    }
+
+    #[test]
+    fn the_annotation_names_a_pod_a_container_and_a_bounded_duration() {
+        assert_eq!(
+            parse("pod=api-1, container=app, duration=10s"),
+            Ok(Request {
+                pod: "api-1".into(),
+                container: Some("app".into()),
+                duration: Duration::from_secs(10)
+            })
+        );
+        assert_eq!(parse("api-1").unwrap().duration, DEFAULT_DURATION);
+        assert!(parse("").unwrap_err().contains("no pod"));
+        assert!(
+            parse("pod=a,duration=2m")
+                .unwrap_err()
+                .contains("outside 1-60")
+        );
+        assert!(
+            parse("pod=a,duration=fast")
+                .unwrap_err()
+                .contains("duration")
+        );
+        assert!(parse("pod=a,path=/x").unwrap_err().contains("path"));
+        assert!(parse("a,b").is_err(), "two bare names");
+    }
+
+    #[test]
+    fn a_request_for_a_selected_pod_is_pending_and_ordered_to_its_node() {
+        let p = take_at("pod=api-1,container=app,duration=5s", None, None).unwrap();
+        assert_eq!(p.state, ProfileState::Pending);
+        assert_eq!((p.node.as_str(), p.duration_seconds), ("n1", 5));
+        let o = order(&p, &pods()).unwrap();
+        assert_eq!(o.container_ids, ["cid-a"]);
+        assert_eq!((o.pod_uid.as_str(), o.node.as_str()), ("uid-1", "n1"));
+        assert_eq!(o.frequency_hz, FREQUENCY_HZ);
+        // No container named: all of the pod's.
+        let all = take_at("api-1", None, None).unwrap();
+        assert_eq!(order(&all, &pods()).unwrap().container_ids.len(), 2);
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_the_reason() {
+        for (annotation, why) in [
+            ("pod=other", "does not select"),
+            ("pod=api-1,container=db", "no started container"),
+            ("pod=api-1,duration=0s", "outside"),
+            ("cmd=rm", "is not pod="),
+        ] {
+            let p = take_at(annotation, None, None).unwrap();
+            assert_eq!(p.state, ProfileState::Refused, "{annotation}");
+            assert!(p.message.contains(why), "{annotation}: {}", p.message);
+            assert!(order(&p, &pods()).is_none());
+        }
+    }
+
+    #[test]
+    fn one_request_per_namespace_per_minute() {
+        let p = take_at("api-1", None, Some(NOW - 30)).unwrap();
+        assert_eq!(p.state, ProfileState::Refused);
+        assert!(p.message.contains("30 s ago"), "{}", p.message);
+        assert_eq!(
+            take_at("api-1", None, Some(NOW - 61)).unwrap().state,
+            ProfileState::Pending
+        );
+        // Refused requests do not count against the namespace.
+        let refused = take_at("pod=other", None, None).unwrap();
+        assert_eq!(latest_request([&refused].into_iter()), None);
+    }
+
+    #[test]
+    fn each_value_is_taken_once_and_a_new_value_is_a_new_request() {
+        let p = take_at("pod=api-1,duration=5s", None, None).unwrap();
+        assert_eq!(p.request, "pod=api-1,duration=5s");
+        // The annotation stays on the watch: every later reconcile sees the same value,
+        // and the rate limit (which its own requestedAt would trip) must not refuse it.
+        assert!(take_at("pod=api-1,duration=5s", Some(&p), Some(NOW)).is_none());
+        // A refused value is not retried either.
+        let refused = take_at("pod=nope", None, None).unwrap();
+        assert!(take_at("pod=nope", Some(&refused), None).is_none());
+        // Asking again: another value, here only `request=` changed.
+        let again = take_at("pod=api-1,duration=5s,request=2", Some(&p), Some(NOW - 90));
+        assert_eq!(again.unwrap().state, ProfileState::Pending);
+        // Another request while one is pending is new, and rate-limited.
+        let other = take_at("pod=api-1,duration=6s", Some(&p), Some(NOW)).unwrap();
+        assert_eq!(other.state, ProfileState::Refused);
+    }
+
+    fn result(error: &str) -> pb::ProfileResult {
+        pb::ProfileResult {
+            id: "w-1".into(),
+            error: error.into(),
+            samples: 990,
+            duration_seconds: 10.0,
+            frequency_hz: 99,
+            hottest: vec![
+                pb::HotFunction {
+                    name: "burn_here".into(),
+                    samples: 960,
+                },
+                pb::HotFunction {
+                    name: "middle".into(),
+                    samples: 30,
+                },
+            ],
+            folded: "burn;main;outer;middle;burn_here 960\n".into(),
+            pprof: vec![1, 2, 3],
+            svg: b"<svg/>".to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_result_succeeds_with_its_hottest_functions_and_expires() {
+        let mut p = take_at("api-1", None, None).unwrap();
+        finish(&mut p, &result(""), Some("w-profile".into()), NOW + 40);
+        assert_eq!(p.state, ProfileState::Succeeded);
+        assert_eq!(p.hottest[0].function, "burn_here");
+        assert_eq!(p.hottest[0].percent, 97.0);
+        assert!(
+            p.message.contains("hottest burn_here (97%)"),
+            "{}",
+            p.message
+        );
+        assert_eq!(next_check(&p, NOW + 40), Some(RETENTION));
+        assert!(!age(&mut p, NOW + 40 + 3599));
+        assert!(age(&mut p, NOW + 40 + 3600));
+        assert_eq!(p.state, ProfileState::Expired);
+        assert_eq!(p.config_map, None);
+    }
+
+    #[test]
+    fn a_node_error_fails_and_a_missing_result_fails_after_its_grace() {
+        let mut p = take_at("pod=api-1,duration=10s", None, None).unwrap();
+        finish(&mut p, &result("perf_event_open failed"), None, NOW + 12);
+        assert_eq!(p.state, ProfileState::Failed);
+        assert!(p.message.contains("perf_event_open"));
+
+        let mut p = take_at("pod=api-1,duration=10s", None, None).unwrap();
+        assert!(!age(&mut p, NOW + 10 + 60));
+        assert_eq!(next_check(&p, NOW), Some(Duration::from_secs(71)));
+        assert!(age(&mut p, NOW + 10 + 61));
+        assert_eq!(p.state, ProfileState::Failed);
+        assert!(
+            p.message.contains("no result from node \"n1\""),
+            "{}",
+            p.message
+        );
+    }
+
+    #[test]
+    fn the_config_map_is_owned_by_the_watch_and_holds_the_three_formats() {
+        let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
+            "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
+            "metadata": {"name": "w", "namespace": "shop", "uid": "rw-uid"},
+            "spec": {"selector": {}}
+        }))
+        .unwrap();
+        let p = take_at("api-1", None, None).unwrap();
+        let cm = config_map(&rw, &p, &result(""));
+        assert_eq!(cm.metadata.name.as_deref(), Some("w-profile"));
+        assert_eq!(cm.metadata.namespace.as_deref(), Some("shop"));
+        let owner = &cm.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ResourceWatch", "rw-uid")
+        );
+        let data = cm.data.as_ref().unwrap();
+        assert!(data["profile.folded"].contains("burn_here 960"));
+        assert_eq!(data["profile.svg"], "<svg/>");
+        assert_eq!(
+            cm.binary_data.as_ref().unwrap()["profile.pb.gz"].0,
+            [1, 2, 3]
+        );
+    }
+}
