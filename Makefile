@@ -142,10 +142,18 @@ images: deps ## Build the operator, agent and workload images (static binaries; 
 	e2e/cluster/image.sh localhost/resourcewatch/workloads:$(IMAGE_TAG) target/images/workloads.tar $(STATIC_DIR)/leak-sim
 	@# The stack fixture leaking in a known C function (frame pointers, glibc from this
 	@# machine as a shared library): what the e2e's growth-site test must name.
-	@# And the CPU burner whose hot loop is burn_here: what the e2e's profile must name.
+	@# Beside it the CPU burner whose hot loop is burn_here (what the e2e's profile must
+	@# name), and both fixtures in Go (frame pointers) and Rust (none: rustc's release
+	@# default), static binaries.
 	cc -O2 -fno-omit-frame-pointer -o target/images/leak-c node-agent/tests/fixtures/stacks/leak.c
 	cc -O2 -fno-omit-frame-pointer -o target/images/burn-c node-agent/tests/fixtures/stacks/burn.c
+	for f in leak burn; do \
+	  GO111MODULE=off GOCACHE=$(CURDIR)/target/gocache go build -o target/images/$$f-go node-agent/tests/fixtures/stacks/$$f.go && \
+	  rustc -O -C target-feature=+crt-static --target $(STATIC_TARGET) -o target/images/$$f-rs node-agent/tests/fixtures/stacks/$$f.rs || exit 1; \
+	done
 	e2e/cluster/image.sh --with-libs --path /leak-c --add target/images/burn-c:/burn-c \
+	  --add target/images/leak-go:/leak-go --add target/images/burn-go:/burn-go \
+	  --add target/images/leak-rs:/leak-rs --add target/images/burn-rs:/burn-rs \
 	  localhost/resourcewatch/c-workloads:$(IMAGE_TAG) target/images/c-workloads.tar target/images/leak-c
 	@# A real runtime for the e2e warm-up pod: this machine's node and its libraries, and the
 	@# corpus's Node.js program (make corpus-deps installs node when missing).

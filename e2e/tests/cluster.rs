@@ -521,56 +521,48 @@ async fn a_leak_from_the_container_start_is_reported_before_its_oom_kill() {
     ns.delete().await;
 }
 
-/// A C program (node-agent/tests/fixtures/stacks/leak.c, frame pointers, its glibc as a
-/// shared library) leaking 6.4 MB/s from `leak_here`, reached through `grow` and `keep`,
-/// run as a non-root user: within 60 s of the leak being listed, the status's top growth
-/// site names `leak_here` with its callers, and an Event says where it grows (LeakDetected
-/// when the site is known at once, else LeakSiteFound).
-#[tokio::test]
-#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
-async fn a_leaks_growth_site_names_the_leaking_function() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-sites").await;
+/// Whether a named frame is `function`: C's plain name, Go's `main.f`, Rust's `crate::f`.
+fn frame_is(frame: &str, function: &str) -> bool {
+    frame == function || frame.ends_with(&format!("::{function}"))
+}
+
+/// A stack fixture (`command` in the C workloads image) leaking 6.4 MB/s into 1Gi (about
+/// 160 s to its OOM kill, enough to be named first), run as a non-root user: within 60 s
+/// of the leak being listed, the status's top growth site names `function`, and an Event
+/// says where it grows (LeakDetected when the site is known at once, else LeakSiteFound).
+/// Returns the top site's frames, leaf first.
+async fn leak_site(prefix: &str, command: &str, function: &str) -> Vec<String> {
+    let (client, ns) = cluster::test_namespace(prefix).await;
     let n = ns.name.as_str();
-    let rws = cluster::watch_app(&client, n, "w", "cleak").await;
-    // 6.4 MB/s into 1Gi: about 160 s to its OOM kill, enough to be named first.
-    cluster::c_workload_pod(&client, n, "cleak", "/leak-c", "1Gi").await;
+    let rws = cluster::watch_app(&client, n, "w", "leaker").await;
+    cluster::c_workload_pod(&client, n, "leaker", command, "1Gi").await;
     let listed = status_where(&rws, "w", "the leak listed", 120, |s| {
-        s.leaks.iter().any(|l| l.pod == "cleak")
+        s.leaks.iter().any(|l| l.pod == "leaker")
     })
     .await;
     let listed_at = std::time::Instant::now();
     let conf = listed
         .leaks
         .iter()
-        .find(|l| l.pod == "cleak")
+        .find(|l| l.pod == "leaker")
         .map(|l| l.confidence);
     // The first sites are named 5 s into the capture, when the program's start-up heap
-    // growth (charged to glibc's own frames, which cannot be walked) may still weigh
-    // more than the leak; the goal is the leak's site on top within 60 s.
-    let s = status_where(&rws, "w", "leak_here in the top growth site", 60, |s| {
+    // growth (charged to the allocator's own frames, which may not be walkable) may still
+    // weigh more than the leak; the goal is the leak's site on top within 60 s.
+    let s = status_where(&rws, "w", "the function in the top growth site", 60, |s| {
         s.leaks.iter().any(|l| {
-            l.pod == "cleak"
+            l.pod == "leaker"
                 && l.growth_sites
                     .first()
-                    .is_some_and(|g| g.frames.iter().any(|f| f == "leak_here"))
+                    .is_some_and(|g| g.frames.iter().any(|f| frame_is(f, function)))
         })
     })
     .await;
     let named_after = listed_at.elapsed().as_secs_f64();
-    let leak = s.leaks.iter().find(|l| l.pod == "cleak").expect("leak");
-    let top = &leak.growth_sites[0];
-    let at = top
-        .frames
-        .iter()
-        .position(|f| f == "leak_here")
-        .unwrap_or_else(|| panic!("leak_here not in the top site: {:?}", leak.growth_sites));
-    assert_eq!(
-        top.frames.get(at + 1..at + 3),
-        Some(&["keep".to_owned(), "grow".to_owned()][..]),
-        "its callers: {top:?}"
-    );
+    let leak = s.leaks.iter().find(|l| l.pod == "leaker").expect("leak");
+    let top = leak.growth_sites[0].clone();
     wait_for(
-        "a LeakDetected or LeakSiteFound Event naming leak_here",
+        "a LeakDetected or LeakSiteFound Event naming the function",
         Duration::from_secs(30),
         || {
             let client = client.clone();
@@ -583,7 +575,7 @@ async fn a_leaks_growth_site_names_the_leaking_function() {
                     .iter()
                     .any(|e| {
                         matches!(e.reason.as_deref(), Some("LeakDetected" | "LeakSiteFound"))
-                            && e.note.as_deref().is_some_and(|t| t.contains("leak_here"))
+                            && e.note.as_deref().is_some_and(|t| t.contains(function))
                     })
                     .then_some(()))
             }
@@ -592,11 +584,52 @@ async fn a_leaks_growth_site_names_the_leaking_function() {
     .await
     .expect("an Event names the site");
     eprintln!(
-        "C leak 6.4 MB/s: listed at confidence {conf:?}; top growth site named {named_after:.1} s later: {} ({} %)",
+        "{command} leaking 6.4 MB/s: listed at confidence {conf:?}; top growth site named {named_after:.1} s later: {} ({} %)",
         top.frames.join(" < "),
         top.percent
     );
     ns.delete().await;
+    top.frames
+}
+
+/// The frames after `function` in `frames` (leaf first): its callers, nearest first.
+fn callers<'a>(frames: &'a [String], function: &str) -> &'a [String] {
+    let at = frames
+        .iter()
+        .position(|f| frame_is(f, function))
+        .unwrap_or_else(|| panic!("{function} not in {frames:?}"));
+    &frames[at + 1..]
+}
+
+/// C with frame pointers (node-agent/tests/fixtures/stacks/leak.c, its glibc as a shared
+/// library): `leak_here` is named with its callers `keep` and `grow`.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_leaks_growth_site_names_the_leaking_function() {
+    let frames = leak_site("rw-e2e-sites", "/leak-c", "leak_here").await;
+    assert_eq!(
+        callers(&frames, "leak_here")[..2],
+        ["keep", "grow"],
+        "{frames:?}"
+    );
+}
+
+/// Go (frame pointers on amd64, a static binary): `main.leakHere` with its callers.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_go_leaks_growth_site_names_the_leaking_function_and_its_callers() {
+    let frames = leak_site("rw-e2e-sites-go", "/leak-go", "main.leakHere").await;
+    let up = callers(&frames, "main.leakHere");
+    assert_eq!(up[..2], ["main.grow", "main.keep"], "{frames:?}");
+}
+
+/// Rust's release default, no frame pointers (a static binary): the faulting leaf
+/// `leak_here` is named; its callers are not walkable (`[unknown]` or wrong names).
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_rust_leaks_growth_site_names_its_leaf_without_frame_pointers() {
+    let frames = leak_site("rw-e2e-sites-rs", "/leak-rs", "leak_here").await;
+    assert!(frame_is(&frames[0], "leak_here"), "the leaf: {frames:?}");
 }
 
 /// CPU of a host process over `window`, from /proc (utime + stime), percent of one core.
@@ -814,6 +847,69 @@ async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
     ns.delete().await;
 }
 
+/// A profile of the fixture `command` (a CPU burner in the C workloads image, run as a
+/// non-root user) asked for on the watch for 5 s: it succeeds, its five hottest
+/// functions and its ConfigMap. The watch `w` selects the pod `burner`.
+async fn profiled(
+    prefix: &str,
+    command: &str,
+) -> (
+    Client,
+    cluster::TestNamespace,
+    Api<ResourceWatch>,
+    resourcewatch_crds::ProfileStatus,
+    k8s_openapi::api::core::v1::ConfigMap,
+) {
+    use resourcewatch_crds::ProfileState;
+    let (client, ns) = cluster::test_namespace(prefix).await;
+    let n = ns.name.clone();
+    let rws = cluster::watch_app(&client, &n, "w", "burner").await;
+    cluster::c_workload_pod(&client, &n, "burner", command, "64Mi").await;
+    wait_running(&client, &n, &["burner"]).await;
+    status_where(&rws, "w", "the burner in topCPU", 60, |s| {
+        s.top_cpu.iter().any(|e| e.pod == "burner")
+    })
+    .await;
+    let asked = std::time::Instant::now();
+    annotate(&rws, "pod=burner,duration=5s").await;
+    let s = status_where(&rws, "w", "the profile done", 90, |s| {
+        s.profile
+            .as_ref()
+            .is_some_and(|p| p.state != ProfileState::Pending)
+    })
+    .await;
+    let p = s.profile.expect("profile");
+    assert_eq!(p.state, ProfileState::Succeeded, "{p:?}");
+    // 5 s at 99 Hz of a process on a CPU all the time: about 500 samples.
+    assert!((300..=600).contains(&p.samples), "{} samples", p.samples);
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &n)
+        .get(p.config_map.as_deref().expect("a ConfigMap"))
+        .await
+        .expect("the profile's ConfigMap");
+    eprintln!(
+        "profile of {command}: {} samples, hottest {:?}, Succeeded {:.1} s after the annotation",
+        p.samples,
+        p.hottest,
+        asked.elapsed().as_secs_f64()
+    );
+    (client, ns, rws, p, cm)
+}
+
+async fn annotate(rws: &Api<ResourceWatch>, value: &str) {
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        resourcewatch_crds::PROFILE_ANNOTATION: value}}});
+    rws.patch("w", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate");
+}
+
+fn folded(cm: &k8s_openapi::api::core::v1::ConfigMap) -> String {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get("profile.folded").cloned())
+        .unwrap_or_default()
+}
+
 /// A CPU profile asked for on the watch (`resourcewatch.io/profile`): a C program burning
 /// a core in `burn_here`, reached through `outer` and `middle` (frame pointers), run as a
 /// non-root user, profiled for 5 s at 99 Hz. The status says Succeeded with `burn_here`
@@ -823,53 +919,19 @@ async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use resourcewatch_crds::{PROFILE_ANNOTATION, ProfileState};
-    let (client, ns) = cluster::test_namespace("rw-e2e-profile").await;
+    use resourcewatch_crds::ProfileState;
+    let (client, ns, rws, p, cm) = profiled("rw-e2e-profile", "/burn-c").await;
     let n = ns.name.as_str();
-    let rws = cluster::watch_app(&client, n, "w", "cburn").await;
-    cluster::c_workload_pod(&client, n, "cburn", "/burn-c", "64Mi").await;
-    wait_running(&client, n, &["cburn"]).await;
-    status_where(&rws, "w", "the burner in topCPU", 60, |s| {
-        s.top_cpu.iter().any(|e| e.pod == "cburn")
-    })
-    .await;
-    let annotate = |value: &str| {
-        let patch = serde_json::json!({"metadata": {"annotations": {PROFILE_ANNOTATION: value}}});
-        let rws = rws.clone();
-        async move {
-            rws.patch("w", &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .expect("annotate");
-        }
-    };
-    let asked = std::time::Instant::now();
-    annotate("pod=cburn,duration=5s").await;
-    let s = status_where(&rws, "w", "the profile done", 90, |s| {
-        s.profile
-            .as_ref()
-            .is_some_and(|p| p.state != ProfileState::Pending)
-    })
-    .await;
-    let p = s.profile.expect("profile");
-    let took = asked.elapsed().as_secs_f64();
-    assert_eq!(p.state, ProfileState::Succeeded, "{p:?}");
     assert_eq!(p.hottest[0].function, "burn_here", "{:?}", p.hottest);
     assert!(p.hottest[0].percent >= 80.0, "{:?}", p.hottest);
-    // 5 s at 99 Hz of a process on a CPU all the time: about 500 samples.
-    assert!((300..=600).contains(&p.samples), "{} samples", p.samples);
-    let cm = Api::<ConfigMap>::namespaced(client.clone(), n)
-        .get(p.config_map.as_deref().expect("a ConfigMap"))
-        .await
-        .expect("the profile's ConfigMap");
-    let data = cm.data.unwrap_or_default();
-    let folded = &data["profile.folded"];
+    let folded = folded(&cm);
     assert!(
         folded
             .lines()
             .any(|l| l.contains("main;outer;middle;burn_here")),
         "{folded}"
     );
+    let data = cm.data.unwrap_or_default();
     assert!(
         data["profile.svg"].contains("burn_here"),
         "an SVG naming it"
@@ -883,16 +945,12 @@ async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
             .any(|e| e.note.as_deref().is_some_and(|t| t.contains("burn_here"))),
         "{succeeded:?}"
     );
-    eprintln!(
-        "profile of burn-c: {} samples, hottest {} {}%, status Succeeded {took:.1} s after the annotation",
-        p.samples, p.hottest[0].function, p.hottest[0].percent
-    );
     // The value stays on the watch: it is not taken again.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let again = rws.get("w").await.expect("rw").status.unwrap_or_default();
     assert_eq!(again.profile.map(|x| x.id), Some(p.id));
     // A new value within the namespace's minute: refused, and said so.
-    annotate("pod=cburn,duration=5s,request=2").await;
+    annotate(&rws, "pod=burner,duration=5s,request=2").await;
     let s = status_where(&rws, "w", "the second request refused", 30, |s| {
         s.profile
             .as_ref()
@@ -916,5 +974,38 @@ async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
     })
     .await
     .expect("ProfileRefused");
+    ns.delete().await;
+}
+
+/// Go (frame pointers): the profile's hottest function is `main.burnHere`, and its folded
+/// stacks hold the whole call path.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_go_profile_names_the_hot_function_and_its_callers() {
+    let (_client, ns, _rws, p, cm) = profiled("rw-e2e-profile-go", "/burn-go").await;
+    assert_eq!(p.hottest[0].function, "main.burnHere", "{:?}", p.hottest);
+    assert!(p.hottest[0].percent >= 80.0, "{:?}", p.hottest);
+    let folded = folded(&cm);
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.contains("main.outer;main.middle;main.burnHere")),
+        "{folded}"
+    );
+    ns.delete().await;
+}
+
+/// Rust without frame pointers: the hottest function (the leaf) is `burn_here`; the
+/// callers in its stacks are not walkable.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_rust_profile_without_frame_pointers_names_its_hot_leaf() {
+    let (_client, ns, _rws, p, _cm) = profiled("rw-e2e-profile-rs", "/burn-rs").await;
+    assert!(
+        frame_is(&p.hottest[0].function, "burn_here"),
+        "{:?}",
+        p.hottest
+    );
+    assert!(p.hottest[0].percent >= 80.0, "{:?}", p.hottest);
     ns.delete().await;
 }
