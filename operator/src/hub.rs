@@ -817,30 +817,16 @@ mod tests {
         assert!(kept.svg.is_empty() && kept.folded == "x 1\n" && kept.error.is_empty());
         // Once the request is no longer ordered, a late result is refused, and one not
         // yet taken is dropped.
-        hub.profile_result(
-            "n1",
-            s1.id,
-            pb::ProfileResult {
-                id: "p1".into(),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let bare = || pb::ProfileResult {
+            id: "p1".into(),
+            ..Default::default()
+        };
+        hub.profile_result("n1", s1.id, bare()).unwrap();
         t.profile = None;
         hub.set_watch(key("a"), t);
         assert!(hub.config("n1").unwrap().profiles.is_empty());
         assert!(hub.take_profile_result("p1").is_none());
-        assert!(
-            hub.profile_result(
-                "n1",
-                s1.id,
-                pb::ProfileResult {
-                    id: "p1".into(),
-                    ..Default::default()
-                }
-            )
-            .is_err()
-        );
+        assert!(hub.profile_result("n1", s1.id, bare()).is_err());
     }
 
     #[test]
