@@ -204,6 +204,9 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
     let mut events = plan.events;
     events.extend(profiled.events);
     write_status(ctx, &ns, &key.name, &status).await?;
+    if let Some(state) = profile::transition(old_profile, status.profile.as_ref()) {
+        Metrics::labelled(&ctx.metrics.profiles, "state", &format!("{state:?}"), 1);
+    }
     let old_records = rw.status.as_ref().map_or(&[][..], |s| &s.remediations[..]);
     count_remediations(ctx, old_records, &status.remediations);
     if !plan.evictions.is_empty() {

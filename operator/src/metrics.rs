@@ -48,6 +48,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Remediation decisions and outcomes, by reason.
     pub remediations: Family<Labels, Counter>,
+    /// CPU profile requests by the state a status write gave them.
+    pub profiles: Family<Labels, Counter>,
     pub watches: Gauge,
     /// Agent streams refused by identity checks, by reason (no_token, node_mismatch, ...).
     pub agent_auth_failures: Family<Labels, Counter>,
@@ -82,6 +84,7 @@ impl Default for Metrics {
             protocol_errors: Family::default(),
             leader: Gauge::default(),
             remediations: Family::default(),
+            profiles: Family::default(),
             watches: Gauge::default(),
             agent_auth_failures: Family::default(),
             report_entries_dropped: Family::default(),
@@ -146,6 +149,7 @@ impl Default for Metrics {
             "1 while this replica holds the leader Lease",
             m.leader.clone(),
         );
+        registry.register("profiles", "CPU profile requests (the resourcewatch.io/profile annotation) by the state each reached: Pending when taken, then Succeeded, Failed or Expired; Refused", m.profiles.clone());
         registry.register("remediations", "Remediation decisions recorded in status, by reason (Decided, Evicted, PodDisruptionBudget, Gone, DryRun, Cooldown, MaxRestarts, NotAuthorized, NamespaceNotOptedIn, ...), each once; LedgerConflict when another watch decided first", m.remediations.clone());
         registry.register("watches", "ResourceWatch objects known", m.watches.clone());
         registry.register(
@@ -552,6 +556,18 @@ mod tests {
             m.tasks.stopped(),
             ["returns", "panics"],
             "ends at shutdown are fine"
+        );
+    }
+
+    #[test]
+    fn profile_states_are_counted_under_their_name() {
+        let m = Metrics::default();
+        Metrics::labelled(&m.profiles, "state", "Succeeded", 1);
+        assert!(
+            m.render()
+                .contains(r#"resourcewatch_operator_profiles_total{state="Succeeded"} 1"#),
+            "{}",
+            m.render()
         );
     }
 

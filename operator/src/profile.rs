@@ -373,6 +373,19 @@ pub fn config_map(rw: &ResourceWatch, p: &ProfileStatus, r: &pb::ProfileResult) 
     cm
 }
 
+/// The state a written status newly gave a request (counted once in
+/// `resourcewatch_operator_profiles_total`): a new id, or a new state of the same id.
+pub fn transition(
+    old: Option<&ProfileStatus>,
+    new: Option<&ProfileStatus>,
+) -> Option<ProfileState> {
+    let new = new?;
+    match old {
+        Some(o) if o.id == new.id && o.request == new.request && o.state == new.state => None,
+        _ => Some(new.state),
+    }
+}
+
 /// The latest `requestedAt` of the watches' profiles (the namespace's rate limit).
 pub fn latest_request<'a>(profiles: impl Iterator<Item = &'a ProfileStatus>) -> Option<i64> {
     profiles
@@ -540,6 +553,31 @@ mod tests {
             svg: b"<svg/>".to_vec(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn each_state_a_request_reaches_is_counted_once() {
+        let pending = take_at("api-1", None, None).unwrap();
+        assert_eq!(
+            transition(None, Some(&pending)),
+            Some(ProfileState::Pending)
+        );
+        assert_eq!(transition(Some(&pending), Some(&pending)), None);
+        let mut done = pending.clone();
+        finish(&mut done, &result(""), Some("w-profile".into()), NOW + 40);
+        assert_eq!(
+            transition(Some(&pending), Some(&done)),
+            Some(ProfileState::Succeeded)
+        );
+        let mut next = take_at("pod=api-1,request=2", Some(&done), None).unwrap();
+        next.id = "w-2".into();
+        next.state = ProfileState::Succeeded;
+        assert_eq!(
+            transition(Some(&done), Some(&next)),
+            Some(ProfileState::Succeeded),
+            "another id"
+        );
+        assert_eq!(transition(Some(&done), None), None);
     }
 
     #[test]
