@@ -269,7 +269,8 @@ async fn profile_step(
     let mut current = old.cloned();
     let mut events = Vec::new();
     let annotation = rw.annotations().get(PROFILE_ANNOTATION);
-    if let Some(a) = annotation {
+    if let Some(a) = annotation.filter(|a| profile::is_new(a, old)) {
+        // The namespace's rate limit reads every watch's status: only for a new value.
         let watches = ctx.watches.state();
         let namespace_last = profile::latest_request(
             watches
@@ -764,7 +765,7 @@ pub async fn run(
             .collect::<Vec<_>>()
     });
     let hub_changes = WatchStream::new(hub.subscribe_changes()).map(|_| ());
-    let leak_triggers = match hub.take_leak_triggers() {
+    let reconcile_triggers = match hub.take_reconcile_triggers() {
         Some(rx) => ReceiverStream::new(rx)
             .map(|k| ObjectRef::new(&k.name).within(&k.namespace))
             .boxed(),
@@ -797,7 +798,7 @@ pub async fn run(
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let watches = controller
         .reconcile_all_on(futures::stream::select(hub_changes, leader_changes))
-        .reconcile_on(leak_triggers)
+        .reconcile_on(reconcile_triggers)
         .graceful_shutdown_on(async move {
             let _ = shutdown_signal.wait_for(|s| *s).await;
         })

@@ -157,12 +157,12 @@ pub struct Hub {
     /// Bumped when a node connects, disconnects or refuses a configuration, so the
     /// controller re-reconciles without waiting for its next interval.
     changed: watch::Sender<u64>,
-    /// Watches with a confident leak in a fresh report, for the controller to reconcile
-    /// at once: a remediation decision must not wait for the watch's next interval
-    /// (at 8 MiB/s a 128Mi container lives about 16 s). Bounded; when full, a trigger is
-    /// dropped and the periodic reconcile decides instead.
-    leak_tx: mpsc::Sender<WatchKey>,
-    leak_rx: Mutex<Option<mpsc::Receiver<WatchKey>>>,
+    /// Watches for the controller to reconcile at once: a confident leak in a fresh
+    /// report (a remediation decision must not wait for the watch's next interval: at
+    /// 8 MiB/s a 128Mi container lives about 16 s), or a profile result to store.
+    /// Bounded; when full, a trigger is dropped and the periodic reconcile acts instead.
+    trigger_tx: mpsc::Sender<WatchKey>,
+    trigger_rx: Mutex<Option<mpsc::Receiver<WatchKey>>>,
 }
 
 #[derive(Default)]
@@ -190,7 +190,7 @@ impl Hub {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(1);
-        let (leak_tx, leak_rx) = mpsc::channel(LEAK_TRIGGER_CAPACITY);
+        let (trigger_tx, trigger_rx) = mpsc::channel(TRIGGER_CAPACITY);
         Self {
             opts,
             inner: Mutex::new(Inner::default()),
@@ -198,16 +198,16 @@ impl Hub {
             next_session: AtomicU64::new(1),
             started: Instant::now(),
             changed: watch::channel(0).0,
-            leak_tx,
-            leak_rx: Mutex::new(Some(leak_rx)),
+            trigger_tx,
+            trigger_rx: Mutex::new(Some(trigger_rx)),
         }
     }
 
-    /// The stream of watches to reconcile now because a report shows a leak in one of
-    /// their containers at or above their `minConfidence`. There is one consumer: the
-    /// first call takes it, later calls get `None`.
-    pub fn take_leak_triggers(&self) -> Option<mpsc::Receiver<WatchKey>> {
-        self.leak_rx
+    /// The stream of watches to reconcile now: a report shows a leak in one of their
+    /// containers at or above their `minConfidence`, or a profile they asked for has its
+    /// result. There is one consumer: the first call takes it, later calls get `None`.
+    pub fn take_reconcile_triggers(&self) -> Option<mpsc::Receiver<WatchKey>> {
+        self.trigger_rx
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
@@ -552,7 +552,7 @@ impl Hub {
         }
         for key in leaking {
             // Full: the controller is behind; its periodic reconcile covers this watch.
-            let _ = self.leak_tx.try_send(key);
+            let _ = self.trigger_tx.try_send(key);
         }
         Ok(dropped)
     }
@@ -593,7 +593,7 @@ impl Hub {
         drop(inner);
         if let Some(key) = owner {
             // Full: the controller is behind; the watch's periodic reconcile takes it.
-            let _ = self.leak_tx.try_send(key);
+            let _ = self.trigger_tx.try_send(key);
         }
         Ok(())
     }
@@ -667,7 +667,7 @@ impl Hub {
     }
 }
 
-const LEAK_TRIGGER_CAPACITY: usize = 256;
+const TRIGGER_CAPACITY: usize = 256;
 
 /// The watches that target a container this report shows leaking at or above the
 /// watch's own confidence floor.
@@ -788,7 +788,7 @@ mod tests {
         assert!(hub.config("n2").unwrap().profiles.is_empty());
         let s1 = hub.connect(&hello("n1")).unwrap();
         let s2 = hub.connect(&hello("n2")).unwrap();
-        let mut triggers = hub.take_leak_triggers().unwrap();
+        let mut triggers = hub.take_reconcile_triggers().unwrap();
         let result = pb::ProfileResult {
             id: "p1".into(),
             samples: 5,
@@ -962,8 +962,8 @@ mod tests {
     #[test]
     fn a_confident_leak_of_a_targeted_container_triggers_its_watch_at_once() {
         let hub = Hub::new(HubOptions::default());
-        let mut triggers = hub.take_leak_triggers().expect("first take");
-        assert!(hub.take_leak_triggers().is_none(), "one consumer");
+        let mut triggers = hub.take_reconcile_triggers().expect("first take");
+        assert!(hub.take_reconcile_triggers().is_none(), "one consumer");
         hub.set_watch(key("a"), targets(5, 30, vec![pod("1", "n1")]));
         let mut strict = targets(5, 30, vec![pod("1", "n1")]);
         strict.min_confidence = 90;

@@ -109,13 +109,20 @@ pub struct Take<'a> {
 /// The longest annotation value taken (and kept in status).
 pub const MAX_REQUEST: usize = 256;
 
+/// Whether the annotation's value is a request the status does not answer yet. The
+/// annotation stays on the watch, so every reconcile meets it: this is checked before
+/// anything costlier.
+pub fn is_new(annotation: &str, old: Option<&ProfileStatus>) -> bool {
+    old.is_none_or(|o| o.request != cut(annotation, MAX_REQUEST))
+}
+
 /// What taking the annotation gives: a new profile status (Pending or Refused), or
 /// nothing new when the status already answers this value.
 pub fn take(t: &Take<'_>) -> Option<ProfileStatus> {
-    let request = cut(t.annotation, MAX_REQUEST);
-    if t.old.is_some_and(|o| o.request == request) {
+    if !is_new(t.annotation, t.old) {
         return None;
     }
+    let request = cut(t.annotation, MAX_REQUEST);
     let requested_at = rfc3339(t.now);
     let refused = |pod: String, message: String| ProfileStatus {
         id: t.id.clone(),

@@ -206,11 +206,10 @@ fn bound(r: &mut pb::ProfileResult, max: usize) {
     if size(r) <= max {
         return;
     }
-    let budget = max.saturating_sub(r.pprof.len());
-    if budget == 0 {
+    if r.pprof.len() >= max {
         r.pprof.clear();
     }
-    let budget = max.saturating_sub(r.pprof.len());
+    let budget = max - r.pprof.len();
     // Heaviest stacks first: what is cut is what matters least.
     let mut lines: Vec<&str> = r.folded.lines().collect();
     lines.sort_by_key(|l| {
