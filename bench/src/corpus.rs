@@ -147,6 +147,8 @@ struct Running {
     steps: Vec<Step>,
     /// Process series seen, by pid, in order: "p0", "p1", ...
     procs: HashMap<u32, String>,
+    /// The last heap point recorded per JVM process (ns), so each collection is one row.
+    heap_ts: HashMap<u32, u64>,
     done: bool,
 }
 
@@ -326,6 +328,7 @@ fn start_case(
         },
         steps: Vec::new(),
         procs: HashMap::new(),
+        heap_ts: HashMap::new(),
         done: false,
     }
 }
@@ -364,7 +367,7 @@ fn observe(
                 .clone();
             r.trace.rows.push((
                 t,
-                name,
+                name.clone(),
                 TraceSample {
                     rss: s.rss_bytes(),
                     anon: s.anon_bytes + s.shmem_bytes,
@@ -372,6 +375,21 @@ fn observe(
                     reclaimable: None,
                 },
             ));
+            // A JVM's retained heap: a row per young collection, as the tracker has it.
+            if let Some((ts, bytes)) = builder.leaks.last_heap(*pid)
+                && r.heap_ts.insert(*pid, ts) != Some(ts)
+            {
+                r.trace.rows.push((
+                    t,
+                    name.replacen('p', "h", 1),
+                    TraceSample {
+                        rss: bytes,
+                        anon: bytes,
+                        headroom: None,
+                        reclaimable: None,
+                    },
+                ));
+            }
         }
     }
     let best = f

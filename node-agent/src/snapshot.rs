@@ -11,7 +11,7 @@ use resourcewatch_ebpf::shared::{RwMemSample, SAMPLE_EXIT};
 use crate::{
     cgroup_resolver::{self, CgroupLayout},
     hashpipe,
-    leak::{LeakTracker, MemSample, Seed, SeriesKey, memory_limit},
+    leak::{Basis, LeakTracker, MemSample, Seed, SeriesKey, jvm, memory_limit},
     pipelines::{CpuEpoch, KernelStats, Pipelines, TargetProcess},
     procfs,
     stacks::sites::{GrowthSite, SiteTracker},
@@ -87,6 +87,10 @@ pub struct LeakRow {
     pub time_to_oom_low_secs: Option<f64>,
     /// How long the growth has been held at confidence >= 60.
     pub growing_secs: f64,
+    /// What the verdict was read from: the resident size, or a JVM's retained heap
+    /// (growth, R² and confidence are then the heap's; the time to OOM stays the
+    /// resident size's).
+    pub basis: Basis,
     /// Where the memory grows (stacks/sites.rs): captured from confidence 60 on, the
     /// heaviest first; empty until then.
     pub growth_sites: Vec<GrowthSite>,
@@ -181,7 +185,23 @@ pub struct FrameBuilder {
     pub watched_cgroups: Vec<(u64, String)>,
     /// Captures the growth sites of leaking processes; None turns it off.
     pub sites: Option<SiteTracker>,
+    /// JVMs among the tracked processes, and where their counters are.
+    jvms: HashMap<u32, JvmProbe>,
 }
+
+/// Whether a tracked process publishes JVM counters (`leak::jvm`). Looked for when its
+/// series starts and again with a doubling back-off (a JVM creates the file early in its
+/// start-up, a process may exec into one later), at most every 5 minutes: a directory
+/// listing per process, not per interval.
+struct JvmProbe {
+    path: Option<std::path::PathBuf>,
+    next_probe_ns: u64,
+    backoff_ns: u64,
+    collections: Option<u64>,
+}
+
+const JVM_PROBE_FIRST_NS: u64 = 5_000_000_000;
+const JVM_PROBE_MAX_NS: u64 = 300_000_000_000;
 
 /// Verdicts are recomputed at most this often: at a 10 ms interval the detectors would
 /// otherwise dominate the agent's CPU while the series barely changed.
@@ -203,6 +223,7 @@ impl FrameBuilder {
             last_assessed_ns: 0,
             watched_cgroups: Vec::new(),
             sites: Some(SiteTracker::new()),
+            jvms: HashMap::new(),
         }
     }
 
@@ -295,6 +316,7 @@ impl FrameBuilder {
         }
         self.last_assessed_ns = now;
         self.leaks.prune(now, SERIES_IDLE_NS);
+        self.observe_jvms(now);
         let mut rows = Vec::new();
         // Limits by cgroup path, read once per pass (a pod's processes share them).
         let mut limits: HashMap<String, Option<memory_limit::MemoryLimit>> = HashMap::new();
@@ -355,17 +377,20 @@ impl FrameBuilder {
             let reclaimable = limit
                 .filter(|l| l.limit_bytes.is_some())
                 .map_or(0, |l| l.reclaimable_bytes);
-            let Some(v) =
+            let Some((v, basis)) =
                 self.leaks
-                    .assess_with(key, now, headroom.map(|h| h as f64), reclaimable as f64)
+                    .assess_basis(key, now, headroom.map(|h| h as f64), reclaimable as f64)
             else {
                 continue;
             };
             if v.confidence < self.leak_min_confidence {
                 continue;
             }
-            // Say "none" rather than extrapolate a trend the detectors don't believe.
-            let eta = v.eta.filter(|_| v.confidence >= 40 && v.r2 >= 0.8);
+            // Say "none" rather than extrapolate a trend the detectors don't believe (a
+            // heap verdict's time to OOM was already judged on the resident size's).
+            let eta = v
+                .eta
+                .filter(|_| basis == Basis::JvmHeap || (v.confidence >= 40 && v.r2 >= 0.8));
             rows.push(LeakRow {
                 pid,
                 rss_bytes: rss,
@@ -376,6 +401,7 @@ impl FrameBuilder {
                 time_to_oom_secs: eta.map(|e| e.secs.round()),
                 time_to_oom_low_secs: eta.map(|e| e.low_secs.floor()),
                 growing_secs: v.growing_secs.floor(),
+                basis,
                 growth_sites: Vec::new(),
                 who,
             });
@@ -389,6 +415,44 @@ impl FrameBuilder {
         rows.truncate(self.k);
         self.last_leak_rows = rows.clone();
         rows
+    }
+
+    /// Reads each tracked JVM's counters; a young collection since the last read is a
+    /// point of its heap series.
+    fn observe_jvms(&mut self, now: u64) {
+        let proc_root = std::path::Path::new("/proc");
+        let mut live = HashSet::new();
+        for key in self.leaks.keys() {
+            let SeriesKey::Process { tgid } = key else {
+                continue;
+            };
+            live.insert(tgid);
+            let probe = self.jvms.entry(tgid).or_insert(JvmProbe {
+                path: None,
+                next_probe_ns: now,
+                backoff_ns: JVM_PROBE_FIRST_NS,
+                collections: None,
+            });
+            if probe.path.is_none() && now >= probe.next_probe_ns {
+                probe.path = jvm::find(proc_root, tgid);
+                probe.next_probe_ns = now + probe.backoff_ns;
+                probe.backoff_ns = (probe.backoff_ns * 2).min(JVM_PROBE_MAX_NS);
+            }
+            let heap = match probe.path.as_deref().map(jvm::read) {
+                None => continue,
+                // Gone (the process exec'd, or its /tmp was cleaned): look for it again.
+                Some(None) => {
+                    probe.path = None;
+                    continue;
+                }
+                Some(Some(heap)) => heap,
+            };
+            if probe.collections != Some(heap.young_collections) {
+                probe.collections = Some(heap.young_collections);
+                self.leaks.observe_heap(tgid, now, heap.retained_bytes);
+            }
+        }
+        self.jvms.retain(|tgid, _| live.contains(tgid));
     }
 
     pub fn build(&mut self, pipes: &mut Pipelines, epoch: &CpuEpoch) -> Frame {

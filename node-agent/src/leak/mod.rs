@@ -10,6 +10,7 @@
 
 pub mod corpus;
 pub mod detect;
+pub mod jvm;
 pub mod memory_limit;
 
 use std::collections::HashMap;
@@ -91,10 +92,24 @@ impl Series {
     }
 }
 
+/// What a verdict was read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Basis {
+    /// The resident size (or the container's charge).
+    #[default]
+    Resident,
+    /// A JVM's retained heap after each young collection (`jvm.rs`): the time to OOM
+    /// still comes from the resident size, which is what the kernel kills on.
+    JvmHeap,
+}
+
 /// Series of every process that moved memory, and their verdicts.
 #[derive(Default)]
 pub struct LeakTracker {
     series: HashMap<SeriesKey, Series>,
+    /// JVMs' retained heap, one point per young collection, by process.
+    heaps: HashMap<u32, Series>,
     params: Params,
 }
 
@@ -102,8 +117,42 @@ impl LeakTracker {
     pub fn new(params: Params) -> Self {
         Self {
             series: HashMap::new(),
+            heaps: HashMap::new(),
             params,
         }
+    }
+
+    /// A JVM's retained heap after a young collection (`jvm::Heap`), for a process
+    /// already tracked. Call it once per collection: each call is a point.
+    pub fn observe_heap(&mut self, tgid: u32, ts_ns: u64, retained_bytes: u64) {
+        let Some(started_ns) = self
+            .series
+            .get(&SeriesKey::Process { tgid })
+            .map(|s| s.started_ns)
+        else {
+            return;
+        };
+        let s = MemSample {
+            ts_ns,
+            anon_bytes: retained_bytes,
+            ..Default::default()
+        };
+        self.heaps
+            .entry(tgid)
+            .or_insert_with(|| Series {
+                points: Vec::new(),
+                started_ns,
+                peak_bytes: 0,
+                last: s,
+            })
+            .push(s);
+    }
+
+    /// The newest point of a process's heap series: (ns, retained bytes).
+    pub fn last_heap(&self, tgid: u32) -> Option<(u64, u64)> {
+        self.heaps
+            .get(&tgid)
+            .map(|h| (h.last.ts_ns, h.last.anon_bytes))
     }
 
     pub fn observe(&mut self, key: SeriesKey, s: MemSample) {
@@ -144,6 +193,9 @@ impl LeakTracker {
 
     pub fn forget(&mut self, key: SeriesKey) {
         self.series.remove(&key);
+        if let SeriesKey::Process { tgid } = key {
+            self.heaps.remove(&tgid);
+        }
     }
 
     /// The series tracked, in order (a replay that breaks ties by order is repeatable).
@@ -171,6 +223,20 @@ impl LeakTracker {
         headroom: Option<f64>,
         reclaimable: f64,
     ) -> Option<Verdict> {
+        Some(self.assess_basis(key, now_ns, headroom, reclaimable)?.0)
+    }
+
+    /// Like `assess_with`, and what the verdict was read from. A JVM's verdict is the more
+    /// confident of its resident size's and its retained heap's; the time to OOM is always
+    /// the resident size's (the kernel kills on the charge, not on the heap), and only
+    /// where that series' own trend supports one.
+    pub fn assess_basis(
+        &self,
+        key: SeriesKey,
+        now_ns: u64,
+        headroom: Option<f64>,
+        reclaimable: f64,
+    ) -> Option<(Verdict, Basis)> {
         let s = self.series.get(&key)?;
         let ctx = Context {
             start_t: s.started_ns as f64 / 1e9,
@@ -179,7 +245,26 @@ impl LeakTracker {
             headroom,
             reclaimable,
         };
-        detect::assess(&s.points, &ctx, &self.params)
+        let resident = detect::assess(&s.points, &ctx, &self.params);
+        let heap = match key {
+            SeriesKey::Process { tgid } => self.heaps.get(&tgid).and_then(|h| {
+                let ctx = Context {
+                    prior_peak: 0.0,
+                    headroom: None,
+                    reclaimable: 0.0,
+                    ..ctx
+                };
+                detect::assess(&h.points, &ctx, &self.params)
+            }),
+            SeriesKey::Cgroup { .. } => None,
+        };
+        match (resident, heap) {
+            (r, Some(h)) if r.is_none_or(|r| h.confidence > r.confidence) => {
+                let eta = r.and_then(|r| r.eta.filter(|_| r.confidence >= 40 && r.r2 >= 0.8));
+                Some((Verdict { eta, ..h }, Basis::JvmHeap))
+            }
+            (r, _) => Some((r?, Basis::Resident)),
+        }
     }
 
     /// (seconds, MiB) of a series' points, for diagnostics.
@@ -308,6 +393,62 @@ mod tests {
             leak,
         );
         assert!(found.is_some_and(|s| s <= 10), "{found:?}");
+    }
+
+    /// A JVM leaking into heap it already committed: its resident size is flat, its
+    /// retained heap rises at every young collection (every 20 s here).
+    #[test]
+    fn a_jvm_leak_in_committed_heap_is_read_from_its_retained_heap() {
+        let mut t = LeakTracker::default();
+        let key = SeriesKey::Process { tgid: 42 };
+        let at = |s: u64| s * 1_000_000_000;
+        for s in 0..=150u64 {
+            t.observe(
+                key,
+                MemSample {
+                    ts_ns: at(s),
+                    anon_bytes: 300 * MIB,
+                    ..Default::default()
+                },
+            );
+            if s % 20 == 5 {
+                // 100 KB/s kept, over a 40 MiB live set.
+                t.observe_heap(42, at(s), 40 * MIB + s * 100_000);
+            }
+        }
+        let (v, basis) = t
+            .assess_basis(key, at(150), Some(1e9), 0.0)
+            .expect("verdict");
+        assert_eq!(basis, Basis::JvmHeap);
+        assert!(v.confidence >= 60, "{v:?}");
+        assert!(
+            (v.slope - 100_000.0).abs() < 10_000.0,
+            "heap growth {}",
+            v.slope
+        );
+        assert_eq!(v.eta, None, "a flat resident size predicts no OOM kill");
+        // Its heap flat: the resident size speaks (and is flat).
+        let mut t = LeakTracker::default();
+        for s in 0..=150u64 {
+            t.observe(
+                key,
+                MemSample {
+                    ts_ns: at(s),
+                    anon_bytes: 300 * MIB,
+                    ..Default::default()
+                },
+            );
+            if s % 20 == 5 {
+                t.observe_heap(42, at(s), 40 * MIB);
+            }
+        }
+        let (v, _) = t.assess_basis(key, at(150), None, 0.0).expect("verdict");
+        assert!(v.confidence < 40, "{v:?}");
+        // Heap points for a process not tracked are dropped; forgetting drops both.
+        t.observe_heap(43, at(1), MIB);
+        assert_eq!(t.last_heap(43), None);
+        t.forget(key);
+        assert_eq!(t.last_heap(42), None);
     }
 
     #[test]

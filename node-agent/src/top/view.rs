@@ -217,7 +217,11 @@ fn sections(f: &Frame) -> Vec<Section> {
                 .leaks
                 .iter()
                 .map(|r| {
-                    let who = r.who.comm.clone().or(r.who.cgroup.clone());
+                    let mut who = r.who.comm.clone().or(r.who.cgroup.clone());
+                    if r.basis == crate::leak::Basis::JvmHeap {
+                        // Growth is the retained heap's, not the resident size's.
+                        who = who.map(|w| format!("{w} (JVM heap)"));
+                    }
                     vec![
                         match r.pid {
                             Some(p) => pid(p),
@@ -525,6 +529,7 @@ mod tests {
             time_to_oom_secs: None,
             time_to_oom_low_secs: None,
             growing_secs: 20.0,
+            basis: Default::default(),
             growth_sites: vec![crate::stacks::sites::GrowthSite {
                 frames: vec!["leak_here".into(), "keep".into(), "grow".into()],
                 bytes: 30 << 20,
