@@ -251,7 +251,7 @@ pub const CASES: &[Case] = &[
     Case {
         known_misses: &[KnownMiss::EtaError {
             fraction: 0.30,
-            why: "the JVM's growth speeds up near its limit (G1 expands the heap faster as it fills, collections work harder): 2.7 MB/s at half-way, 5.8 MB/s in the last 15 s; at half-way the point was within 9 % in three runs and 25 % late in the fourth (its lower bound 39 s for 36 s)",
+            why: "the JVM's growth speeds up near its limit (G1 expands the heap faster as it fills, collections work harder): 2.7 MB/s at half-way, 5.8 MB/s in the last 15 s; at half-way the point was within 9 % in four runs and 25 % late in one (its lower bound 39 s for 36 s)",
         }],
         ..leak(
             "java-2MB-384Mi",
@@ -285,7 +285,7 @@ pub const CASES: &[Case] = &[
         leak_from: 60.0,
         known_misses: &[KnownMiss::Detection {
             secs: 600.0,
-            why: "V8's major collections free 20 MB every ~105 s, 10x what the leak adds per minute: >= 60 from 12 s after the leak starts, but each collection drops it; it is told from a collector's cycle by rising troughs, which takes four collections (kept from 387-494 s after start)",
+            why: "V8's major collections free 20 MB every ~105 s, 10x what the leak adds per minute: >= 60 from 12 s after the leak starts, but each collection drops it; it is told from a collector's cycle by rising troughs, which takes four collections (kept from 386-494 s after start)",
         }],
         ..leak(
             "node-warm-then-200KB",
@@ -312,16 +312,10 @@ pub const CASES: &[Case] = &[
     Case {
         pod: Some("sidecar-pod"),
         pod_limit: Some(160 * MI),
-        known_misses: &[
-            KnownMiss::Detection {
-                secs: 12.0,
-                why: "V8 grows in 7-22 MB steps every 1-5 s at its start: >= 60 from 4-6 s, kept from 6-11 s (11 s in two of four runs: three steps in 8 s read as slowing down until the fourth; killed at 33 s)",
-            },
-            KnownMiss::EtaError {
-                fraction: 0.50,
-                why: "predicted at half-way (11-20 s after start) from a rate Node's start-up steps inflated: 7-12 s for 13-22 s (36-45 % early, never late)",
-            },
-        ],
+        known_misses: &[KnownMiss::EtaError {
+            fraction: 0.50,
+            why: "predicted at half-way (11-20 s after start) from a rate Node's start-up steps inflated: 7-12 s for 13-22 s (36-47 % early, never late)",
+        }],
         ..leak(
             "sidecar-3MB",
             3 * M,

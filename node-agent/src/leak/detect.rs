@@ -463,7 +463,9 @@ fn score_window(
 
     // Linearity: a cache warming up grows fast and then slower and slower; a leak keeps
     // its rate.
-    c.linearity = halves_linearity(&ts, &ys, how);
+    // Urgent growth is asked less: a runtime stepping up towards its limit pauses between
+    // steps, which reads as slowing down.
+    c.linearity = halves_linearity(&ts, &ys, how).max(urgency);
 
     // The same against the window just before this one (within the run): a short window
     // on the tail of a warm-up is locally straight, but much slower than what preceded it.
@@ -851,6 +853,45 @@ mod tests {
         let stops = move |t: f64| stairs(t.min(150.0));
         let after = max_confidence_from(210.0, 500.0, stops);
         assert!(after < 60, "a staircase that stopped scored {after}");
+    }
+
+    #[test]
+    fn steps_towards_a_near_limit_are_not_read_as_slowing_down() {
+        // Node.js's start, as the corpus's sidecar recorded it (run 5, MiB each second):
+        // V8 steps its heap up and pauses between steps; its pod's limit is 160 MiB.
+        const CHARGE: [f64; 15] = [
+            18.7, 23.1, 28.5, 32.0, 35.0, 47.4, 47.6, 48.5, 51.2, 74.0, 74.2, 74.1, 74.2, 74.2,
+            88.5,
+        ];
+        let pts: Vec<Point> = CHARGE
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Point {
+                t: i as f64 + 1.0,
+                rss: m * MIB,
+                anon: (m - 12.0) * MIB,
+            })
+            .collect();
+        let judge = |n: usize, limit: Option<f64>| {
+            let now = n as f64;
+            let ctx = Context {
+                headroom: limit.map(|l| l - pts[n - 1].rss),
+                ..at(now)
+            };
+            assess(&pts[..n], &ctx, &Params::default()).map_or(0, |v| v.confidence)
+        };
+        // Against its limit, found by 6 s and kept through the pauses.
+        assert!(judge(6, Some(160.0 * MIB)) >= 60);
+        for n in 6..=CHARGE.len() {
+            let c = judge(n, Some(160.0 * MIB));
+            assert!(c >= 50, "dropped to {c} at {n} s");
+        }
+        // Without a limit nothing is urgent, and the pause after a fast start is what a
+        // warm-up's end looks like: the slowing-down check still applies.
+        assert!(
+            (6..=CHARGE.len()).any(|n| judge(n, None) < 50),
+            "the slowing-down check never applied"
+        );
     }
 
     #[test]
