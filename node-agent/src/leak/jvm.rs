@@ -46,11 +46,14 @@ pub enum ParseError {
     NoGenerations,
 }
 
-fn read_u32(d: &[u8], at: usize, little: bool) -> Result<u32, ParseError> {
-    let b: [u8; 4] = d
-        .get(at..at + 4)
+fn bytes<const N: usize>(d: &[u8], at: usize) -> Result<[u8; N], ParseError> {
+    d.get(at..at + N)
         .and_then(|s| s.try_into().ok())
-        .ok_or(ParseError::Truncated)?;
+        .ok_or(ParseError::Truncated)
+}
+
+fn read_u32(d: &[u8], at: usize, little: bool) -> Result<u32, ParseError> {
+    let b = bytes(d, at)?;
     Ok(if little {
         u32::from_le_bytes(b)
     } else {
@@ -59,10 +62,7 @@ fn read_u32(d: &[u8], at: usize, little: bool) -> Result<u32, ParseError> {
 }
 
 fn read_i64(d: &[u8], at: usize, little: bool) -> Result<i64, ParseError> {
-    let b: [u8; 8] = d
-        .get(at..at + 8)
-        .and_then(|s| s.try_into().ok())
-        .ok_or(ParseError::Truncated)?;
+    let b = bytes(d, at)?;
     Ok(if little {
         i64::from_le_bytes(b)
     } else {

@@ -399,23 +399,27 @@ mod tests {
     /// retained heap rises at every young collection (every 20 s here).
     #[test]
     fn a_jvm_leak_in_committed_heap_is_read_from_its_retained_heap() {
-        let mut t = LeakTracker::default();
         let key = SeriesKey::Process { tgid: 42 };
         let at = |s: u64| s * 1_000_000_000;
-        for s in 0..=150u64 {
-            t.observe(
-                key,
-                MemSample {
+        // 150 s of a flat 300 MiB resident size, and the retained heap `heap(s)` after a
+        // young collection every 20 s.
+        let jvm = |heap: &dyn Fn(u64) -> u64| {
+            let mut t = LeakTracker::default();
+            for s in 0..=150u64 {
+                let sample = MemSample {
                     ts_ns: at(s),
                     anon_bytes: 300 * MIB,
                     ..Default::default()
-                },
-            );
-            if s % 20 == 5 {
-                // 100 KB/s kept, over a 40 MiB live set.
-                t.observe_heap(42, at(s), 40 * MIB + s * 100_000);
+                };
+                t.observe(key, sample);
+                if s % 20 == 5 {
+                    t.observe_heap(42, at(s), heap(s));
+                }
             }
-        }
+            t
+        };
+        // 100 KB/s kept, over a 40 MiB live set.
+        let t = jvm(&|s| 40 * MIB + s * 100_000);
         let (v, basis) = t
             .assess_basis(key, at(150), Some(1e9), 0.0)
             .expect("verdict");
@@ -428,20 +432,7 @@ mod tests {
         );
         assert_eq!(v.eta, None, "a flat resident size predicts no OOM kill");
         // Its heap flat: the resident size speaks (and is flat).
-        let mut t = LeakTracker::default();
-        for s in 0..=150u64 {
-            t.observe(
-                key,
-                MemSample {
-                    ts_ns: at(s),
-                    anon_bytes: 300 * MIB,
-                    ..Default::default()
-                },
-            );
-            if s % 20 == 5 {
-                t.observe_heap(42, at(s), 40 * MIB);
-            }
-        }
+        let mut t = jvm(&|_| 40 * MIB);
         let (v, _) = t.assess_basis(key, at(150), None, 0.0).expect("verdict");
         assert!(v.confidence < 40, "{v:?}");
         // Heap points for a process not tracked are dropped; forgetting drops both.
