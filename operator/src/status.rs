@@ -857,6 +857,24 @@ mod tests {
         }
     }
 
+    /// A status computed for generation 1 at `now` and written.
+    fn write_at(
+        settings: &Result<WatchSettings, SpecError>,
+        pods: &[SelectedPod],
+        nodes: &[NodeView],
+        old: Option<&ResourceWatchStatus>,
+        now: &str,
+    ) -> (ResourceWatchStatus, Vec<EventSpec>) {
+        write(compute(&Inputs {
+            generation: Some(1),
+            settings,
+            pods,
+            nodes,
+            old,
+            now,
+        }))
+    }
+
     #[test]
     fn top_lists_rank_across_nodes_and_ignore_unselected_pods() {
         let s = settings(serde_json::json!({"topK": 2}));
@@ -897,14 +915,7 @@ mod tests {
                 vec![],
             ),
         ];
-        let (st, ev) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &nodes,
-            old: None,
-            now: "t0",
-        }));
+        let (st, ev) = write_at(&s, &pods, &nodes, None, "t0");
         let cpu: Vec<u32> = st.top_cpu.iter().map(|e| e.process.pid).collect();
         let mem: Vec<u32> = st.top_memory.iter().map(|e| e.process.pid).collect();
         assert_eq!(cpu, [10, 20], "pod zzz is not selected");
@@ -946,14 +957,7 @@ mod tests {
                 leak(13, 30, None),
             ],
         )];
-        let (st, ev) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &nodes,
-            old: None,
-            now: "t0",
-        }));
+        let (st, ev) = write_at(&s, &pods, &nodes, None, "t0");
         assert_eq!(st.leaks.len(), 1, "{:?}", st.leaks);
         assert_eq!(
             st.leaks[0].time_to_oom_seconds,
@@ -979,14 +983,7 @@ mod tests {
             "{}",
             leak_events[0].note
         );
-        let (_, again) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &nodes,
-            old: Some(&st),
-            now: "t1",
-        }));
+        let (_, again) = write_at(&s, &pods, &nodes, Some(&st), "t1");
         assert!(again.is_empty(), "no repeat: {again:?}");
     }
 
@@ -1011,14 +1008,7 @@ mod tests {
             percent: 52.6,
         };
         let first = [node("n1", vec![], vec![leak(vec![libc_only])])];
-        let (st0, ev0) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &first,
-            old: None,
-            now: "t0",
-        }));
+        let (st0, ev0) = write_at(&s, &pods, &first, None, "t0");
         assert_eq!(st0.leaks[0].growth_sites.len(), 1);
         let detected: Vec<&str> = ev0
             .iter()
@@ -1055,14 +1045,7 @@ mod tests {
                 site("most", f64::NAN),
             ])],
         )];
-        let (st1, ev1) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &later,
-            old: Some(&st0),
-            now: "t1",
-        }));
+        let (st1, ev1) = write_at(&s, &pods, &later, Some(&st0), "t1");
         let sites = &st1.leaks[0].growth_sites;
         assert_eq!(sites.len(), MAX_GROWTH_SITES as usize);
         assert_eq!(sites[0].frames.len(), MAX_SITE_FRAMES as usize);
@@ -1084,14 +1067,7 @@ mod tests {
                 "pod-a/app grows at __memset_avx2 < leak_here < keep < grow < ... (91% of its growth)"
             ]
         );
-        let (_, ev2) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &later,
-            old: Some(&st1),
-            now: "t2",
-        }));
+        let (_, ev2) = write_at(&s, &pods, &later, Some(&st1), "t2");
         assert!(ev2.is_empty(), "announced once: {ev2:?}");
     }
 
@@ -1117,27 +1093,13 @@ mod tests {
             )],
             vec![leak],
         )];
-        let (st1, _) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &ok,
-            old: None,
-            now: "t0",
-        }));
+        let (st1, _) = write_at(&s, &pods, &ok, None, "t0");
         let lost = [NodeView {
             name: "n1".into(),
             missing: true,
             ..Default::default()
         }];
-        let (st2, ev2) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &lost,
-            old: Some(&st1),
-            now: "t1",
-        }));
+        let (st2, ev2) = write_at(&s, &pods, &lost, Some(&st1), "t1");
         let d = find(&st2.conditions, ConditionType::Degraded).unwrap();
         assert_eq!(
             (d.status, d.reason.as_str()),
@@ -1148,14 +1110,7 @@ mod tests {
             ev2.iter().map(|e| e.reason).collect::<Vec<_>>(),
             ["AgentLost"]
         );
-        let (st3, ev3) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &lost,
-            old: Some(&st2),
-            now: "t2",
-        }));
+        let (st3, ev3) = write_at(&s, &pods, &lost, Some(&st2), "t2");
         assert!(ev3.is_empty());
         assert_eq!(
             find(&st3.conditions, ConditionType::Degraded)
@@ -1163,14 +1118,7 @@ mod tests {
                 .last_transition_time,
             "t1"
         );
-        let (_, ev4) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &ok,
-            old: Some(&st3),
-            now: "t3",
-        }));
+        let (_, ev4) = write_at(&s, &pods, &ok, Some(&st3), "t3");
         assert_eq!(
             ev4.iter().map(|e| e.reason).collect::<Vec<_>>(),
             ["AgentRecovered"]
@@ -1182,14 +1130,7 @@ mod tests {
         let s = settings(serde_json::json!({}));
         let pods = [pod("a", "n1")];
         let ok = [node("n1", vec![], vec![])];
-        let (st, _) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &ok,
-            old: None,
-            now: "t0",
-        }));
+        let (st, _) = write_at(&s, &pods, &ok, None, "t0");
         let pending = [NodeView {
             name: "n1".into(),
             ..Default::default()
@@ -1262,27 +1203,13 @@ mod tests {
             vec![container("a", 80.0, 95 << 20, 100 << 20, vec![])],
             vec![],
         )];
-        let (st, ev) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &hot,
-            old: None,
-            now: "t0",
-        }));
+        let (st, ev) = write_at(&s, &pods, &hot, None, "t0");
         assert_eq!(
             ev.iter().filter(|e| e.reason == "ThresholdCrossed").count(),
             2
         );
         assert_eq!(st.exceeding.len(), 2);
-        let (_, again) = write(compute(&Inputs {
-            generation: Some(1),
-            settings: &s,
-            pods: &pods,
-            nodes: &hot,
-            old: Some(&st),
-            now: "t1",
-        }));
+        let (_, again) = write_at(&s, &pods, &hot, Some(&st), "t1");
         assert!(again.is_empty());
     }
 }
