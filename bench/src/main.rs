@@ -13,6 +13,7 @@ use std::{
 
 use clap::{Parser, Subcommand};
 
+mod compare;
 mod corpus;
 use resourcewatch_agent::{
     hashpipe::{self, Geometry},
@@ -127,6 +128,26 @@ enum Cmd {
         #[arg(long, default_value_t = 600_000_000)]
         work: u64,
     },
+    /// The agent's total cost (user + system + eBPF kernel time) against a /proc poller
+    /// and a per-container cgroup reader producing the same figures at the same interval,
+    /// each alone on one workload (node-agent/BENCHMARKS.md, "Against the alternatives").
+    Compare {
+        /// Long-lived processes (the first 50 busy, the rest asleep).
+        #[arg(long, default_value_t = 5000)]
+        procs: usize,
+        /// Memory cgroups the processes are spread over, all tracked exactly by the agent.
+        #[arg(long, default_value_t = 200)]
+        containers: usize,
+        /// Short-lived processes started per second.
+        #[arg(long, default_value_t = 20)]
+        churn: u32,
+        #[arg(short, long, default_value_t = 30)]
+        k: usize,
+        #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+        interval: Duration,
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        duration: Duration,
+    },
     /// User-space cost of reading a JVM's retained heap (leak/jvm.rs): starts a JVM
     /// (`java` on PATH), then times `reads` reads of its hsperfdata file.
     JvmHeap {
@@ -187,6 +208,14 @@ fn main() {
             duration,
             with_workload,
         } => agent(interval, duration, with_workload),
+        Cmd::Compare {
+            procs,
+            containers,
+            churn,
+            k,
+            interval,
+            duration,
+        } => compare::compare(procs, containers, churn, k, interval, duration),
         Cmd::JvmHeap { reads } => jvm_heap(reads),
         Cmd::Leaks { duration } => leaks(duration),
         Cmd::Corpus {

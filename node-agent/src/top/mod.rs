@@ -128,7 +128,10 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
         pipes.drain_samples(|s| builder.observe_sample(s));
         let frame = builder.build(&mut pipes, &epoch);
         if opts.json {
-            let mut out = std::io::stdout().lock();
+            // One buffer per frame: stdout's own is line-buffered and scans every one of
+            // serde's small writes for a newline (a frame of 5,000 tracked processes is
+            // ~2 MB; that scan was a tenth of the agent's CPU at 100 ms).
+            let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
             serde_json::to_writer(&mut out, &frame).map_err(std::io::Error::other)?;
             out.write_all(b"\n")?;
             out.flush()?;

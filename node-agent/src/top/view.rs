@@ -443,11 +443,11 @@ mod tests {
     };
     use ratatui::{Terminal, backend::TestBackend};
 
-    fn who(comm: &str) -> Attribution {
-        Attribution {
+    fn who(comm: &str) -> std::sync::Arc<Attribution> {
+        std::sync::Arc::new(Attribution {
             comm: Some(comm.into()),
             ..Default::default()
-        }
+        })
     }
 
     fn frame() -> Frame {

@@ -1,0 +1,386 @@
+//! `compare`: what the agent costs against what a user would otherwise run for the same
+//! figures at the same interval, each alone on one workload:
+//!
+//! - **/proc poller**: every interval, list /proc and read each process's `stat` and
+//!   `statm`, then rank by the CPU time since the last pass and by resident size. This is
+//!   what `top`, Inspektor Gadget's `top` gadgets (on kernels without their eBPF
+//!   iterators) and per-process exporters do; it is written here rather than run as
+//!   `top -b` so that both sides produce the same two Top-K lists and nothing else
+//!   (no terminal rendering, no per-user lookups) is counted against the poller.
+//! - **cgroup reader**: every interval, each targeted container's `cpuacct.usage`,
+//!   `memory.usage_in_bytes` and `memory.stat` (v1; `cpu.stat`, `memory.current`,
+//!   `memory.stat` on v2), what cAdvisor-style per-container readers do. It gives
+//!   per-container figures only, no process Top-K.
+//! - **agent**: `resourcewatch-agent top --json -k K --interval I`, exact tracking of the
+//!   same containers (`--target-cgroup`), its user and system CPU plus the kernel time of
+//!   its eBPF programs (`run_time_ns` of each program it holds, `kernel.bpf_stats_enabled`).
+//!
+//! The pollers' cost is their thread's CPU time (user + system: the /proc and cgroupfs
+//! reads are system time). The workload: `procs` long-lived processes, the first 50 busy
+//! on a geometric duty cycle, the rest asleep and waking once a second, plus `churn`
+//! short-lived processes a second; spread round-robin over `containers` memory cgroups.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use super::{SysctlGuard, Workload, duty_cycle, fail, fork, proc_cpu_ticks, thread_cpu_ns};
+
+/// One tool's cost over a run.
+struct Cost {
+    /// User + system CPU of the tool's process or thread, seconds.
+    cpu_s: f64,
+    /// Kernel time of its eBPF programs, seconds (the agent only).
+    bpf_s: f64,
+    /// eBPF program runs (the agent only).
+    bpf_runs: u64,
+    wall_s: f64,
+    passes: u64,
+}
+
+impl Cost {
+    fn percent(&self) -> f64 {
+        100.0 * (self.cpu_s + self.bpf_s) / self.wall_s
+    }
+}
+
+/// The containers' cgroups, made for the run and removed after it.
+struct Containers {
+    v1: bool,
+    dirs: Vec<PathBuf>,
+    cpu_dirs: Vec<PathBuf>,
+}
+
+impl Containers {
+    fn create(n: usize) -> Containers {
+        let v1 = Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists();
+        let (mem_root, cpu_root) = if v1 {
+            (
+                PathBuf::from("/sys/fs/cgroup/memory/rw-compare"),
+                Some(PathBuf::from("/sys/fs/cgroup/cpuacct/rw-compare")),
+            )
+        } else {
+            (PathBuf::from("/sys/fs/cgroup/rw-compare"), None)
+        };
+        let mut dirs = Vec::new();
+        let mut cpu_dirs = Vec::new();
+        for i in 0..n {
+            let d = mem_root.join(format!("c{i}"));
+            std::fs::create_dir_all(&d).unwrap_or_else(|e| fail(&format!("{}: {e}", d.display())));
+            dirs.push(d);
+            if let Some(root) = &cpu_root {
+                let c = root.join(format!("c{i}"));
+                std::fs::create_dir_all(&c)
+                    .unwrap_or_else(|e| fail(&format!("{}: {e}", c.display())));
+                cpu_dirs.push(c);
+            }
+        }
+        Containers { v1, dirs, cpu_dirs }
+    }
+
+    fn enter(&self, i: usize, pid: u32) {
+        let i = i % self.dirs.len();
+        for d in std::iter::once(&self.dirs[i]).chain(self.cpu_dirs.get(i)) {
+            std::fs::write(d.join("cgroup.procs"), pid.to_string())
+                .unwrap_or_else(|e| fail(&format!("{}: {e}", d.display())));
+        }
+    }
+
+    /// The files a per-container reader reads each interval.
+    fn files(&self) -> Vec<PathBuf> {
+        let mut f = Vec::new();
+        for (i, d) in self.dirs.iter().enumerate() {
+            if self.v1 {
+                f.push(self.cpu_dirs[i].join("cpuacct.usage"));
+                f.push(d.join("memory.usage_in_bytes"));
+            } else {
+                f.push(d.join("cpu.stat"));
+                f.push(d.join("memory.current"));
+            }
+            f.push(d.join("memory.stat"));
+        }
+        f
+    }
+}
+
+impl Drop for Containers {
+    fn drop(&mut self) {
+        // The workload is killed first (its Drop runs before this one's: declared later).
+        for d in self.dirs.iter().chain(&self.cpu_dirs) {
+            for _ in 0..50 {
+                if std::fs::remove_dir(d).is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        for d in self.dirs.iter().chain(&self.cpu_dirs).take(1) {
+            if let Some(root) = d.parent() {
+                let _ = std::fs::remove_dir(root);
+            }
+        }
+        if let Some(root) = self.cpu_dirs.first().and_then(|d| d.parent()) {
+            let _ = std::fs::remove_dir(root);
+        }
+    }
+}
+
+/// The workload described in the module's comment, its processes in `containers`.
+fn spawn(procs: usize, churn: u32, containers: &Containers) -> Workload {
+    let mut pids = Vec::with_capacity(procs + 1);
+    for i in 0..procs {
+        let pid = if i < 50 {
+            let duty = 0.05 * 0.93f64.powi(i as i32);
+            fork(move || duty_cycle(duty, Duration::from_millis(20)))
+        } else {
+            fork(|| {
+                super::touch_anon(256 << 10);
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })
+        };
+        containers.enter(i, pid);
+        pids.push(pid);
+    }
+    if churn > 0 {
+        let gap = Duration::from_secs(1) / churn;
+        let spawner = fork(move || {
+            loop {
+                fork(|| {
+                    super::touch_anon(1 << 20);
+                    let t = Instant::now();
+                    while t.elapsed() < Duration::from_millis(2) {
+                        std::hint::spin_loop();
+                    }
+                });
+                // SAFETY: non-blocking reaping of our own children.
+                while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+                std::thread::sleep(gap);
+            }
+        });
+        containers.enter(0, spawner);
+        pids.push(spawner);
+    }
+    Workload { pids }
+}
+
+/// Runs `pass` every `interval` on a thread of its own for `duration`; its CPU time.
+fn poll(interval: Duration, duration: Duration, mut pass: impl FnMut() + Send) -> Cost {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let c0 = thread_cpu_ns();
+            let t0 = Instant::now();
+            let mut next = t0;
+            let mut passes = 0;
+            while t0.elapsed() < duration {
+                pass();
+                passes += 1;
+                next += interval;
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+            Cost {
+                cpu_s: (thread_cpu_ns() - c0) as f64 / 1e9,
+                bpf_s: 0.0,
+                bpf_runs: 0,
+                wall_s: t0.elapsed().as_secs_f64(),
+                passes,
+            }
+        })
+        .join()
+        .unwrap_or_else(|_| fail(&"a poller panicked"))
+    })
+}
+
+/// One /proc pass: every process's CPU time and resident size, ranked.
+fn proc_pass(k: usize, prev: &mut HashMap<u32, u64>, page: u64) -> usize {
+    let mut cpu: Vec<(u64, u32)> = Vec::new();
+    let mut mem: Vec<(u64, u32)> = Vec::new();
+    let mut seen = HashMap::with_capacity(prev.len());
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        fail(&"cannot list /proc")
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        // A process that exits between the listing and the read is skipped, as top does.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Ok(statm) = std::fs::read_to_string(format!("/proc/{pid}/statm")) else {
+            continue;
+        };
+        let Some(rest) = stat.rsplit_once(')').map(|r| r.1) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let rss = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * page;
+        let delta = ticks.saturating_sub(prev.get(&pid).copied().unwrap_or(ticks));
+        seen.insert(pid, ticks);
+        cpu.push((delta, pid));
+        mem.push((rss, pid));
+    }
+    *prev = seen;
+    let n = cpu.len();
+    for list in [&mut cpu, &mut mem] {
+        if list.len() > k {
+            list.select_nth_unstable_by(k, |a, b| b.cmp(a));
+            list.truncate(k);
+        }
+        list.sort_unstable_by(|a, b| b.cmp(a));
+    }
+    std::hint::black_box((&cpu, &mem));
+    n
+}
+
+/// The kernel time and runs of every eBPF program `pid` holds open.
+fn bpf_of(pid: u32) -> (u64, u64) {
+    let (mut ns, mut runs) = (0, 0);
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return (0, 0);
+    };
+    for fd in fds.flatten() {
+        let Ok(info) = std::fs::read_to_string(fd.path()) else {
+            continue;
+        };
+        if !info.contains("prog_type:") {
+            continue;
+        }
+        let field = |key: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        ns += field("run_time_ns:");
+        runs += field("run_cnt:");
+    }
+    (ns, runs)
+}
+
+fn agent(k: usize, interval: Duration, duration: Duration, containers: &Containers) -> Cost {
+    let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e));
+    let bin = exe.with_file_name("resourcewatch-agent");
+    let ms = format!("{}ms", interval.as_millis());
+    let mut cmd = Command::new(&bin);
+    cmd.args(["top", "--json", "-k", &k.to_string(), "--interval", &ms]);
+    for d in &containers.dirs {
+        cmd.arg("--target-cgroup").arg(d);
+    }
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| fail(&format!("{}: {e}", bin.display())));
+    let pid = child.id();
+    // Loading, verification and the first seeding are start-up, not steady state.
+    std::thread::sleep(Duration::from_secs(5));
+    let gone = || fail(&"the agent exited early (run it alone to see why)");
+    let (c0, (b0, r0), t0) = (
+        proc_cpu_ticks(pid).unwrap_or_else(gone),
+        bpf_of(pid),
+        Instant::now(),
+    );
+    std::thread::sleep(duration);
+    let (c1, (b1, r1)) = (proc_cpu_ticks(pid).unwrap_or_else(gone), bpf_of(pid));
+    let wall_s = t0.elapsed().as_secs_f64();
+    let _ = child.kill();
+    let _ = child.wait();
+    Cost {
+        cpu_s: (c1 - c0) as f64 / 100.0,
+        bpf_s: (b1 - b0) as f64 / 1e9,
+        bpf_runs: r1 - r0,
+        wall_s,
+        passes: (wall_s / interval.as_secs_f64()) as u64,
+    }
+}
+
+pub fn compare(
+    procs: usize,
+    containers: usize,
+    churn: u32,
+    k: usize,
+    interval: Duration,
+    duration: Duration,
+) {
+    let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
+    let cg = Containers::create(containers.max(1));
+    let _workload = spawn(procs, churn, &cg);
+    // Let every process start and settle.
+    std::thread::sleep(Duration::from_secs(5));
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+
+    let mut prev = HashMap::new();
+    let mut seen = 0;
+    proc_pass(k, &mut prev, page);
+    let poller = poll(interval, duration, || seen = proc_pass(k, &mut prev, page));
+
+    let files = cg.files();
+    let mut buf = String::new();
+    let reader = poll(interval, duration, || {
+        for f in &files {
+            buf.clear();
+            if let Ok(s) = std::fs::read_to_string(f) {
+                buf.push_str(&s);
+            }
+            std::hint::black_box(&buf);
+        }
+    });
+
+    let agent = agent(k, interval, duration, &cg);
+
+    println!(
+        "{procs} long-lived processes + {churn}/s short-lived ({seen} in /proc at the last pass), \
+         {containers} containers, K = {k}, every {} ms, {} s each, one after the other:\n",
+        interval.as_millis(),
+        duration.as_secs()
+    );
+    println!(
+        "| tool | passes | user + system CPU | eBPF kernel time | total, % of a core | x agent |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let a = agent.percent();
+    let row = |name: &str, c: &Cost, bpf: String| {
+        println!(
+            "| {name} | {} | {:.3} s | {bpf} | **{:.3} %** | {:.1} |",
+            c.passes,
+            c.cpu_s,
+            c.percent(),
+            c.percent() / a.max(1e-9)
+        );
+    };
+    row(
+        "resourcewatch-agent top",
+        &agent,
+        format!(
+            "{:.3} s ({} runs, {:.0} ns each)",
+            agent.bpf_s,
+            agent.bpf_runs,
+            agent.bpf_s * 1e9 / agent.bpf_runs.max(1) as f64
+        ),
+    );
+    row(
+        "/proc poller (stat + statm of every process)",
+        &poller,
+        "-".into(),
+    );
+    row(
+        &format!(
+            "cgroup reader ({} files per pass, per-container only)",
+            files.len()
+        ),
+        &reader,
+        "-".into(),
+    );
+}
