@@ -269,13 +269,13 @@ fn bpf_of(pid: u32) -> (u64, u64) {
     (ns, runs)
 }
 
-fn agent(k: usize, interval: Duration, duration: Duration, containers: &Containers) -> Cost {
+fn agent(k: usize, interval: Duration, duration: Duration, targets: &[PathBuf]) -> Cost {
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e));
     let bin = exe.with_file_name("resourcewatch-agent");
     let ms = format!("{}ms", interval.as_millis());
     let mut cmd = Command::new(&bin);
     cmd.args(["top", "--json", "-k", &k.to_string(), "--interval", &ms]);
-    for d in &containers.dirs {
+    for d in targets {
         cmd.arg("--target-cgroup").arg(d);
     }
     let mut child = cmd
@@ -312,6 +312,7 @@ pub fn compare(
     k: usize,
     interval: Duration,
     duration: Duration,
+    untargeted: bool,
 ) {
     let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
     let cg = Containers::create(containers.max(1));
@@ -338,7 +339,10 @@ pub fn compare(
         }
     });
 
-    let agent = agent(k, interval, duration, &cg);
+    let agent_run = agent(k, interval, duration, &cg.dirs);
+    // The same agent with no exact tracking: the sketches alone.
+    let sketch_only = untargeted.then(|| agent(k, interval, duration, &[]));
+    let agent = agent_run;
 
     println!(
         "{procs} long-lived processes + {churn}/s short-lived ({seen} in /proc at the last pass), \
@@ -370,6 +374,18 @@ pub fn compare(
             agent.bpf_s * 1e9 / agent.bpf_runs.max(1) as f64
         ),
     );
+    if let Some(c) = &sketch_only {
+        row(
+            "resourcewatch-agent top, no exact targets",
+            c,
+            format!(
+                "{:.3} s ({} runs, {:.0} ns each)",
+                c.bpf_s,
+                c.bpf_runs,
+                c.bpf_s * 1e9 / c.bpf_runs.max(1) as f64
+            ),
+        );
+    }
     row(
         "/proc poller (stat + statm of every process)",
         &poller,

@@ -147,6 +147,9 @@ enum Cmd {
         interval: Duration,
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         duration: Duration,
+        /// Also run the agent without exact tracking (the sketches alone).
+        #[arg(long)]
+        untargeted: bool,
     },
     /// User-space cost of reading a JVM's retained heap (leak/jvm.rs): starts a JVM
     /// (`java` on PATH), then times `reads` reads of its hsperfdata file.
@@ -215,7 +218,8 @@ fn main() {
             k,
             interval,
             duration,
-        } => compare::compare(procs, containers, churn, k, interval, duration),
+            untargeted,
+        } => compare::compare(procs, containers, churn, k, interval, duration, untargeted),
         Cmd::JvmHeap { reads } => jvm_heap(reads),
         Cmd::Leaks { duration } => leaks(duration),
         Cmd::Corpus {

@@ -522,6 +522,48 @@ fn exact_targets_cover_every_process_of_a_cgroup() {
     assert!(grandchild.cpu_ns > 0, "the grandchild's CPU is tracked");
 }
 
+/// A node's targeted containers can hold thousands of processes: every one of them is
+/// tracked exactly, none refused by a full map (the map once held 2,048: 5,000 processes
+/// in 200 targeted containers lost 3,000 of them, resourcewatch-bench compare).
+#[test]
+fn thousands_of_processes_in_targeted_cgroups_are_all_tracked() {
+    let Some(_k) = kernel_or_skip("thousands_of_processes_in_targeted_cgroups_are_all_tracked")
+    else {
+        return;
+    };
+    const N: usize = 4000;
+    let layout = CgroupLayout::detect().expect("cgroups");
+    let cg = TestCgroup::new(&layout);
+    let mut pipes = load(PipelineOptions::default());
+    let rel = format!("/rw-test-{}", std::process::id());
+    let id = layout.cgroup_id(&rel).expect("cgroup id");
+    pipes.set_targets(&[], &[id]).expect("targets");
+    let full_before = pipes.kernel_stats().targets_full;
+    let kids: Vec<Child> = (0..N)
+        .map(|_| {
+            let kid = Child::spawn(|| {
+                loop {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            });
+            cg.add(kid.pid);
+            kid
+        })
+        .collect();
+    let pids: HashSet<u32> = kids.iter().map(|k| k.pid).collect();
+    wait_until("every process tracked", Duration::from_secs(20), || {
+        pipes
+            .targets()
+            .map(|t| t.iter().filter(|p| pids.contains(&p.tgid)).count() == N)
+            .unwrap_or(false)
+    });
+    assert_eq!(
+        pipes.kernel_stats().targets_full,
+        full_before,
+        "the exact-tracking map refused processes"
+    );
+}
+
 #[test]
 fn a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters() {
     let Some(_k) = kernel_or_skip(
