@@ -1,6 +1,6 @@
 //! Loads and attaches the kernel pipelines, and reads them: sketches through mmap (one
-//! memory read per slot, no syscall), exact targets and allocation totals through map
-//! iteration, memory samples from the ring buffer.
+//! memory read per slot, no syscall), exact targets through batched lookups and
+//! allocation totals through map iteration, memory samples from the ring buffer.
 
 use std::{
     collections::{HashMap, HashSet},
