@@ -71,6 +71,16 @@ struct Args {
     /// The MutatingWebhookConfiguration whose caBundle this operator keeps current.
     #[arg(long, default_value = "resourcewatch-operator")]
     webhook_configuration: String,
+    /// The Service (in --namespace) the API server calls the webhook through: every
+    /// replica, not the leader only, so a rollout leaves no moment without one. Its DNS
+    /// name goes into the serving certificate.
+    #[arg(long, default_value = "resourcewatch-webhook")]
+    webhook_service: String,
+    /// How long the webhook keeps answering after SIGTERM: until the Service's endpoints
+    /// (and kube-proxy) have dropped this pod, a call routed here would fail and, the
+    /// failure policy being Ignore, admit a watch without its authorization.
+    #[arg(long, default_value = "3s", value_parser = duration)]
+    webhook_linger: Duration,
     /// Floor: a Restart watch's leakDetection.minConfidence must be at least this.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u8).range(0..=100))]
     remediation_min_confidence: u8,
@@ -105,6 +115,10 @@ fn main() -> ExitCode {
         eprintln!(
             "resourcewatch-operator: --sketch-width must be a power of two and --sketch-depth 1-8"
         );
+        return ExitCode::from(64);
+    }
+    if args.webhook_linger >= args.drain_timeout {
+        eprintln!("resourcewatch-operator: --webhook-linger must be shorter than --drain-timeout");
         return ExitCode::from(64);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -143,6 +157,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let server_name = resourcewatch_proto::operator_server_name(&args.namespace);
     let leaf = pki.server(&[
         server_name,
+        format!("{}.{}.svc", args.webhook_service, args.namespace),
         "resourcewatch-operator".into(),
         "localhost".into(),
         "127.0.0.1".into(),
@@ -231,7 +246,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let grpc_task = metrics.spawn_task("agents' endpoint", grpc);
 
     // The admission webhook that records who may turn a watch into evictions. Every
-    // replica serves it (the Service spreads the API server's calls).
+    // replica serves it (its own Service selects them all, leader or not: the HMAC key is
+    // shared through the CA Secret), so an operator rollout never leaves the API server
+    // without one to call.
     let signer = Signer::new(pki.authz_key.as_bytes());
     let reviewer: Arc<dyn authz::AccessReviewer> = Arc::new(SubjectAccessReviewer {
         client: client.clone(),
@@ -251,10 +268,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .context("webhook listener")?;
     let mut webhook_shutdown = shutdown.clone();
     let webhook_router = authz::router(signer.clone(), reviewer.clone(), metrics.clone());
+    let linger = args.webhook_linger;
     let webhook_task = metrics.spawn_task("admission webhook", async move {
         axum::serve(webhook_listener, webhook_router.into_make_service())
             .with_graceful_shutdown(async move {
                 let _ = webhook_shutdown.wait_for(|s| *s).await;
+                tokio::time::sleep(linger).await;
             })
             .await
     });
