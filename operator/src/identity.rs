@@ -284,46 +284,10 @@ mod tests {
 
     /// A TokenReview answer as Kubernetes 1.20.2 returns it for a pod-bound projected
     /// token (recorded on the e2e cluster): no node in `extra`.
-    const REVIEW_1_20: &str = r#"{
-      "kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
-      "metadata": {"creationTimestamp": null},
-      "spec": {"token": "x", "audiences": ["resourcewatch-operator"]},
-      "status": {
-        "authenticated": true,
-        "user": {
-          "username": "system:serviceaccount:resourcewatch-system:resourcewatch-agent",
-          "uid": "5e0f6c9e-2f7a-4c1b-9d3e-0a1b2c3d4e5f",
-          "groups": ["system:serviceaccounts", "system:serviceaccounts:resourcewatch-system", "system:authenticated"],
-          "extra": {
-            "authentication.kubernetes.io/pod-name": ["resourcewatch-agent-x7k2p"],
-            "authentication.kubernetes.io/pod-uid": ["8b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"]
-          }
-        },
-        "audiences": ["resourcewatch-operator"]
-      }
-    }"#;
+    const REVIEW_1_20: &str = include_str!("../tests/fixtures/k8s-1.20/tokenreview-pod-bound.json");
 
     /// The same from Kubernetes 1.30 on (ServiceAccountTokenPodNodeInfo): the node too.
-    const REVIEW_1_30: &str = r#"{
-      "kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
-      "spec": {"token": "x", "audiences": ["resourcewatch-operator"]},
-      "status": {
-        "authenticated": true,
-        "user": {
-          "username": "system:serviceaccount:resourcewatch-system:resourcewatch-agent",
-          "uid": "5e0f6c9e-2f7a-4c1b-9d3e-0a1b2c3d4e5f",
-          "groups": ["system:serviceaccounts", "system:authenticated"],
-          "extra": {
-            "authentication.kubernetes.io/credential-id": ["JTI=3c5f..."],
-            "authentication.kubernetes.io/node-name": ["worker-2"],
-            "authentication.kubernetes.io/node-uid": ["c0ffee00-0000-4000-8000-000000000002"],
-            "authentication.kubernetes.io/pod-name": ["resourcewatch-agent-x7k2p"],
-            "authentication.kubernetes.io/pod-uid": ["8b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"]
-          }
-        },
-        "audiences": ["resourcewatch-operator"]
-      }
-    }"#;
+    const REVIEW_1_30: &str = include_str!("../tests/fixtures/k8s-1.30/tokenreview-pod-bound.json");
 
     fn status(json: &str) -> TokenReviewStatus {
         let r: TokenReview = serde_json::from_str(json).unwrap();

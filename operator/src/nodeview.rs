@@ -465,6 +465,8 @@ mod tests {
         serde_json::from_value(json).unwrap()
     }
 
+    type Row<'a> = (&'a str, u32, &'a str, f64, u64, &'a str, &'a str);
+
     fn process(pid: u32, comm: &str, cpu: f64, rss: u64, pod_uid: &str, cid: &str) -> pb::Process {
         pb::Process {
             pid,
@@ -524,26 +526,28 @@ mod tests {
     #[test]
     fn the_cluster_top_k_merges_nodes_and_names_pods_and_the_host() {
         let s = ViewSettings::from_spec(&spec(serde_json::json!({"topK": 3})));
+        // One table per list: (node, pid, command, CPU %, resident bytes, pod, container).
+        let cpu = [
+            ("n1", 10, "java", 97.26, 0, "uid-api", "cid-app"),
+            ("n1", 11, "kubelet", 12.0, 0, "", ""),
+            ("n2", 20, "containerd", 40.0, 0, "", ""),
+            ("n2", 21, "ghost", 30.0, 0, "uid-gone", "cid-x"),
+            ("n2", 22, "idle", 0.0, 0, "", ""),
+        ];
+        let memory = [
+            ("n1", 10, "java", 0.0, 300 << 20, "uid-api", "cid-app"),
+            ("n2", 20, "containerd", 0.0, 500 << 20, "", ""),
+        ];
+        let rows = |table: &[Row], name: &str| -> Vec<pb::Process> {
+            table
+                .iter()
+                .filter(|r| r.0 == name)
+                .map(|&(_, pid, comm, cpu, rss, uid, cid)| process(pid, comm, cpu, rss, uid, cid))
+                .collect()
+        };
         let nodes = [
-            node(
-                "n1",
-                true,
-                vec![
-                    process(10, "java", 97.26, 0, "uid-api", "cid-app"),
-                    process(11, "kubelet", 12.0, 0, "", ""),
-                ],
-                vec![process(10, "java", 0.0, 300 << 20, "uid-api", "cid-app")],
-            ),
-            node(
-                "n2",
-                true,
-                vec![
-                    process(20, "containerd", 40.0, 0, "", ""),
-                    process(21, "ghost", 30.0, 0, "uid-gone", "cid-x"),
-                    process(22, "idle", 0.0, 0, "", ""),
-                ],
-                vec![process(20, "containerd", 0.0, 500 << 20, "", "")],
-            ),
+            node("n1", true, rows(&cpu, "n1"), rows(&memory, "n1")),
+            node("n2", true, rows(&cpu, "n2"), rows(&memory, "n2")),
             node("n3", false, vec![], vec![]),
         ];
         let st = run(&s, &nodes);
