@@ -144,10 +144,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration (in-cluster or KUBECONFIG)")?;
-    let client = Client::try_from(config.clone()).context("Kubernetes client")?;
+    let metrics = Arc::new(Metrics::default());
+    let client = counted_client(config.clone(), &metrics)?;
     // Evictions must see a PodDisruptionBudget's 429 at once, not retry it.
     config.default_retry = false;
-    let eviction_client = Client::try_from(config).context("Kubernetes client")?;
+    let eviction_client = counted_client(config, &metrics)?;
     let pki = tls::ensure_ca(&client, &args.namespace, &args.ca_secret)
         .await
         .context("CA Secret")?;
@@ -165,7 +166,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let (shutdown_tx, shutdown) = watch::channel(false);
     let (leader_tx, leader) = watch::channel(false);
-    let metrics = Arc::new(Metrics::default());
     let hub = Arc::new(Hub::new(HubOptions {
         sketch_depth: args.sketch_depth,
         sketch_width: args.sketch_width,
@@ -333,6 +333,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tracing::warn!("drain timed out");
     }
     Ok(())
+}
+
+/// A client whose every request is counted in `resourcewatch_operator_api_requests_total`.
+fn counted_client(config: kube::Config, metrics: &Arc<Metrics>) -> anyhow::Result<Client> {
+    let m = metrics.clone();
+    let count = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        m.api_request(req.method(), req.uri());
+        req
+    });
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .context("Kubernetes client")?
+        .with_layer(&count)
+        .build())
 }
 
 async fn wait_for_signal() {

@@ -57,6 +57,9 @@ pub struct Metrics {
     pub report_entries_dropped: Family<Labels, Counter>,
     /// Admission reviews of ResourceWatches, by result (authorized, not_authorized, ...).
     pub admission_reviews: Family<Labels, Counter>,
+    /// Requests this operator sent the API server, by verb and resource (what the API
+    /// server's own metrics cannot attribute to one client).
+    pub api_requests: Family<Labels, Counter>,
     /// Set once the controller runs: `/readyz` answers 200 from then on.
     pub ready: AtomicBool,
     /// The long-running tasks, for `/healthz` and `/readyz`.
@@ -73,7 +76,9 @@ impl Default for Metrics {
         let registry = root.sub_registry_with_prefix("resourcewatch_operator");
         let m = Self {
             reconciliations: Family::default(),
-            reconcile_seconds: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
+            reconcile_seconds: Histogram::new([
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0,
+            ]),
             status_writes: Family::default(),
             status_skipped: Counter::default(),
             events: Family::default(),
@@ -89,6 +94,7 @@ impl Default for Metrics {
             agent_auth_failures: Family::default(),
             report_entries_dropped: Family::default(),
             admission_reviews: Family::default(),
+            api_requests: Family::default(),
             ready: AtomicBool::new(false),
             tasks: Tasks::default(),
             findings,
@@ -151,6 +157,11 @@ impl Default for Metrics {
         );
         registry.register("profiles", "CPU profile requests (the resourcewatch.io/profile annotation) by the state each reached: Pending when taken, then Succeeded, Failed or Expired; Refused", m.profiles.clone());
         registry.register("remediations", "Remediation decisions recorded in status, by reason (Decided, Evicted, PodDisruptionBudget, Gone, DryRun, Cooldown, MaxRestarts, NotAuthorized, NamespaceNotOptedIn, ...), each once; LedgerConflict when another watch decided first", m.remediations.clone());
+        registry.register(
+            "api_requests",
+            "Requests sent to the Kubernetes API server, by verb (get, list, watch, create, update, patch, delete) and resource (with subresource)",
+            m.api_requests.clone(),
+        );
         registry.register("watches", "ResourceWatch objects known", m.watches.clone());
         registry.register(
             "agent_auth_failures",
@@ -243,6 +254,14 @@ impl Metrics {
             .inc_by(n);
     }
 
+    /// Counts one request to the API server (see [`api_request_labels`]).
+    pub fn api_request(&self, method: &http::Method, uri: &http::Uri) {
+        let (verb, resource) = api_request_labels(method, uri);
+        self.api_requests
+            .get_or_create(&vec![("verb", verb.to_string()), ("resource", resource)])
+            .inc();
+    }
+
     pub fn event(&self, reason: &str) {
         self.events
             .get_or_create(&vec![("reason", reason.to_string())])
@@ -255,6 +274,45 @@ impl Metrics {
         let _ = encode(&mut s, &self.registry);
         s
     }
+}
+
+/// The Kubernetes verb and resource of a request, from its method and path, as the API
+/// server's audit log names them: `GET` is `watch` with `watch=true`, `list` on a
+/// collection and `get` on one object; the resource keeps its subresource
+/// (`resourcewatches/status`). Paths outside `/api` and `/apis` (discovery) are `other`.
+pub fn api_request_labels(method: &http::Method, uri: &http::Uri) -> (&'static str, String) {
+    let parts: Vec<&str> = uri.path().trim_matches('/').split('/').collect();
+    // /api/v1/... or /apis/GROUP/VERSION/...
+    let rest = match parts.as_slice() {
+        ["api", _version, rest @ ..] => rest,
+        ["apis", _group, _version, rest @ ..] => rest,
+        _ => return ("other", "other".into()),
+    };
+    let rest = match rest {
+        ["namespaces", _ns, rest @ ..] if !rest.is_empty() => rest,
+        other => other,
+    };
+    let (resource, named) = match rest {
+        [] => return ("other", "other".into()),
+        [resource] => (resource.to_string(), false),
+        [resource, _name] => (resource.to_string(), true),
+        [resource, _name, sub, ..] => (format!("{resource}/{sub}"), true),
+    };
+    let watch = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let verb = match *method {
+        http::Method::GET if watch => "watch",
+        http::Method::GET if named => "get",
+        http::Method::GET => "list",
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE if named => "delete",
+        http::Method::DELETE => "deletecollection",
+        _ => "other",
+    };
+    (verb, resource)
 }
 
 pub fn router(metrics: Arc<Metrics>) -> Router {
@@ -523,6 +581,67 @@ impl Collector for WatchSeries {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn api_requests_are_named_by_verb_and_resource_as_the_audit_log_does() {
+        let cases = [
+            (
+                "GET",
+                "/api/v1/pods?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true",
+                ("watch", "pods"),
+            ),
+            ("GET", "/api/v1/pods?limit=500", ("list", "pods")),
+            ("GET", "/api/v1/namespaces", ("list", "namespaces")),
+            ("GET", "/api/v1/namespaces/team-a", ("get", "namespaces")),
+            (
+                "GET",
+                "/api/v1/namespaces/team-a/configmaps/ledger",
+                ("get", "configmaps"),
+            ),
+            (
+                "POST",
+                "/api/v1/namespaces/team-a/pods/api-1/eviction",
+                ("create", "pods/eviction"),
+            ),
+            (
+                "PATCH",
+                "/apis/resourcewatch.io/v1alpha1/namespaces/team-a/resourcewatches/w/status?fieldManager=x",
+                ("patch", "resourcewatches/status"),
+            ),
+            (
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/rw/leases/op",
+                ("update", "leases"),
+            ),
+            (
+                "POST",
+                "/apis/events.k8s.io/v1/namespaces/team-a/events",
+                ("create", "events"),
+            ),
+            (
+                "POST",
+                "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                ("create", "subjectaccessreviews"),
+            ),
+            (
+                "DELETE",
+                "/api/v1/namespaces/team-a/pods/api-1",
+                ("delete", "pods"),
+            ),
+            (
+                "DELETE",
+                "/api/v1/namespaces/team-a/pods",
+                ("deletecollection", "pods"),
+            ),
+            ("GET", "/version", ("other", "other")),
+            ("GET", "/apis/resourcewatch.io/v1alpha1", ("other", "other")),
+        ];
+        for (method, uri, (verb, resource)) in cases {
+            let got =
+                api_request_labels(&method.parse().expect("method"), &uri.parse().expect("uri"));
+            assert_eq!(got, (verb, resource.to_string()), "{method} {uri}");
+        }
+    }
 
     fn status() -> ResourceWatchStatus {
         serde_json::from_value(serde_json::json!({
