@@ -41,6 +41,7 @@ use crate::{
     remediation::{Gate, PodFacts},
     spec::{Floors, WatchSettings, selects},
     status::{EventSpec, Inputs, SelectedPod},
+    triggers::PodTriggers,
 };
 
 /// What remediation decisions depend on besides the watch.
@@ -81,6 +82,9 @@ pub struct Context {
     /// Each status write and Event is bounded by this, so a slow API server cannot stall
     /// reconciliation of every other watch.
     pub write_timeout: Duration,
+    /// When deleted watches were last looked for: at most once a second, not in each of
+    /// the hundreds of reconciles a second of a large cluster (each walked every watch).
+    pub forgotten_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 pub async fn reconcile(rw: Arc<ResourceWatch>, ctx: Arc<Context>) -> Result<Action> {
@@ -111,7 +115,9 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
             .pods
             .state()
             .into_iter()
-            .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+            // Borrowed, not `namespace()`: that clones a String per pod of the cluster
+            // per reconcile.
+            .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
             .filter(|p| selects(&s.pods, p.labels()))
             .filter(|p| !is_terminal(p))
             .collect(),
@@ -129,6 +135,7 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
                 leaks_enabled: s.leaks_enabled,
                 min_confidence: s.min_confidence,
                 horizon: s.horizon,
+                remediates: s.action == RemediationAction::Restart,
                 pods: target_pods(&ns, &pods),
                 profile: profiled
                     .status
@@ -578,6 +585,13 @@ pub fn error_policy(rw: Arc<ResourceWatch>, error: &Error, ctx: Arc<Context>) ->
 }
 
 fn forget_deleted(ctx: &Context) {
+    {
+        let mut at = ctx.forgotten_at.lock().unwrap_or_else(|e| e.into_inner());
+        if at.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        *at = Some(std::time::Instant::now());
+    }
     let live: BTreeSet<WatchKey> = ctx
         .watches
         .state()
@@ -601,6 +615,46 @@ fn is_terminal(p: &Pod) -> bool {
         p.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     )
+}
+
+/// Cuts a pod down to what the operator reads of it before it enters the cache of every
+/// pod in the cluster: metadata without annotations and managed fields (labels, owners,
+/// deletion time stay), the node, the phase, and each container status's name, runtime id
+/// and whether it runs. A real pod's env, volumes, probes and `last-applied-configuration`
+/// are kilobytes; at 20,000 pods they would be most of the operator's memory.
+pub fn slim_pod(p: &mut Pod) {
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, PodSpec, PodStatus};
+    p.metadata.managed_fields = None;
+    p.metadata.annotations = None;
+    if let Some(spec) = p.spec.as_mut() {
+        *spec = PodSpec {
+            node_name: spec.node_name.take(),
+            ..Default::default()
+        };
+    }
+    let slim = |v: Option<Vec<ContainerStatus>>| {
+        v.map(|v| {
+            v.into_iter()
+                .map(|c| ContainerStatus {
+                    name: c.name,
+                    container_id: c.container_id,
+                    state: c.state.map(|s| ContainerState {
+                        running: s.running,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect()
+        })
+    };
+    if let Some(st) = p.status.as_mut() {
+        *st = PodStatus {
+            phase: st.phase.take(),
+            container_statuses: slim(st.container_statuses.take()),
+            init_container_statuses: slim(st.init_container_statuses.take()),
+            ..Default::default()
+        };
+    }
 }
 
 /// The pod's containers to track, by runtime id: its containers, and its init containers
@@ -743,26 +797,26 @@ pub async fn run(
 ) {
     let watches: Api<ResourceWatch> = Api::all(client.clone());
     let (pods, pods_writer) = reflector::store();
-    let pod_stream = reflector::reflector(
-        pods_writer,
-        watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-            .modify(|p| p.managed_fields_mut().clear()),
-    )
-    .default_backoff()
-    .touched_objects();
     let controller = Controller::new(watches, watcher::Config::default().any_semantic());
     let rw_store = controller.store();
     let mapper_store = rw_store.clone();
-    // Any change of a pod may change the watches of its namespace: labels, node, container
-    // ids. Mapping to every watch of the namespace also catches pods leaving a selector.
-    let controller = controller.watches_stream(pod_stream, move |pod: Pod| {
-        let ns = pod.namespace();
-        mapper_store
-            .state()
-            .into_iter()
-            .filter(|w| w.namespace() == ns)
-            .map(|w| ObjectRef::from_obj(&*w))
-            .collect::<Vec<_>>()
+    // A pod's change reaches only the watches that select it now or did before it
+    // (crate::triggers), not every watch of its namespace.
+    let mut triggers = PodTriggers::default();
+    let pod_triggers = reflector::reflector(
+        pods_writer,
+        watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).modify(slim_pod),
+    )
+    .default_backoff()
+    .flat_map(move |event| {
+        let refs = match event {
+            Ok(event) => triggers.on_event(&event, &mapper_store.state()),
+            Err(e) => {
+                tracing::warn!(error = %e, "pod watch");
+                Vec::new()
+            }
+        };
+        futures::stream::iter(refs)
     });
     let hub_changes = WatchStream::new(hub.subscribe_changes()).map(|_| ());
     let reconcile_triggers = match hub.take_reconcile_triggers() {
@@ -781,6 +835,7 @@ pub async fn run(
         watches: rw_store,
         leader,
         write_timeout: Duration::from_secs(10),
+        forgotten_at: Default::default(),
         eviction_client: settings.eviction_client,
         remediation: settings.remediation,
     });
@@ -798,7 +853,7 @@ pub async fn run(
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let watches = controller
         .reconcile_all_on(futures::stream::select(hub_changes, leader_changes))
-        .reconcile_on(reconcile_triggers)
+        .reconcile_on(futures::stream::select(reconcile_triggers, pod_triggers))
         .graceful_shutdown_on(async move {
             let _ = shutdown_signal.wait_for(|s| *s).await;
         })
@@ -838,6 +893,48 @@ mod tests {
             let mut n: Vec<String> = selected_pod(p).containers.into_values().collect();
             n.sort();
             n
+        }
+
+        #[test]
+        fn a_slimmed_pod_reads_the_same_and_sheds_the_rest() {
+            for json in [
+                include_str!("../tests/fixtures/k8s-1.20/pod-running.json"),
+                include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"),
+                include_str!("../tests/fixtures/k8s-1.29/pod-sidecar.json"),
+            ] {
+                let full = pod(json);
+                let mut slim = full.clone();
+                slim_pod(&mut slim);
+                assert_eq!(selected_pod(&slim), selected_pod(&full));
+                assert_eq!(is_terminal(&slim), is_terminal(&full));
+                assert_eq!(slim.labels(), full.labels());
+                assert_eq!(slim.owner_references(), full.owner_references());
+                assert_eq!(
+                    slim.metadata.deletion_timestamp,
+                    full.metadata.deletion_timestamp
+                );
+                // What is shed: the spec but the node, conditions, images, annotations.
+                let spec = slim.spec.as_ref().unwrap();
+                assert_eq!(spec.node_name, full.spec.as_ref().unwrap().node_name);
+                assert!(spec.containers.is_empty() && spec.volumes.is_none());
+                let status = slim.status.as_ref().unwrap();
+                assert!(status.conditions.is_none() && status.pod_ip.is_none());
+                assert!(
+                    status
+                        .container_statuses
+                        .iter()
+                        .flatten()
+                        .all(|c| c.image.is_empty())
+                );
+                assert!(slim.metadata.annotations.is_none());
+                let size = |p: &Pod| serde_json::to_vec(p).map(|v| v.len()).unwrap_or(0);
+                assert!(
+                    size(&slim) < size(&full) * 2 / 3,
+                    "{} of {}",
+                    size(&slim),
+                    size(&full)
+                );
+            }
         }
 
         #[test]
@@ -1004,6 +1101,7 @@ mod tests {
             watches: rw_store,
             leader: watch::channel(true).1,
             write_timeout: Duration::from_secs(5),
+            forgotten_at: Default::default(),
             eviction_client: eviction_client_for_tests.clone(),
             remediation: RemediationContext {
                 enabled: false,
@@ -1101,6 +1199,7 @@ mod tests {
                 leaks_enabled: true,
                 min_confidence: 60,
                 horizon: Duration::from_secs(7200),
+                remediates: false,
                 pods: vec![TargetPod {
                     uid: UID_A.into(),
                     namespace: "ns".into(),
@@ -1299,6 +1398,7 @@ mod tests {
                 leaks_enabled: false,
                 min_confidence: 60,
                 horizon: Duration::from_secs(60),
+                remediates: false,
                 pods: vec![TargetPod {
                     uid: "u".into(),
                     namespace: "ns".into(),

@@ -23,6 +23,7 @@ pub mod remediation;
 pub mod spec;
 pub mod status;
 pub mod tls;
+pub mod triggers;
 pub mod validate;
 
 /// The field manager of every status write.

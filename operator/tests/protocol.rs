@@ -164,6 +164,7 @@ impl Fixture {
                 leaks_enabled: true,
                 min_confidence: 60,
                 horizon: Duration::from_secs(3600),
+                remediates: false,
                 pods: uids
                     .iter()
                     .map(|u| TargetPod {
@@ -480,6 +481,7 @@ async fn a_report_speaks_only_for_its_own_nodes_containers_and_is_bounded() {
         leaks_enabled: true,
         min_confidence: 60,
         horizon: Duration::from_secs(3600),
+        remediates: false,
         pods: vec![TargetPod {
             uid: "b".into(),
             namespace: "ns".into(),

@@ -1,0 +1,296 @@
+//! Which watches a pod's change concerns. Mapping every pod event to every watch of its
+//! namespace (the first design) made one pod's churn reconcile all 500 watches of a busy
+//! namespace; only the watches whose selector matches the pod now, or matched it before
+//! this event (a label edit that moves it out, a deletion), can change.
+//!
+//! Kube-free: [`PodTriggers::on_event`] takes the watcher's event and the watches the
+//! controller knows, and keeps the last labels of every pod it has seen, so a pod leaving a
+//! selector still reaches the watch that held it. A relist (`Init` … `InitDone`) forgets the
+//! pods it did not see again, and each forgotten pod's watches are reconciled as for a
+//! deletion.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    ResourceExt,
+    runtime::{reflector::ObjectRef, watcher::Event},
+};
+use resourcewatch_crds::ResourceWatch;
+
+use crate::spec::{pod_selector, selects};
+
+type Labels = BTreeMap<String, String>;
+
+/// What the mapping remembers of a pod: where it is and what it was labelled.
+#[derive(Clone, Debug, PartialEq)]
+struct Seen {
+    namespace: String,
+    labels: Labels,
+}
+
+#[derive(Debug, Default)]
+pub struct PodTriggers {
+    /// By pod UID (a pod deleted and made again under its name is another pod).
+    seen: HashMap<String, Seen>,
+    /// UIDs listed since the relist began; `None` outside one.
+    relisting: Option<HashSet<String>>,
+    /// The first list is done. Until then nothing is mapped: a watch reconciled before the
+    /// pod cache is ready waits for it, and then sees every pod (20,000 pods times 500
+    /// watches of selector matching at start would buy nothing).
+    listed: bool,
+}
+
+impl PodTriggers {
+    /// The watches to reconcile for this event, given every watch the controller knows.
+    pub fn on_event(
+        &mut self,
+        event: &Event<Pod>,
+        watches: &[Arc<ResourceWatch>],
+    ) -> Vec<ObjectRef<ResourceWatch>> {
+        match event {
+            Event::Init => {
+                self.relisting = Some(HashSet::new());
+                Vec::new()
+            }
+            Event::InitApply(pod) | Event::Apply(pod) => {
+                let Some((uid, now)) = seen(pod) else {
+                    return Vec::new();
+                };
+                if let (Event::InitApply(_), Some(listed)) = (event, self.relisting.as_mut()) {
+                    listed.insert(uid.clone());
+                }
+                let before = self.seen.insert(uid, now.clone());
+                if !self.listed {
+                    return Vec::new();
+                }
+                concerned(watches, &now, before.as_ref())
+            }
+            Event::Delete(pod) => {
+                let Some((uid, now)) = seen(pod) else {
+                    return Vec::new();
+                };
+                let before = self.seen.remove(&uid);
+                concerned(watches, &now, before.as_ref())
+            }
+            Event::InitDone => {
+                let first = !std::mem::replace(&mut self.listed, true);
+                let Some(listed) = self.relisting.take() else {
+                    return Vec::new();
+                };
+                if first {
+                    return Vec::new();
+                }
+                let gone: Vec<Seen> = self
+                    .seen
+                    .iter()
+                    .filter(|(uid, _)| !listed.contains(*uid))
+                    .map(|(_, s)| s.clone())
+                    .collect();
+                self.seen.retain(|uid, _| listed.contains(uid));
+                let mut refs: Vec<ObjectRef<ResourceWatch>> = gone
+                    .iter()
+                    .flat_map(|s| concerned(watches, s, None))
+                    .collect();
+                refs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+                refs.dedup();
+                refs
+            }
+        }
+    }
+
+    /// Pods remembered (for the tests and a sanity bound).
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+}
+
+fn seen(pod: &Pod) -> Option<(String, Seen)> {
+    Some((
+        pod.uid()?,
+        Seen {
+            namespace: pod.namespace()?,
+            labels: pod.labels().clone(),
+        },
+    ))
+}
+
+/// Watches of the pod's namespace whose selector matches its labels now or before.
+fn concerned(
+    watches: &[Arc<ResourceWatch>],
+    now: &Seen,
+    before: Option<&Seen>,
+) -> Vec<ObjectRef<ResourceWatch>> {
+    watches
+        .iter()
+        .filter(|w| w.namespace().as_deref() == Some(now.namespace.as_str()))
+        .filter(|w| {
+            let selector = pod_selector(&w.spec.selector);
+            selects(&selector, &now.labels) || before.is_some_and(|b| selects(&selector, &b.labels))
+        })
+        .map(|w| ObjectRef::from_obj(&**w))
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    fn watch(ns: &str, name: &str, selector: serde_json::Value) -> Arc<ResourceWatch> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"selector": selector}
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn pod(ns: &str, uid: &str, labels: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("p-{uid}"), "namespace": ns, "uid": uid, "labels": labels}
+        }))
+        .unwrap()
+    }
+
+    fn names(refs: Vec<ObjectRef<ResourceWatch>>) -> Vec<String> {
+        let mut v: Vec<String> = refs
+            .into_iter()
+            .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Past the first list, as the controller is once its pod cache is ready.
+    fn listed() -> PodTriggers {
+        let mut t = PodTriggers::default();
+        assert!(t.on_event(&Event::Init, &[]).is_empty());
+        assert!(t.on_event(&Event::InitDone, &[]).is_empty());
+        t
+    }
+
+    fn watches() -> Vec<Arc<ResourceWatch>> {
+        vec![
+            watch(
+                "a",
+                "api",
+                serde_json::json!({"matchLabels": {"app": "api"}}),
+            ),
+            watch(
+                "a",
+                "web",
+                serde_json::json!({"matchLabels": {"app": "web"}}),
+            ),
+            watch(
+                "a",
+                "tier",
+                serde_json::json!({"matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["front"]}]}),
+            ),
+            watch("a", "all", serde_json::json!({})),
+            watch(
+                "b",
+                "api",
+                serde_json::json!({"matchLabels": {"app": "api"}}),
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_pod_reaches_only_the_watches_of_its_namespace_that_select_it() {
+        let (mut t, w) = (listed(), watches());
+        let p = pod("a", "u1", serde_json::json!({"app": "api"}));
+        assert_eq!(names(t.on_event(&Event::Apply(p), &w)), ["a/all", "a/api"]);
+        let p = pod(
+            "a",
+            "u2",
+            serde_json::json!({"app": "web", "tier": "front"}),
+        );
+        assert_eq!(
+            names(t.on_event(&Event::Apply(p), &w)),
+            ["a/all", "a/tier", "a/web"]
+        );
+        let p = pod("c", "u3", serde_json::json!({"app": "api"}));
+        assert!(t.on_event(&Event::Apply(p), &w).is_empty());
+    }
+
+    #[test]
+    fn a_pod_leaving_a_selector_or_deleted_still_reaches_the_watch_that_held_it() {
+        let (mut t, w) = (listed(), watches());
+        t.on_event(
+            &Event::Apply(pod("a", "u1", serde_json::json!({"app": "api"}))),
+            &w,
+        );
+        let moved = pod("a", "u1", serde_json::json!({"app": "web"}));
+        assert_eq!(
+            names(t.on_event(&Event::Apply(moved.clone()), &w)),
+            ["a/all", "a/api", "a/web"]
+        );
+        // Settled: only the watches that select it now.
+        assert_eq!(
+            names(t.on_event(&Event::Apply(moved.clone()), &w)),
+            ["a/all", "a/web"]
+        );
+        assert_eq!(
+            names(t.on_event(&Event::Delete(moved), &w)),
+            ["a/all", "a/web"]
+        );
+        assert!(t.is_empty(), "a deleted pod is forgotten");
+    }
+
+    #[test]
+    fn a_relist_forgets_pods_deleted_while_the_watch_was_down_and_reconciles_their_watches() {
+        let (mut t, w) = (listed(), watches());
+        t.on_event(
+            &Event::Apply(pod("a", "u1", serde_json::json!({"app": "api"}))),
+            &w,
+        );
+        t.on_event(
+            &Event::Apply(pod("a", "u2", serde_json::json!({"app": "web"}))),
+            &w,
+        );
+        assert!(t.on_event(&Event::Init, &w).is_empty());
+        let kept = pod("a", "u2", serde_json::json!({"app": "web"}));
+        assert_eq!(
+            names(t.on_event(&Event::InitApply(kept), &w)),
+            ["a/all", "a/web"]
+        );
+        // u1 was deleted during the outage: its watches must drop it.
+        assert_eq!(names(t.on_event(&Event::InitDone, &w)), ["a/all", "a/api"]);
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn the_first_list_maps_nothing_but_remembers_every_pod() {
+        let (mut t, w) = (PodTriggers::default(), watches());
+        t.on_event(&Event::Init, &w);
+        let p = pod("a", "u1", serde_json::json!({"app": "api"}));
+        assert!(t.on_event(&Event::InitApply(p), &w).is_empty());
+        assert!(t.on_event(&Event::InitDone, &w).is_empty());
+        // Remembered: moving it out of `api` still reaches `api`.
+        let moved = pod("a", "u1", serde_json::json!({"app": "web"}));
+        assert_eq!(
+            names(t.on_event(&Event::Apply(moved), &w)),
+            ["a/all", "a/api", "a/web"]
+        );
+    }
+
+    #[test]
+    fn a_pod_without_uid_or_namespace_triggers_nothing() {
+        let (mut t, w) = (listed(), watches());
+        let p: Pod =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "x"}})).unwrap();
+        assert!(t.on_event(&Event::Apply(p), &w).is_empty());
+        assert!(t.is_empty());
+    }
+}
