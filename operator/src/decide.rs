@@ -538,7 +538,16 @@ fn when_to_write(
     if status::same_content(old, new) {
         return Write::Skip(interval);
     }
-    if old.conditions != new.conditions {
+    // A transition (status or reason) is written at once; a message that only counts
+    // (pods selected, nodes reporting) waits for the interval like the figures: with pods
+    // churning, every pod created or deleted rewrote each status selecting it.
+    let transitions = |s: &ResourceWatchStatus| -> Vec<(String, ConditionStatus, String)> {
+        s.conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.status, c.reason.clone()))
+            .collect()
+    };
+    if transitions(old) != transitions(new) {
         return Write::Now;
     }
     let since = old
@@ -688,21 +697,23 @@ mod tests {
             connected: reporting,
             reporting,
             missing: !reporting,
-            last_report: reporting.then(|| pb::Report {
-                leaks: leaking
-                    .iter()
-                    .map(|i| pb::Leak {
-                        pod_uid: format!("uid-{i}"),
-                        container_id: format!("cid-{i}"),
-                        confidence: 95,
-                        growth_bytes_per_second: 2e6,
-                        time_to_oom_seconds: Some(20.0),
-                        growing_seconds: 60.0,
-                        limit_bytes: 128 << 20,
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
+            last_report: reporting.then(|| {
+                std::sync::Arc::new(pb::Report {
+                    leaks: leaking
+                        .iter()
+                        .map(|i| pb::Leak {
+                            pod_uid: format!("uid-{i}"),
+                            container_id: format!("cid-{i}"),
+                            confidence: 95,
+                            growth_bytes_per_second: 2e6,
+                            time_to_oom_seconds: Some(20.0),
+                            growing_seconds: 60.0,
+                            limit_bytes: 128 << 20,
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
             }),
             ..Default::default()
         }
@@ -750,6 +761,47 @@ mod tests {
             ledgers,
             now: NOW,
         })
+    }
+
+    #[test]
+    fn a_condition_message_that_only_counts_waits_for_the_interval() {
+        let first = plan(
+            &[node(&[], true)],
+            None,
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        );
+        assert_eq!(first.write, Write::Now, "no status yet");
+        let mut old = first.status.clone();
+        old.last_update_time = Some(NOW_STR.into());
+        let (s, pods, nodes) = (settings(), [pod(1), pod(2), pod(3)], [node(&[], true)]);
+        let i = Inputs {
+            status: status::Inputs {
+                generation: Some(1),
+                settings: &s,
+                pods: &pods,
+                nodes: &nodes,
+                old: Some(&old),
+                now: NOW_STR,
+            },
+            watch: "ns/w",
+            gate: None,
+            pods: &BTreeMap::new(),
+            ledgers: &BTreeMap::new(),
+            now: NOW,
+        };
+        let interval = Duration::from_secs(30);
+        // One pod more: the figures and the Ready message change, no transition.
+        let mut new = old.clone();
+        new.matched_pods += 1;
+        new.conditions[0].message = "4 pods selected".into();
+        assert_eq!(
+            when_to_write(&i, &new, false, interval),
+            Write::Skip(interval)
+        );
+        // A transition is written at once.
+        new.conditions[0].reason = "SomethingElse".into();
+        assert_eq!(when_to_write(&i, &new, false, interval), Write::Now);
     }
 
     #[test]

@@ -488,10 +488,12 @@ mod tests {
             name: name.into(),
             connected: reporting,
             reporting,
-            last_report: reporting.then(|| pb::Report {
-                node_top_cpu: cpu,
-                node_top_memory: memory,
-                ..Default::default()
+            last_report: reporting.then(|| {
+                std::sync::Arc::new(pb::Report {
+                    node_top_cpu: cpu,
+                    node_top_memory: memory,
+                    ..Default::default()
+                })
             }),
             ..Default::default()
         }

@@ -824,11 +824,11 @@ mod tests {
             reporting: true,
             missing: false,
             acked_version: Some(7),
-            last_report: Some(pb::Report {
+            last_report: Some(std::sync::Arc::new(pb::Report {
                 containers,
                 leaks,
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         }
     }
@@ -1242,7 +1242,7 @@ mod size_tests {
                 reporting: true,
                 acked_version: Some(u64::MAX),
                 nack: Some((u64::MAX, "r".repeat(10_000))),
-                last_report: Some(pb::Report::default()),
+                last_report: Some(std::sync::Arc::new(pb::Report::default())),
                 ..Default::default()
             })
             .collect();
@@ -1258,7 +1258,7 @@ mod size_tests {
                 node: Some(n.name.clone()),
                 containers: [(cid.clone(), long("c", i, 63))].into(),
             });
-            let r = n.last_report.as_mut().unwrap();
+            let r = std::sync::Arc::make_mut(n.last_report.as_mut().unwrap());
             r.containers.push(pb::ContainerReport {
                 pod_uid: uid.clone(),
                 container_id: cid.clone(),
