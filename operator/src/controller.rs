@@ -15,9 +15,10 @@ use kube::{
     Api, Client, Resource, ResourceExt,
     api::{EvictParams, Patch, PatchParams},
     runtime::{
-        Controller, WatchStreamExt,
+        Controller, Predicate, PredicateConfig, WatchStreamExt,
         controller::Action,
         events::{Event as KubeEvent, EventType, Recorder, Reporter},
+        predicates,
         reflector::{self, ObjectRef, Store},
         watcher,
     },
@@ -57,6 +58,9 @@ pub struct RemediationContext {
     /// The workloads' rails.
     pub ledgers: LedgerStore,
 }
+
+/// Reconciliations running at once (see `run`).
+pub const RECONCILE_CONCURRENCY: u16 = 8;
 
 /// Everything a reconciliation needs; one per controller.
 pub struct Context {
@@ -797,8 +801,24 @@ pub async fn run(
 ) {
     let watches: Api<ResourceWatch> = Api::all(client.clone());
     let (pods, pods_writer) = reflector::store();
-    let controller = Controller::new(watches, watcher::Config::default().any_semantic());
-    let rw_store = controller.store();
+    let (rw_store, rw_writer) = reflector::store();
+    // A watch is reconciled when its spec (generation) or annotations (profile request,
+    // authorization) change, not on its status: each of the operator's own status writes
+    // came back as a reconcile that found nothing to do (70 a second at 500 watches).
+    let rw_changes = watcher(watches, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .reflect(rw_writer)
+        .applied_objects()
+        .predicate_filter(
+            predicates::generation.combine(predicates::annotations),
+            PredicateConfig::default(),
+        );
+    // At most RECONCILE_CONCURRENCY at once: each holds a view of every pod and of its
+    // nodes' reports, so hundreds of watches triggered together (a burst of pod changes)
+    // multiplied the operator's memory; waiting requests for one watch merge meanwhile.
+    let controller = Controller::for_stream(rw_changes, rw_store.clone()).with_config(
+        kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
+    );
     let mapper_store = rw_store.clone();
     // A pod's change reaches only the watches that select it now or did before it
     // (crate::triggers), not every watch of its namespace.
