@@ -89,6 +89,9 @@ pub struct Context {
     /// When deleted watches were last looked for: at most once a second, not in each of
     /// the hundreds of reconciles a second of a large cluster (each walked every watch).
     pub forgotten_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The pods' labels as the pod watch last saw them: what a pod's change triggers, and
+    /// the index a reconcile finds its selector's pods in (crate::triggers).
+    pub pod_index: Arc<std::sync::Mutex<PodTriggers>>,
 }
 
 pub async fn reconcile(rw: Arc<ResourceWatch>, ctx: Arc<Context>) -> Result<Action> {
@@ -115,16 +118,31 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
     };
     let settings = WatchSettings::from_spec(&rw.spec, &ctx.remediation.floors);
     let selected: Vec<Arc<Pod>> = match &settings {
-        Ok(s) => ctx
-            .pods
-            .state()
-            .into_iter()
-            // Borrowed, not `namespace()`: that clones a String per pod of the cluster
-            // per reconcile.
-            .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
-            .filter(|p| selects(&s.pods, p.labels()))
-            .filter(|p| !is_terminal(p))
-            .collect(),
+        Ok(s) => {
+            let candidates = ctx
+                .pod_index
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .candidates(&ns, &s.selector);
+            let pods: Vec<Arc<Pod>> = match candidates {
+                Some(names) => names
+                    .iter()
+                    .filter_map(|n| ctx.pods.get(&ObjectRef::new(n).within(&ns)))
+                    .collect(),
+                // Borrowed, not `namespace()`: that clones a String per pod of the
+                // cluster per reconcile.
+                None => ctx
+                    .pods
+                    .state()
+                    .into_iter()
+                    .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
+                    .collect(),
+            };
+            pods.into_iter()
+                .filter(|p| selects(&s.pods, p.labels()))
+                .filter(|p| !is_terminal(p))
+                .collect()
+        }
         Err(_) => Vec::new(),
     };
     let pods: Vec<SelectedPod> = selected.iter().map(|p| selected_pod(p)).collect();
@@ -822,7 +840,8 @@ pub async fn run(
     let mapper_store = rw_store.clone();
     // A pod's change reaches only the watches that select it now or did before it
     // (crate::triggers), not every watch of its namespace.
-    let mut triggers = PodTriggers::default();
+    let pod_index = Arc::new(std::sync::Mutex::new(PodTriggers::default()));
+    let triggers = pod_index.clone();
     let pod_triggers = reflector::reflector(
         pods_writer,
         watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).modify(slim_pod),
@@ -830,7 +849,10 @@ pub async fn run(
     .default_backoff()
     .flat_map(move |event| {
         let refs = match event {
-            Ok(event) => triggers.on_event(&event, &mapper_store.state()),
+            Ok(event) => triggers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .on_event(&event, &mapper_store.state()),
             Err(e) => {
                 tracing::warn!(error = %e, "pod watch");
                 Vec::new()
@@ -856,6 +878,7 @@ pub async fn run(
         leader,
         write_timeout: Duration::from_secs(10),
         forgotten_at: Default::default(),
+        pod_index,
         eviction_client: settings.eviction_client,
         remediation: settings.remediation,
     });
@@ -1122,6 +1145,7 @@ mod tests {
             leader: watch::channel(true).1,
             write_timeout: Duration::from_secs(5),
             forgotten_at: Default::default(),
+            pod_index: Default::default(),
             eviction_client: eviction_client_for_tests.clone(),
             remediation: RemediationContext {
                 enabled: false,

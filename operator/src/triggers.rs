@@ -8,9 +8,13 @@
 //! selector still reaches the watch that held it. A relist (`Init` … `InitDone`) forgets the
 //! pods it did not see again, and each forgotten pod's watches are reconciled as for a
 //! deletion.
+//!
+//! The same memory indexes pods by namespace and label, so a reconcile looks up the pods
+//! of its selector's `matchLabels` instead of testing every pod of the cluster (at 20,000
+//! pods in one namespace that scan was most of a reconcile).
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::Arc,
 };
 
@@ -19,7 +23,7 @@ use kube::{
     ResourceExt,
     runtime::{reflector::ObjectRef, watcher::Event},
 };
-use resourcewatch_crds::ResourceWatch;
+use resourcewatch_crds::{LabelSelector, ResourceWatch};
 
 use crate::spec::{pod_selector, selects};
 
@@ -29,6 +33,7 @@ type Labels = BTreeMap<String, String>;
 #[derive(Clone, Debug, PartialEq)]
 struct Seen {
     namespace: String,
+    name: String,
     labels: Labels,
 }
 
@@ -42,6 +47,8 @@ pub struct PodTriggers {
     /// pod cache is ready waits for it, and then sees every pod (20,000 pods times 500
     /// watches of selector matching at start would buy nothing).
     listed: bool,
+    /// Pod names by (namespace, label key, label value).
+    by_label: HashMap<(String, String, String), BTreeSet<String>>,
 }
 
 impl PodTriggers {
@@ -64,6 +71,10 @@ impl PodTriggers {
                     listed.insert(uid.clone());
                 }
                 let before = self.seen.insert(uid, now.clone());
+                if let Some(b) = &before {
+                    self.unindex(b);
+                }
+                self.index(&now);
                 if !self.listed {
                     return Vec::new();
                 }
@@ -74,6 +85,9 @@ impl PodTriggers {
                     return Vec::new();
                 };
                 let before = self.seen.remove(&uid);
+                if let Some(b) = &before {
+                    self.unindex(b);
+                }
                 concerned(watches, &now, before.as_ref())
             }
             Event::InitDone => {
@@ -91,6 +105,9 @@ impl PodTriggers {
                     .map(|(_, s)| s.clone())
                     .collect();
                 self.seen.retain(|uid, _| listed.contains(uid));
+                for s in &gone {
+                    self.unindex(s);
+                }
                 let mut refs: Vec<ObjectRef<ResourceWatch>> = gone
                     .iter()
                     .flat_map(|s| concerned(watches, s, None))
@@ -98,6 +115,49 @@ impl PodTriggers {
                 refs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
                 refs.dedup();
                 refs
+            }
+        }
+    }
+
+    /// The names of the pods of `namespace` that can match `selector`: those carrying
+    /// every one of its `matchLabels` (its expressions are left to the caller, who tests
+    /// the whole selector on each). `None` when the index cannot say: before the first
+    /// list, or a selector without `matchLabels` (then every pod of the namespace is a
+    /// candidate).
+    pub fn candidates(&self, namespace: &str, selector: &LabelSelector) -> Option<Vec<String>> {
+        if !self.listed || selector.match_labels.is_empty() {
+            return None;
+        }
+        let empty = BTreeSet::new();
+        let smallest = selector
+            .match_labels
+            .iter()
+            .map(|(k, v)| {
+                self.by_label
+                    .get(&(namespace.to_owned(), k.clone(), v.clone()))
+                    .unwrap_or(&empty)
+            })
+            .min_by_key(|names| names.len())?;
+        Some(smallest.iter().cloned().collect())
+    }
+
+    fn index(&mut self, s: &Seen) {
+        for (k, v) in &s.labels {
+            self.by_label
+                .entry((s.namespace.clone(), k.clone(), v.clone()))
+                .or_default()
+                .insert(s.name.clone());
+        }
+    }
+
+    fn unindex(&mut self, s: &Seen) {
+        for (k, v) in &s.labels {
+            let key = (s.namespace.clone(), k.clone(), v.clone());
+            if let Some(names) = self.by_label.get_mut(&key) {
+                names.remove(&s.name);
+                if names.is_empty() {
+                    self.by_label.remove(&key);
+                }
             }
         }
     }
@@ -117,6 +177,7 @@ fn seen(pod: &Pod) -> Option<(String, Seen)> {
         pod.uid()?,
         Seen {
             namespace: pod.namespace()?,
+            name: pod.name_any(),
             labels: pod.labels().clone(),
         },
     ))
@@ -283,6 +344,70 @@ mod tests {
             names(t.on_event(&Event::Apply(moved), &w)),
             ["a/all", "a/api", "a/web"]
         );
+    }
+
+    #[test]
+    fn the_label_index_follows_labels_deletions_and_relists() {
+        let sel = |json| -> LabelSelector { serde_json::from_value(json).unwrap() };
+        let api = sel(serde_json::json!({"matchLabels": {"app": "api"}}));
+        let mut t = PodTriggers::default();
+        t.on_event(&Event::Init, &[]);
+        t.on_event(
+            &Event::InitApply(pod(
+                "a",
+                "u1",
+                serde_json::json!({"app": "api", "tier": "x"}),
+            )),
+            &[],
+        );
+        assert_eq!(
+            t.candidates("a", &api),
+            None,
+            "not before the first list ends"
+        );
+        t.on_event(&Event::InitDone, &[]);
+        t.on_event(
+            &Event::Apply(pod("a", "u2", serde_json::json!({"app": "api"}))),
+            &[],
+        );
+        t.on_event(
+            &Event::Apply(pod("b", "u3", serde_json::json!({"app": "api"}))),
+            &[],
+        );
+        assert_eq!(
+            t.candidates("a", &api),
+            Some(vec!["p-u1".into(), "p-u2".into()])
+        );
+        // The smallest set of the pairs: only u1 has tier=x.
+        let both = sel(serde_json::json!({"matchLabels": {"app": "api", "tier": "x"}}));
+        assert_eq!(t.candidates("a", &both), Some(vec!["p-u1".into()]));
+        assert_eq!(
+            t.candidates(
+                "a",
+                &sel(serde_json::json!({"matchLabels": {"app": "none"}}))
+            ),
+            Some(vec![])
+        );
+        assert_eq!(
+            t.candidates("a", &sel(serde_json::json!({}))),
+            None,
+            "no matchLabels: scan"
+        );
+        // A relabel and a deletion leave the index.
+        t.on_event(
+            &Event::Apply(pod("a", "u1", serde_json::json!({"app": "web"}))),
+            &[],
+        );
+        t.on_event(
+            &Event::Delete(pod("a", "u2", serde_json::json!({"app": "api"}))),
+            &[],
+        );
+        assert_eq!(t.candidates("a", &api), Some(vec![]));
+        // A relist that no longer lists u3 drops it.
+        t.on_event(&Event::Init, &[]);
+        t.on_event(&Event::InitDone, &[]);
+        assert_eq!(t.candidates("b", &api), Some(vec![]));
+        assert!(t.by_label.is_empty() && t.is_empty());
     }
 
     #[test]
