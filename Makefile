@@ -103,6 +103,10 @@ e2e: deps ## End-to-end tests on the real single-node cluster (installs through 
 e2e-api: deps ## Operator API tests against a real kube-apiserver (started and stopped here; RW_E2E_KUBECONFIG=FILE opts in to another cluster)
 	e2e/run-api-tests.sh
 
+.PHONY: scale
+scale: deps ## The operator at 1,000 nodes / 20,000 pods / 500 watches against a real kube-apiserver (started and stopped here; about 20 min); e2e/scale/scale.csv and scale.png
+	e2e/run-scale.sh
+
 .PHONY: chart
 chart: ## Render the Helm chart offline and check it against config/ (see charts/README.md)
 	charts/check.sh

@@ -47,10 +47,36 @@ impl OperatorProcess {
         Self::spawn(namespace, identity, extra, webhook)
     }
 
+    /// A new operator process on this one's addresses (agents reconnect to the same
+    /// endpoint, as through a Service), once this one has exited.
+    pub fn respawn(&self, namespace: &str, identity: &str, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::spawn_at(
+            namespace,
+            identity,
+            extra,
+            self.grpc,
+            self.metrics,
+            self.webhook,
+        )
+    }
+
     fn spawn(
         namespace: &str,
         identity: &str,
         extra: &[&str],
+        webhook: SocketAddr,
+    ) -> anyhow::Result<Self> {
+        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        Self::spawn_at(namespace, identity, extra, grpc, metrics, webhook)
+    }
+
+    fn spawn_at(
+        namespace: &str,
+        identity: &str,
+        extra: &[&str],
+        grpc: SocketAddr,
+        metrics: SocketAddr,
         webhook: SocketAddr,
     ) -> anyhow::Result<Self> {
         let bin = operator_bin();
@@ -59,9 +85,11 @@ impl OperatorProcess {
             "{} is missing: build it first (cargo build -p resourcewatch-operator)",
             bin.display()
         );
-        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let log = std::env::temp_dir().join(format!("resourcewatch-operator-{}.log", grpc.port()));
+        // One log per process: a respawned operator must not truncate its predecessor's.
+        static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log =
+            std::env::temp_dir().join(format!("resourcewatch-operator-{}-{n}.log", grpc.port()));
         let out = std::fs::File::create(&log)?;
         let child = Command::new(&bin)
             .args(["--namespace", namespace, "--pod-name", identity])
