@@ -409,6 +409,20 @@ impl Drop for TestNamespace {
     }
 }
 
+/// Deletes every pod of `ns` at once (grace 0): where no kubelet runs, nothing would
+/// finish a graceful deletion, and the namespace would never go.
+pub async fn delete_pods_now(client: &Client, ns: &str) {
+    let _ = Api::<Pod>::namespaced(client.clone(), ns)
+        .delete_collection(
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+            &kube::api::ListParams::default(),
+        )
+        .await;
+}
+
 /// A Node object with no kubelet behind it: API-only tests schedule pods to it by name.
 /// A token that proves `node` to the operator, as kubelet gives the real agent: the agent
 /// ServiceAccount (made in `ns`, the operator's namespace, when missing), a pod of it

@@ -14,7 +14,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
 };
 use resourcewatch_crds::{ConditionStatus, RemediationOutcome, ResourceWatch};
 use resourcewatch_e2e::{
@@ -175,16 +175,7 @@ impl Env {
     /// Pods on simulated nodes never finish a graceful deletion (no kubelet): remove them
     /// at once so the namespace can go.
     async fn end(self) {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), self.n());
-        let _ = pods
-            .delete_collection(
-                &DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..Default::default()
-                },
-                &ListParams::default(),
-            )
-            .await;
+        cluster::delete_pods_now(&self.client, self.n()).await;
         drop(self.op);
         self.ns.delete().await;
     }

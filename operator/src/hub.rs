@@ -308,13 +308,7 @@ impl Hub {
         };
         for w in watches() {
             for p in w.pods.iter().filter(|p| p.node == node) {
-                let c = out.get_or_insert_with(|| pb::NodeConfig {
-                    top_k: w.top_k,
-                    report_interval_ms: report_interval_ms(w.interval),
-                    ..self.idle_config()
-                });
-                c.top_k = c.top_k.max(w.top_k);
-                c.report_interval_ms = c.report_interval_ms.min(report_interval_ms(w.interval));
+                let c = self.widen(&mut out, w.top_k, w.interval);
                 let leak = c.leak.get_or_insert_with(Default::default);
                 if w.leaks_enabled {
                     leak.min_confidence = if leak.enabled {
@@ -345,13 +339,7 @@ impl Hub {
         }
         // The node view: a larger K and a shorter cadence on the nodes it selects.
         for scope in inner.scopes.values().filter(|s| s.nodes.contains(node)) {
-            let c = out.get_or_insert_with(|| pb::NodeConfig {
-                top_k: scope.top_k,
-                report_interval_ms: report_interval_ms(scope.interval),
-                ..self.idle_config()
-            });
-            c.top_k = c.top_k.max(scope.top_k);
-            c.report_interval_ms = c.report_interval_ms.min(report_interval_ms(scope.interval));
+            self.widen(&mut out, scope.top_k, scope.interval);
         }
         let c = out.as_mut()?;
         for o in watches().filter_map(|w| w.profile.as_ref()) {
@@ -368,6 +356,24 @@ impl Hub {
         }
         c.targets = pods.into_values().collect();
         out
+    }
+
+    /// The node's configuration so far, made from the idle one when this is the first
+    /// watch or view there, with at least `top_k` and at most `interval`'s cadence.
+    fn widen<'a>(
+        &self,
+        out: &'a mut Option<pb::NodeConfig>,
+        top_k: u32,
+        interval: Duration,
+    ) -> &'a mut pb::NodeConfig {
+        let c = out.get_or_insert_with(|| pb::NodeConfig {
+            top_k,
+            report_interval_ms: report_interval_ms(interval),
+            ..self.idle_config()
+        });
+        c.top_k = c.top_k.max(top_k);
+        c.report_interval_ms = c.report_interval_ms.min(report_interval_ms(interval));
+        c
     }
 
     /// The configuration of a node no watch targets: its agent still reports the node's
