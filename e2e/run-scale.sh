@@ -58,5 +58,6 @@ case $mode in
   report)
     "$bin" --csv e2e/scale/scale.csv | tee e2e/scale/last-report.md
     .ci/install-deps --plot
-    python3 e2e/scale/plot.py e2e/scale/scale.csv e2e/scale/scale.png 256 ;;
+    # Debian's interpreter: the one python3-matplotlib is installed for.
+    /usr/bin/python3 e2e/scale/plot.py e2e/scale/scale.csv e2e/scale/scale.png 384 ;;
 esac
