@@ -303,6 +303,7 @@ async fn main() -> anyhow::Result<()> {
             &rws,
             &expected(&watch_defs, &live),
             Duration::from_secs(900),
+            None,
         )
         .await
         .with_context(|| format!("operator log (tail):\n{}", tail(&op.log_text(), 30)))?;
@@ -472,11 +473,14 @@ fn expected(watches: &[(String, &'static str, String)], live: &[Live]) -> BTreeM
         .collect()
 }
 
-/// Until every watch is Ready, counts exactly its pods, and hears from all its nodes.
+/// Until every watch is Ready, counts exactly its pods, and hears from all its nodes, in
+/// a status written at or after `since` when given (after a restart, the old process's
+/// statuses say all that already).
 async fn settled(
     rws: &Api<ResourceWatch>,
     want: &BTreeMap<String, u32>,
     deadline: Duration,
+    since: Option<jiff::Timestamp>,
 ) -> anyhow::Result<()> {
     let last = Mutex::new(String::new());
     let r = wait_for("every watch exact and reporting", deadline, || async {
@@ -485,7 +489,12 @@ async fn settled(
         for rw in &list.items {
             let name = rw.metadata.name.clone().unwrap_or_default();
             let ok = rw.status.as_ref().is_some_and(|s| {
-                Some(&s.matched_pods) == want.get(&name)
+                let written = s
+                    .last_update_time
+                    .as_deref()
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+                since.is_none_or(|since| written.is_some_and(|w| w >= since))
+                    && Some(&s.matched_pods) == want.get(&name)
                     && s.reporting_nodes == s.expected_nodes
                     && s.conditions
                         .iter()
@@ -723,6 +732,9 @@ async fn restart_storm(
         .collect();
     op.stop(Duration::from_secs(20)).await;
     let t0 = Instant::now();
+    // Status times are whole seconds: from the second this one is in.
+    let since = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+        .unwrap_or_else(|_| jiff::Timestamp::now());
     *op = op.respawn(ns, "scale-operator", &["--agent-grace", "30s"])?;
     let mut last_api = 0.0;
     let mut last_t = Instant::now();
@@ -746,7 +758,13 @@ async fn restart_storm(
         }
     }
     let all_reconnected_s = reconnected.context("not every agent came back within 600 s")?;
-    settled(rws, &expected(watches, live), Duration::from_secs(600)).await?;
+    settled(
+        rws,
+        &expected(watches, live),
+        Duration::from_secs(600),
+        Some(since),
+    )
+    .await?;
     Ok(Storm {
         all_reconnected_s,
         all_reporting_s: t0.elapsed().as_secs_f64(),
@@ -755,10 +773,29 @@ async fn restart_storm(
     })
 }
 
+/// A progress line: the report's row for this step, as soon as it is measured.
 fn print_row(r: &Row) {
     eprintln!(
-        "{} pods: CPU {:.1} %, RSS peak {:.1} MiB, reconcile p50 <= {} s p99 <= {} s ({:.1}/s), status writes {:.1}/s, API {:.1}/s {:?}, first figure p50 {:.1} s p99 {:.1} s max {:.1} s ({} of {} churned)",
+        "{} ({} of {} churned pods seen)",
+        markdown_row(r),
+        r.first_figures,
+        r.churned
+    );
+}
+
+const TABLE_HEAD: &str = "| pods | settle | operator CPU | RSS peak | reconcile p50 / p99 | reconciles/s | status writes/s | API requests/s (by verb) | first figure p50 / p99 / max |\n|---|---|---|---|---|---|---|---|---|";
+
+fn markdown_row(r: &Row) -> String {
+    let verbs: Vec<String> = r
+        .api_by_verb
+        .iter()
+        .filter(|(_, v)| **v >= 0.05)
+        .map(|(k, v)| format!("{k} {v:.1}"))
+        .collect();
+    format!(
+        "| {} | {:.0} s | {:.1} % of a core | {:.1} MiB | ≤ {} s / ≤ {} s | {:.1} | {:.1} | {:.1} ({}) | {:.1} / {:.1} / {:.1} s ({} pods) |",
         r.pods,
+        r.settle_s,
         r.cpu_percent,
         r.rss_peak_mib,
         r.reconcile_p50_s,
@@ -766,13 +803,12 @@ fn print_row(r: &Row) {
         r.reconciles_per_s,
         r.status_writes_per_s,
         r.api_per_s,
-        r.api_by_verb,
+        verbs.join(", "),
         r.first_figure_p50_s,
         r.first_figure_p99_s,
         r.first_figure_max_s,
-        r.first_figures,
-        r.churned
-    );
+        r.first_figures
+    )
 }
 
 fn print_report(a: &Args, rows: &[Row], storm: Option<&Storm>) {
@@ -780,34 +816,9 @@ fn print_report(a: &Args, rows: &[Row], storm: Option<&Storm>) {
         "{} nodes, {} simulated agents, {} watches ({} of {} pods, the rest 5-50), interval {}, churn {}/s, window {} s\n",
         a.nodes, a.nodes, a.watches, a.big_watches, a.big_size, a.interval, a.churn, a.window_secs
     );
-    println!(
-        "| pods | settle | operator CPU | RSS peak | reconcile p50 / p99 | reconciles/s | status writes/s | API requests/s (by verb) | first figure p50 / p99 / max |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("{TABLE_HEAD}");
     for r in rows {
-        let verbs: Vec<String> = r
-            .api_by_verb
-            .iter()
-            .filter(|(_, v)| **v >= 0.05)
-            .map(|(k, v)| format!("{k} {v:.1}"))
-            .collect();
-        println!(
-            "| {} | {:.0} s | {:.1} % of a core | {:.1} MiB | ≤ {} s / ≤ {} s | {:.1} | {:.1} | {:.1} ({}) | {:.1} / {:.1} / {:.1} s ({} pods) |",
-            r.pods,
-            r.settle_s,
-            r.cpu_percent,
-            r.rss_peak_mib,
-            r.reconcile_p50_s,
-            r.reconcile_p99_s,
-            r.reconciles_per_s,
-            r.status_writes_per_s,
-            r.api_per_s,
-            verbs.join(", "),
-            r.first_figure_p50_s,
-            r.first_figure_p99_s,
-            r.first_figure_max_s,
-            r.first_figures
-        );
+        println!("{}", markdown_row(r));
     }
     if let Some(s) = storm {
         println!(
