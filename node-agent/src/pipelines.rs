@@ -179,16 +179,19 @@ fn run_on_cpu(prog: BorrowedFd<'_>, cpu: u32, arg: u64) -> std::io::Result<()> {
         cpu,
         ..Default::default()
     };
-    // SAFETY: attr is a valid, fully initialised bpf_attr prefix of the size passed; ctx
-    // outlives the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_TEST_RUN,
-            &mut attr as *mut TestRunAttr,
-            size_of::<TestRunAttr>(),
-        )
-    };
+    // SAFETY: attr is a valid, fully initialised bpf_attr prefix; ctx outlives the call.
+    unsafe { bpf_call(BPF_PROG_TEST_RUN, &mut attr) }
+}
+
+/// The raw `bpf(2)` syscall with `attr` as its `union bpf_attr` prefix, for the commands
+/// aya 0.14 does not wrap (BPF_PROG_TEST_RUN, BPF_MAP_LOOKUP_BATCH).
+///
+/// # Safety
+/// `A` must be a `#[repr(C)]` prefix of `union bpf_attr` for `cmd`, fully initialised,
+/// and every pointer in it must stay valid (and, for outputs, writable) for the call.
+unsafe fn bpf_call<A>(cmd: libc::c_long, attr: &mut A) -> std::io::Result<()> {
+    // SAFETY: the caller's contract above.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut A, size_of::<A>()) };
     if r < 0 {
         Err(std::io::Error::last_os_error())
     } else {
@@ -242,18 +245,10 @@ fn lookup_batch<K: aya::Pod, V: aya::Pod>(fd: BorrowedFd<'_>) -> std::io::Result
             map_fd: fd.as_raw_fd() as u32,
             ..Default::default()
         };
-        // SAFETY: attr is a valid, fully initialised bpf_attr prefix of the size passed;
-        // the token, `next` and both buffers (of `count` elements of the map's key and
-        // value types) outlive the call.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                size_of::<BatchAttr>(),
-            )
-        };
-        let err = (r < 0).then(std::io::Error::last_os_error);
+        // SAFETY: attr is a valid, fully initialised bpf_attr prefix; the token, `next`
+        // and both buffers (of `count` elements of the map's key and value types) outlive
+        // the call.
+        let err = unsafe { bpf_call(BPF_MAP_LOOKUP_BATCH, &mut attr) }.err();
         if err.as_ref().and_then(|e| e.raw_os_error()) == Some(libc::ENOSPC) {
             chunk *= 2;
             keys.resize(chunk, zero_k);
