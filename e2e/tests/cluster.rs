@@ -1009,3 +1009,277 @@ async fn a_rust_profile_without_frame_pointers_names_its_hot_leaf() {
     assert!(p.hottest[0].percent >= 80.0, "{:?}", p.hottest);
     ns.delete().await;
 }
+
+/// The processes of a pod's containers on this node (its sandbox's pause excluded), found
+/// by the pod's UID in their cgroup paths (cgroupfs or systemd driver, v1 or v2).
+fn pod_pids(uid: &str) -> Vec<i32> {
+    let (dashed, underscored) = (uid.to_owned(), uid.replace('-', "_"));
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc") {
+        let Some(pid) = entry
+            .ok()
+            .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if (cgroup.contains(&dashed) || cgroup.contains(&underscored)) && comm.trim() != "pause" {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Processes stopped with SIGSTOP (a frozen or partitioned replica: its sockets stay open,
+/// nothing answers), continued when dropped, so a failed assertion leaves no operator
+/// stopped for the tests after it.
+struct Stopped(Vec<i32>);
+
+impl Stopped {
+    fn new(pids: Vec<i32>) -> Self {
+        for &p in &pids {
+            // SAFETY: kill(2) with a pid read from /proc and a valid signal number.
+            assert_eq!(unsafe { libc::kill(p, libc::SIGSTOP) }, 0, "SIGSTOP {p}");
+        }
+        Self(pids)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            // SAFETY: as above; a pid gone since is harmless (ESRCH).
+            unsafe { libc::kill(p, libc::SIGCONT) };
+        }
+    }
+}
+
+/// The operator's own metric `name` on one replica, read from its pod address directly
+/// (not through the Service, which only reaches the leader).
+fn replica_metric(pod: &Pod, name: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let ip = pod.status.as_ref()?.pod_ip.clone()?;
+    let mut s = std::net::TcpStream::connect_timeout(
+        &format!("{ip}:8080").parse().ok()?,
+        Duration::from_secs(2),
+    )
+    .ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {ip}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+async fn operator_pods(client: &Client) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), SYSTEM)
+        .list(&ListParams::default().labels("app.kubernetes.io/name=resourcewatch-operator"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+fn labelled_leader(pods: &[Pod]) -> Vec<String> {
+    pods.iter()
+        .filter(|p| {
+            p.labels()
+                .get("resourcewatch.io/leader")
+                .map(String::as_str)
+                == Some("true")
+        })
+        .map(|p| p.name_any())
+        .collect()
+}
+
+async fn lease_holder(client: &Client) -> String {
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), SYSTEM)
+        .get("resourcewatch-operator")
+        .await
+        .ok()
+        .and_then(|l| l.spec?.holder_identity)
+        .unwrap_or_default()
+}
+
+/// From `t0` until a replica other than `not` holds the Lease, is the only one labelled
+/// leader, has the node's agent connected, and the watch has a status written after that
+/// with the node reporting. Returns that replica and the seconds after `t0` at which it
+/// took the Lease, had the agent, and its status was seen.
+async fn followed(
+    client: &Client,
+    rws: &Api<ResourceWatch>,
+    not: &str,
+    t0: std::time::Instant,
+) -> (String, f64, f64, f64) {
+    let (mut lease, mut agent): (Option<(String, f64)>, Option<f64>) = (None, None);
+    let before = rws
+        .get("w")
+        .await
+        .ok()
+        .and_then(|r| r.status?.last_update_time);
+    let deadline = Duration::from_secs(90);
+    loop {
+        assert!(
+            t0.elapsed() < deadline,
+            "after {deadline:?}: Lease taken at {lease:?} s, agent connected at {agent:?} s"
+        );
+        if lease.is_none() {
+            let holder = lease_holder(client).await;
+            if !holder.is_empty() && holder != not {
+                lease = Some((holder, t0.elapsed().as_secs_f64()));
+            }
+        }
+        let pods = operator_pods(client).await;
+        if let Some((pod, _)) = &lease
+            && agent.is_none()
+            && labelled_leader(&pods) == std::slice::from_ref(pod)
+        {
+            let connected = pods
+                .iter()
+                .find(|p| p.name_any() == *pod)
+                .and_then(|p| replica_metric(p, "resourcewatch_operator_agents_connected"));
+            if connected.is_some_and(|c| c >= 1.0) {
+                agent = Some(t0.elapsed().as_secs_f64());
+            }
+        }
+        if let (Some((pod, l)), Some(a)) = (&lease, agent) {
+            let s = rws.get("w").await.ok().and_then(|r| r.status);
+            if s.as_ref().is_some_and(|s| {
+                s.last_update_time != before && s.reporting_nodes == 1 && !s.top_cpu.is_empty()
+            }) {
+                return (pod.clone(), *l, a, t0.elapsed().as_secs_f64());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_follows() {
+    let (client, ns) = cluster::test_namespace("rw-e2e-failover").await;
+    let n = ns.name.as_str();
+    leak_sim_pod(
+        &client,
+        n,
+        "api-burn",
+        "api",
+        &["--pattern", "burn"],
+        "64Mi",
+    )
+    .await;
+    wait_running(&client, n, &["api-burn"]).await;
+    let rws = cluster::watch_app(&client, n, "w", "api").await;
+    status_where(&rws, "w", "a reporting watch", 60, |s| {
+        !s.top_cpu.is_empty() && s.reporting_nodes == 1
+    })
+    .await;
+    let deploys: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), SYSTEM);
+    let scale = |replicas: i32| serde_json::json!({"spec": {"replicas": replicas}});
+    deploys
+        .patch(
+            "resourcewatch-operator",
+            &PatchParams::default(),
+            &Patch::Merge(&scale(2)),
+        )
+        .await
+        .expect("two operator replicas");
+    let ready = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let (leader, standby) = wait_for(
+        "two Ready replicas, one labelled leader",
+        Duration::from_secs(120),
+        || {
+            let client = client.clone();
+            async move {
+                let pods = operator_pods(&client).await;
+                let holder = lease_holder(&client).await;
+                let ok = pods.len() == 2
+                    && pods.iter().all(ready)
+                    && labelled_leader(&pods) == [holder.clone()];
+                let standby = pods.iter().map(|p| p.name_any()).find(|p| *p != holder);
+                Ok(ok
+                    .then(|| pods.into_iter().find(|p| p.name_any() == holder))
+                    .flatten()
+                    .zip(standby))
+            }
+        },
+    )
+    .await
+    .expect("a leader and a standby");
+    let uid = leader.metadata.uid.clone().expect("uid");
+    let pids = pod_pids(&uid);
+    assert!(
+        !pids.is_empty(),
+        "no process of the leader {} found in /proc",
+        leader.name_any()
+    );
+
+    // The leader stops answering, its sockets open: no reset reaches the agent.
+    let t0 = std::time::Instant::now();
+    let stopped = Stopped::new(pids);
+    let (taker, lease, agent, status) = followed(&client, &rws, &leader.name_any(), t0).await;
+    assert_eq!(taker, standby, "the standby took the Lease");
+    eprintln!(
+        "frozen leader: Lease taken by the standby at {lease:.1} s, agent connected to it at \
+         {agent:.1} s, its first status at {status:.1} s "
+    );
+    assert!(
+        lease <= 15.5,
+        "the standby took the 15 s Lease {lease:.1} s after the leader froze"
+    );
+    // The old leader continues: it must step down, not take the Lease or the label back.
+    drop(stopped);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let pods = operator_pods(&client).await;
+    assert_eq!(
+        labelled_leader(&pods),
+        std::slice::from_ref(&standby),
+        "after the old leader continued"
+    );
+    assert_eq!(lease_holder(&client).await, standby);
+
+    // A graceful handover: the new leader's pod is deleted; it releases the Lease.
+    let t1 = std::time::Instant::now();
+    Api::<Pod>::namespaced(client.clone(), SYSTEM)
+        .delete(&standby, &DeleteParams::default())
+        .await
+        .expect("delete the leader's pod");
+    // The other replica, or the one the Deployment makes in place of the deleted one.
+    let (_, lease2, agent2, status2) = followed(&client, &rws, &standby, t1).await;
+    eprintln!(
+        "deleted leader: Lease taken at {lease2:.1} s, agent connected at {agent2:.1} s, \
+         first status at {status2:.1} s "
+    );
+    assert!(
+        lease2 <= 5.0,
+        "a released Lease taken {lease2:.1} s after the delete"
+    );
+    assert!(
+        agent - lease <= 10.0 && agent2 - lease2 <= 10.0,
+        "agents reached the new leader {:.1} s / {:.1} s after it took the Lease",
+        agent - lease,
+        agent2 - lease2
+    );
+    deploys
+        .patch(
+            "resourcewatch-operator",
+            &PatchParams::default(),
+            &Patch::Merge(&scale(1)),
+        )
+        .await
+        .expect("back to one replica");
+    wait_for("one operator replica", Duration::from_secs(120), || {
+        let client = client.clone();
+        async move { Ok((operator_pods(&client).await.len() == 1).then_some(())) }
+    })
+    .await
+    .expect("one replica");
+    ns.delete().await;
+}

@@ -20,7 +20,7 @@ use kube::{
     Api, Client,
     api::{ObjectMeta, Patch, PatchParams, PostParams},
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 /// The label the leader puts on its own pod; the operator's Service selects it.
 pub const LEADER_LABEL: &str = "resourcewatch.io/leader";
@@ -80,7 +80,21 @@ pub struct LeaderElection {
     pub lease_name: String,
     pub identity: String,
     pub lease_duration: Duration,
+    /// How often the leader renews, and the longest a standby waits between looks. The
+    /// leader steps down by itself once `lease_duration - renew` has passed without a
+    /// renewal, before a standby may take the Lease (client-go: retryPeriod 2 s, lease 15 s).
     pub renew: Duration,
+}
+
+/// What one look at the Lease found.
+#[derive(Debug, PartialEq, Eq)]
+enum Look {
+    /// This replica holds it (now renewed). `from`: the holder it was taken from, whose
+    /// pod may still carry the leader label (a frozen or partitioned process cannot remove
+    /// it, and the Service would keep routing agents there).
+    Held { from: Option<String> },
+    /// Another replica holds it until `expires_in` from now.
+    Busy { expires_in: Duration },
 }
 
 impl LeaderElection {
@@ -90,27 +104,49 @@ impl LeaderElection {
             lease_name: lease_name.into(),
             identity: identity.into(),
             lease_duration: Duration::from_secs(15),
-            renew: Duration::from_secs(5),
+            renew: Duration::from_secs(2),
         }
     }
 
     /// Runs until `shutdown`; `leader` follows whether this replica holds the Lease.
-    pub async fn run(self, leader: watch::Sender<bool>, mut shutdown: watch::Receiver<bool>) {
+    /// `taken_from` receives the identity (pod name) of each holder the Lease was taken
+    /// from while it had not released it.
+    pub async fn run(
+        self,
+        leader: watch::Sender<bool>,
+        taken_from: mpsc::UnboundedSender<String>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
         let mut last_renewed: Option<Instant> = None;
         loop {
+            // Stopped (SIGSTOP, a frozen cgroup, a paused VM) past the point where another
+            // replica may hold the Lease: not the leader any more, before any request.
+            if last_renewed.is_some_and(|t| t.elapsed() > self.lease_duration - self.renew)
+                && leader.send_if_modified(|l| std::mem::replace(l, false))
+            {
+                tracing::warn!("stepped down: the Lease was not renewed in time");
+            }
+            let started = Instant::now();
+            let mut wait = self.renew;
             match self.try_acquire_or_renew().await {
-                Ok(true) => {
-                    last_renewed = Some(Instant::now());
+                Ok(Look::Held { from }) => {
+                    last_renewed = Some(started);
                     if !*leader.borrow() {
-                        tracing::info!(identity = %self.identity, "became the leader");
+                        tracing::info!(identity = %self.identity, previous = ?from, "became the leader");
+                    }
+                    if let Some(from) = from {
+                        let _ = taken_from.send(from);
                     }
                     leader.send_if_modified(|l| !std::mem::replace(l, true));
                 }
-                Ok(false) => {
+                Ok(Look::Busy { expires_in }) => {
                     last_renewed = None;
                     if leader.send_if_modified(|l| std::mem::replace(l, false)) {
                         tracing::warn!("lost the leadership to another replica");
                     }
+                    // Look again just after it expires (a crashed holder never renews),
+                    // not up to `renew` later.
+                    wait = wait.min(expires_in + Duration::from_millis(50));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "lease renewal failed");
@@ -124,7 +160,7 @@ impl LeaderElection {
                 }
             }
             tokio::select! {
-                _ = tokio::time::sleep(self.renew) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
             }
         }
@@ -136,7 +172,7 @@ impl LeaderElection {
         }
     }
 
-    async fn try_acquire_or_renew(&self) -> Result<bool, kube::Error> {
+    async fn try_acquire_or_renew(&self) -> Result<Look, kube::Error> {
         let now = MicroTime(jiff::Timestamp::now());
         let Some(mut lease) = self.api.get_opt(&self.lease_name).await? else {
             let lease = Lease {
@@ -154,21 +190,21 @@ impl LeaderElection {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Ok(_) => Ok(Look::Held { from: None }),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Look::Busy {
+                    expires_in: self.renew,
+                }),
                 Err(e) => Err(e),
             };
         };
         let spec = lease.spec.get_or_insert_with(Default::default);
         let holder = spec.holder_identity.clone().unwrap_or_default();
-        let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
-        let expired = spec.renew_time.as_ref().is_none_or(|t| {
-            let age = jiff::Timestamp::now().duration_since(t.0);
-            age.as_secs_f64() > duration.as_secs_f64()
-        });
+        let expires_in = remaining(spec, jiff::Timestamp::now());
         let mine = holder == self.identity;
-        if !(mine || holder.is_empty() || expired) {
-            return Ok(false);
+        if !(mine || holder.is_empty() || expires_in.is_none()) {
+            return Ok(Look::Busy {
+                expires_in: expires_in.unwrap_or_default(),
+            });
         }
         if !mine {
             spec.acquire_time = Some(now.clone());
@@ -182,8 +218,12 @@ impl LeaderElection {
             .replace(&self.lease_name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Ok(_) => Ok(Look::Held {
+                from: (!mine && !holder.is_empty()).then_some(holder),
+            }),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Look::Busy {
+                expires_in: self.renew,
+            }),
             Err(e) => Err(e),
         }
     }
@@ -202,5 +242,49 @@ impl LeaderElection {
             .replace(&self.lease_name, &PostParams::default(), &lease)
             .await
             .map(|_| ())
+    }
+}
+
+/// How long the Lease still runs after `now`, by its holder's last renewal and its own
+/// duration; `None` once expired (or never renewed: a released Lease).
+fn remaining(spec: &LeaseSpec, now: jiff::Timestamp) -> Option<Duration> {
+    let renewed = spec.renew_time.as_ref()?.0;
+    let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
+    let age = now.duration_since(renewed).as_secs_f64().max(0.0);
+    let left = duration.as_secs_f64() - age;
+    (left > 0.0).then(|| Duration::from_secs_f64(left))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn spec(renewed: &str, seconds: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some("operator-a".into()),
+            lease_duration_seconds: Some(seconds),
+            renew_time: Some(MicroTime(renewed.parse().unwrap())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_lease_runs_for_its_own_duration_from_its_last_renewal() {
+        let now: jiff::Timestamp = "2026-11-25T10:00:10Z".parse().unwrap();
+        let left = remaining(&spec("2026-11-25T10:00:00Z", 15), now).unwrap();
+        assert_eq!(left, Duration::from_secs(5));
+        assert_eq!(remaining(&spec("2026-11-25T10:00:00Z", 10), now), None);
+        // A holder's clock ahead of ours: at most the whole duration, never more.
+        let ahead = remaining(&spec("2026-11-25T10:00:20Z", 15), now).unwrap();
+        assert_eq!(ahead, Duration::from_secs(15));
+    }
+
+    #[test]
+    fn a_released_lease_is_free_at_once() {
+        let mut released = spec("2026-11-25T10:00:00Z", 15);
+        released.renew_time = None;
+        let now: jiff::Timestamp = "2026-11-25T10:00:01Z".parse().unwrap();
+        assert_eq!(remaining(&released, now), None);
     }
 }

@@ -204,8 +204,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     });
-    let election_task =
-        metrics.spawn_task("leader election", election.run(leader_tx, shutdown.clone()));
+    // The label of a holder the Lease was taken from (it crashed, froze or lost the API
+    // server) is removed by the new leader: until then the Service would keep sending
+    // agents to a process that cannot answer.
+    let (taken_tx, mut taken_from) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let label_client = client.clone();
+    let label_namespace = args.namespace.clone();
+    metrics.spawn_task("previous leader's label", async move {
+        while let Some(pod) = taken_from.recv().await {
+            tracing::info!(%pod, "removing the leader label of the previous holder");
+            PodLabel::new(label_client.clone(), &label_namespace, &pod)
+                .set(false)
+                .await;
+        }
+    });
+    let election_task = metrics.spawn_task(
+        "leader election",
+        election.run(leader_tx, taken_tx, shutdown.clone()),
+    );
 
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await

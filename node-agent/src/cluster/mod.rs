@@ -74,6 +74,8 @@ pub enum RunError {
     Connect(#[from] tonic::transport::Error),
     #[error("operator: {0}")]
     Status(#[from] tonic::Status),
+    #[error("the operator did not answer within {0:?} ({1})")]
+    Timeout(Duration, &'static str),
     #[error("the engine stopped")]
     EngineGone,
     #[error("the stream to the operator closed")]
@@ -175,6 +177,10 @@ struct Channels {
     profiles: mpsc::UnboundedReceiver<pb::ProfileResult>,
 }
 
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const SESSION_TIMEOUT: Duration = Duration::from_secs(15);
+
 async fn session_loop(
     opts: &RunOptions,
     caps: pb::Capabilities,
@@ -221,7 +227,10 @@ async fn session_loop(
             _ = term.recv() => return Ok(()),
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        // Capped at 5 s: an operator failover (a new leader within the 15 s Lease) costs
+        // at most one cap more. 1,000 agents retrying every 5 s against a Service with no
+        // ready endpoint are refused by the node's own rules, not by the operator.
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
@@ -248,8 +257,11 @@ pub async fn connect(
         .map_err(|e| RunError::Address(operator.into(), e.to_string()))?
         .tls_config(tls)?
         .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(20))
-        .keep_alive_timeout(Duration::from_secs(10));
+        // A leader that stops answering (frozen, partitioned, its node gone) sends no
+        // reset: only an unanswered ping ends the stream, within 10 s here, so the agent
+        // is back through the Service about when a standby takes the 15 s Lease.
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5));
     Ok(endpoint.connect().await?)
 }
 
@@ -265,7 +277,15 @@ async fn session(
         reports: report_rx,
         profiles: profile_rx,
     } = ch;
-    let channel = connect(&opts.operator, &opts.server_name, &opts.tls_dir).await?;
+    // Bounded as a whole: `connect_timeout` covers the TCP connect only, and a frozen
+    // operator's kernel still completes that; its TLS handshake then hung for 69 s in
+    // the failover e2e test, while a new leader was already serving.
+    let channel = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        connect(&opts.operator, &opts.server_name, &opts.tls_dir),
+    )
+    .await
+    .map_err(|_| RunError::Timeout(CONNECT_TIMEOUT, "TLS handshake"))??;
     let client = AgentControlClient::new(channel);
     let mut client = client.max_encoding_message_size(pb::MAX_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
@@ -292,7 +312,12 @@ async fn session(
         })?;
     req.metadata_mut()
         .insert(pb::AUTHORIZATION_METADATA, bearer);
-    let mut inbound = client.session(req).await?.into_inner();
+    // The operator answers after the API server has reviewed the token (its own
+    // timeout is 10 s).
+    let mut inbound = tokio::time::timeout(SESSION_TIMEOUT, client.session(req))
+        .await
+        .map_err(|_| RunError::Timeout(SESSION_TIMEOUT, "opening the session"))??
+        .into_inner();
     tracing::info!(operator = %opts.operator, "connected");
     metrics.connected.store(true, Ordering::Relaxed);
     // Acks of an earlier stream are for versions this stream's operator may not know.
