@@ -27,7 +27,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{SysctlGuard, Workload, duty_cycle, fail, fork, proc_cpu_ticks, thread_cpu_ns};
+use super::{
+    SysctlGuard, Workload, duty_cycle, fail, fork, proc_cpu_ticks, status_kb, thread_cpu_ns,
+};
 
 /// One tool's cost over a run.
 struct Cost {
@@ -39,6 +41,8 @@ struct Cost {
     bpf_runs: u64,
     wall_s: f64,
     passes: u64,
+    /// The agent's resident memory at the end and its peak, KiB.
+    rss_kib: Option<(u64, u64)>,
 }
 
 impl Cost {
@@ -188,6 +192,7 @@ fn poll(interval: Duration, duration: Duration, mut pass: impl FnMut() + Send) -
                 bpf_runs: 0,
                 wall_s: t0.elapsed().as_secs_f64(),
                 passes,
+                rss_kib: None,
             }
         })
         .join()
@@ -294,6 +299,7 @@ fn agent(k: usize, interval: Duration, duration: Duration, targets: &[PathBuf]) 
     std::thread::sleep(duration);
     let (c1, (b1, r1)) = (proc_cpu_ticks(pid).unwrap_or_else(gone), bpf_of(pid));
     let wall_s = t0.elapsed().as_secs_f64();
+    let rss_kib = Some((status_kb(pid, "VmRSS:"), status_kb(pid, "VmHWM:")));
     let _ = child.kill();
     let _ = child.wait();
     Cost {
@@ -302,6 +308,7 @@ fn agent(k: usize, interval: Duration, duration: Duration, targets: &[PathBuf]) 
         bpf_runs: r1 - r0,
         wall_s,
         passes: (wall_s / interval.as_secs_f64()) as u64,
+        rss_kib,
     }
 }
 
@@ -351,17 +358,24 @@ pub fn compare(
         duration.as_secs()
     );
     println!(
-        "| tool | passes | user + system CPU | eBPF kernel time | total, % of a core | x agent |"
+        "| tool | passes | user + system CPU | eBPF kernel time | total, % of a core | x agent | RSS (peak) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let a = agent.percent();
     let row = |name: &str, c: &Cost, bpf: String| {
         println!(
-            "| {name} | {} | {:.3} s | {bpf} | **{:.3} %** | {:.1} |",
+            "| {name} | {} | {:.3} s | {bpf} | **{:.3} %** | {:.1} | {} |",
             c.passes,
             c.cpu_s,
             c.percent(),
-            c.percent() / a.max(1e-9)
+            c.percent() / a.max(1e-9),
+            c.rss_kib
+                .map(|(now, peak)| format!(
+                    "{:.1} MiB ({:.1} MiB)",
+                    now as f64 / 1024.0,
+                    peak as f64 / 1024.0
+                ))
+                .unwrap_or_else(|| "-".into())
         );
     };
     row(

@@ -55,11 +55,14 @@ enum Cmd {
         width: u32,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        #[command(flatten)]
+        skew: Skew,
     },
     /// Kernel cost per event and the perf-bench ratio.
     Cost {
-        /// Alternating runs with and without the pipelines (0: only the per-event table).
-        #[arg(long, default_value_t = 7)]
+        /// Rounds of three perf-bench runs: without, with the pipelines, with only the
+        /// empty programs (0: only the per-event table).
+        #[arg(long, default_value_t = 11)]
         runs: usize,
         #[arg(long, default_value_t = 200_000)]
         loops: u64,
@@ -187,6 +190,7 @@ fn main() {
             depth,
             width,
             seed,
+            skew,
         } => precision(
             procs,
             churn,
@@ -194,6 +198,7 @@ fn main() {
             interval,
             Geometry::new(depth, width).unwrap_or_else(|e| fail(&e)),
             seed,
+            skew,
         ),
         Cmd::Cost {
             runs,
@@ -384,7 +389,32 @@ impl Rng {
 /// 160 MiB x 0.92^j of touched memory, j a seeded permutation of i (CPU and memory ranks
 /// are independent). Plus a spawner starting `churn` short-lived processes per second,
 /// each touching 1-4 MiB and busy 1-5 ms.
-fn spawn_workload(procs: usize, churn: u32, seed: u64) -> Workload {
+/// The long-lived processes' skew: rank *i* busy `cpu_top` x `cpu_skew`^*i* of a core and
+/// holding `mem_top_mib` x `mem_skew`^*j* MiB, *j* a seeded permutation of *i*.
+#[derive(Clone, Copy, Debug, clap::Args)]
+struct Skew {
+    #[arg(long, default_value_t = 0.10)]
+    cpu_top: f64,
+    #[arg(long, default_value_t = 0.93)]
+    cpu_skew: f64,
+    #[arg(long, default_value_t = 160.0)]
+    mem_top_mib: f64,
+    #[arg(long, default_value_t = 0.92)]
+    mem_skew: f64,
+}
+
+impl Default for Skew {
+    fn default() -> Self {
+        Self {
+            cpu_top: 0.10,
+            cpu_skew: 0.93,
+            mem_top_mib: 160.0,
+            mem_skew: 0.92,
+        }
+    }
+}
+
+fn spawn_workload(procs: usize, churn: u32, seed: u64, skew: Skew) -> Workload {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut perm: Vec<usize> = (0..procs).collect();
     for i in (1..procs).rev() {
@@ -392,11 +422,15 @@ fn spawn_workload(procs: usize, churn: u32, seed: u64) -> Workload {
     }
     let mut pids = Vec::new();
     for (i, &j) in perm.iter().enumerate() {
-        let duty = 0.10 * 0.93f64.powi(i as i32);
-        let rss = (160.0 * 1048576.0 * 0.92f64.powi(j as i32)) as usize;
+        let duty = skew.cpu_top * skew.cpu_skew.powi(i as i32);
+        let rss = (skew.mem_top_mib * 1048576.0 * skew.mem_skew.powi(j as i32)) as usize;
+        // Every 20 ms, or, for the lightest, less often (at most once a second) with at
+        // least 200 µs of work each time: thousands of processes waking every 20 ms for
+        // a few µs each would be a scheduler benchmark, not a node.
+        let period = Duration::from_secs_f64((200e-6 / duty.max(1e-9)).clamp(0.02, 1.0));
         pids.push(fork(move || {
             touch_anon(rss);
-            duty_cycle(duty, Duration::from_millis(20));
+            duty_cycle(duty, period);
         }));
     }
     if churn > 0 {
@@ -469,10 +503,12 @@ fn precision(
     interval: Duration,
     geo: Geometry,
     seed: u64,
+    skew: Skew,
 ) {
-    let ks = [1usize, 5, 10, 20, 30];
+    const KS: [usize; 6] = [1, 5, 10, 20, 30, 100];
+    let ks: Vec<usize> = KS.into_iter().filter(|&k| k <= procs).collect();
     eprintln!("starting {procs} processes + {churn}/s churn; warming up");
-    let _w = spawn_workload(procs, churn, seed);
+    let _w = spawn_workload(procs, churn, seed, skew);
     std::thread::sleep(Duration::from_secs(5));
     let pipes = Pipelines::load(PipelineOptions {
         cpu: geo,
@@ -482,8 +518,8 @@ fn precision(
     .unwrap_or_else(|e| fail(&e));
     let mut prev = sample_truth();
     pipes.close_cpu_epoch();
-    let mut hits_cpu = [0usize; 5];
-    let mut hits_mem = [0usize; 5];
+    let mut hits_cpu = [0usize; KS.len()];
+    let mut hits_mem = [0usize; KS.len()];
     let start = Instant::now();
     for n in 1..=intervals {
         std::thread::sleep((start + interval * n).saturating_duration_since(Instant::now()));
@@ -610,12 +646,17 @@ fn fault_storm(rounds: usize) {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    let m = v.len() / 2;
+    if v.len().is_multiple_of(2) {
+        (v[m - 1] + v[m]) / 2.0
+    } else {
+        v[m]
+    }
 }
 
-/// ns/event of the empty programs: the measurement floor.
-fn floor(loops: u64) -> Vec<(String, f64)> {
-    use std::os::fd::{AsFd, AsRawFd};
+/// The empty programs (ebpf/src/floor.bpf.c) attached to the tracepoints ours use;
+/// detached when dropped.
+fn attach_floor() -> aya::Ebpf {
     let btf = aya::Btf::from_sys_fs().unwrap_or_else(|e| fail(&e));
     let mut bpf = aya::Ebpf::load(resourcewatch_ebpf::FLOOR_OBJECT).unwrap_or_else(|e| fail(&e));
     for (name, tp) in [
@@ -629,6 +670,13 @@ fn floor(loops: u64) -> Vec<(String, f64)> {
         p.load(tp, &btf).unwrap_or_else(|e| fail(&e));
         p.attach().unwrap_or_else(|e| fail(&e));
     }
+    bpf
+}
+
+/// ns/event of the empty programs: the measurement floor.
+fn floor(loops: u64) -> Vec<(String, f64)> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let bpf = attach_floor();
     perf_pipe(loops, None);
     fault_storm(20);
     let mut out = Vec::new();
@@ -829,31 +877,69 @@ fn cost(runs: usize, loops: u64, pin: Option<u32>, capture: Option<Capture>) {
         return;
     }
     // Stats accounting itself costs time per event, so it is off for the ratio runs.
-    let mut ratios = Vec::new();
-    let (mut with, mut without) = (Vec::new(), Vec::new());
-    perf_pipe(loops, pin); // warm-up
-    for _ in 0..runs {
-        let base = perf_pipe(loops, pin);
-        let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
-        let target = capture.map(|_| capture_target(&mut pipes, Capture::Other));
-        let t = perf_pipe(loops, pin);
-        drop(target);
-        drop(pipes);
-        ratios.push(t / base);
-        with.push(t);
-        without.push(base);
+    // Each round runs the benchmark three times: alone, with the agent's pipelines, and
+    // with only the empty programs on the same tracepoints (the floor: what any eBPF
+    // program there costs). The order rotates from round to round, so a drift of the
+    // machine during a round favours none of the three.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Arm {
+        Without,
+        Agent,
+        Floor,
     }
+    let arms = [Arm::Without, Arm::Agent, Arm::Floor];
+    let (mut with, mut without, mut floored) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ratios, mut floor_ratios) = (Vec::new(), Vec::new());
+    perf_pipe(loops, pin); // warm-up
+    for round in 0..runs {
+        let mut t = [0.0; 3];
+        for i in 0..3 {
+            let arm = arms[(round + i) % 3];
+            t[arm as usize] = match arm {
+                Arm::Without => perf_pipe(loops, pin),
+                Arm::Agent => {
+                    let mut pipes =
+                        Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+                    let target = capture.map(|_| capture_target(&mut pipes, Capture::Other));
+                    let t = perf_pipe(loops, pin);
+                    drop(target);
+                    drop(pipes);
+                    t
+                }
+                Arm::Floor => {
+                    let empty = attach_floor();
+                    let t = perf_pipe(loops, pin);
+                    drop(empty);
+                    t
+                }
+            };
+        }
+        let [base, agent, empty] = t;
+        ratios.push(agent / base);
+        floor_ratios.push(empty / base);
+        with.push(agent);
+        without.push(base);
+        floored.push(empty);
+    }
+    let rounded = |v: &[f64]| {
+        v.iter()
+            .map(|r| (r * 1000.0).round() / 1000.0)
+            .collect::<Vec<_>>()
+    };
     println!(
-        "\nperf bench sched pipe -l {loops}{}, {runs} alternating runs: without {:.3}s, with {:.3}s (medians); median ratio x{:.3}; ratios {:?}",
+        "\nperf bench sched pipe -l {loops}{}, {runs} rounds (without, agent, empty programs; order rotating): \
+         medians without {:.3}s, agent {:.3}s, empty programs {:.3}s\n\
+         agent: median ratio x{:.3}; ratios {:?}\n\
+         empty programs (the floor): median ratio x{:.3}; ratios {:?}",
         pin.map(|c| format!(" pinned to CPU {c}"))
             .unwrap_or_default(),
         median(without),
         median(with),
+        median(floored),
         median(ratios.clone()),
-        ratios
-            .iter()
-            .map(|r| (r * 1000.0).round() / 1000.0)
-            .collect::<Vec<_>>()
+        rounded(&ratios),
+        median(floor_ratios.clone()),
+        rounded(&floor_ratios),
     );
 }
 
@@ -875,7 +961,7 @@ fn status_kb(pid: u32, key: &str) -> u64 {
 }
 
 fn agent(interval: Duration, duration: Duration, with_workload: bool) {
-    let _w = with_workload.then(|| spawn_workload(200, 20, 1));
+    let _w = with_workload.then(|| spawn_workload(200, 20, 1, Skew::default()));
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e));
     let agent = exe.with_file_name("resourcewatch-agent");
     let ms = format!("{}ms", interval.as_millis());

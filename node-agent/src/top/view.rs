@@ -444,10 +444,7 @@ mod tests {
     use ratatui::{Terminal, backend::TestBackend};
 
     fn who(comm: &str) -> std::sync::Arc<Attribution> {
-        std::sync::Arc::new(Attribution {
-            comm: Some(comm.into()),
-            ..Default::default()
-        })
+        std::sync::Arc::new(Attribution::comm(comm))
     }
 
     fn frame() -> Frame {
