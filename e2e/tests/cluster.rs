@@ -215,10 +215,10 @@ async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
     ns.delete().await;
 }
 
-#[tokio::test]
-#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
-async fn losing_the_agent_degrades_and_recovers_and_an_operator_restart_repeats_no_event() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-loss").await;
+/// A namespace with one pod burning CPU (`app=api`) and a watch `w` selecting it, once the
+/// watch reports it from the node.
+async fn burning_watch(prefix: &str) -> (Client, cluster::TestNamespace, Api<ResourceWatch>) {
+    let (client, ns) = cluster::test_namespace(prefix).await;
     let n = ns.name.as_str();
     leak_sim_pod(
         &client,
@@ -235,6 +235,14 @@ async fn losing_the_agent_degrades_and_recovers_and_an_operator_restart_repeats_
         !s.top_cpu.is_empty() && s.reporting_nodes == 1
     })
     .await;
+    (client, ns, rws)
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn losing_the_agent_degrades_and_recovers_and_an_operator_restart_repeats_no_event() {
+    let (client, ns, rws) = burning_watch("rw-e2e-loss").await;
+    let n = ns.name.as_str();
 
     // The agent pod is deleted and, while the DaemonSet is held off the node, not replaced.
     let dss: Api<DaemonSet> = Api::namespaced(client.clone(), SYSTEM);
@@ -1158,23 +1166,7 @@ async fn followed(
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_follows() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-failover").await;
-    let n = ns.name.as_str();
-    leak_sim_pod(
-        &client,
-        n,
-        "api-burn",
-        "api",
-        &["--pattern", "burn"],
-        "64Mi",
-    )
-    .await;
-    wait_running(&client, n, &["api-burn"]).await;
-    let rws = cluster::watch_app(&client, n, "w", "api").await;
-    status_where(&rws, "w", "a reporting watch", 60, |s| {
-        !s.top_cpu.is_empty() && s.reporting_nodes == 1
-    })
-    .await;
+    let (client, ns, rws) = burning_watch("rw-e2e-failover").await;
     let deploys: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(client.clone(), SYSTEM);
     let scale = |replicas: i32| serde_json::json!({"spec": {"replicas": replicas}});
