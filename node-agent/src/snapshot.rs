@@ -145,6 +145,11 @@ pub struct Attributor {
     cache: HashMap<u32, (u64, u64, Arc<Attribution>)>,
     /// The first frame's time.
     started_ns: Option<u64>,
+    /// Processes seen exiting since the last frame: dropped once that frame is built (its
+    /// rows still name them). With old entries re-read only every minute, a PID the kernel
+    /// reuses would otherwise be shown under the dead process's name and pod.
+    exited: Vec<u32>,
+    last_pruned_ns: u64,
 }
 
 /// Cached entries are re-read after this long: a process may exec or move cgroups. Both
@@ -172,7 +177,36 @@ impl Attributor {
             layout,
             cache: HashMap::new(),
             started_ns: None,
+            exited: Vec::new(),
+            last_pruned_ns: 0,
         }
+    }
+
+    /// `pid` exited: its entry goes at the next `end_frame`.
+    pub fn exited(&mut self, pid: u32) {
+        self.exited.push(pid);
+    }
+
+    /// After a frame's rows are built: drops the processes that exited, and every
+    /// `ATTRIBUTION_TTL_NS` the entries no longer used. Called by every mode that builds
+    /// frames (the cluster agent had no pruning at all: one entry per short-lived process
+    /// of a targeted container, for ever).
+    pub fn end_frame(&mut self, now_ns: u64) {
+        for pid in self.exited.drain(..) {
+            self.cache.remove(&pid);
+        }
+        if now_ns.saturating_sub(self.last_pruned_ns) >= ATTRIBUTION_TTL_NS {
+            self.prune(now_ns);
+            self.last_pruned_ns = now_ns;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
     }
 
     pub fn get(&mut self, pid: u32, now_ns: u64) -> Arc<Attribution> {
@@ -213,7 +247,7 @@ impl Attributor {
     }
 
     /// Drops entries no longer used.
-    pub fn prune(&mut self, now_ns: u64) {
+    fn prune(&mut self, now_ns: u64) {
         // An entry still in use is re-read at least every ATTRIBUTION_TTL_NS, so one not
         // read for twice that is no longer shown (its process gone, or out of every list):
         // dropped without a /proc lookup per entry.
@@ -286,6 +320,7 @@ impl FrameBuilder {
         let key = SeriesKey::Process { tgid: s.tgid };
         if s.kind == SAMPLE_EXIT {
             self.leaks.forget(key);
+            self.attributor.exited(s.tgid);
             return;
         }
         let page = self.page;
@@ -565,6 +600,7 @@ impl FrameBuilder {
         if let Some(sites) = &mut self.sites {
             sites.update(pipes, &mut leaks, now);
         }
+        self.attributor.end_frame(now);
         Frame {
             ts_ns: procfs::realtime_ns(),
             interval_ns,
@@ -585,6 +621,7 @@ impl FrameBuilder {
         let delta = prev.map_or(t.cpu_ns, |p| t.cpu_ns.saturating_sub(p));
         if t.exited {
             self.prev_target_cpu.remove(&t.tgid);
+            self.attributor.exited(t.tgid);
         }
         TargetRow {
             pid: t.tgid,
@@ -644,5 +681,41 @@ mod tests {
         // Read 20 s after first sight: fresh for a minute.
         assert!(!attribution_stale(0, 20 * s, 79 * s));
         assert!(attribution_stale(0, 20 * s, 80 * s));
+    }
+
+    #[test]
+    fn an_exited_process_keeps_its_name_for_its_last_frame_then_is_forgotten() {
+        let me = std::process::id();
+        let s = 1_000_000_000u64;
+        let mut a = Attributor::new(None);
+        assert!(a.get(me, s).comm.is_some());
+        a.exited(me);
+        // The frame that reports the exit still reads the cached entry.
+        assert!(a.get(me, s).comm.is_some());
+        assert_eq!(a.len(), 1);
+        a.end_frame(s);
+        assert!(
+            a.is_empty(),
+            "a reused PID would be named after the dead process"
+        );
+    }
+
+    #[test]
+    fn entries_no_longer_shown_are_pruned_by_the_frames_themselves() {
+        let me = std::process::id();
+        let s = 1_000_000_000u64;
+        let mut a = Attributor::new(None);
+        a.get(me, s);
+        // Frames go on without this process in any row.
+        for t in (2..=200).map(|i| i * s) {
+            a.end_frame(t);
+        }
+        assert!(a.is_empty());
+        // One still shown each frame stays.
+        for t in (201..=400).map(|i| i * s) {
+            a.get(me, t);
+            a.end_frame(t);
+        }
+        assert_eq!(a.len(), 1);
     }
 }

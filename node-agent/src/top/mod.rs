@@ -140,9 +140,6 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
         } else {
             print!("{}", render(&frame, opts.k));
         }
-        if n.is_multiple_of(100) {
-            builder.attributor.prune(epoch.end_ns);
-        }
         if opts.count.is_some_and(|c| n >= c) {
             break;
         }
