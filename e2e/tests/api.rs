@@ -532,3 +532,132 @@ async fn what_the_schema_cannot_check_is_a_ready_false_condition() {
         e.iter().map(|e| e.name_any()).collect::<Vec<_>>()
     );
 }
+
+/// kube's Event recorder folds Events of one reason with the same `regarding` and `related`
+/// objects into one series that keeps its first note: each leak, threshold and node of a
+/// watch must name its own subject, or the second is never shown.
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn two_leaks_and_two_thresholds_in_one_watch_are_two_events_each() {
+    let (client, ns) = setup("rw-fold").await;
+    let n = ns.name.clone();
+    let mut op = OperatorProcess::start(&n, "op-fold", &[]).expect("operator starts");
+    op.wait_ready().await.expect("operator ready");
+    let node = format!("sim-{n}");
+    cluster::fake_node(&client, &node).await.expect("node");
+    for name in ["leak-a", "leak-b", "hot"] {
+        cluster::fake_running_pod(
+            &client,
+            &n,
+            name,
+            &labels("api"),
+            &node,
+            &cluster::container_id(&format!("{n}/{name}")),
+        )
+        .await
+        .expect("pod");
+    }
+    let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
+        "metadata": {"name": "w"},
+        "spec": {"selector": {"matchLabels": {"app": "api"}}, "interval": "5s",
+                 "thresholds": {"cpuPercent": 90, "memoryPercentOfLimit": 80}}
+    }))
+    .expect("rw");
+    Api::<ResourceWatch>::namespaced(client.clone(), &n)
+        .create(&PostParams::default(), &rw)
+        .await
+        .expect("create rw");
+    let tls = AgentTls::from_secret(&client, &n, "resourcewatch-agent-tls")
+        .await
+        .expect("agent secret")
+        .for_node(
+            cluster::agent_token(&client, &n, &node)
+                .await
+                .expect("the node's agent token"),
+        );
+    let planner: resourcewatch_e2e::sim::Planner = Arc::new(|p| match p.name.as_str() {
+        "leak-a" => PodPlan {
+            cpu_percent: 1.0,
+            rss_bytes: 50 * MIB,
+            limit_bytes: 128 * MIB,
+            leak: Some((2e6, 90, 61.0)),
+        },
+        "leak-b" => PodPlan {
+            cpu_percent: 1.0,
+            rss_bytes: 20 * MIB,
+            limit_bytes: 256 * MIB,
+            leak: Some((1e6, 85, 236.0)),
+        },
+        _ => PodPlan {
+            cpu_percent: 150.0,
+            rss_bytes: 120 * MIB,
+            limit_bytes: 128 * MIB,
+            leak: None,
+        },
+    });
+    let agent = SimAgent::spawn(
+        format!("https://{}", op.grpc),
+        resourcewatch_proto::operator_server_name(&n),
+        tls,
+        node.clone(),
+        planner,
+    );
+    let notes = |reason: &'static str, want: usize| {
+        let client = client.clone();
+        let n = n.clone();
+        async move {
+            wait_for(reason, Duration::from_secs(30), || {
+                let client = client.clone();
+                let n = n.clone();
+                async move {
+                    let e = events(&client, &n, reason).await;
+                    let mut notes: Vec<String> = e.into_iter().filter_map(|e| e.note).collect();
+                    notes.sort();
+                    Ok((notes.len() >= want).then_some(notes))
+                }
+            })
+            .await
+        }
+    };
+    let leaks = notes("LeakDetected", 2)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\noperator log:\n{}", op.log_text()));
+    assert_eq!(leaks.len(), 2, "{leaks:?}");
+    assert!(
+        leaks[0].starts_with("leak-a/") && leaks[0].contains("1m1s"),
+        "{leaks:?}"
+    );
+    assert!(
+        leaks[1].starts_with("leak-b/") && leaks[1].contains("3m56s"),
+        "{leaks:?}"
+    );
+    let crossed = notes("ThresholdCrossed", 2)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\noperator log:\n{}", op.log_text()));
+    assert_eq!(crossed.len(), 2, "CPU and memory of `hot`: {crossed:?}");
+    assert!(
+        crossed[0].contains("CPU 150% of a core") && crossed[1].contains("memory 93.75%"),
+        "{crossed:?}"
+    );
+    // Each leak's Event is on the watch and names its pod's container as `related`.
+    let on_watch: Vec<_> = events(&client, &n, "LeakDetected")
+        .await
+        .into_iter()
+        .filter_map(|e| Some((e.regarding?.kind?, e.related?)))
+        .collect();
+    assert_eq!(on_watch.len(), 2);
+    for (kind, related) in &on_watch {
+        assert_eq!(kind, "ResourceWatch");
+        assert_eq!(related.kind.as_deref(), Some("Pod"));
+        assert!(related.uid.is_some(), "{related:?}");
+        assert!(
+            related
+                .field_path
+                .as_deref()
+                .is_some_and(|f| f.starts_with("spec.containers{")),
+            "{related:?}"
+        );
+    }
+    agent.stop().await;
+}

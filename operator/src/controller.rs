@@ -41,7 +41,7 @@ use crate::{
     profile,
     remediation::{Gate, PodFacts},
     spec::{Floors, WatchSettings, selects},
-    status::{EventSpec, Inputs, SelectedPod},
+    status::{EventSpec, Inputs, SelectedPod, Subject},
     triggers::PodTriggers,
 };
 
@@ -356,16 +356,17 @@ async fn profile_step(
 
 fn profile_event(reason: EventReason, p: &ProfileStatus) -> EventSpec {
     let what = format!("CPU profile {} of pod {}", p.id, p.pod);
-    EventSpec {
-        warning: reason != EventReason::ProfileSucceeded,
+    EventSpec::new(
+        reason != EventReason::ProfileSucceeded,
         reason,
-        action: EventAction::Profile,
-        note: match &p.config_map {
+        EventAction::Profile,
+        match &p.config_map {
             Some(cm) => format!("{what}: {}; in ConfigMap {cm}", p.message),
             None => format!("{what}: {}", p.message),
         },
-        pod: None,
-    }
+        None,
+    )
+    .about(Subject::container(&p.pod, &p.container))
 }
 
 /// Writes the result's ConfigMap (replacing the watch's previous one); None when the API
@@ -771,13 +772,60 @@ where
     }
 }
 
-async fn publish(ctx: &Context, rw: &ResourceWatch, pods: &[Arc<Pod>], e: &EventSpec) {
-    let reference: ObjectReference = match &e.pod {
-        None => rw.object_ref(&()),
-        Some(name) => match pods.iter().find(|p| p.name_any() == *name) {
-            Some(p) => p.object_ref(&()),
-            None => return,
+/// The objects an Event names: `regarding` (what it is on: the watch, or one of its pods)
+/// and `related`. None when it is on a pod that is gone.
+fn references(
+    rw: &ResourceWatch,
+    pods: &[Arc<Pod>],
+    e: &EventSpec,
+) -> Option<(ObjectReference, Option<ObjectReference>)> {
+    let mut watch = rw.object_ref(&());
+    let subject = e.about.as_ref().map(|s| match s {
+        Subject::Container { pod, container } => {
+            let mut r = pods
+                .iter()
+                .find(|p| p.name_any() == *pod)
+                .map(|p| p.object_ref(&()))
+                .unwrap_or_else(|| ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    namespace: rw.namespace(),
+                    name: Some(pod.clone()),
+                    ..Default::default()
+                });
+            // How the kubelet names a container in its own Events.
+            if !container.is_empty() {
+                r.field_path = Some(format!("spec.containers{{{container}}}"));
+            }
+            r
+        }
+        Subject::Node(name) => ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(name.clone()),
+            ..Default::default()
         },
+    });
+    match &e.pod {
+        None => {
+            watch.field_path = e.watch_field.map(Into::into);
+            Some((watch, subject))
+        }
+        Some(name) => {
+            let pod = pods.iter().find(|p| p.name_any() == *name)?;
+            let mut regarding = pod.object_ref(&());
+            // The container within the pod, when the Event is about one of them.
+            regarding.field_path = subject
+                .filter(|s| s.name.as_deref() == Some(name.as_str()))
+                .and_then(|s| s.field_path);
+            Some((regarding, Some(watch)))
+        }
+    }
+}
+
+async fn publish(ctx: &Context, rw: &ResourceWatch, pods: &[Arc<Pod>], e: &EventSpec) {
+    let Some((reference, related)) = references(rw, pods, e) else {
+        return;
     };
     let ev = KubeEvent {
         type_: if e.warning {
@@ -788,7 +836,7 @@ async fn publish(ctx: &Context, rw: &ResourceWatch, pods: &[Arc<Pod>], e: &Event
         reason: e.reason.as_str().into(),
         note: Some(e.note.chars().take(1000).collect()),
         action: e.action.as_str().into(),
-        secondary: e.pod.as_ref().map(|_| rw.object_ref(&())),
+        secondary: related,
     };
     match tokio::time::timeout(ctx.write_timeout, ctx.recorder.publish(&ev, &reference)).await {
         Ok(Ok(())) => ctx.metrics.event(e.reason.as_str()),
@@ -1065,6 +1113,105 @@ mod tests {
             assert_eq!(e.regarding.and_then(|r| r.kind).as_deref(), Some("Pod"));
             assert!(e.reason.is_some() && e.note.is_some());
         }
+    }
+
+    /// What kube's Recorder folds Events by (its `EventKey`, less the reporter): Events
+    /// with equal keys become one series that keeps its first note.
+    fn recorder_key(
+        rw: &ResourceWatch,
+        pods: &[Arc<Pod>],
+        e: &EventSpec,
+    ) -> (String, (ObjectReference, Option<ObjectReference>)) {
+        let refs = references(rw, pods, e).expect("references");
+        (format!("{}/{}", e.reason, e.action), refs)
+    }
+
+    #[test]
+    fn events_about_different_containers_nodes_or_thresholds_are_not_folded() {
+        let rw = watch_fixture(serde_json::json!({"selector": {}}));
+        let pods: Vec<Arc<Pod>> = [("a", "uid-a"), ("b", "uid-b")]
+            .into_iter()
+            .map(|(n, u)| Arc::new(pod_fixture(n, u, CID_A, &[], "node-1")))
+            .collect();
+        let leak = |pod: &str, container: &str, on_pod: bool| {
+            EventSpec::new(
+                true,
+                EventReason::LeakDetected,
+                EventAction::Predict,
+                format!("{pod}/{container} grows"),
+                on_pod.then(|| pod.to_owned()),
+            )
+            .about(Subject::container(pod, container))
+        };
+        let crossed = |field| {
+            EventSpec::new(
+                true,
+                EventReason::ThresholdCrossed,
+                EventAction::Monitor,
+                String::new(),
+                None,
+            )
+            .about(Subject::container("a", "app"))
+            .on_field(field)
+        };
+        let lost = |node: &str| {
+            EventSpec::new(
+                true,
+                EventReason::AgentLost,
+                EventAction::Monitor,
+                String::new(),
+                None,
+            )
+            .about(Subject::Node(node.into()))
+        };
+        let distinct = [
+            leak("a", "app", false),
+            leak("b", "app", false),
+            leak("a", "sidecar", false),
+            leak("a", "app", true),
+            leak("a", "sidecar", true),
+            leak("b", "app", true),
+            crossed("spec.thresholds.cpuPercent"),
+            crossed("spec.thresholds.memoryPercentOfLimit"),
+            lost("node-1"),
+            lost("node-2"),
+        ];
+        let keys: Vec<_> = distinct
+            .iter()
+            .map(|e| recorder_key(&rw, &pods, e))
+            .collect();
+        for (i, k) in keys.iter().enumerate() {
+            for (j, l) in keys.iter().enumerate().skip(i + 1) {
+                assert_ne!(k, l, "{:?} and {:?} fold", distinct[i], distinct[j]);
+            }
+        }
+        // The same leak announced again is the same series.
+        assert_eq!(keys[0], recorder_key(&rw, &pods, &leak("a", "app", false)));
+        // On the pod: its container in `regarding`, the watch in `related`.
+        let (regarding, related) = &keys[3].1;
+        assert_eq!(regarding.uid.as_deref(), Some("uid-a"));
+        assert_eq!(
+            regarding.field_path.as_deref(),
+            Some("spec.containers{app}")
+        );
+        assert_eq!(
+            related.as_ref().and_then(|r| r.uid.as_deref()),
+            Some("rw-uid")
+        );
+        // On the watch, about a pod gone since: named by namespace and name.
+        let (regarding, related) = references(&rw, &pods, &leak("gone", "app", false)).unwrap();
+        assert_eq!(regarding.uid.as_deref(), Some("rw-uid"));
+        let related = related.expect("related");
+        assert_eq!(
+            (
+                related.kind.as_deref(),
+                related.namespace.as_deref(),
+                related.name.as_deref()
+            ),
+            (Some("Pod"), Some("ns"), Some("gone"))
+        );
+        // On a pod that is gone: not published.
+        assert!(references(&rw, &pods, &leak("gone", "app", true)).is_none());
     }
 
     const UID_A: &str = "3f1b2a6e-5c4d-4e8f-9a0b-1c2d3e4f5a6b";

@@ -16,7 +16,7 @@ use crate::{
     model::{ConditionType, EventAction, EventReason, RemediationReason},
     remediation::{self, Decision, Gate, PodFacts},
     spec::WatchSettings,
-    status::{self, EventSpec, Outcome},
+    status::{self, EventSpec, Outcome, Subject},
 };
 
 pub struct Inputs<'a> {
@@ -503,13 +503,10 @@ fn cap_records(status: &mut ResourceWatchStatus) {
 
 fn both(events: &mut Vec<EventSpec>, warning: bool, reason: EventReason, note: String, pod: &str) {
     for on in [None, Some(pod.to_owned())] {
-        events.push(EventSpec {
-            warning,
-            reason,
-            action: EventAction::Remediate,
-            note: note.clone(),
-            pod: on,
-        });
+        events.push(
+            EventSpec::new(warning, reason, EventAction::Remediate, note.clone(), on)
+                .about(Subject::container(pod, "")),
+        );
     }
 }
 

@@ -39,6 +39,64 @@ pub struct EventSpec {
     pub action: EventAction,
     pub note: String,
     pub pod: Option<String>,
+    /// What the Event is about, beyond the object it is on: its `related` object (or, on a
+    /// pod, the container in `regarding`). The Event recorder folds Events of one reason
+    /// with the same `regarding` and `related` into one series that keeps its first note,
+    /// so without it a second leak, node or pod of one watch was never shown.
+    pub about: Option<Subject>,
+    /// The watch's field the Event is about (`regarding.fieldPath` when it is on the
+    /// watch): a container crossing both thresholds gets two Events, not one series.
+    pub watch_field: Option<&'static str>,
+}
+
+impl EventSpec {
+    pub fn new(
+        warning: bool,
+        reason: EventReason,
+        action: EventAction,
+        note: String,
+        pod: Option<String>,
+    ) -> Self {
+        Self {
+            warning,
+            reason,
+            action,
+            note,
+            pod,
+            about: None,
+            watch_field: None,
+        }
+    }
+
+    pub fn about(mut self, subject: Subject) -> Self {
+        self.about = Some(subject);
+        self
+    }
+
+    pub fn on_field(mut self, field: &'static str) -> Self {
+        self.watch_field = Some(field);
+        self
+    }
+}
+
+/// An object an Event is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Subject {
+    /// A container of a pod of the watch's namespace (an empty name: the pod).
+    Container {
+        pod: String,
+        container: String,
+    },
+    Node(String),
+}
+
+impl Subject {
+    pub fn container(pod: &str, container: &str) -> Self {
+        Self::Container {
+            pod: pod.into(),
+            container: container.into(),
+        }
+    }
 }
 
 pub struct Inputs<'a> {
@@ -458,13 +516,13 @@ fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
     let events = if was.is_some_and(|c| c.reason == "InvalidSpec" && c.message == e.to_string()) {
         Vec::new()
     } else {
-        vec![EventSpec {
-            warning: true,
-            reason: EventReason::InvalidSpec,
-            action: EventAction::Validate,
-            note: e.to_string(),
-            pod: None,
-        }]
+        vec![ev(
+            true,
+            EventReason::InvalidSpec,
+            EventAction::Validate,
+            e.to_string(),
+            None,
+        )]
     };
     Outcome::Write {
         status: Box::new(status),
@@ -510,14 +568,14 @@ fn transitions(
                 EventAction::Monitor,
                 format!("the agent on node {} stopped reporting: its pods' figures are missing from this status", n.name),
                 None,
-            )),
+            ).about(Subject::Node(n.name.clone()))),
             (Some(false), true) => out.push(ev(
                 false,
                 EventReason::AgentRecovered,
                 EventAction::Monitor,
                 format!("the agent on node {} reports again", n.name),
                 None,
-            )),
+            ).about(Subject::Node(n.name.clone()))),
             _ => {}
         }
         let old_msg = old
@@ -525,13 +583,16 @@ fn transitions(
             .map(|m| m.message.as_str())
             .unwrap_or("");
         if n.message.starts_with("configuration rejected") && n.message != old_msg {
-            out.push(ev(
-                true,
-                EventReason::ConfigRejected,
-                EventAction::Configure,
-                format!("node {}: {}", n.name, n.message),
-                None,
-            ));
+            out.push(
+                ev(
+                    true,
+                    EventReason::ConfigRejected,
+                    EventAction::Configure,
+                    format!("node {}: {}", n.name, n.message),
+                    None,
+                )
+                .about(Subject::Node(n.name.clone())),
+            );
         }
     }
     // Old leaks, and whether their growth site was announced then.
@@ -565,13 +626,16 @@ fn transitions(
             // Events of one reason about one object into a series that keeps the first
             // note, so a second LeakDetected would never show the site.
             Some(false) if site.is_some() => {
-                out.push(ev(
-                    true,
-                    EventReason::LeakSiteFound,
-                    EventAction::Predict,
-                    format!("{who} grows at {}", site.unwrap_or_default()),
-                    None,
-                ));
+                out.push(
+                    ev(
+                        true,
+                        EventReason::LeakSiteFound,
+                        EventAction::Predict,
+                        format!("{who} grows at {}", site.unwrap_or_default()),
+                        None,
+                    )
+                    .about(Subject::container(&l.pod, &l.container)),
+                );
                 continue;
             }
             Some(_) => continue,
@@ -592,21 +656,27 @@ fn transitions(
                 .unwrap_or_default(),
             site.map(|s| format!(", at {s}")).unwrap_or_default(),
         );
-        out.push(ev(
-            true,
-            EventReason::LeakDetected,
-            EventAction::Predict,
-            note.clone(),
-            None,
-        ));
-        if settings.action != resourcewatch_crds::RemediationAction::None {
-            out.push(ev(
+        out.push(
+            ev(
                 true,
                 EventReason::LeakDetected,
                 EventAction::Predict,
-                note,
-                Some(l.pod.clone()),
-            ));
+                note.clone(),
+                None,
+            )
+            .about(Subject::container(&l.pod, &l.container)),
+        );
+        if settings.action != resourcewatch_crds::RemediationAction::None {
+            out.push(
+                ev(
+                    true,
+                    EventReason::LeakDetected,
+                    EventAction::Predict,
+                    note,
+                    Some(l.pod.clone()),
+                )
+                .about(Subject::container(&l.pod, &l.container)),
+            );
         }
     }
     let old_ex: BTreeSet<(&str, &str, Metric)> = old
@@ -621,17 +691,27 @@ fn transitions(
         if old_ex.contains(&(e.pod.as_str(), e.container.as_str(), e.metric)) {
             continue;
         }
-        let what = match e.metric {
-            Metric::Cpu => format!("CPU {}% of a core, above {}%", e.value, e.threshold),
-            Metric::Memory => format!("memory {}% of its limit, above {}%", e.value, e.threshold),
+        let (what, field) = match e.metric {
+            Metric::Cpu => (
+                format!("CPU {}% of a core, above {}%", e.value, e.threshold),
+                "spec.thresholds.cpuPercent",
+            ),
+            Metric::Memory => (
+                format!("memory {}% of its limit, above {}%", e.value, e.threshold),
+                "spec.thresholds.memoryPercentOfLimit",
+            ),
         };
-        out.push(ev(
-            true,
-            EventReason::ThresholdCrossed,
-            EventAction::Monitor,
-            format!("{}/{}: {what}", e.pod, e.container),
-            None,
-        ));
+        out.push(
+            ev(
+                true,
+                EventReason::ThresholdCrossed,
+                EventAction::Monitor,
+                format!("{}/{}: {what}", e.pod, e.container),
+                None,
+            )
+            .about(Subject::container(&e.pod, &e.container))
+            .on_field(field),
+        );
     }
     out
 }
@@ -728,13 +808,7 @@ fn ev(
     note: String,
     pod: Option<String>,
 ) -> EventSpec {
-    EventSpec {
-        warning,
-        reason,
-        action,
-        note,
-        pod,
-    }
+    EventSpec::new(warning, reason, action, note, pod)
 }
 
 pub fn cond(
@@ -978,6 +1052,13 @@ mod tests {
             "on the watch and, with Alert, on the pod"
         );
         assert_eq!(leak_events[1].pod.as_deref(), Some("pod-a"));
+        // Both name the leaking container, so the recorder keeps one series per leak.
+        for e in &leak_events {
+            assert_eq!(
+                e.about,
+                Some(Subject::container("pod-a", &st.leaks[0].container))
+            );
+        }
         assert!(
             leak_events[0].note.contains("predicted OOM kill in 45s"),
             "{}",
