@@ -94,8 +94,9 @@ pub struct ClusterResourceWatchStatus {
     #[serde(default)]
     #[schemars(length(max = 100))]
     pub top_memory: Vec<NodeProcess>,
-    /// Each selected node's heaviest process by CPU and by memory, nodes with the heaviest
-    /// CPU first; at most 100 nodes (the rest are counted in `truncatedNodes`: select fewer
+    /// Each selected node's heaviest process by CPU and by memory, heaviest nodes first by
+    /// CPU or memory (the heaviest by CPU, the heaviest by memory, each list's second...);
+    /// at most 100 nodes (the rest are counted in `truncatedNodes`: select fewer
     /// nodes to see them).
     #[serde(default)]
     #[schemars(length(max = MAX_STATUS_NODES))]

@@ -179,11 +179,7 @@ pub fn compute(i: &Inputs<'_>) -> ClusterResourceWatchStatus {
     let k = s.top_k as usize;
     status.top_cpu = top(all_cpu, k);
     status.top_memory = top(all_memory, k);
-    // Heaviest nodes first (by their top CPU process), silent ones last, by name within.
-    rows.sort_by(|a, b| {
-        let v = |r: &NodeTop| r.top_cpu.as_ref().map_or(-1.0, |p| p.process.value);
-        v(b).total_cmp(&v(a)).then_with(|| a.name.cmp(&b.name))
-    });
+    order_nodes(&mut rows);
     if rows.len() > MAX_STATUS_NODES {
         status.truncated_nodes = Some((rows.len() - MAX_STATUS_NODES) as u32);
         rows.truncate(MAX_STATUS_NODES);
@@ -241,6 +237,40 @@ fn attribute(node: &str, p: &pb::Process, cpu: bool, pods: &PodIndex) -> NodePro
         container: pod
             .and_then(|x| x.containers.get(&p.container_id).cloned())
             .unwrap_or_default(),
+    }
+}
+
+/// Heaviest nodes first by CPU *or* memory: each node ranks by its better place in the two
+/// orders (the heaviest CPU node, then the heaviest memory node, then each list's second),
+/// silent nodes last, by name within. Under the 100-row cap the kept rows hold at least
+/// the 50 heaviest nodes of each: by CPU alone a node whose only heavy process is an idle
+/// cache was cut first.
+fn order_nodes(rows: &mut [NodeTop]) {
+    fn ranks(rows: &[NodeTop], value: impl Fn(&NodeTop) -> Option<f64>) -> Vec<usize> {
+        let mut idx: Vec<usize> = (0..rows.len()).collect();
+        idx.sort_by(|&a, &b| {
+            let v = |i: usize| value(&rows[i]).unwrap_or(-1.0);
+            v(b).total_cmp(&v(a))
+                .then_with(|| rows[a].name.cmp(&rows[b].name))
+        });
+        let mut rank = vec![usize::MAX; rows.len()];
+        for (r, i) in idx.into_iter().enumerate() {
+            if value(&rows[i]).is_some() {
+                rank[i] = r;
+            }
+        }
+        rank
+    }
+    let cpu = ranks(rows, |r| r.top_cpu.as_ref().map(|p| p.process.value));
+    let memory = ranks(rows, |r| r.top_memory.as_ref().map(|p| p.process.value));
+    let mut keyed: Vec<((usize, usize), NodeTop)> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ((cpu[i].min(memory[i]), cpu[i]), r.clone()))
+        .collect();
+    keyed.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
+    for (slot, (_, r)) in rows.iter_mut().zip(keyed) {
+        *slot = r;
     }
 }
 
@@ -689,6 +719,42 @@ mod tests {
             "heaviest kept"
         );
         assert_eq!(st.top_cpu.len(), 10, "the default K");
+    }
+
+    #[test]
+    fn a_node_heavy_only_in_memory_is_not_cut_by_the_cap() {
+        let s = ViewSettings::from_spec(&spec(serde_json::json!({})));
+        let mut nodes: Vec<NodeView> = (0..2 * MAX_STATUS_NODES)
+            .map(|i| {
+                node(
+                    &format!("n{i:04}"),
+                    true,
+                    vec![process(1, "busy", 10.0 + i as f64, 0, "", "")],
+                    vec![process(1, "busy", 0.0, (1 + i as u64) << 20, "", "")],
+                )
+            })
+            .collect();
+        // An idle node holding the most memory: last by CPU.
+        nodes.push(node(
+            "cache",
+            true,
+            vec![process(2, "redis", 0.5, 0, "", "")],
+            vec![process(2, "redis", 0.0, 64 << 30, "", "")],
+        ));
+        nodes.push(node("silent", false, vec![], vec![]));
+        let st = run(&s, &nodes);
+        assert_eq!(st.nodes.len(), MAX_STATUS_NODES);
+        let names: Vec<&str> = st.nodes.iter().map(|n| n.name.as_str()).collect();
+        // The heaviest CPU node, then the heaviest memory node.
+        assert_eq!(
+            names[..2],
+            [
+                format!("n{:04}", 2 * MAX_STATUS_NODES - 1).as_str(),
+                "cache"
+            ]
+        );
+        assert!(!names.contains(&"silent"));
+        assert_eq!(st.truncated_nodes, Some(MAX_STATUS_NODES as u32 + 2));
     }
 
     #[test]
