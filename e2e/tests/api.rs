@@ -51,6 +51,34 @@ async fn setup(prefix: &str) -> (Client, TestNamespace) {
     (client, ns)
 }
 
+/// Running pods (name, app label) on `node`, as kubelet would report them.
+async fn fake_pods(client: &Client, ns: &str, node: &str, pods: &[(&str, &str)]) {
+    for (name, app) in pods {
+        cluster::fake_running_pod(
+            client,
+            ns,
+            name,
+            &labels(app),
+            node,
+            &cluster::container_id(&format!("{ns}/{name}")),
+        )
+        .await
+        .expect("pod");
+    }
+}
+
+/// The agent certificate and `node`'s pod-bound token.
+async fn node_agent_tls(client: &Client, ns: &str, node: &str) -> AgentTls {
+    AgentTls::from_secret(client, ns, "resourcewatch-agent-tls")
+        .await
+        .expect("agent secret")
+        .for_node(
+            cluster::agent_token(client, ns, node)
+                .await
+                .expect("the node's agent token"),
+        )
+}
+
 #[tokio::test]
 #[ignore = "needs a cluster: make e2e-api"]
 async fn bad_specs_are_refused_by_the_api_server_with_a_readable_message() {
@@ -192,18 +220,7 @@ async fn status_columns_events_agent_loss_and_operator_restart() {
         ("api-idle", "api"),
         ("db-hog", "db"),
     ];
-    for (name, app) in pods {
-        cluster::fake_running_pod(
-            &client,
-            &n,
-            name,
-            &labels(app),
-            &node,
-            &cluster::container_id(&format!("{n}/{name}")),
-        )
-        .await
-        .expect("pod");
-    }
+    fake_pods(&client, &n, &node, &pods).await;
     let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
         "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
         "metadata": {"name": "api"},
@@ -216,14 +233,7 @@ async fn status_columns_events_agent_loss_and_operator_restart() {
         .await
         .expect("create rw");
 
-    let tls = AgentTls::from_secret(&client, &n, "resourcewatch-agent-tls")
-        .await
-        .expect("agent secret")
-        .for_node(
-            cluster::agent_token(&client, &n, &node)
-                .await
-                .expect("the node's agent token"),
-        );
+    let tls = node_agent_tls(&client, &n, &node).await;
     let endpoint = format!("https://{}", op.grpc);
     let server_name = resourcewatch_proto::operator_server_name(&n);
     let planner: resourcewatch_e2e::sim::Planner = Arc::new(|p| match p.name.as_str() {
@@ -545,18 +555,13 @@ async fn two_leaks_and_two_thresholds_in_one_watch_are_two_events_each() {
     op.wait_ready().await.expect("operator ready");
     let node = format!("sim-{n}");
     cluster::fake_node(&client, &node).await.expect("node");
-    for name in ["leak-a", "leak-b", "hot"] {
-        cluster::fake_running_pod(
-            &client,
-            &n,
-            name,
-            &labels("api"),
-            &node,
-            &cluster::container_id(&format!("{n}/{name}")),
-        )
-        .await
-        .expect("pod");
-    }
+    fake_pods(
+        &client,
+        &n,
+        &node,
+        &[("leak-a", "api"), ("leak-b", "api"), ("hot", "api")],
+    )
+    .await;
     let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
         "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
         "metadata": {"name": "w"},
@@ -568,14 +573,7 @@ async fn two_leaks_and_two_thresholds_in_one_watch_are_two_events_each() {
         .create(&PostParams::default(), &rw)
         .await
         .expect("create rw");
-    let tls = AgentTls::from_secret(&client, &n, "resourcewatch-agent-tls")
-        .await
-        .expect("agent secret")
-        .for_node(
-            cluster::agent_token(&client, &n, &node)
-                .await
-                .expect("the node's agent token"),
-        );
+    let tls = node_agent_tls(&client, &n, &node).await;
     let planner: resourcewatch_e2e::sim::Planner = Arc::new(|p| match p.name.as_str() {
         "leak-a" => PodPlan {
             cpu_percent: 1.0,
