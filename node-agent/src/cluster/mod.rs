@@ -178,6 +178,25 @@ struct Channels {
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// After a stream that had lived (`LIVED`) ends, retries stay at most this far apart for
+/// `FAILOVER_WINDOW`: the operator is handing over (a rollout, a failover within the 15 s
+/// Lease, then the Service moving to the new leader's pod), and an agent that had backed
+/// off to 4-5 s reached the new leader up to 9 s after it was ready (the e2e failover
+/// test). While no replica serves, the attempts are refused by the Service's rules or by
+/// a standby before any TokenReview, so 1 a second per agent is cheap.
+const FAILOVER_BACKOFF: Duration = Duration::from_secs(1);
+const FAILOVER_WINDOW: Duration = Duration::from_secs(30);
+const LIVED: Duration = Duration::from_secs(30);
+
+/// The wait before the next attempt, after waiting `prev`, `since_lost` after the last
+/// stream that had lived ended (None: no such stream yet, the agent is starting).
+fn next_backoff(prev: Duration, since_lost: Option<Duration>) -> Duration {
+    let cap = match since_lost {
+        Some(t) if t < FAILOVER_WINDOW => FAILOVER_BACKOFF,
+        _ => MAX_BACKOFF,
+    };
+    (prev * 2).min(cap)
+}
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const SESSION_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -189,6 +208,7 @@ async fn session_loop(
     metrics: &metrics::AgentMetrics,
 ) -> Result<(), RunError> {
     let mut backoff = Duration::from_millis(500);
+    let mut lost_at: Option<Instant> = None;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|source| RunError::Start {
             what: "SIGTERM handler",
@@ -217,8 +237,9 @@ async fn session_loop(
             Err(e) => tracing::warn!(error = %e, "stream to the operator failed"),
         }
         // A stream that lived a while resets the backoff: this is a new failure.
-        if started.elapsed() > Duration::from_secs(30) {
+        if started.elapsed() > LIVED {
             backoff = Duration::from_millis(500);
+            lost_at = Some(Instant::now());
         }
         let jitter = Duration::from_millis(procfs::monotonic_ns() % 500);
         tracing::info!(retry_in = ?(backoff + jitter), "reconnecting");
@@ -227,10 +248,10 @@ async fn session_loop(
             _ = term.recv() => return Ok(()),
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
-        // Capped at 5 s: an operator failover (a new leader within the 15 s Lease) costs
-        // at most one cap more. 1,000 agents retrying every 5 s against a Service with no
-        // ready endpoint are refused by the node's own rules, not by the operator.
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        // Capped at 5 s (1 s just after a lost stream): 1,000 agents retrying every 5 s
+        // against a Service with no ready endpoint are refused by the node's own rules,
+        // not by the operator.
+        backoff = next_backoff(backoff, lost_at.map(|t| t.elapsed()));
     }
 }
 
@@ -692,6 +713,30 @@ fn fit(mut r: pb::Report) -> pb::Report {
 mod tests {
     use super::*;
     use crate::capabilities::{CapabilityReport, Check};
+
+    #[test]
+    fn retries_stay_a_second_apart_while_the_operator_hands_over() {
+        let waits = |since_lost: Option<Duration>| {
+            let mut b = Duration::from_millis(500);
+            let mut out = vec![b];
+            for _ in 0..5 {
+                b = next_backoff(b, since_lost);
+                out.push(b);
+            }
+            out.iter().map(Duration::as_millis).collect::<Vec<_>>()
+        };
+        // Starting (no stream yet) or long after one was lost: exponential to 5 s.
+        assert_eq!(waits(None), [500, 1000, 2000, 4000, 5000, 5000]);
+        assert_eq!(
+            waits(Some(FAILOVER_WINDOW)),
+            [500, 1000, 2000, 4000, 5000, 5000]
+        );
+        // Just after a stream that had lived ended: a new leader is coming.
+        assert_eq!(
+            waits(Some(Duration::from_secs(3))),
+            [500, 1000, 1000, 1000, 1000, 1000]
+        );
+    }
 
     fn report(failing: &[CheckId]) -> CapabilityReport {
         let ids = [
