@@ -36,6 +36,11 @@ pub fn operator_bin() -> PathBuf {
     dir.join("resourcewatch-operator")
 }
 
+/// A loopback address with a port free now, for a process started later.
+pub fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(format!("127.0.0.1:{}", free_port()?).parse()?)
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -45,6 +50,16 @@ impl OperatorProcess {
     pub fn start(namespace: &str, identity: &str, extra: &[&str]) -> anyhow::Result<Self> {
         let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         Self::spawn(namespace, identity, extra, webhook)
+    }
+
+    /// Starts the operator serving agents on `grpc` (known to them before it starts).
+    pub fn start_on(
+        namespace: &str,
+        identity: &str,
+        extra: &[&str],
+        grpc: SocketAddr,
+    ) -> anyhow::Result<Self> {
+        Self::spawn_at(namespace, identity, extra, grpc, free_addr()?, free_addr()?)
     }
 
     /// A new operator process on this one's addresses (agents reconnect to the same
@@ -208,15 +223,21 @@ impl OperatorProcess {
             .sum())
     }
 
-    pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let this = &*self;
+    /// Ready (`/readyz`: its controller runs, as leader or standby).
+    pub async fn wait_standby(&self) -> anyhow::Result<()> {
         wait_for(
             "the operator's /readyz",
             Duration::from_secs(60),
-            || async move { Ok(matches!(this.http_get("/readyz"), Ok((200, _))).then_some(())) },
+            || async move { Ok(matches!(self.http_get("/readyz"), Ok((200, _))).then_some(())) },
         )
         .await
-        .with_context(|| format!("operator log:\n{}", self.log_text()))?;
+        .with_context(|| format!("operator log:\n{}", self.log_text()))
+    }
+
+    /// Ready and holding the Lease.
+    pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        self.wait_standby().await?;
+        let this = &*self;
         wait_for(
             "the operator to lead",
             Duration::from_secs(60),

@@ -87,6 +87,7 @@ pub struct SimStats {
 pub struct SimAgent {
     pub node: String,
     pub stats: Arc<SimStats>,
+    endpoints: Arc<Mutex<Vec<String>>>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -101,9 +102,10 @@ impl SimAgent {
         planner: Planner,
     ) -> Self {
         let stats = Arc::new(SimStats::default());
+        let endpoints = Arc::new(Mutex::new(vec![endpoint]));
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(run(
-            endpoint,
+            endpoints.clone(),
             server_name,
             tls,
             node.clone(),
@@ -114,8 +116,18 @@ impl SimAgent {
         Self {
             node,
             stats,
+            endpoints,
             stop,
             task,
+        }
+    }
+
+    /// From the next session on, the agent tries its endpoints in turn after each failed
+    /// or ended session: what a Service in front of several operator replicas gives it
+    /// (a standby refuses sessions, a dead replica connections).
+    pub fn add_endpoint(&self, endpoint: String) {
+        if let Ok(mut e) = self.endpoints.lock() {
+            e.push(endpoint);
         }
     }
 
@@ -127,7 +139,7 @@ impl SimAgent {
 }
 
 async fn run(
-    endpoint: String,
+    endpoints: Arc<Mutex<Vec<String>>>,
     server_name: String,
     tls: AgentTls,
     node: String,
@@ -135,7 +147,14 @@ async fn run(
     stats: Arc<SimStats>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut next = 0usize;
     while !*stop.borrow() {
+        let endpoint = endpoints
+            .lock()
+            .ok()
+            .and_then(|e| e.get(next % e.len().max(1)).cloned())
+            .unwrap_or_default();
+        next += 1;
         let r = tokio::select! {
             r = session(&endpoint, &server_name, &tls, &node, &planner, &stats) => r,
             _ = stop.wait_for(|s| *s) => return,
@@ -168,6 +187,9 @@ async fn session(
     let channel = Endpoint::from_shared(endpoint.to_owned())?
         .tls_config(tls_cfg)?
         .connect_timeout(Duration::from_secs(5))
+        // As the agent: an operator that stops answering ends the stream within 10 s.
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5))
         .connect()
         .await?;
     let mut client = AgentControlClient::new(channel);

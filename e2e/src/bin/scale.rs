@@ -69,6 +69,9 @@ struct Args {
     /// Skip the restart and its reconnect storm.
     #[arg(long)]
     no_restart: bool,
+    /// Skip the failover: a standby replica started beside the leader, the leader killed.
+    #[arg(long)]
+    no_failover: bool,
     #[arg(long, default_value = "rw-scale")]
     namespace: String,
     /// API requests in flight while creating objects.
@@ -177,10 +180,22 @@ struct Storm {
     rss_peak_mib: f64,
 }
 
+/// A standby replica taking over from a killed leader, in seconds after the kill.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Failover {
+    lease_taken_s: f64,
+    all_reconnected_s: f64,
+    all_reporting_s: f64,
+    peak_api_per_s: f64,
+    rss_peak_mib: f64,
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Baseline {
     rows: Vec<Row>,
     storm: Option<Storm>,
+    #[serde(default)]
+    failover: Option<Failover>,
 }
 
 /// A live pod the churn may replace.
@@ -195,6 +210,17 @@ struct Live {
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     anyhow::ensure!(!a.pods.is_empty() && a.nodes > 0, "--pods and --nodes");
+    anyhow::ensure!(
+        a.pods.windows(2).all(|w| w[0] < w[1]),
+        "--pods: each step more pods than the one before ({:?})",
+        a.pods
+    );
+    anyhow::ensure!(
+        a.big_watches <= a.watches,
+        "--big-watches ({}) is more than --watches ({})",
+        a.big_watches,
+        a.watches
+    );
     let client = cluster::client().await?;
     cluster::install_crd(&client).await?;
     let ns = cluster::TestNamespace::create(&client, &a.namespace).await?;
@@ -367,8 +393,20 @@ async fn main() -> anyhow::Result<()> {
     } else {
         Some(restart_storm(&mut op, &n, &agents, &rws, &watch_defs, &live).await?)
     };
-    print_report(&a, &rows, storm.as_ref());
-    let result = Baseline { rows, storm };
+    let failover = if a.no_failover {
+        None
+    } else {
+        let (f, standby) =
+            failover(&mut op, &client, &n, &agents, &rws, &watch_defs, &live).await?;
+        op = standby;
+        Some(f)
+    };
+    print_report(&a, &rows, storm.as_ref(), failover.as_ref());
+    let result = Baseline {
+        rows,
+        storm,
+        failover,
+    };
     if let Some(path) = &a.csv {
         std::fs::write(path, csv(&result.rows)).with_context(|| format!("{}", path.display()))?;
     }
@@ -493,7 +531,9 @@ async fn settled(
                     .last_update_time
                     .as_deref()
                     .and_then(|t| t.parse::<jiff::Timestamp>().ok());
-                since.is_none_or(|since| written.is_some_and(|w| w >= since))
+                // A watch selecting no pod has nothing a new process would write anew.
+                let empty = want.get(&name) == Some(&0);
+                since.is_none_or(|since| empty || written.is_some_and(|w| w >= since))
                     && Some(&s.matched_pods) == want.get(&name)
                     && s.reporting_nodes == s.expected_nodes
                     && s.conditions
@@ -716,6 +756,43 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
+/// The peak API request rate (between two samples) and resident memory of one operator
+/// process, over the samples of a loop.
+struct Peaks {
+    api_per_s: f64,
+    rss: u64,
+    /// The API request total and when it was read.
+    last: Option<(f64, Instant)>,
+}
+
+impl Peaks {
+    /// `last`: the total to take the first rate from (None: the first sample sets it).
+    fn from(last: Option<(f64, Instant)>) -> Self {
+        Self {
+            api_per_s: 0.0,
+            rss: 0,
+            last,
+        }
+    }
+
+    fn sample(&mut self, op: &OperatorProcess) {
+        if let Ok(s) = Sample::take(op) {
+            let total: f64 = s.api.values().sum();
+            if let Some((last, at)) = self.last {
+                self.api_per_s = self
+                    .api_per_s
+                    .max((total - last) / at.elapsed().as_secs_f64());
+            }
+            self.last = Some((total, Instant::now()));
+        }
+        self.rss = self.rss.max(rss(op.pid()).unwrap_or(0));
+    }
+
+    fn rss_mib(&self) -> f64 {
+        self.rss as f64 / 1048576.0
+    }
+}
+
 /// Stops the operator (SIGTERM, as a rollout does), starts another on the same addresses
 /// and times the agents' return.
 async fn restart_storm(
@@ -736,18 +813,12 @@ async fn restart_storm(
     let since = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
         .unwrap_or_else(|_| jiff::Timestamp::now());
     *op = op.respawn(ns, "scale-operator", &["--agent-grace", "30s"])?;
-    let mut last_api = 0.0;
-    let mut last_t = Instant::now();
-    let (mut peak_api, mut peak_rss, mut reconnected) = (0.0f64, 0u64, None);
+    // A new process: its counters start at 0.
+    let mut peaks = Peaks::from(Some((0.0, Instant::now())));
+    let mut reconnected = None;
     while reconnected.is_none() && t0.elapsed() < Duration::from_secs(600) {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        if let Ok(s) = Sample::take(op) {
-            let total: f64 = s.api.values().sum();
-            let dt = last_t.elapsed().as_secs_f64();
-            peak_api = peak_api.max((total - last_api) / dt);
-            (last_api, last_t) = (total, Instant::now());
-        }
-        peak_rss = peak_rss.max(rss(op.pid()).unwrap_or(0));
+        peaks.sample(op);
         let back = agents
             .iter()
             .zip(&before)
@@ -768,9 +839,99 @@ async fn restart_storm(
     Ok(Storm {
         all_reconnected_s,
         all_reporting_s: t0.elapsed().as_secs_f64(),
-        peak_api_per_s: peak_api,
-        rss_peak_mib: peak_rss as f64 / 1048576.0,
+        peak_api_per_s: peaks.api_per_s,
+        rss_peak_mib: peaks.rss_mib(),
     })
+}
+
+/// Starts a standby replica beside the leader (its own address, which every agent adds to
+/// the ones it tries in turn: a Service over both replicas), kills the leader (SIGKILL: a
+/// crash, its Lease not released) and times the takeover: the Lease taken, every agent
+/// connected to the new leader, every watch exact in a status it wrote. Returns the
+/// figures and the new leader.
+async fn failover(
+    leader: &mut OperatorProcess,
+    client: &Client,
+    ns: &str,
+    agents: &[SimAgent],
+    rws: &Api<ResourceWatch>,
+    watches: &[(String, &'static str, String)],
+    live: &[Live],
+) -> anyhow::Result<(Failover, OperatorProcess)> {
+    const STANDBY: &str = "scale-standby";
+    let grpc = resourcewatch_e2e::operator::free_addr()?;
+    let standby = OperatorProcess::start_on(ns, STANDBY, &["--agent-grace", "30s"], grpc)?;
+    standby.wait_standby().await?;
+    anyhow::ensure!(
+        standby
+            .metric("resourcewatch_operator_leader")
+            .unwrap_or(1.0)
+            == 0.0,
+        "the second replica leads beside the first"
+    );
+    for g in agents {
+        g.add_endpoint(format!("https://{grpc}"));
+    }
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), ns);
+    let holder = || async {
+        leases
+            .get_opt("resourcewatch-operator")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+            .unwrap_or_default()
+    };
+    anyhow::ensure!(
+        holder().await == "scale-operator",
+        "the first replica holds the Lease before the failover"
+    );
+    leader.signal(libc::SIGKILL);
+    let t0 = Instant::now();
+    let since = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+        .unwrap_or_else(|_| jiff::Timestamp::now());
+    let (mut lease_taken, mut reconnected) = (None, None);
+    // The standby's counters already hold its start: rates from the kill on.
+    let mut peaks = Peaks::from(None);
+    peaks.sample(&standby);
+    while reconnected.is_none() && t0.elapsed() < Duration::from_secs(300) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if lease_taken.is_none() && holder().await == STANDBY {
+            lease_taken = Some(t0.elapsed().as_secs_f64());
+        }
+        peaks.sample(&standby);
+        let connected = standby
+            .metric("resourcewatch_operator_agents_connected")
+            .unwrap_or(0.0);
+        if lease_taken.is_some() && connected >= agents.len() as f64 {
+            reconnected = Some(t0.elapsed().as_secs_f64());
+        }
+    }
+    let lease_taken_s = lease_taken.context("the standby never took the Lease")?;
+    let all_reconnected_s = reconnected.with_context(|| {
+        format!(
+            "not every agent reached the standby within 300 s; its log (tail):\n{}",
+            tail(&standby.log_text(), 30)
+        )
+    })?;
+    settled(
+        rws,
+        &expected(watches, live),
+        Duration::from_secs(600),
+        Some(since),
+    )
+    .await?;
+    Ok((
+        Failover {
+            lease_taken_s,
+            all_reconnected_s,
+            all_reporting_s: t0.elapsed().as_secs_f64(),
+            peak_api_per_s: peaks.api_per_s,
+            rss_peak_mib: peaks.rss_mib(),
+        },
+        standby,
+    ))
 }
 
 /// A progress line: the report's row for this step, as soon as it is measured.
@@ -811,7 +972,7 @@ fn markdown_row(r: &Row) -> String {
     )
 }
 
-fn print_report(a: &Args, rows: &[Row], storm: Option<&Storm>) {
+fn print_report(a: &Args, rows: &[Row], storm: Option<&Storm>, failover: Option<&Failover>) {
     println!(
         "{} nodes, {} simulated agents, {} watches ({} of {} pods, the rest 5-50), interval {}, churn {}/s, window {} s\n",
         a.nodes, a.nodes, a.watches, a.big_watches, a.big_size, a.interval, a.churn, a.window_secs
@@ -824,6 +985,16 @@ fn print_report(a: &Args, rows: &[Row], storm: Option<&Storm>) {
         println!(
             "\nRestart (SIGTERM, a new process on the same addresses): every agent reconnected in {:.1} s, every watch exact and reporting again in {:.1} s; peak API load {:.0} requests/s; RSS peak {:.1} MiB",
             s.all_reconnected_s, s.all_reporting_s, s.peak_api_per_s, s.rss_peak_mib
+        );
+    }
+    if let Some(f) = failover {
+        println!(
+            "\nFailover (a standby beside the leader, the leader SIGKILLed, agents trying both addresses in turn): Lease taken by the standby after {:.1} s, every agent connected to it after {:.1} s, every watch exact in a status it wrote after {:.1} s; its peak API load {:.0} requests/s; its RSS peak {:.1} MiB",
+            f.lease_taken_s,
+            f.all_reconnected_s,
+            f.all_reporting_s,
+            f.peak_api_per_s,
+            f.rss_peak_mib
         );
     }
 }
@@ -913,6 +1084,27 @@ fn regressions(base: &Baseline, now: &Baseline, tolerance: f64) -> Vec<String> {
         );
         check(
             "restart: peak API requests/s".into(),
+            b.peak_api_per_s,
+            n.peak_api_per_s,
+            20.0,
+        );
+    }
+    if let (Some(b), Some(n)) = (&base.failover, &now.failover) {
+        // The Lease expires 15 s after the last renewal: that part is not the operator's.
+        check(
+            "failover: all reconnected s".into(),
+            b.all_reconnected_s,
+            n.all_reconnected_s,
+            20.0,
+        );
+        check(
+            "failover: all reporting s".into(),
+            b.all_reporting_s,
+            n.all_reporting_s,
+            25.0,
+        );
+        check(
+            "failover: peak API requests/s".into(),
             b.peak_api_per_s,
             n.peak_api_per_s,
             20.0,
