@@ -179,7 +179,7 @@ pub fn compute(i: &Inputs<'_>) -> ClusterResourceWatchStatus {
     let k = s.top_k as usize;
     status.top_cpu = top(all_cpu, k);
     status.top_memory = top(all_memory, k);
-    order_nodes(&mut rows);
+    let mut rows = order_nodes(rows);
     if rows.len() > MAX_STATUS_NODES {
         status.truncated_nodes = Some((rows.len() - MAX_STATUS_NODES) as u32);
         rows.truncate(MAX_STATUS_NODES);
@@ -245,7 +245,7 @@ fn attribute(node: &str, p: &pb::Process, cpu: bool, pods: &PodIndex) -> NodePro
 /// silent nodes last, by name within. Under the 100-row cap the kept rows hold at least
 /// the 50 heaviest nodes of each: by CPU alone a node whose only heavy process is an idle
 /// cache was cut first.
-fn order_nodes(rows: &mut [NodeTop]) {
+fn order_nodes(rows: Vec<NodeTop>) -> Vec<NodeTop> {
     fn ranks(rows: &[NodeTop], value: impl Fn(&NodeTop) -> Option<f64>) -> Vec<usize> {
         let mut idx: Vec<usize> = (0..rows.len()).collect();
         idx.sort_by(|&a, &b| {
@@ -261,17 +261,15 @@ fn order_nodes(rows: &mut [NodeTop]) {
         }
         rank
     }
-    let cpu = ranks(rows, |r| r.top_cpu.as_ref().map(|p| p.process.value));
-    let memory = ranks(rows, |r| r.top_memory.as_ref().map(|p| p.process.value));
+    let cpu = ranks(&rows, |r| r.top_cpu.as_ref().map(|p| p.process.value));
+    let memory = ranks(&rows, |r| r.top_memory.as_ref().map(|p| p.process.value));
     let mut keyed: Vec<((usize, usize), NodeTop)> = rows
-        .iter()
+        .into_iter()
         .enumerate()
-        .map(|(i, r)| ((cpu[i].min(memory[i]), cpu[i]), r.clone()))
+        .map(|(i, r)| ((cpu[i].min(memory[i]), cpu[i]), r))
         .collect();
     keyed.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
-    for (slot, (_, r)) in rows.iter_mut().zip(keyed) {
-        *slot = r;
-    }
+    keyed.into_iter().map(|(_, r)| r).collect()
 }
 
 fn heaviest(list: &[NodeProcess]) -> Option<&NodeProcess> {
