@@ -1187,15 +1187,21 @@ async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_fol
     let (client, ns, rws) = burning_watch("rw-e2e-failover").await;
     let deploys: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(client.clone(), SYSTEM);
-    let scale = |replicas: i32| serde_json::json!({"spec": {"replicas": replicas}});
-    deploys
-        .patch(
-            "resourcewatch-operator",
-            &PatchParams::default(),
-            &Patch::Merge(&scale(2)),
-        )
-        .await
-        .expect("two operator replicas");
+    let scale = |replicas: i32| {
+        let deploys = deploys.clone();
+        async move {
+            let body = serde_json::json!({"spec": {"replicas": replicas}});
+            deploys
+                .patch(
+                    "resourcewatch-operator",
+                    &PatchParams::default(),
+                    &Patch::Merge(&body),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{replicas} operator replica(s): {e}"));
+        }
+    };
+    scale(2).await;
     let ready = |p: &Pod| {
         p.status
             .as_ref()
@@ -1288,14 +1294,7 @@ async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_fol
         agent - lease_s,
         agent2 - lease2
     );
-    deploys
-        .patch(
-            "resourcewatch-operator",
-            &PatchParams::default(),
-            &Patch::Merge(&scale(1)),
-        )
-        .await
-        .expect("back to one replica");
+    scale(1).await;
     wait_for("one operator replica", Duration::from_secs(120), || {
         let client = client.clone();
         async move { Ok((operator_pods(&client).await.len() == 1).then_some(())) }

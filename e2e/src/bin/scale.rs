@@ -756,6 +756,23 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
+/// Until a new leader (restarted or standby) has written every watch exact, in a status
+/// of its own (written at or after `since`).
+async fn resettled(
+    rws: &Api<ResourceWatch>,
+    watches: &[(String, &'static str, String)],
+    live: &[Live],
+    since: jiff::Timestamp,
+) -> anyhow::Result<()> {
+    settled(
+        rws,
+        &expected(watches, live),
+        Duration::from_secs(600),
+        Some(since),
+    )
+    .await
+}
+
 /// The peak API request rate (between two samples) and resident memory of one operator
 /// process, over the samples of a loop.
 struct Peaks {
@@ -829,13 +846,7 @@ async fn restart_storm(
         }
     }
     let all_reconnected_s = reconnected.context("not every agent came back within 600 s")?;
-    settled(
-        rws,
-        &expected(watches, live),
-        Duration::from_secs(600),
-        Some(since),
-    )
-    .await?;
+    resettled(rws, watches, live, since).await?;
     Ok(Storm {
         all_reconnected_s,
         all_reporting_s: t0.elapsed().as_secs_f64(),
@@ -915,13 +926,7 @@ async fn failover(
             tail(&standby.log_text(), 30)
         )
     })?;
-    settled(
-        rws,
-        &expected(watches, live),
-        Duration::from_secs(600),
-        Some(since),
-    )
-    .await?;
+    resettled(rws, watches, live, since).await?;
     Ok((
         Failover {
             lease_taken_s,
