@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Build Kubernetes 1.20.2 (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubelet, kube-proxy, kubectl) and the pause binary from Debian's sources, and
-# install the runtime packages the e2e cluster needs.
+# Build the e2e cluster's components from their Go modules at the versions pinned in
+# e2e/cluster/go/*/go.mod (+ go.sum): Kubernetes (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, kube-proxy, kubectl), containerd 2 (containerd, its runc shim,
+# ctr), runc, the CNI plugins (bridge, host-local, loopback, portmap), etcd, and a static
+# pause binary from the Kubernetes module's own pause.c. Also installs the few Debian
+# packages the node needs at run time (iptables, conntrack, ...).
 #
-# The binaries are cached in $RW_BIN (/var/cache/resourcewatch/k8s-1.20.2/bin):
-# when all of them are there, the compile is skipped. Safe to re-run after a crash.
+# Binaries go to $RW_BIN (/var/cache/resourcewatch/k8s-<version>/bin), the CNI plugins to
+# $RW_CNI_BIN_DIR; Go's module and build caches to /var/cache/resourcewatch/go. A stamp
+# (the hash of every go.mod/go.sum and of this script) decides whether anything is rebuilt:
+# a changed pin rebuilds, an unchanged one is a no-op. Safe to re-run after a crash.
 #
 # Usage: e2e/cluster/build.sh [--force]   (--force rebuilds even when cached)
 set -euo pipefail
@@ -16,7 +21,7 @@ FORCE=0
 for a in "$@"; do
   case "$a" in
     --force) FORCE=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) rw_die "unknown argument: $a" ;;
   esac
 done
@@ -24,11 +29,15 @@ done
 [[ $(id -u) -eq 0 ]] || rw_die "must run as root"
 
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
-RUNTIME_PKGS=(etcd-server containerd runc containernetworking-plugins iptables conntrack socat openssl kmod iproute2 util-linux procps)
-BUILD_PKGS=(golang-go rsync dpkg-dev make gcc libc6-dev)
-WORK="${RW_CACHE}/work"
+OTHER_BINS=(containerd containerd-shim-runc-v2 ctr runc etcd pause)
+CNI_BINS=(bridge host-local loopback portmap)
+# Run time: what kubelet, kube-proxy, the CNI plugins and the harness exec. Build time: a C
+# compiler for runc (its nsenter is C; seccomp through libseccomp) and the static pause.
+RUNTIME_PKGS=(iptables conntrack socat openssl kmod iproute2 util-linux procps curl libseccomp2)
+BUILD_PKGS=(gcc libc6-dev libseccomp-dev pkg-config)
+GO_MODS="${HERE}/go"
 
-mkdir -p "${RW_CACHE}" "${RW_BIN}"
+mkdir -p "${RW_CACHE}" "${RW_BIN}" "${RW_CNI_BIN_DIR}" "${RW_GO_CACHE}"
 # One build at a time.
 exec 9>"${RW_CACHE}/.build.lock"
 flock -n 9 || { rw_log "another build.sh is running; waiting for it"; flock 9; }
@@ -41,14 +50,12 @@ apt_update() {
     APT_UPDATED=1
   fi
 }
-
 missing_pkgs() {
   local p
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
   done
 }
-
 install_pkgs() {
   local missing
   missing=$(missing_pkgs "$@")
@@ -61,130 +68,94 @@ install_pkgs() {
     || { tail -n 20 "${RW_CACHE}/apt-install.log" >&2; rw_die "apt-get install failed for: $(tr '\n' ' ' <<<"$missing")(log: ${RW_CACHE}/apt-install.log)"; }
 }
 
+stamp() { # what the binaries were built from: the pins and this script
+  cat "${GO_MODS}"/*/go.mod "${GO_MODS}"/*/go.sum "$0" | sha256sum | cut -d' ' -f1
+}
 binaries_cached() {
   local b
-  for b in "${K8S_BINS[@]}" pause; do
-    [[ -x "${RW_BIN}/$b" ]] || return 1
-  done
-  return 0
+  [[ "$(cat "${RW_BIN}/.stamp" 2>/dev/null)" == "$(stamp)" ]] || return 1
+  for b in "${K8S_BINS[@]}" "${OTHER_BINS[@]}"; do [[ -x "${RW_BIN}/$b" ]] || return 1; done
+  for b in "${CNI_BINS[@]}"; do [[ -x "${RW_CNI_BIN_DIR}/$b" ]] || return 1; done
 }
 
-# ---------------------------------------------------------------- runtime packages
 install_pkgs "${RUNTIME_PKGS[@]}"
-# The Debian containerd/etcd packages would start services on a systemd machine;
-# here there is no systemd, so nothing is started. Make sure no packaged daemon
-# runs on our ports anyway.
-
 if [[ $FORCE -eq 0 ]] && binaries_cached; then
-  rw_log "Kubernetes ${K8S_VERSION} binaries cached in ${RW_BIN}; nothing to build"
+  rw_log "Kubernetes ${K8S_VERSION}, containerd ${RW_CONTAINERD_VERSION}, runc ${RW_RUNC_VERSION}, etcd ${RW_ETCD_VERSION} cached in ${RW_BIN}; nothing to build"
   exit 0
 fi
-
-T0=$(date +%s)
-# ---------------------------------------------------------------- deb-src
-SRC_LIST=/etc/apt/sources.list.d/resourcewatch-src.sources
-if ! grep -rqsE '^(deb-src|Types:.*deb-src)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null; then
-  rw_log "adding deb-src entries in ${SRC_LIST}"
-  tmp=$(mktemp)
-  if [[ -f /etc/apt/sources.list.d/debian.sources ]]; then
-    sed -E 's/^Types:.*/Types: deb-src/' /etc/apt/sources.list.d/debian.sources >"$tmp"
-    mv "$tmp" "${SRC_LIST}"
-  elif grep -qsE '^deb ' /etc/apt/sources.list; then
-    SRC_LIST=/etc/apt/sources.list.d/resourcewatch-src.list
-    grep -E '^deb ' /etc/apt/sources.list | sed -E 's/^deb /deb-src /' >"$tmp"
-    mv "$tmp" "${SRC_LIST}"
-  else
-    rm -f "$tmp"
-    rw_die "no Debian 'deb' entries found in /etc/apt/sources.list or /etc/apt/sources.list.d/debian.sources"
-  fi
-  chmod 644 "${SRC_LIST}"
-  APT_UPDATED=0
-fi
-apt_update
 install_pkgs "${BUILD_PKGS[@]}"
-command -v go >/dev/null || rw_die "go not found after installing golang-go"
-rw_log "using $(go version)"
 
-# ---------------------------------------------------------------- sources
-mkdir -p "${WORK}"
-cd "${WORK}"
-SRC_DIR=$(find "${WORK}" -maxdepth 1 -type d -name 'kubernetes-1.20*' | head -n1 || true)
-if [[ -z "${SRC_DIR}" || ! -f "${SRC_DIR}/.rw-source-complete" ]]; then
-  rw_log "fetching Debian source package 'kubernetes' into ${WORK}"
-  rm -rf "${WORK:?}"/kubernetes-* "${WORK:?}"/kubernetes_*
-  apt-get source -qq kubernetes >"${WORK}/apt-source.log" 2>&1 \
-    || { tail -n 30 "${WORK}/apt-source.log" >&2; rw_die "apt-get source kubernetes failed (log: ${WORK}/apt-source.log)"; }
-  SRC_DIR=$(find "${WORK}" -maxdepth 1 -type d -name 'kubernetes-1.20*' | head -n1 || true)
-  [[ -n "${SRC_DIR}" ]] || rw_die "apt-get source did not produce a kubernetes-1.20* directory in ${WORK}"
-  [[ -d "${SRC_DIR}/vendor" ]] || rw_die "${SRC_DIR} has no vendor/ directory"
-  touch "${SRC_DIR}/.rw-source-complete"
-fi
-rw_log "source tree: ${SRC_DIR}"
-cd "${SRC_DIR}"
+# ---------------------------------------------------------------- Go
+# The go.mod files say `go 1.26.0`; GOTOOLCHAIN=local makes an older go fail here instead
+# of fetching a toolchain behind our back.
+export GOTOOLCHAIN=local GOFLAGS=-mod=readonly GOMODCACHE="${RW_GO_CACHE}/mod" GOCACHE="${RW_GO_CACHE}/build"
+command -v go >/dev/null || rw_die "go not found on PATH (Go >= 1.26 is needed: /usr/local/go/bin on this machine kind)"
+GOV=$(go env GOVERSION) || rw_die "go env failed"
+[[ "$(printf '%s\n' go1.26 "$GOV" | sort -V | head -n1)" == go1.26 ]] \
+  || rw_die "$(command -v go) is ${GOV}; the pinned modules need Go >= 1.26"
+rw_log "building with ${GOV} ($(command -v go)); logs in ${RW_CACHE}/build-*.log"
+T0=$(date +%s)
 
-# ---------------------------------------------------------------- reflect2 1.0.2
-# reflect2 1.0.1 (vendored) crashes with Go >= 1.18 on JSON maps; use Debian's 1.0.2.
-if [[ ! -f vendor/github.com/modern-go/reflect2/.rw-1.0.2 ]]; then
-  rw_log "replacing vendor/github.com/modern-go/reflect2 with 1.0.2"
-  dl=$(mktemp -d)
-  chown _apt "$dl" 2>/dev/null || chmod 777 "$dl"   # apt downloads as user _apt
-  ( cd "$dl" && apt-get download -qq golang-github-modern-go-reflect2-dev ) \
-    || rw_die "apt-get download golang-github-modern-go-reflect2-dev failed"
-  dpkg-deb -x "$dl"/golang-github-modern-go-reflect2-dev_*.deb "$dl/x"
-  r2="$dl/x/usr/share/gocode/src/github.com/modern-go/reflect2"
-  [[ -f "$r2/reflect2.go" ]] || rw_die "reflect2 sources not found in the Debian package"
-  rm -rf vendor/github.com/modern-go/reflect2
-  mkdir -p vendor/github.com/modern-go/reflect2
-  # Only the package's own files (no tests), as 'go mod vendor' would.
-  find "$r2" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' -o -name 'LICENSE' \) ! -name '*_test.go' \
-    -exec cp {} vendor/github.com/modern-go/reflect2/ \;
-  rm -rf "$dl"
-  # Keep go.mod and vendor/modules.txt consistent (go checks this in vendor mode).
-  sed -i -E 's#(github\.com/modern-go/reflect2) v1\.0\.1#\1 v1.0.2#g' vendor/modules.txt go.mod
-  grep -q 'github.com/modern-go/reflect2 v1.0.2' vendor/modules.txt \
-    || rw_die "could not update reflect2 in vendor/modules.txt"
-  touch vendor/github.com/modern-go/reflect2/.rw-1.0.2
-fi
+# gobuild MODULE OUTDIR LOGNAME [go build args...]: builds with the module's go.sum checked;
+# a version the module proxy refuses fails here, loudly, with go's own message.
+gobuild() {
+  local mod=$1 out=$2 log="${RW_CACHE}/build-$3.log"; shift 3
+  local t=$(date +%s)
+  mkdir -p "$out.tmp"
+  if ! (cd "${GO_MODS}/${mod}" && go build -trimpath -o "$out.tmp/" "$@") >"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    rw_die "go build of ${mod} failed (log: $log)"
+  fi
+  local f
+  for f in "$out.tmp"/*; do mv -f "$f" "$out/"; done
+  rmdir "$out.tmp"
+  rw_log "built ${mod} in $(( $(date +%s) - t ))s"
+}
 
-[[ -f vendor/github.com/modern-go/reflect2/go_above_118.go ]] \
-  || rw_die "vendor/github.com/modern-go/reflect2 is not 1.0.2 (no go_above_118.go); delete ${SRC_DIR} and re-run"
+KV="v${K8S_VERSION}"
+KMINOR=$(cut -d. -f2 <<<"${K8S_VERSION}")
+# Version stamps as Kubernetes' own build sets them: the kubelet reports this version to the
+# API server, kubectl's skew check reads it.
+CGO_ENABLED=0 gobuild kubernetes "${RW_BIN}" kubernetes -ldflags "-s -w \
+  -X k8s.io/component-base/version.gitVersion=${KV} -X k8s.io/component-base/version.gitMajor=1 \
+  -X k8s.io/component-base/version.gitMinor=${KMINOR} -X k8s.io/component-base/version.gitTreeState=clean \
+  -X k8s.io/client-go/pkg/version.gitVersion=${KV} -X k8s.io/client-go/pkg/version.gitMajor=1 \
+  -X k8s.io/client-go/pkg/version.gitMinor=${KMINOR}" \
+  $(for b in "${K8S_BINS[@]}"; do echo "k8s.io/kubernetes/cmd/$b"; done)
 
-# ---------------------------------------------------------------- compile
-export GOPATH="${SRC_DIR}/.go" CGO_ENABLED=0
-mkdir -p .go/src/k8s.io
-ln -sfn ../../.. .go/src/k8s.io/kubernetes
-rw_log "make WHAT=... (this takes several minutes; log: ${RW_CACHE}/make.log)"
-WHAT=""
-for b in "${K8S_BINS[@]}"; do WHAT+="cmd/$b "; done
-if ! make WHAT="${WHAT% }" KUBE_VERBOSE=1 >"${RW_CACHE}/make.log" 2>&1; then
-  tail -n 40 "${RW_CACHE}/make.log" >&2
-  rw_die "make failed (full log: ${RW_CACHE}/make.log)"
-fi
-for b in "${K8S_BINS[@]}"; do
-  f=""
-  for d in _output/local/bin/linux/amd64 _output/bin; do
-    [[ -x "$d/$b" ]] && { f="$d/$b"; break; }
-  done
-  [[ -n "$f" ]] || rw_die "built binary $b not found under _output"
-  install -m 0755 "$f" "${RW_BIN}/$b.tmp"
-  mv -f "${RW_BIN}/$b.tmp" "${RW_BIN}/$b"
-done
+# containerd without cgo: the btrfs snapshotter (cgo only) drops out, overlayfs stays.
+CGO_ENABLED=0 gobuild containerd "${RW_BIN}" containerd -ldflags "-s -w \
+  -X github.com/containerd/containerd/v2/version.Version=v${RW_CONTAINERD_VERSION}" \
+  github.com/containerd/containerd/v2/cmd/containerd \
+  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr
+
+# runc needs cgo (nsenter); with seccomp, as pods asking for RuntimeDefault need it.
+CGO_ENABLED=1 gobuild runc "${RW_BIN}" runc -tags seccomp -ldflags "-s -w -X main.version=${RW_RUNC_VERSION}" \
+  github.com/opencontainers/runc
+
+CGO_ENABLED=0 gobuild cni "${RW_CNI_BIN_DIR}" cni -ldflags "-s -w" \
+  $(for b in main/bridge main/loopback ipam/host-local meta/portmap; do echo "github.com/containernetworking/plugins/plugins/$b"; done)
+
+CGO_ENABLED=0 gobuild etcd "${RW_BIN}" etcd -ldflags "-s -w" go.etcd.io/etcd/server/v3
+mv -f "${RW_BIN}/server" "${RW_BIN}/etcd"   # go names it after the path element before /v3
 
 # ---------------------------------------------------------------- pause
-pause_c=""
-for c in build/pause/linux/pause.c build/pause/pause.c; do
-  [[ -f "$c" ]] && { pause_c="$c"; break; }
-done
-[[ -n "$pause_c" ]] || rw_die "pause.c not found in the source tree"
-rw_log "compiling ${pause_c} statically"
-gcc -Os -static -DVERSION=3.2-resourcewatch -o "${RW_BIN}/pause.tmp" "$pause_c" \
+KDIR=$(cd "${GO_MODS}/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes) \
+  || rw_die "the k8s.io/kubernetes module is not in ${GOMODCACHE}"
+pause_c="${KDIR}/build/pause/linux/pause.c"
+[[ -f "$pause_c" ]] || rw_die "pause.c not found at ${pause_c}"
+gcc -Os -static -DVERSION="${K8S_VERSION}-resourcewatch" -o "${RW_BIN}/pause.tmp" "$pause_c" \
   || rw_die "gcc failed on ${pause_c}"
 strip "${RW_BIN}/pause.tmp" 2>/dev/null || true
 mv -f "${RW_BIN}/pause.tmp" "${RW_BIN}/pause"
 
-"${RW_BIN}/kubectl" version --client --short 2>/dev/null | grep -q "v${K8S_VERSION}" \
-  || rw_die "built kubectl does not report v${K8S_VERSION}"
-# Drop the make output (hundreds of MB); the source tree and Go cache stay for re-builds.
-rm -rf "${SRC_DIR}/_output"
-rw_log "built Kubernetes ${K8S_VERSION} into ${RW_BIN} in $(( $(date +%s) - T0 ))s"
+# ---------------------------------------------------------------- check
+"${RW_BIN}/kubectl" version --client 2>/dev/null | grep -q "${KV}" \
+  || rw_die "built kubectl does not report ${KV}"
+"${RW_BIN}/runc" --version >/dev/null || rw_die "built runc does not run"
+"${RW_BIN}/containerd" --version | grep -q "${RW_CONTAINERD_VERSION}" || rw_die "built containerd does not report ${RW_CONTAINERD_VERSION}"
+"${RW_BIN}/etcd" --version | grep -q "${RW_ETCD_VERSION}" || rw_die "built etcd does not report ${RW_ETCD_VERSION}"
+stamp >"${RW_BIN}/.stamp"
+rw_log "built Kubernetes ${K8S_VERSION}, containerd ${RW_CONTAINERD_VERSION}, runc ${RW_RUNC_VERSION}, CNI plugins ${RW_CNI_VERSION}, etcd ${RW_ETCD_VERSION} into ${RW_CACHE} in $(( $(date +%s) - T0 ))s"
 ls -la "${RW_BIN}" >&2

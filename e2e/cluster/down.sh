@@ -81,29 +81,29 @@ stop_daemon kubelet 20
 # ------------------------------------------------------------------ containers and sandboxes
 CONTAINERD_UP=0
 CRI_DIRS_UNUSED=0
-if [[ -S "${RW_CONTAINERD_SOCK}" ]] && timeout 10 ctr --address "${RW_CONTAINERD_SOCK}" version >/dev/null 2>&1; then
+if [[ -S "${RW_CONTAINERD_SOCK}" ]] && timeout 10 "${RW_BIN}/ctr" --address "${RW_CONTAINERD_SOCK}" version >/dev/null 2>&1; then
   CONTAINERD_UP=1
 fi
 if [[ $CONTAINERD_UP -eq 1 ]]; then
-  for ns in $(timeout 10 ctr --address "${RW_CONTAINERD_SOCK}" namespaces ls -q 2>/dev/null || true); do
-    tasks=$(timeout 20 ctr --address "${RW_CONTAINERD_SOCK}" -n "$ns" tasks ls -q 2>/dev/null || true)
+  for ns in $(timeout 10 "${RW_BIN}/ctr" --address "${RW_CONTAINERD_SOCK}" namespaces ls -q 2>/dev/null || true); do
+    tasks=$(timeout 20 "${RW_BIN}/ctr" --address "${RW_CONTAINERD_SOCK}" -n "$ns" tasks ls -q 2>/dev/null || true)
     if [[ -n "$tasks" ]]; then
       rw_log "killing $(echo "$tasks" | wc -l) task(s) in containerd namespace $ns"
       for t in $tasks; do
-        timeout 10 ctr --address "${RW_CONTAINERD_SOCK}" -n "$ns" tasks kill -a -s SIGKILL "$t" >/dev/null 2>&1 || true
+        timeout 10 "${RW_BIN}/ctr" --address "${RW_CONTAINERD_SOCK}" -n "$ns" tasks kill -a -s SIGKILL "$t" >/dev/null 2>&1 || true
       done
       for t in $tasks; do
-        timeout 15 ctr --address "${RW_CONTAINERD_SOCK}" -n "$ns" tasks rm -f "$t" >/dev/null 2>&1 || true
+        timeout 15 "${RW_BIN}/ctr" --address "${RW_CONTAINERD_SOCK}" -n "$ns" tasks rm -f "$t" >/dev/null 2>&1 || true
       done
     fi
-    ctrs=$(timeout 20 ctr --address "${RW_CONTAINERD_SOCK}" -n "$ns" containers ls -q 2>/dev/null || true)
+    ctrs=$(timeout 20 "${RW_BIN}/ctr" --address "${RW_CONTAINERD_SOCK}" -n "$ns" containers ls -q 2>/dev/null || true)
     if [[ -n "$ctrs" ]]; then
       rw_log "deleting $(echo "$ctrs" | wc -l) container(s) in containerd namespace $ns"
       # shellcheck disable=SC2086
-      timeout 60 ctr --address "${RW_CONTAINERD_SOCK}" -n "$ns" containers rm $ctrs >/dev/null 2>&1 || true
+      timeout 60 "${RW_BIN}/ctr" --address "${RW_CONTAINERD_SOCK}" -n "$ns" containers rm $ctrs >/dev/null 2>&1 || true
     fi
   done
-  if [[ -z "$(timeout 10 ctr --address "${RW_CONTAINERD_SOCK}" -n k8s.io containers ls -q 2>/dev/null || echo x)" ]]; then
+  if [[ -z "$(timeout 10 "${RW_BIN}/ctr" --address "${RW_CONTAINERD_SOCK}" -n k8s.io containers ls -q 2>/dev/null || echo x)" ]]; then
     CRI_DIRS_UNUSED=1   # no container left: CRI's per-container dirs can go once containerd stops
   fi
 fi

@@ -2,9 +2,17 @@
 # Sourced by the e2e cluster scripts (and by tests): paths, KUBECTL, KUBECONFIG.
 # Everything can be overridden from the environment before sourcing.
 
-K8S_VERSION="${K8S_VERSION:-1.20.2}"
+# The versions are the pins of e2e/cluster/go/*/go.mod (build.sh builds from there).
+RW_GO_MODS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/go"
+rw_pin() { awk -v m="$2" '$1 == m || ($1 == "require" && $2 == m) { v = ($1 == m) ? $2 : $3; sub(/^v/, "", v); print v; exit }' "${RW_GO_MODS}/$1/go.mod"; }
+K8S_VERSION="$(rw_pin kubernetes k8s.io/kubernetes)"
+RW_CONTAINERD_VERSION="$(rw_pin containerd github.com/containerd/containerd/v2)"
+RW_RUNC_VERSION="$(rw_pin runc github.com/opencontainers/runc)"
+RW_CNI_VERSION="$(rw_pin cni github.com/containernetworking/plugins)"
+RW_ETCD_VERSION="$(rw_pin etcd go.etcd.io/etcd/server/v3)"
 RW_CACHE="${RW_CACHE:-/var/cache/resourcewatch/k8s-${K8S_VERSION}}"
 RW_BIN="${RW_BIN:-${RW_CACHE}/bin}"
+RW_GO_CACHE="${RW_GO_CACHE:-/var/cache/resourcewatch/go}"
 RW_STATE="${RW_STATE:-/var/lib/resourcewatch-e2e}"
 RW_RUN="${RW_RUN:-/run/resourcewatch-e2e}"
 
@@ -19,7 +27,7 @@ RW_CONTAINERD_ROOT="${RW_DATA}/containerd"
 RW_CONTAINERD_STATE="${RW_RUN}/containerd"
 RW_CONTAINERD_SOCK="${RW_RUN}/containerd.sock"
 RW_CNI_CONF_DIR="${RW_CONF}/cni"
-RW_CNI_BIN_DIR="${RW_CNI_BIN_DIR:-/usr/lib/cni}"
+RW_CNI_BIN_DIR="${RW_CNI_BIN_DIR:-${RW_CACHE}/cni}"
 RW_KUBELET_ROOT="${RW_KUBELET_ROOT:-/var/lib/kubelet}"
 
 RW_ETCD_CLIENT_PORT="${RW_ETCD_CLIENT_PORT:-2379}"
@@ -41,7 +49,7 @@ rw_log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 rw_die() { printf '[%s] ERROR: %s\n' "$(date +%H:%M:%S)" "$*" >&2; exit 1; }
 
 # ctr against the harness containerd.
-rw_ctr() { ctr --address "${RW_CONTAINERD_SOCK}" "$@"; }
+rw_ctr() { "${RW_BIN}/ctr" --address "${RW_CONTAINERD_SOCK}" "$@"; }
 
 # ------------------------------------------------------------------ shared helpers
 RW_BASELINE="${RW_STATE}/baseline"       # machine state recorded by up.sh before it changes it

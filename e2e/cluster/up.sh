@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Start a single-node Kubernetes 1.20.2 cluster on this machine (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, containerd, kubelet, kube-proxy) and write
+# Start a single-node Kubernetes cluster (the version pinned in go/kubernetes/go.mod) on
+# this machine (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd 2
+# with runc, kubelet, kube-proxy, the CNI bridge), all built by build.sh, and write
 # an admin kubeconfig to /var/lib/resourcewatch-e2e/admin.kubeconfig.
 #
 # Usage: e2e/cluster/up.sh [--apiserver-only] [--smoke]
@@ -32,10 +33,13 @@ exec 8>"${RW_STATE}/.up.lock"
 flock -n 8 || rw_die "another up.sh/down.sh is running (lock ${RW_STATE}/.up.lock)"
 
 "${HERE}/build.sh" >&2
-for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl pause; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl pause \
+         etcd containerd containerd-shim-runc-v2 ctr runc; do
   [[ -x "${RW_BIN}/$b" ]] || rw_die "${RW_BIN}/$b missing after build.sh"
 done
-for c in etcd containerd runc ctr openssl curl iptables conntrack findmnt ip; do
+# containerd finds its shim, and the shim runc, on PATH.
+export PATH="${RW_BIN}:${PATH}"
+for c in openssl curl iptables conntrack findmnt ip; do
   command -v "$c" >/dev/null || rw_die "'$c' not found (build.sh installs the packages)"
 done
 
@@ -46,7 +50,15 @@ NODE_NAME=$(hostname | tr '[:upper:]' '[:lower:]')
 HOST_IP=$(ip -4 route get 1.1.1.1 2>/dev/null | awk '{for (i=1;i<NF;i++) if ($i=="src") {print $(i+1); exit}}')
 [[ -n "${HOST_IP}" ]] || HOST_IP=$(hostname -I 2>/dev/null | awk '{print $1}')
 [[ -n "${HOST_IP}" ]] || HOST_IP=127.0.0.1
-rw_log "node ${NODE_NAME}, host IP ${HOST_IP}"
+# The cgroup layout decides the kubelet's and runc's mode. This VM boots hybrid (v1
+# controllers, an empty v2 tree at /sys/fs/cgroup/unified) and cannot be moved to the
+# unified hierarchy at run time: README.md, "cgroup v2 on this VM".
+if [[ "$(stat -f -c %T /sys/fs/cgroup)" == cgroup2fs ]]; then
+  CGROUP_LAYOUT=v2; FAIL_CGROUP_V1=true
+else
+  CGROUP_LAYOUT="v1 ($([[ -d /sys/fs/cgroup/unified ]] && echo hybrid || echo legacy))"; FAIL_CGROUP_V1=false
+fi
+rw_log "node ${NODE_NAME}, host IP ${HOST_IP}, cgroup ${CGROUP_LAYOUT}"
 
 # ------------------------------------------------------------------ baseline
 # Recorded once per cluster life (until down.sh), before anything is changed.
@@ -220,8 +232,8 @@ http_ok() { curl -fsS --max-time 3 -o /dev/null "$1"; }
 https_ok() { curl -ksfS --max-time 3 -o /dev/null "$1"; }
 K() { "$KUBECTL" --kubeconfig "${RW_ADMIN_KUBECONFIG}" --request-timeout=10s "$@"; }
 
-ETCD_BIN=$(readlink -f "$(command -v etcd)")
-CONTAINERD_BIN=$(readlink -f "$(command -v containerd)")
+ETCD_BIN="${RW_BIN}/etcd"
+CONTAINERD_BIN="${RW_BIN}/containerd"
 
 # ------------------------------------------------------------------ etcd
 port_free_or_ours "${RW_ETCD_CLIENT_PORT}" etcd "$ETCD_BIN"
@@ -242,7 +254,7 @@ wait_for etcd 60 etcd_healthy
 port_free_or_ours "${RW_APISERVER_PORT}" kube-apiserver "${RW_BIN}/kube-apiserver"
 start_daemon kube-apiserver "${RW_BIN}/kube-apiserver" \
   --etcd-servers="http://127.0.0.1:${RW_ETCD_CLIENT_PORT}" \
-  --bind-address=0.0.0.0 --secure-port="${RW_APISERVER_PORT}" --insecure-port=0 \
+  --bind-address=0.0.0.0 --secure-port="${RW_APISERVER_PORT}" \
   --advertise-address="${HOST_IP}" \
   --tls-cert-file="${RW_PKI}/apiserver.crt" --tls-private-key-file="${RW_PKI}/apiserver.key" \
   --client-ca-file="$CA_CRT" \
@@ -267,7 +279,7 @@ start_daemon kube-controller-manager "${RW_BIN}/kube-controller-manager" \
   --kubeconfig="${RW_CONF}/controller-manager.kubeconfig" \
   --authentication-kubeconfig="${RW_CONF}/controller-manager.kubeconfig" \
   --authorization-kubeconfig="${RW_CONF}/controller-manager.kubeconfig" \
-  --bind-address=127.0.0.1 --port=0 --secure-port=10257 \
+  --bind-address=127.0.0.1 --secure-port=10257 \
   --cluster-signing-cert-file="$CA_CRT" --cluster-signing-key-file="$CA_KEY" \
   --root-ca-file="$CA_CRT" \
   --service-account-private-key-file="${RW_PKI}/sa.key" \
@@ -283,7 +295,7 @@ if [[ $APISERVER_ONLY -eq 0 ]]; then
     --kubeconfig="${RW_CONF}/scheduler.kubeconfig" \
     --authentication-kubeconfig="${RW_CONF}/scheduler.kubeconfig" \
     --authorization-kubeconfig="${RW_CONF}/scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --port=0 --secure-port=10259 \
+    --bind-address=127.0.0.1 --secure-port=10259 \
     --leader-elect=false --profiling=false --v=1
   wait_for kube-scheduler 60 https_ok https://127.0.0.1:10259/healthz
 
@@ -331,13 +343,14 @@ EOF
 
   # ---------------------------------------------------------------- containerd
   mkdir -p "${RW_CONTAINERD_ROOT}" "${RW_CONTAINERD_STATE}" "${RW_DATA}/containerd-opt"
+  # containerd 2's config schema (version 3): the CRI plugin is split into its images and
+  # runtime parts.
   write_if_changed "${RW_CONF}/containerd.toml" <<EOF
-version = 2
+version = 3
 root = "${RW_CONTAINERD_ROOT}"
 state = "${RW_CONTAINERD_STATE}"
-oom_score = 0
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs"]
 
 [grpc]
   address = "${RW_CONTAINERD_SOCK}"
@@ -350,24 +363,28 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   address = ""
 
 [plugins]
-  [plugins."io.containerd.internal.v1.opt"]
+  [plugins.'io.containerd.internal.v1.opt']
     path = "${RW_DATA}/containerd-opt"
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "${RW_PAUSE_IMAGE}"
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = "overlayfs"
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = "${RW_PAUSE_IMAGE}"
+  [plugins.'io.containerd.cri.v1.runtime']
+    # No CAP_SYS_RESOURCE here: oom_score_adj values below the runtime's own are clamped.
     restrict_oom_score_adj = true
     disable_apparmor = true
     enable_selinux = false
     max_container_log_line_size = 16384
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      snapshotter = "overlayfs"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
       default_runtime_name = "runc"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
           SystemdCgroup = false
           Root = "${RW_RUN}/runc"
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "${RW_CNI_BIN_DIR}"
+          BinaryName = "${RW_BIN}/runc"
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ["${RW_CNI_BIN_DIR}"]
       conf_dir = "${RW_CNI_CONF_DIR}"
       max_conf_num = 1
 EOF
@@ -426,15 +443,15 @@ maxPods: 110
 containerLogMaxSize: 10Mi
 containerLogMaxFiles: 2
 runtimeRequestTimeout: 5m
+containerRuntimeEndpoint: unix://${RW_CONTAINERD_SOCK}
+imageServiceEndpoint: unix://${RW_CONTAINERD_SOCK}
+# On a v1 (hybrid) host the kubelet must be told to run: it refuses v1 by default since 1.35.
+failCgroupV1: ${FAIL_CGROUP_V1}
 EOF
   # The kubelet's CRI socket must exist before it starts.
   start_daemon kubelet "${RW_BIN}/kubelet" \
     --config="${RW_CONF}/kubelet.yaml" \
     --kubeconfig="${RW_CONF}/kubelet.kubeconfig" \
-    --container-runtime=remote \
-    --container-runtime-endpoint="unix://${RW_CONTAINERD_SOCK}" \
-    --image-service-endpoint="unix://${RW_CONTAINERD_SOCK}" \
-    --pod-infra-container-image="${RW_PAUSE_IMAGE}" \
     --hostname-override="${NODE_NAME}" --node-ip="${HOST_IP}" \
     --root-dir="${RW_KUBELET_ROOT}" \
     --v=1
@@ -482,7 +499,7 @@ EOF
 fi
 
 # ------------------------------------------------------------------ default ServiceAccount
-sa_ready() { [[ -n "$(K -n default get serviceaccount default -o 'jsonpath={.secrets[0].name}' 2>/dev/null)" ]]; }
+sa_ready() { K -n default get serviceaccount default >/dev/null 2>&1; }
 wait_for kube-controller-manager 120 sa_ready
 
 # ------------------------------------------------------------------ smoke

@@ -355,7 +355,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
     let n = ns.name.as_str();
     // Guarded by a PDB (minAvailable 1 over one replica), and a dry-run watch's pod.
     let pdb: serde_json::Value = serde_json::json!({
-        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": {"name": "guarded", "namespace": n},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}
     });
