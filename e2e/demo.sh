@@ -38,13 +38,23 @@ pod api-burn --pattern burn
 pod api-cache --pattern flat --size 150MiB
 pod api-leak --pattern leak --baseline 20MiB --rate 1MiB/s --delay 20
 "$K" -n demo apply -f config/samples/resourcewatch.yaml
-echo "waiting for a status with the CPU measured over a whole interval (the sample's is 30s)..." >&2
-for _ in $(seq 1 45); do
-  top=$("$K" -n demo get resourcewatch api -o jsonpath='{.status.summary.topCPU}' 2>/dev/null || true)
-  if [[ -n "$top" && "$top" != *"(0%)"* ]]; then break; fi
+# The table is printed once it shows what the demo is for: the CPU measured over a whole
+# interval (the sample's is 30 s) and the leaking pod listed with its OOM ETA. The leak
+# starts 20 s into its pod at 1 MiB/s and would be OOM-killed about 4 min later.
+echo "waiting for the status to list the leak with its OOM ETA (about 2-3 min)..." >&2
+t0=$(date +%s); shown=0
+while (( $(date +%s) - t0 < 300 )); do
+  s=$("$K" -n demo get resourcewatch api -o jsonpath='{.status.summary.topCPU}|{.status.summary.leaking}|{.status.summary.soonestOOM}|{.status.summary.soonestOOMPod}' 2>/dev/null || true)
+  IFS='|' read -r top leaking eta eta_pod <<<"$s"
+  if [[ -n "$top" && "$top" != *"(0%)"* && "${leaking:-0}" -ge 1 && -n "$eta" && "$eta_pod" == api-leak* ]]; then shown=1; break; fi
   sleep 2
 done
+echo "(after $(( $(date +%s) - t0 ))s)" >&2
 "$K" -n demo get resourcewatch -o wide
 echo
 echo "KUBECONFIG=$KUBECONFIG $K -n demo get resourcewatch api -o yaml   # the whole status"
 echo "make down                                                            # stop and clean up"
+if [[ $shown -eq 0 ]]; then
+  echo "demo: the leak was not listed with an OOM ETA within 300s (the status above; make down cleans up)" >&2
+  exit 1
+fi
