@@ -7,7 +7,7 @@
 #
 # Environment:
 #   KUBECTL=PATH              kubectl whose `kustomize` renders config/ (default:
-#                             the 1.20 one in /var/cache/resourcewatch/k8s-1.20.2/bin, else
+#                             the e2e harness's (e2e/cluster/env.sh's $KUBECTL), else
 #                             kubectl on PATH, else a small python loader; KUBECTL=none
 #                             forces the python loader)
 #   RW_E2E_KUBECONFIG         `kubectl apply --dry-run=server` against that cluster (default:
@@ -31,7 +31,7 @@ step "tools"
 PY=python3
 if ! $PY -c 'import yaml, jsonschema' 2>/dev/null; then
   echo "  installing pyyaml and jsonschema (PyPI)"
-  $PY -m pip install -q pyyaml jsonschema
+  $PY -m pip install -q pyyaml==6.0.2 jsonschema==4.23.0
 fi
 CHECK=("$PY" "$HERE/check.py")
 # Helm's engine (installs the pinned SDK on first use).
@@ -102,12 +102,14 @@ else
 fi
 
 # ---- (c) same objects as config/ --------------------------------------------------------
+# The kubectl the e2e harness builds (its version is the cluster's), if built.
+HARNESS_KUBECTL=$(source "$REPO/e2e/cluster/env.sh" >/dev/null 2>&1 && echo "$KUBECTL") || HARNESS_KUBECTL=""
 step "(c) default render == kubectl kustomize config (less the Namespace and Helm's labels)"
 KUBECTL_PICK="${KUBECTL:-}"
 if [[ $KUBECTL_PICK == none ]]; then
   KUBECTL_PICK=""
 elif [[ -z $KUBECTL_PICK ]]; then
-  for k in /var/cache/resourcewatch/k8s-1.20.2/bin/kubectl "$(command -v kubectl || true)"; do
+  for k in "$HARNESS_KUBECTL" "$(command -v kubectl || true)"; do
     [[ -n $k && -x $k ]] || continue
     if timeout 60 "$k" kustomize "$REPO/config" >"$TMP/kustomize.yaml" 2>"$TMP/kustomize.err"; then
       KUBECTL_PICK=$k; break
@@ -177,7 +179,7 @@ R --namespace "$NS" --set metrics.serviceMonitor.enabled=true --set metrics.podM
 # ---- (f) server-side dry run ------------------------------------------------------------
 step "(f) kubectl apply --dry-run=server (only with a reachable cluster)"
 K="${KUBECTL_PICK:-}"
-[[ -n $K ]] || for k in /var/cache/resourcewatch/k8s-1.20.2/bin/kubectl "$(command -v kubectl || true)"; do
+[[ -n $K ]] || for k in "$HARNESS_KUBECTL" "$(command -v kubectl || true)"; do
   [[ -n $k && -x $k ]] && { K=$k; break; }
 done
 export KUBECONFIG="${RW_E2E_KUBECONFIG:-/var/lib/resourcewatch-e2e/admin.kubeconfig}"

@@ -20,7 +20,7 @@ if [[ ! -x $VENV/bin/python ]] || ! "$VENV/bin/python" -c 'import helm_python, y
   printf '%s\n' "$PIN" >"$req"
   python3 -m venv "$VENV" >&2
   "$VENV/bin/pip" install -q --require-hashes --only-binary :all: -r "$req" >&2
-  "$VENV/bin/pip" install -q pyyaml >&2
+  "$VENV/bin/pip" install -q pyyaml==6.0.2 >&2
   "$VENV/bin/python" -c 'import helm_python, yaml' ||
     { echo "helm.sh: helm-python-sdk is not importable after installing it" >&2; exit 1; }
 fi

@@ -28,7 +28,7 @@ rw_target_cluster() {
 
   [[ -r "$RW_E2E_KUBECONFIG" ]] || { echo "RW_E2E_KUBECONFIG=$RW_E2E_KUBECONFIG: not a readable file" >&2; return 1; }
   local kubectl="${KUBECTL:-kubectl}" ctx names
-  command -v "$kubectl" >/dev/null 2>&1 || kubectl=/var/cache/resourcewatch/k8s-1.20.2/bin/kubectl
+  command -v "$kubectl" >/dev/null 2>&1 || kubectl=$(source "$(dirname "${BASH_SOURCE[0]}")/cluster/env.sh" && echo "$KUBECTL")
   ctx=$(KUBECONFIG=$RW_E2E_KUBECONFIG "$kubectl" config current-context 2>/dev/null) ||
     { echo "RW_E2E_KUBECONFIG=$RW_E2E_KUBECONFIG: no current context" >&2; return 1; }
   names="$ctx $(KUBECONFIG=$RW_E2E_KUBECONFIG "$kubectl" config view --minify \

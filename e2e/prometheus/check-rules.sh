@@ -7,7 +7,7 @@ REPO="$(cd "$HERE/../.." && pwd)"
 BIN="$("$HERE/install.sh")"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
-python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml
+python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml==6.0.2
 python3 - "$REPO/config/prometheus/prometheusrule.yaml" "$TMP/rules.yaml" \
   "$REPO/charts/resourcewatch/files/prometheus-rules.yaml" <<'PY'
 import sys, yaml

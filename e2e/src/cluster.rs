@@ -688,9 +688,10 @@ pub async fn events(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
         .collect()
 }
 
-/// The kubectl the harness built (the right version for the cluster), else `kubectl`.
+/// `$KUBECTL` (the run scripts export the harness's, the cluster's own version), else
+/// `kubectl` on PATH.
 pub fn kubectl() -> PathBuf {
     std::env::var_os("KUBECTL")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/resourcewatch/k8s-1.20.2/bin/kubectl"))
+        .unwrap_or_else(|| PathBuf::from("kubectl"))
 }

@@ -991,7 +991,9 @@ mod tests {
             for json in [
                 include_str!("../tests/fixtures/k8s-1.20/pod-running.json"),
                 include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"),
-                include_str!("../tests/fixtures/k8s-1.29/pod-sidecar.json"),
+                include_str!("../tests/fixtures/k8s-1.37/pod-running.json"),
+                include_str!("../tests/fixtures/k8s-1.37/pod-init-running.json"),
+                include_str!("../tests/fixtures/k8s-1.37/pod-sidecar.json"),
             ] {
                 let full = pod(json);
                 let mut slim = full.clone();
@@ -1029,37 +1031,59 @@ mod tests {
         }
 
         #[test]
-        fn containers_of_a_1_20_pod() {
-            let running = pod(include_str!("../tests/fixtures/k8s-1.20/pod-running.json"));
-            assert_eq!(names(&running), ["app"]);
-            let id = selected_pod(&running)
-                .containers
-                .into_keys()
-                .next()
-                .unwrap();
-            assert_eq!(id.len(), 64, "the runtime prefix is cut: {id}");
-            // Pending with its init container running: that one is tracked meanwhile.
-            let init = pod(include_str!(
-                "../tests/fixtures/k8s-1.20/pod-init-running.json"
-            ));
-            assert_eq!(names(&init), ["init"]);
+        fn containers_of_running_and_initialising_pods() {
+            for (running, init) in [
+                (
+                    include_str!("../tests/fixtures/k8s-1.20/pod-running.json"),
+                    include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"),
+                ),
+                (
+                    include_str!("../tests/fixtures/k8s-1.37/pod-running.json"),
+                    include_str!("../tests/fixtures/k8s-1.37/pod-init-running.json"),
+                ),
+            ] {
+                let running = pod(running);
+                assert_eq!(names(&running), ["app"]);
+                let id = selected_pod(&running)
+                    .containers
+                    .into_keys()
+                    .next()
+                    .unwrap();
+                assert_eq!(id.len(), 64, "the runtime prefix is cut: {id}");
+                // Pending with its init container running: that one is tracked meanwhile.
+                assert_eq!(names(&pod(init)), ["init"]);
+            }
         }
 
         #[test]
-        fn restartable_sidecars_of_1_28_and_later_are_tracked() {
-            let p = pod(include_str!("../tests/fixtures/k8s-1.29/pod-sidecar.json"));
-            // The sidecar (an init container with restartPolicy Always) runs beside the
-            // app; the completed migration is not tracked.
+        fn restartable_sidecars_are_tracked() {
+            // Recorded on 1.37.2: the sidecar (an init container with restartPolicy
+            // Always) runs beside the app; the completed migration is not tracked.
+            let p = pod(include_str!("../tests/fixtures/k8s-1.37/pod-sidecar.json"));
             assert_eq!(names(&p), ["app", "log-shipper"]);
             let sidecar = p.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[1].clone();
             assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+            let done = &p
+                .status
+                .as_ref()
+                .unwrap()
+                .init_container_statuses
+                .as_ref()
+                .unwrap()[0];
+            assert!(
+                done.state
+                    .as_ref()
+                    .and_then(|s| s.terminated.as_ref())
+                    .is_some_and(|t| t.exit_code == 0),
+                "the migration completed: {done:?}"
+            );
         }
 
         #[test]
-        fn a_pdb_refusal_reads_the_same_on_1_20_and_1_29() {
+        fn a_pdb_refusal_reads_the_same_on_1_20_and_1_37() {
             for body in [
                 include_str!("../tests/fixtures/k8s-1.20/eviction-429.json"),
-                include_str!("../tests/fixtures/k8s-1.29/eviction-429.json"),
+                include_str!("../tests/fixtures/k8s-1.37/eviction-429.json"),
             ] {
                 let status: kube::core::Status = serde_json::from_str(body).expect("Status");
                 let outcome = eviction_outcome(Err(kube::Error::Api(Box::new(status))));
@@ -1105,13 +1129,16 @@ mod tests {
         }
 
         #[test]
-        fn a_1_20_events_k8s_io_v1_event_parses() {
-            let e: k8s_openapi::api::events::v1::Event = serde_json::from_str(include_str!(
-                "../tests/fixtures/k8s-1.20/event-kubelet.json"
-            ))
-            .expect("an events.k8s.io/v1 Event as 1.20 serves it");
-            assert_eq!(e.regarding.and_then(|r| r.kind).as_deref(), Some("Pod"));
-            assert!(e.reason.is_some() && e.note.is_some());
+        fn events_k8s_io_v1_events_of_1_20_and_1_37_parse() {
+            for json in [
+                include_str!("../tests/fixtures/k8s-1.20/event-kubelet.json"),
+                include_str!("../tests/fixtures/k8s-1.37/event-kubelet.json"),
+            ] {
+                let e: k8s_openapi::api::events::v1::Event =
+                    serde_json::from_str(json).expect("an events.k8s.io/v1 Event");
+                assert_eq!(e.regarding.and_then(|r| r.kind).as_deref(), Some("Pod"));
+                assert!(e.reason.is_some() && e.note.is_some());
+            }
         }
     }
 

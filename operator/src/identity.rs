@@ -287,7 +287,10 @@ mod tests {
     const REVIEW_1_20: &str = include_str!("../tests/fixtures/k8s-1.20/tokenreview-pod-bound.json");
 
     /// The same from Kubernetes 1.30 on (ServiceAccountTokenPodNodeInfo): the node too.
-    const REVIEW_1_30: &str = include_str!("../tests/fixtures/k8s-1.30/tokenreview-pod-bound.json");
+    /// Recorded on the e2e cluster's 1.37.2 (`tests/fixtures/record.sh`) for a token bound
+    /// to the pod of `pod-running.json`, on node `vm`, in namespace `rw-fixtures`.
+    const REVIEW_1_37: &str = include_str!("../tests/fixtures/k8s-1.37/tokenreview-pod-bound.json");
+    const POD_1_37: &str = include_str!("../tests/fixtures/k8s-1.37/pod-running.json");
 
     fn status(json: &str) -> TokenReviewStatus {
         let r: TokenReview = serde_json::from_str(json).unwrap();
@@ -325,14 +328,32 @@ mod tests {
     }
 
     #[test]
-    fn a_1_30_review_is_checked_against_its_node_and_the_pod() {
-        let bound = check_review(&status(REVIEW_1_30), NS, SA).unwrap();
-        assert_eq!(bound.node.as_deref(), Some("worker-2"));
-        assert!(check_pod(Some(&agent_pod("worker-2")), &bound, "worker-2").is_ok());
-        // The review's node wins even if the pod read back were stale or forged.
+    fn a_1_37_review_is_checked_against_its_node_and_the_pod() {
+        let bound = check_review(&status(REVIEW_1_37), "rw-fixtures", SA).unwrap();
+        assert_eq!(bound.node.as_deref(), Some("vm"));
+        let pod: Pod = serde_json::from_str(POD_1_37).unwrap();
+        assert_eq!(
+            bound.uid,
+            pod.metadata.uid.clone().unwrap(),
+            "bound to that pod"
+        );
+        assert!(check_pod(Some(&pod), &bound, "vm").is_ok());
+        // Another node's claim is refused on the review's node alone, and the review's
+        // node wins even if the pod read back were stale or forged.
         assert!(matches!(
-            check_pod(Some(&agent_pod("worker-1")), &bound, "worker-1"),
+            check_pod(Some(&pod), &bound, "worker-1"),
             Err(AuthError::NodeMismatch { .. })
+        ));
+        let mut forged = pod.clone();
+        forged.spec.as_mut().unwrap().node_name = Some("worker-1".into());
+        assert!(matches!(
+            check_pod(Some(&forged), &bound, "worker-1"),
+            Err(AuthError::NodeMismatch { .. })
+        ));
+        // The same review is not the agent's in another namespace.
+        assert!(matches!(
+            check_review(&status(REVIEW_1_37), NS, SA),
+            Err(AuthError::WrongServiceAccount(_))
         ));
     }
 

@@ -213,6 +213,50 @@ mod tests {
         assert_eq!(l.reclaimable_bytes, 4 << 20);
     }
 
+    /// A v2 tree as the kubelet's systemd driver lays it out: the root has no memory
+    /// files, `kubepods.slice` is unlimited (`max`), the pod slice carries a pod-level limit
+    /// (PodLevelResources, or the sum of its containers' limits) and the container's scope
+    /// has none (`max`). The pod's limit is the one the OOM kill comes from, with the pod's
+    /// own (v2: already hierarchical) file cache.
+    #[test]
+    fn v2_pod_level_limit_over_an_unlimited_container() {
+        let root = dir("tree2");
+        let pod =
+            root.join("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podx.slice");
+        let ctr = pod.join("cri-containerd-abc.scope");
+        fs::create_dir_all(&ctr).expect("mkdir");
+        for (d, max, current) in [
+            (root.join("kubepods.slice"), "max", 900u64 << 20),
+            (
+                root.join("kubepods.slice/kubepods-burstable.slice"),
+                "max",
+                600 << 20,
+            ),
+            (pod.clone(), "268435456", 200 << 20),
+            (ctr.clone(), "max", 150 << 20),
+        ] {
+            fs::write(d.join("memory.max"), format!("{max}\n")).expect("write");
+            fs::write(d.join("memory.current"), format!("{current}\n")).expect("write");
+        }
+        fs::write(
+            pod.join("memory.stat"),
+            "anon 150000000\nfile 9437184\nactive_file 6291456\ninactive_file 3145728\n",
+        )
+        .expect("write");
+        let l = effective(&root, "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podx.slice/cri-containerd-abc.scope")
+            .expect("limit");
+        assert_eq!(l.limit_bytes, Some(256 << 20));
+        assert_eq!(l.usage_bytes, 200 << 20);
+        assert_eq!(l.headroom(), Some(56 << 20));
+        assert_eq!(l.reclaimable_bytes, 9 << 20);
+        // With no limit anywhere (every level `max`), none is found: the agent falls back
+        // to the node's available memory.
+        fs::write(pod.join("memory.max"), "max\n").expect("write");
+        let l = effective(&root, "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podx.slice/cri-containerd-abc.scope")
+            .expect("usage");
+        assert_eq!(l.limit_bytes, None);
+    }
+
     #[test]
     fn reclaimable_v2() {
         let d = dir("reclaim2");
