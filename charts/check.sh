@@ -36,7 +36,7 @@ fi
 CHECK=("$PY" "$HERE/check.py")
 # Helm's engine (installs the pinned SDK on first use).
 R --help >/dev/null
-if "$HERE/helm.sh" lint --strict --kube-version v1.20.2 >"$TMP/lint.txt" 2>&1; then
+if "$HERE/helm.sh" lint --strict --kube-version v1.37.2 >"$TMP/lint.txt" 2>&1; then
   echo "  ok: helm lint --strict: $(grep -c '^\[' "$TMP/lint.txt" || true) message(s), no warning or error"
 else
   sed 's/^/    /' "$TMP/lint.txt"; failed "helm lint --strict"
