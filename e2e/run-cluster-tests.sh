@@ -75,6 +75,34 @@ lap "images built and imported"
 "$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=120s
 # The chart's rendering is accepted by this API server too (server-side dry run).
 charts/helm.sh template --namespace resourcewatch-system | "$K" apply --dry-run=server -f - >/dev/null
+# Pod Security, judged by the API server's own admission plugin (charts/check.py is the
+# offline copy of its rules): in a namespace that enforces "restricted", the operator's pod
+# is admitted (a server-side dry run) and the agent's, which needs privileges, is refused.
+psa_ns=rw-e2e-pod-security
+"$K" create namespace "$psa_ns" --dry-run=client -o yaml \
+  | "$K" label --local -f - -o yaml pod-security.kubernetes.io/enforce=restricted \
+  | "$K" apply -f - >/dev/null
+pod_of() { # KIND: the pod of config/'s KIND as a Pod in $psa_ns
+  "$K" kustomize config | python3 -c '
+import sys, yaml
+kind, ns = sys.argv[1], sys.argv[2]
+for d in yaml.safe_load_all(sys.stdin):
+    if d and d["kind"] == kind:
+        spec = d["spec"]["template"]["spec"]
+        spec.pop("serviceAccountName", None)  # its ServiceAccount lives elsewhere
+        print(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "psa-" + kind.lower(), "namespace": ns}, "spec": spec}))
+        break
+else:
+    sys.exit("no " + kind + " in config/")' "$1" "$psa_ns"
+}
+pod_of Deployment | "$K" apply --dry-run=server -f - >/dev/null \
+  || { echo "== the API server's PodSecurity admission refuses the operator's pod under 'restricted'" >&2; exit 1; }
+if out=$(pod_of DaemonSet | "$K" apply --dry-run=server -f - 2>&1); then
+  echo "== the agent's privileged pod was admitted under 'restricted': the check proves nothing" >&2; exit 1
+fi
+grep -q 'violates PodSecurity "restricted' <<<"$out" || { echo "== unexpected refusal of the agent's pod: $out" >&2; exit 1; }
+"$K" delete namespace "$psa_ns" --wait=false >/dev/null
 lap "installed through config/ (and the chart dry-run)"
 
 # RW_E2E_ONLY=NAME runs only the tests whose name contains NAME (both suites), for iterating.
