@@ -33,7 +33,7 @@ trap remount EXIT
 if umount "$M" 2>/tmp/cgroup-v2-probe.err; then
   echo "umount $M: done"
 else
-  echo "umount $M: $(sed 's/^umount: //' /tmp/cgroup-v2-probe.err) (an open file holds it: a process we cannot see, PID 1 here)"
+  echo "umount $M: $(sed 's/^umount: //' /tmp/cgroup-v2-probe.err) (an open file holds it, in a process root cannot inspect: most likely PID 1)"
   umount -l "$M"
   echo "umount -l $M: detached"
 fi
