@@ -49,6 +49,9 @@ generate: ## Regenerate the CRD YAML (crds/, config/crd/, the chart's crds/) fro
 	$(CARGO) run -q -p resourcewatch-crds --bin crdgen cluster > crds/resourcewatch.io_clusterresourcewatches.yaml
 	cp crds/resourcewatch.io_clusterresourcewatches.yaml config/crd/resourcewatch.io_clusterresourcewatches.yaml
 	cp crds/resourcewatch.io_clusterresourcewatches.yaml charts/resourcewatch/crds/resourcewatch.io_clusterresourcewatches.yaml
+	$(CARGO) run -q -p resourcewatch-crds --bin crdgen policy > crds/resourcewatch.io_remediationpolicies.yaml
+	cp crds/resourcewatch.io_remediationpolicies.yaml config/crd/resourcewatch.io_remediationpolicies.yaml
+	cp crds/resourcewatch.io_remediationpolicies.yaml charts/resourcewatch/crds/resourcewatch.io_remediationpolicies.yaml
 
 .PHONY: fmt
 fmt: ## Format the code

@@ -13,10 +13,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub mod cluster;
+pub mod policy;
 pub use cluster::{
     ClusterResourceWatch, ClusterResourceWatchSpec, ClusterResourceWatchStatus, ClusterSummary,
     NodeProcess, NodeTop, ProcessOwner,
 };
+pub use policy::{RemediationPolicy, RemediationPolicySpec};
 
 /// A Go-style duration such as `10s`, `1m30s`, `500ms`, `2h`.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
@@ -42,11 +44,10 @@ pub const MAX_STATUS_REMEDIATIONS: usize = 50;
 /// characters.
 pub const MAX_MESSAGE: usize = 1024;
 
-/// The annotation the operator's admission webhook writes on a `Restart` watch applied by
-/// someone allowed to evict pods in its namespace: who, and an HMAC over who and the
-/// fields that decide what may be evicted (namespace, name, selector, leakDetection,
-/// remediation). Without a valid one a watch never evicts.
-pub const AUTHORIZATION_ANNOTATION: &str = "resourcewatch.io/remediation-authorized-by";
+/// The annotation earlier operators (with an admission webhook) wrote on a `Restart`
+/// watch (an HMAC over its author). It grants nothing any more: a `RemediationPolicy` does. The operator only
+/// names it in the `Remediation` condition of a watch that still carries it.
+pub const LEGACY_AUTHORIZATION_ANNOTATION: &str = "resourcewatch.io/remediation-authorized-by";
 
 /// The Namespace label a cluster admin sets to allow evictions there.
 pub const NAMESPACE_OPT_IN_LABEL: &str = "resourcewatch.io/remediation";
@@ -231,8 +232,9 @@ impl Default for LeakDetection {
 #[serde(rename_all = "camelCase")]
 pub struct Remediation {
     /// `None` (status only), `Alert` (also Events on the pod) or `Restart` (evict before the
-    /// predicted OOM kill: needs the operator's `--enable-remediation`, a namespace an admin
-    /// opted in, and a watch applied by someone allowed to evict pods here).
+    /// predicted OOM kill: needs the operator's `--enable-remediation`, a namespace a
+    /// cluster admin opted in, and a RemediationPolicy of this namespace covering the
+    /// watch and the pod).
     #[serde(default)]
     pub action: RemediationAction,
     /// Act when the predicted time to OOM drops below this, e.g. "5m".
@@ -691,6 +693,12 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     serde_yaml::to_string(&ResourceWatch::crd())
 }
 
+/// The `RemediationPolicy` CRD as YAML.
+pub fn policy_crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    serde_yaml::to_string(&RemediationPolicy::crd())
+}
+
 /// The `ClusterResourceWatch` CRD as YAML.
 pub fn cluster_crd_yaml() -> Result<String, serde_yaml::Error> {
     use kube::CustomResourceExt;
@@ -703,6 +711,7 @@ mod tests {
 
     const COMMITTED: &str = include_str!("../resourcewatch.io_resourcewatches.yaml");
     const COMMITTED_CLUSTER: &str = include_str!("../resourcewatch.io_clusterresourcewatches.yaml");
+    const COMMITTED_POLICY: &str = include_str!("../resourcewatch.io_remediationpolicies.yaml");
 
     #[test]
     fn committed_crd_matches_the_types() {
@@ -715,6 +724,11 @@ mod tests {
         assert!(
             generated == COMMITTED_CLUSTER,
             "crds/resourcewatch.io_clusterresourcewatches.yaml is stale: run `make generate` and commit it"
+        );
+        let generated = policy_crd_yaml().expect("the CRD serialises");
+        assert!(
+            generated == COMMITTED_POLICY,
+            "crds/resourcewatch.io_remediationpolicies.yaml is stale: run `make generate` and commit it"
         );
     }
 
@@ -753,6 +767,11 @@ mod tests {
                 serde_json::to_value(ClusterResourceWatch::crd()).expect("json"),
                 "A ClusterResourceWatch",
                 2,
+            ),
+            (
+                serde_json::to_value(RemediationPolicy::crd()).expect("json"),
+                "A RemediationPolicy",
+                0,
             ),
         ] {
             let mut seen = 0;
@@ -884,6 +903,23 @@ mod tests {
         ] {
             assert!(
                 copy == COMMITTED_CLUSTER,
+                "{path} is stale: run `make generate` and commit it"
+            );
+        }
+        for (path, copy) in [
+            (
+                "config/crd/resourcewatch.io_remediationpolicies.yaml",
+                include_str!("../../config/crd/resourcewatch.io_remediationpolicies.yaml"),
+            ),
+            (
+                "charts/resourcewatch/crds/resourcewatch.io_remediationpolicies.yaml",
+                include_str!(
+                    "../../charts/resourcewatch/crds/resourcewatch.io_remediationpolicies.yaml"
+                ),
+            ),
+        ] {
+            assert!(
+                copy == COMMITTED_POLICY,
                 "{path} is stale: run `make generate` and commit it"
             );
         }

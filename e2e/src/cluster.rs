@@ -143,6 +143,10 @@ pub async fn install_crd(client: &Client) -> anyhow::Result<()> {
             "crds/resourcewatch.io_clusterresourcewatches.yaml",
             "clusterresourcewatches.resourcewatch.io",
         ),
+        (
+            "crds/resourcewatch.io_remediationpolicies.yaml",
+            "remediationpolicies.resourcewatch.io",
+        ),
     ] {
         let yaml = std::fs::read_to_string(repo_root().join(file))?;
         let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml)?;
@@ -358,7 +362,14 @@ impl TestNamespace {
 impl TestNamespace {
     /// Labels the namespace as a cluster admin does to allow evictions in it
     /// (`resourcewatch.io/remediation=enabled`).
+    /// Everything a Restart watch here needs, as a user sets it up: the cluster admin's
+    /// opt-in label, a RemediationPolicy `restarts` granting every watch, and the
+    /// evictor role bound to the operator of `operator_namespace`.
     pub async fn opt_in(&self) -> anyhow::Result<()> {
+        self.opt_in_for("resourcewatch-system").await
+    }
+
+    pub async fn opt_in_for(&self, operator_namespace: &str) -> anyhow::Result<()> {
         Api::<Namespace>::all(self.client.clone())
             .patch(
                 &self.name,
@@ -367,8 +378,113 @@ impl TestNamespace {
                     resourcewatch_crds::NAMESPACE_OPT_IN_LABEL: resourcewatch_crds::NAMESPACE_OPT_IN_VALUE}}})),
             )
             .await?;
-        Ok(())
+        grant_restarts(&self.client, &self.name, "restarts", serde_json::json!({})).await?;
+        bind_to_operator(&self.name, "resourcewatch-evictor", operator_namespace)
     }
+}
+
+/// A RemediationPolicy `name` in `ns` with this spec.
+pub async fn grant_restarts(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> anyhow::Result<()> {
+    let p: resourcewatch_crds::RemediationPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resourcewatch.io/v1alpha1", "kind": "RemediationPolicy",
+        "metadata": {"name": name}, "spec": spec
+    }))?;
+    Api::<resourcewatch_crds::RemediationPolicy>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::apply("resourcewatch-e2e").force(),
+            &Patch::Apply(&p),
+        )
+        .await
+        .with_context(|| format!("RemediationPolicy {ns}/{name}"))?;
+    Ok(())
+}
+
+/// A RoleBinding in `ns` of the ClusterRole `role` (resourcewatch-evictor or
+/// resourcewatch-profiler) to the operator's ServiceAccount of `operator_namespace`.
+pub fn bind_to_operator(ns: &str, role: &str, operator_namespace: &str) -> anyhow::Result<()> {
+    let (ok, _, err) = kubectl_apply(&format!(
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: {role}, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {role}}}
+subjects: [{{kind: ServiceAccount, name: resourcewatch-operator, namespace: {operator_namespace}}}]
+"#
+    ));
+    anyhow::ensure!(ok, "binding {role} in {ns}: {err}");
+    Ok(())
+}
+
+/// The RBAC of config/rbac/ for an operator whose ServiceAccount lives in `ns`: the
+/// ClusterRoles as shipped, its ClusterRole bound to `ns`'s account (a binding of its
+/// own, `resourcewatch-operator-<ns>`), and its Role in `ns`.
+pub async fn operator_rbac(ns: &str) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(repo_root().join("config/rbac/operator.yaml"))?;
+    let mut docs = Vec::new();
+    for doc in text.split("\n---") {
+        let mut v: serde_json::Value = match serde_yaml::from_str(doc) {
+            Ok(v) => v,
+            Err(_) => continue,
+        };
+        if v.is_null() {
+            continue;
+        }
+        match v["kind"].as_str() {
+            Some("ClusterRole") => {}
+            Some("ClusterRoleBinding") => {
+                v["metadata"]["name"] = format!("resourcewatch-operator-{ns}").into();
+                for s in v["subjects"].as_array_mut().into_iter().flatten() {
+                    s["namespace"] = ns.into();
+                }
+            }
+            _ => {
+                v["metadata"]["namespace"] = ns.into();
+                for s in v["subjects"].as_array_mut().into_iter().flatten() {
+                    s["namespace"] = ns.into();
+                }
+            }
+        }
+        docs.push(serde_json::to_string(&v)?);
+    }
+    let users = std::fs::read_to_string(repo_root().join("config/rbac/users.yaml"))?;
+    let (ok, _, err) = kubectl_apply(&format!("{}\n---\n{users}", docs.join("\n---\n")));
+    anyhow::ensure!(ok, "applying the operator's RBAC: {err}");
+    Ok(())
+}
+
+/// A token the API server issues for ServiceAccount `sa` of `ns` (an hour), as kubelet
+/// would project one: the operator authenticates with it as itself.
+pub async fn service_account_token(client: &Client, ns: &str, sa: &str) -> anyhow::Result<String> {
+    use k8s_openapi::api::{authentication::v1::TokenRequest, core::v1::ServiceAccount};
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let req: TokenRequest =
+        serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 3600}}))?;
+    let token = sas
+        .create_token_request(sa, &PostParams::default(), &req)
+        .await?
+        .status
+        .map(|s| s.token)
+        .unwrap_or_default();
+    anyhow::ensure!(!token.is_empty(), "the TokenRequest returned no token");
+    Ok(token)
+}
+
+/// The harness's kubeconfig with its user replaced by `token`.
+pub fn write_token_kubeconfig(path: &Path, token: &str) -> anyhow::Result<()> {
+    let from = std::env::var_os("KUBECONFIG").context("KUBECONFIG")?;
+    let mut k: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(&from)?)?;
+    k["users"] = serde_json::json!([{"name": "operator", "user": {"token": token}}]);
+    for c in k["contexts"].as_array_mut().into_iter().flatten() {
+        c["context"]["user"] = "operator".into();
+    }
+    std::fs::write(path, serde_yaml::to_string(&k)?)?;
+    Ok(())
 }
 
 impl TestNamespace {

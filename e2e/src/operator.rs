@@ -17,9 +17,9 @@ pub struct OperatorProcess {
     child: Child,
     pub grpc: SocketAddr,
     pub metrics: SocketAddr,
-    /// The admission webhook (HTTPS).
-    pub webhook: SocketAddr,
     pub log: PathBuf,
+    /// The kubeconfig it runs with when not the harness's (a ServiceAccount's token).
+    kubeconfig: Option<PathBuf>,
 }
 
 /// The operator built next to the running test or tool (`target/<profile>/`), or
@@ -48,8 +48,14 @@ fn free_port() -> anyhow::Result<u16> {
 impl OperatorProcess {
     /// Starts the operator with its Secrets and Lease in `namespace`.
     pub fn start(namespace: &str, identity: &str, extra: &[&str]) -> anyhow::Result<Self> {
-        let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        Self::spawn(namespace, identity, extra, webhook)
+        Self::spawn_at(
+            namespace,
+            identity,
+            extra,
+            free_addr()?,
+            free_addr()?,
+            None,
+        )
     }
 
     /// Starts the operator serving agents on `grpc` (known to them before it starts).
@@ -59,7 +65,7 @@ impl OperatorProcess {
         extra: &[&str],
         grpc: SocketAddr,
     ) -> anyhow::Result<Self> {
-        Self::spawn_at(namespace, identity, extra, grpc, free_addr()?, free_addr()?)
+        Self::spawn_at(namespace, identity, extra, grpc, free_addr()?, None)
     }
 
     /// A new operator process on this one's addresses (agents reconnect to the same
@@ -71,19 +77,8 @@ impl OperatorProcess {
             extra,
             self.grpc,
             self.metrics,
-            self.webhook,
+            self.kubeconfig.clone(),
         )
-    }
-
-    fn spawn(
-        namespace: &str,
-        identity: &str,
-        extra: &[&str],
-        webhook: SocketAddr,
-    ) -> anyhow::Result<Self> {
-        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        Self::spawn_at(namespace, identity, extra, grpc, metrics, webhook)
     }
 
     fn spawn_at(
@@ -92,7 +87,7 @@ impl OperatorProcess {
         extra: &[&str],
         grpc: SocketAddr,
         metrics: SocketAddr,
-        webhook: SocketAddr,
+        kubeconfig: Option<PathBuf>,
     ) -> anyhow::Result<Self> {
         let bin = operator_bin();
         anyhow::ensure!(
@@ -106,17 +101,17 @@ impl OperatorProcess {
         let log =
             std::env::temp_dir().join(format!("resourcewatch-operator-{}-{n}.log", grpc.port()));
         let out = std::fs::File::create(&log)?;
-        let child = Command::new(&bin)
+        let mut cmd = Command::new(&bin);
+        if let Some(k) = &kubeconfig {
+            cmd.env("KUBECONFIG", k);
+        }
+        let child = cmd
             .args(["--namespace", namespace, "--pod-name", identity])
             .args([
                 "--grpc-addr",
                 &grpc.to_string(),
                 "--metrics-addr",
                 &metrics.to_string(),
-                "--webhook-addr",
-                &webhook.to_string(),
-                "--webhook-configuration",
-                &webhook_configuration(webhook),
             ])
             .args(extra)
             .env(
@@ -131,56 +126,35 @@ impl OperatorProcess {
             child,
             grpc,
             metrics,
-            webhook,
             log,
+            kubeconfig,
         })
     }
 
-    /// Starts the operator behind its admission webhook, for the watches of namespaces
-    /// labelled `resourcewatch.io/e2e-webhook=<namespace>`: the API server calls it at
-    /// `https://localhost:<port>/mutate` (no Service without a kubelet). The configuration
-    /// is made first, since the operator fills its caBundle at start, and deleted when
-    /// the operator is dropped.
-    pub async fn start_with_webhook(
+    /// Starts the operator as it runs in a cluster: as the ServiceAccount
+    /// `resourcewatch-operator` of `namespace`, authenticated by a token the API server
+    /// issued for it, with exactly the RBAC of config/rbac/operator.yaml (its ClusterRole
+    /// bound to this account, its Role in `namespace`). The API server, not the harness's
+    /// admin credentials, decides what it may do.
+    pub async fn start_as_service_account(
         client: &kube::Client,
         namespace: &str,
         identity: &str,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
-        use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-        use kube::api::{Api, PostParams};
-        let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let name = webhook_configuration(webhook);
-        let cfg: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "labels": {"resourcewatch.io/e2e": "true"}},
-            "webhooks": [{
-                "name": "authorization.resourcewatch.io",
-                "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                "failurePolicy": "Ignore", "timeoutSeconds": 5,
-                "clientConfig": {"url": format!("https://localhost:{}/mutate", webhook.port())},
-                "namespaceSelector": {"matchLabels": {"resourcewatch.io/e2e-webhook": namespace}},
-                "rules": [{"apiGroups": ["resourcewatch.io"], "apiVersions": ["v1alpha1"],
-                           "operations": ["CREATE", "UPDATE"], "resources": ["resourcewatches"],
-                           "scope": "Namespaced"}]
-            }]
-        }))?;
-        let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        api.create(&PostParams::default(), &cfg).await?;
-        let op = Self::spawn(namespace, identity, extra, webhook)?;
-        wait_for("the webhook's CA bundle", Duration::from_secs(30), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move {
-                let c = api.get(&name).await?;
-                Ok(c.webhooks
-                    .unwrap_or_default()
-                    .first()
-                    .and_then(|w| w.client_config.ca_bundle.clone())
-                    .map(|_| ()))
-            }
-        })
-        .await?;
-        Ok(op)
+        crate::cluster::operator_rbac(namespace).await?;
+        let token = crate::cluster::service_account_token(client, namespace, "resourcewatch-operator")
+            .await?;
+        let path = std::env::temp_dir().join(format!("resourcewatch-e2e-{namespace}.kubeconfig"));
+        crate::cluster::write_token_kubeconfig(&path, &token)?;
+        Self::spawn_at(
+            namespace,
+            identity,
+            extra,
+            free_addr()?,
+            free_addr()?,
+            Some(path),
+        )
     }
 
     pub fn pid(&self) -> u32 {
@@ -294,25 +268,12 @@ impl OperatorProcess {
     }
 }
 
-/// The webhook configuration an operator process keeps (its port makes it unique).
-fn webhook_configuration(webhook: SocketAddr) -> String {
-    format!("resourcewatch-e2e-{}", webhook.port())
-}
-
 impl Drop for OperatorProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = Command::new(crate::cluster::kubectl())
-            .args([
-                "delete",
-                "mutatingwebhookconfiguration",
-                &webhook_configuration(self.webhook),
-                "--ignore-not-found",
-                "--wait=false",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        if let Some(k) = &self.kubeconfig {
+            let _ = std::fs::remove_file(k);
+        }
     }
 }

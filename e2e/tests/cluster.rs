@@ -10,7 +10,7 @@ use std::{process::Command, time::Duration};
 use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::Pod, events::v1::Event};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use resourcewatch_crds::{ConditionStatus, ResourceWatch, ResourceWatchStatus};
 use resourcewatch_e2e::cluster::{self, leak_sim_pod, wait_for};
@@ -885,6 +885,9 @@ async fn profiled(
     use resourcewatch_crds::ProfileState;
     let (client, ns) = cluster::test_namespace(prefix).await;
     let n = ns.name.clone();
+    // The operator may write ConfigMaps only where a namespace admin let it.
+    cluster::bind_to_operator(&n, "resourcewatch-profiler", "resourcewatch-system")
+        .expect("bind the profiler role");
     let rws = cluster::watch_app(&client, &n, "w", "burner").await;
     cluster::c_workload_pod(&client, &n, "burner", command, "64Mi").await;
     wait_running(&client, &n, &["burner"]).await;
@@ -996,6 +999,69 @@ async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
     })
     .await
     .expect("ProfileRefused");
+    // Deleting and recreating the watch does not reset the namespace's minute.
+    rws.delete("w", &Default::default()).await.expect("delete");
+    wait_for("the watch gone", Duration::from_secs(30), || {
+        let rws = rws.clone();
+        async move { Ok(rws.get_opt("w").await?.is_none().then_some(())) }
+    })
+    .await
+    .expect("gone");
+    let rws = cluster::watch_app(&client, n, "w", "burner").await;
+    annotate(&rws, "pod=burner,duration=5s,request=3").await;
+    let s = status_where(&rws, "w", "the recreated watch's request refused", 30, |s| {
+        s.profile.as_ref().is_some_and(|p| p.state != ProfileState::Pending)
+    })
+    .await;
+    let p = s.profile.expect("profile");
+    assert_eq!(p.state, ProfileState::Refused, "{p:?}");
+    assert!(p.message.contains("one profile per namespace"), "{p:?}");
+    ns.delete().await;
+}
+
+/// A profile's result never replaces an object the watch does not own: with a ConfigMap
+/// `w-profile` already there (someone else's), the profile fails saying so and the
+/// ConfigMap is untouched. Without the profiler role bound, nothing is written at all.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_profile_never_overwrites_a_configmap_it_does_not_own() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use resourcewatch_crds::ProfileState;
+    let (client, ns) = cluster::test_namespace("rw-e2e-profile-owner").await;
+    let n = ns.name.clone();
+    cluster::bind_to_operator(&n, "resourcewatch-profiler", "resourcewatch-system")
+        .expect("bind the profiler role");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &n);
+    let theirs: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "w-profile"}, "data": {"settings": "keep me"}
+    }))
+    .expect("cm");
+    cms.create(&PostParams::default(), &theirs)
+        .await
+        .expect("someone else's ConfigMap");
+    let rws = cluster::watch_app(&client, &n, "w", "burner").await;
+    cluster::c_workload_pod(&client, &n, "burner", "/burn-c", "64Mi").await;
+    wait_running(&client, &n, &["burner"]).await;
+    status_where(&rws, "w", "the burner in topCPU", 60, |s| {
+        s.top_cpu.iter().any(|e| e.pod == "burner")
+    })
+    .await;
+    annotate(&rws, "pod=burner,duration=2s").await;
+    let s = status_where(&rws, "w", "the profile done", 90, |s| {
+        s.profile
+            .as_ref()
+            .is_some_and(|p| p.state != ProfileState::Pending)
+    })
+    .await;
+    let p = s.profile.expect("profile");
+    assert_eq!(p.state, ProfileState::Failed, "{p:?}");
+    assert!(p.message.contains("does not own"), "{p:?}");
+    let after = cms.get("w-profile").await.expect("still there");
+    assert_eq!(
+        after.data.unwrap_or_default().get("settings").map(String::as_str),
+        Some("keep me")
+    );
+    assert!(after.metadata.owner_references.unwrap_or_default().is_empty());
     ns.delete().await;
 }
 

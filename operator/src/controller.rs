@@ -4,7 +4,7 @@
 //! `resourcewatch-operator`), evictions, Events. Only I/O lives here.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
     time::Duration,
 };
@@ -13,7 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{EvictParams, Patch, PatchParams},
+    api::{EvictParams, Patch, PatchParams, PostParams},
     runtime::{
         Controller, Predicate, PredicateConfig, WatchStreamExt,
         controller::Action,
@@ -24,22 +24,21 @@ use kube::{
     },
 };
 use resourcewatch_crds::{
-    PROFILE_ANNOTATION, ProfileState, ProfileStatus, RemediationAction, RemediationRecord,
-    ResourceWatch, ResourceWatchStatus,
+    PROFILE_ANNOTATION, ProfileState, ProfileStatus, RemediationAction, RemediationOutcome,
+    RemediationPolicy, RemediationRecord, ResourceWatch, ResourceWatchStatus,
 };
 use tokio::sync::watch;
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 
 use crate::{
     Error, FIELD_MANAGER, Result,
-    authz::{AccessReviewer, Signer},
     decide::{self, EvictResult, LedgerChange},
     hub::{Hub, TargetPod, WatchKey, WatchTargets},
-    ledger::{Conflict, Ledger, LedgerStore, Versioned, Workload},
+    ledger::{self, Conflict, Known, Ledger, LedgerStore, Versioned, Workload},
     metrics::Metrics,
     model::{EventAction, EventReason},
     profile,
-    remediation::{Gate, PodFacts},
+    remediation::{Gate, Grants, PodFacts},
     spec::{Floors, WatchSettings, selects},
     status::{EventSpec, Inputs, SelectedPod, Subject},
     triggers::PodTriggers,
@@ -51,13 +50,14 @@ pub struct RemediationContext {
     pub enabled: bool,
     /// The admin's floors; a `Restart` watch below them is `Ready=False`.
     pub floors: Floors,
-    /// Verifies a watch's authorization record.
-    pub signer: Signer,
-    /// Whether the recorded author may (still) evict.
-    pub reviewer: Arc<dyn AccessReviewer>,
     /// The workloads' rails.
     pub ledgers: LedgerStore,
+    /// The API server's last answers on the operator's own eviction right, by namespace.
+    pub evict_rights: std::sync::Mutex<HashMap<String, EvictRight>>,
 }
+
+/// When the API server answered, and what: Err says why the operator may not evict.
+pub type EvictRight = (std::time::Instant, std::result::Result<(), String>);
 
 /// Reconciliations running at once (see `run`).
 pub const RECONCILE_CONCURRENCY: u16 = 8;
@@ -76,6 +76,12 @@ pub struct Context {
     pub pods: Store<Pod>,
     /// The watches themselves, to forget deleted ones in the hub.
     pub watches: Store<ResourceWatch>,
+    /// Every RemediationPolicy: the grants of `Restart` watches.
+    pub policies: Store<RemediationPolicy>,
+    /// The newest profile request taken in each namespace (seconds since the epoch):
+    /// the namespace's rate limit, which deleting and recreating a watch must not reset
+    /// (its status, where the request was also recorded, goes with it).
+    pub profile_requests: std::sync::Mutex<HashMap<String, i64>>,
     /// Only the leader reconciles: a follower would fight it over status.
     pub leader: watch::Receiver<bool>,
     /// For the Eviction API only: without kube's retry on 429, which is how the API
@@ -259,13 +265,18 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
                         *entry = Versioned {
                             ledger: book,
                             resource_version: Some(rv),
+                            problem: None,
                         };
                         status = trial;
                         events.extend(more);
                         break;
                     }
                     Err(Conflict) => {
-                        *entry = ctx.remediation.ledgers.read(&ev.workload).await?;
+                        let known = known_restarts(rw, &ev.workload, settings.as_ref().ok(), now_s);
+                        *entry = ctx.remediation.ledgers.read(&ev.workload, known).await?;
+                        if entry.problem.is_some() {
+                            break;
+                        }
                     }
                 }
             }
@@ -301,12 +312,19 @@ async fn profile_step(
     if let Some(a) = annotation.filter(|a| profile::is_new(a, old)) {
         // The namespace's rate limit reads every watch's status: only for a new value.
         let watches = ctx.watches.state();
-        let namespace_last = profile::latest_request(
+        let in_status = profile::latest_request(
             watches
                 .iter()
                 .filter(|w| w.namespace().as_deref() == Some(ns))
                 .filter_map(|w| w.status.as_ref()?.profile.as_ref()),
         );
+        let taken_here = ctx
+            .profile_requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(ns)
+            .copied();
+        let namespace_last = in_status.max(taken_here);
         let uid = rw.uid().unwrap_or_default();
         let id = format!("{}-{now}", uid.chars().take(8).collect::<String>());
         let taken = profile::take(&profile::Take {
@@ -320,6 +338,11 @@ async fn profile_step(
         if let Some(p) = taken {
             if p.state == ProfileState::Refused {
                 events.push(profile_event(EventReason::ProfileRefused, &p));
+            } else {
+                ctx.profile_requests
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(ns.to_owned(), now);
             }
             current = Some(p);
         }
@@ -331,7 +354,7 @@ async fn profile_step(
             let stored = if r.error.is_empty() {
                 store_profile(ctx, rw, ns, p, &r).await
             } else {
-                None
+                Err(String::new())
             };
             profile::finish(p, &r, stored, now);
             let reason = if p.state == ProfileState::Succeeded {
@@ -369,38 +392,91 @@ fn profile_event(reason: EventReason, p: &ProfileStatus) -> EventSpec {
     .about(Subject::container(&p.pod, &p.container))
 }
 
-/// Writes the result's ConfigMap (replacing the watch's previous one); None when the API
-/// server refused it (the request then fails, saying so in its message).
+/// Writes the result's ConfigMap, replacing the watch's previous one, never an object it
+/// does not own: a ConfigMap of that name that is not controlled by this watch (by UID)
+/// is left alone and the request fails saying so. Err(why) when it was not stored.
 async fn store_profile(
     ctx: &Context,
     rw: &ResourceWatch,
     ns: &str,
     p: &ProfileStatus,
     r: &resourcewatch_proto::ProfileResult,
-) -> Option<String> {
+) -> std::result::Result<String, String> {
     let cm = profile::config_map(rw, p, r);
-    let name = cm.metadata.name.clone()?;
+    let name = cm
+        .metadata
+        .name
+        .clone()
+        .ok_or_else(|| "no ConfigMap name".to_string())?;
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
-    match tokio::time::timeout(ctx.write_timeout, api.patch(&name, &pp, &Patch::Apply(&cm))).await {
-        Ok(Ok(_)) => Some(name),
-        Ok(Err(e)) => {
-            tracing::warn!(configmap = %name, error = %e, "could not store a profile");
-            None
+    let failed = |e: String| {
+        tracing::warn!(configmap = %name, error = %e, "could not store a profile");
+        format!("the result could not be stored in ConfigMap {name}: {e}")
+    };
+    let existing = tokio::time::timeout(ctx.write_timeout, api.get_opt(&name))
+        .await
+        .map_err(|_| failed("timed out".into()))?
+        .map_err(|e| failed(e.to_string()))?;
+    let write = match existing {
+        None => {
+            tokio::time::timeout(ctx.write_timeout, api.create(&PostParams::default(), &cm)).await
         }
-        Err(_) => {
-            tracing::warn!(configmap = %name, "storing a profile timed out");
-            None
+        Some(old) if owned_by(&old, rw) => {
+            // The replacement names the version read: a ConfigMap swapped meanwhile for
+            // someone else's is a conflict, not overwritten.
+            let mut cm = cm;
+            cm.metadata.resource_version = old.metadata.resource_version.clone();
+            tokio::time::timeout(
+                ctx.write_timeout,
+                api.replace(&name, &PostParams::default(), &cm),
+            )
+            .await
         }
+        Some(_) => {
+            return Err(failed(format!(
+                "a ConfigMap {name} exists that this watch does not own; it is left as it is (rename or delete it)"
+            )));
+        }
+    };
+    match write {
+        Ok(Ok(_)) => Ok(name),
+        Ok(Err(e)) => Err(failed(e.to_string())),
+        Err(_) => Err(failed("timed out".into())),
     }
 }
 
+/// Whether `cm` is controlled by this watch (same UID, not merely the same name).
+fn owned_by(cm: &ConfigMap, rw: &ResourceWatch) -> bool {
+    let uid = rw.uid().unwrap_or_default();
+    !uid.is_empty()
+        && cm
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == "ResourceWatch")
+}
+
+/// Deletes the watch's expired result, only if the watch owns it (with the UID read as
+/// a precondition, so an object put there meanwhile is not deleted).
 async fn delete_profile(ctx: &Context, rw: &ResourceWatch, ns: &str) {
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let name = profile::config_map_name(&rw.name_any());
-    match api.delete(&name, &Default::default()).await {
+    let Ok(Ok(Some(cm))) = tokio::time::timeout(ctx.write_timeout, api.get_opt(&name)).await else {
+        return;
+    };
+    if !owned_by(&cm, rw) {
+        tracing::info!(configmap = %name, "an expired profile's ConfigMap is not the watch's: left alone");
+        return;
+    }
+    let dp = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: cm.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&name, &dp).await {
         Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
         Err(e) => {
             tracing::warn!(configmap = %name, error = %e, "could not delete an expired profile")
         }
@@ -433,11 +509,18 @@ async fn gather(
     settings: Option<&WatchSettings>,
 ) -> Result<Facts> {
     let mut facts = Facts::default();
+    let restart = settings.is_some_and(|s| s.action == RemediationAction::Restart);
+    let grants = if restart {
+        Grants::of(&policies_in(ctx, ns), rw.labels())
+    } else {
+        Grants::default()
+    };
+    let now = jiff::Timestamp::now().as_second();
     for name in names {
         let Some(pod) = selected.iter().find(|p| p.name_any() == *name) else {
             continue;
         };
-        let f = PodFacts {
+        let mut f = PodFacts {
             name: pod.name_any(),
             uid: pod.uid().unwrap_or_default(),
             workload: workload_of(ctx, pod).await.map(|kind_name| Workload {
@@ -445,24 +528,149 @@ async fn gather(
                 kind_name,
             }),
             deleting: pod.metadata.deletion_timestamp.is_some(),
+            granted_by: grants.covering(pod.labels()),
+            ledger_problem: None,
         };
-        if let Some(w) = &f.workload
-            && !facts.ledgers.contains_key(w)
-        {
-            facts
-                .ledgers
-                .insert(w.clone(), ctx.remediation.ledgers.read(w).await?);
+        if let Some(w) = &f.workload {
+            if !facts.ledgers.contains_key(w) {
+                let known = known_restarts(rw, w, settings, now);
+                facts
+                    .ledgers
+                    .insert(w.clone(), ctx.remediation.ledgers.read(w, known).await?);
+            }
+            f.ledger_problem = facts.ledgers.get(w).and_then(|v| v.problem.clone());
         }
         facts.pods.insert(f.uid.clone(), f);
     }
-    if settings.is_some_and(|s| s.action == RemediationAction::Restart) {
+    if restart {
+        let master_switch = ctx.remediation.enabled;
+        let namespace_opted_in = namespace_opted_in(ctx, ns).await?;
+        let grant = grants.gate(ns).map_err(|why| {
+            if rw
+                .annotations()
+                .contains_key(resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION)
+            {
+                format!(
+                    "{why}; its {} annotation, from an operator with an admission webhook, grants nothing any more",
+                    resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION
+                )
+            } else {
+                why
+            }
+        });
+        // Asked of the API server only when it can matter (it is the last gate).
+        let operator_may_evict = if master_switch && namespace_opted_in && grant.is_ok() {
+            operator_may_evict(ctx, ns).await
+        } else {
+            Ok(())
+        };
         facts.gate = Some(Gate {
-            master_switch: ctx.remediation.enabled,
-            namespace_opted_in: namespace_opted_in(ctx, ns).await?,
-            authorization: authorized(ctx, rw, ns).await,
+            master_switch,
+            namespace_opted_in,
+            grant,
+            operator_may_evict,
         });
     }
     Ok(facts)
+}
+
+/// The namespace's RemediationPolicies, from the controller's own watch of them.
+fn policies_in(
+    ctx: &Context,
+    ns: &str,
+) -> Vec<(String, resourcewatch_crds::RemediationPolicySpec)> {
+    ctx.policies
+        .state()
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+        .map(|p| (p.name_any(), p.spec.clone()))
+        .collect()
+}
+
+/// The newest restart of `w` this watch's status records, for a ledger found missing.
+fn known_restarts(
+    rw: &ResourceWatch,
+    w: &Workload,
+    settings: Option<&WatchSettings>,
+    now: i64,
+) -> Known {
+    let last_restart_in_status = rw
+        .status
+        .iter()
+        .flat_map(|s| s.remediations.iter())
+        .filter(|r| r.action == RemediationOutcome::Restarted)
+        .filter(|r| r.workload.as_deref() == Some(w.kind_name.as_str()))
+        .filter_map(|r| r.time.parse::<jiff::Timestamp>().ok())
+        .map(|t| t.as_second())
+        .max();
+    Known {
+        last_restart_in_status,
+        counts_for: settings.map_or(ledger::KEEP_SECONDS, |s| {
+            s.window.max(s.cooldown).as_secs() as i64
+        }),
+        now,
+    }
+}
+
+/// How long the API server's answer on the operator's own eviction right is reused.
+const EVICT_RIGHT_TTL: Duration = Duration::from_secs(10);
+
+/// Whether the API server lets this operator evict pods in `ns` (a
+/// SelfSubjectAccessReview): the ClusterRole it runs with has no eviction right; a
+/// namespace admin grants it per namespace by binding `resourcewatch-evictor`.
+async fn operator_may_evict(ctx: &Context, ns: &str) -> std::result::Result<(), String> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    if let Some((at, answer)) = ctx
+        .remediation
+        .evict_rights
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(ns)
+        && at.elapsed() < EVICT_RIGHT_TTL
+    {
+        return answer.clone();
+    }
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.to_owned()),
+                verb: Some("create".into()),
+                group: Some(String::new()),
+                resource: Some("pods".into()),
+                subresource: Some("eviction".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(ctx.client.clone());
+    let answer = match tokio::time::timeout(
+        ctx.write_timeout,
+        api.create(&PostParams::default(), &review),
+    )
+    .await
+    {
+        Ok(Ok(r)) if r.status.as_ref().is_some_and(|s| s.allowed) => Ok(()),
+        Ok(Ok(_)) => Err(format!(
+            "the operator may not evict pods in {ns}: a namespace admin binds the ClusterRole resourcewatch-evictor to its ServiceAccount there (README, Remediation)"
+        )),
+        // Not cached: the next reconcile asks again.
+        Ok(Err(e)) => {
+            return Err(format!(
+                "could not check the operator's eviction right: {e}"
+            ));
+        }
+        Err(_) => return Err("checking the operator's eviction right timed out".into()),
+    };
+    ctx.remediation
+        .evict_rights
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(ns.to_owned(), (std::time::Instant::now(), answer.clone()));
+    answer
 }
 
 async fn namespace_opted_in(ctx: &Context, ns: &str) -> Result<bool> {
@@ -478,28 +686,6 @@ async fn namespace_opted_in(ctx: &Context, ns: &str) -> Result<bool> {
     }))
 }
 
-/// Ok(author) when the watch's authorization record is valid and its author may still
-/// evict in the namespace; else why not, for the condition and the Events.
-async fn authorized(
-    ctx: &Context,
-    rw: &ResourceWatch,
-    ns: &str,
-) -> std::result::Result<String, String> {
-    let author = ctx
-        .remediation
-        .signer
-        .verify_watch(rw)
-        .map_err(|e| e.to_string())?;
-    match ctx.remediation.reviewer.may_evict(&author, ns).await {
-        Ok(true) => Ok(author.user),
-        Ok(false) => Err(format!(
-            "the watch's author {} may not create pods/eviction in {ns} (any more)",
-            author.user
-        )),
-        Err(e) => Err(format!("could not check the author's rights: {e}")),
-    }
-}
-
 async fn apply_ledger(
     ctx: &Context,
     change: &LedgerChange,
@@ -509,6 +695,11 @@ async fn apply_ledger(
         LedgerChange::Record { workload, .. } | LedgerChange::Clear { workload, .. } => workload,
     };
     let entry = versions.entry(w.clone()).or_default();
+    if entry.problem.is_some() {
+        // Never written over: an unreadable record is an admin's to repair, and a
+        // missing one must stay missing until its restarts have aged out.
+        return Ok(Ok(()));
+    }
     let mut book: Ledger = entry.ledger.clone();
     match change {
         LedgerChange::Record { intent, .. } => book.pending = Some(intent.clone()),
@@ -528,6 +719,7 @@ async fn apply_ledger(
             *entry = Versioned {
                 ledger: book,
                 resource_version: Some(rv),
+                problem: None,
             };
             Ok(Ok(()))
         }
@@ -573,32 +765,69 @@ fn eviction_outcome(
 
 /// The controller that will replace a pod: a ReplicaSet's Deployment, a StatefulSet, a
 /// DaemonSet, a ReplicaSet or ReplicationController. None for bare pods and Jobs.
+/// The controller that would replace `pod`, as `Kind/name`, looked up in the API for
+/// every kind: a pod's ownerReferences are written by whoever creates the pod, so one
+/// naming a StatefulSet that does not exist (or another object of that name) must not
+/// make a bare pod evictable. The owner must exist with the UID the reference names.
 async fn workload_of(ctx: &Context, pod: &Pod) -> Option<String> {
+    use k8s_openapi::api::{
+        apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet},
+        core::v1::ReplicationController,
+    };
     let owner = pod
         .owner_references()
         .iter()
         .find(|o| o.controller == Some(true))?;
+    let ns = pod.namespace()?;
     match owner.kind.as_str() {
         "ReplicaSet" => {
-            let ns = pod.namespace()?;
-            let rs: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
-                Api::namespaced(ctx.client.clone(), &ns);
-            let deployment = rs.get_opt(&owner.name).await.ok().flatten().and_then(|rs| {
-                rs.owner_references()
-                    .iter()
-                    .find(|o| o.controller == Some(true) && o.kind == "Deployment")
-                    .map(|o| o.name.clone())
-            });
-            Some(match deployment {
-                Some(d) => format!("Deployment/{d}"),
-                None => format!("ReplicaSet/{}", owner.name),
-            })
+            let rs = verified_owner::<ReplicaSet>(ctx, &ns, owner).await?;
+            // A Deployment's ReplicaSet: the Deployment is the workload, when it exists.
+            if let Some(d) = rs
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true) && o.kind == "Deployment")
+                && verified_owner::<Deployment>(ctx, &ns, d).await.is_some()
+            {
+                return Some(format!("Deployment/{}", d.name));
+            }
+            Some(format!("ReplicaSet/{}", owner.name))
         }
-        "StatefulSet" | "DaemonSet" | "ReplicationController" => {
-            Some(format!("{}/{}", owner.kind, owner.name))
-        }
+        "StatefulSet" => verified_owner::<StatefulSet>(ctx, &ns, owner)
+            .await
+            .map(|_| format!("StatefulSet/{}", owner.name)),
+        "DaemonSet" => verified_owner::<DaemonSet>(ctx, &ns, owner)
+            .await
+            .map(|_| format!("DaemonSet/{}", owner.name)),
+        "ReplicationController" => verified_owner::<ReplicationController>(ctx, &ns, owner)
+            .await
+            .map(|_| format!("ReplicationController/{}", owner.name)),
         _ => None,
     }
+}
+
+/// The object an ownerReference names, if it exists with that UID (and API group).
+async fn verified_owner<K>(
+    ctx: &Context,
+    ns: &str,
+    owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+) -> Option<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    if owner.api_version != K::api_version(&K::DynamicType::default()) {
+        return None;
+    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    let got = tokio::time::timeout(ctx.write_timeout, api.get_opt(&owner.name))
+        .await
+        .ok()?
+        .ok()??;
+    (got.meta().uid.as_deref() == Some(owner.uid.as_str())).then_some(got)
 }
 
 pub fn error_policy(rw: Arc<ResourceWatch>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -868,15 +1097,18 @@ pub async fn run(
     let watches: Api<ResourceWatch> = Api::all(client.clone());
     let (pods, pods_writer) = reflector::store();
     let (rw_store, rw_writer) = reflector::store();
-    // A watch is reconciled when its spec (generation) or annotations (profile request,
-    // authorization) change, not on its status: each of the operator's own status writes
-    // came back as a reconcile that found nothing to do (70 a second at 500 watches).
+    // A watch is reconciled when its spec (generation), annotations (profile request) or
+    // labels (a RemediationPolicy's watchSelector) change, not on its status: each of the
+    // operator's own status writes came back as a reconcile that found nothing to do (70
+    // a second at 500 watches).
     let rw_changes = watcher(watches, watcher::Config::default().any_semantic())
         .default_backoff()
         .reflect(rw_writer)
         .applied_objects()
         .predicate_filter(
-            predicates::generation.combine(predicates::annotations),
+            predicates::generation
+                .combine(predicates::annotations)
+                .combine(predicates::labels),
             PredicateConfig::default(),
         );
     // At most RECONCILE_CONCURRENCY at once: each holds a view of every pod and of its
@@ -908,6 +1140,42 @@ pub async fn run(
         };
         futures::stream::iter(refs)
     });
+    // A policy's change (or removal) reaches every watch of its namespace at once: a
+    // revoked grant must stop evictions without waiting for the next report.
+    let (policies, policies_writer) = reflector::store();
+    let policy_watches = rw_store.clone();
+    let policy_triggers = reflector::reflector(
+        policies_writer,
+        watcher(
+            Api::<RemediationPolicy>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .flat_map(move |event| {
+        let ns: Vec<String> = match &event {
+            Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => {
+                p.metadata.namespace.iter().cloned().collect()
+            }
+            Ok(_) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(error = %e, "RemediationPolicy watch");
+                Vec::new()
+            }
+        };
+        let refs: Vec<ObjectRef<ResourceWatch>> = policy_watches
+            .state()
+            .iter()
+            .filter(|w| {
+                w.metadata
+                    .namespace
+                    .as_ref()
+                    .is_some_and(|n| ns.contains(n))
+            })
+            .map(|w| ObjectRef::from_obj(w.as_ref()))
+            .collect();
+        futures::stream::iter(refs)
+    });
     let hub_changes = WatchStream::new(hub.subscribe_changes()).map(|_| ());
     let reconcile_triggers = match hub.take_reconcile_triggers() {
         Some(rx) => ReceiverStream::new(rx)
@@ -923,6 +1191,8 @@ pub async fn run(
         metrics: metrics.clone(),
         pods,
         watches: rw_store,
+        policies,
+        profile_requests: Default::default(),
         leader,
         write_timeout: Duration::from_secs(10),
         forgotten_at: Default::default(),
@@ -944,7 +1214,10 @@ pub async fn run(
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let watches = controller
         .reconcile_all_on(futures::stream::select(hub_changes, leader_changes))
-        .reconcile_on(futures::stream::select(reconcile_triggers, pod_triggers))
+        .reconcile_on(futures::stream::select(
+            reconcile_triggers,
+            futures::stream::select(pod_triggers, policy_triggers),
+        ))
         .graceful_shutdown_on(async move {
             let _ = shutdown_signal.wait_for(|s| *s).await;
         })
@@ -1316,6 +1589,8 @@ mod tests {
             metrics: Arc::new(Metrics::default()),
             pods: pod_store,
             watches: rw_store,
+            policies: reflector::store().0,
+            profile_requests: Default::default(),
             leader: watch::channel(true).1,
             write_timeout: Duration::from_secs(5),
             forgotten_at: Default::default(),
@@ -1324,16 +1599,12 @@ mod tests {
             remediation: RemediationContext {
                 enabled: false,
                 floors: Floors::default(),
-                signer: crate::authz::Signer::new(b"test"),
-                reviewer: Arc::new(crate::authz::SubjectAccessReviewer {
-                    client: eviction_client_for_tests.clone(),
-                    timeout: Duration::from_secs(1),
-                }),
                 ledgers: LedgerStore::new(
                     eviction_client_for_tests,
                     "rw-system",
                     Duration::from_secs(1),
                 ),
+                evict_rights: Default::default(),
             },
         };
         (Arc::new(ctx), handle)

@@ -218,22 +218,30 @@ fn remediation_condition(s: &WatchSettings, gate: Option<&Gate>) -> resourcewatc
                 resourcewatch_crds::NAMESPACE_OPT_IN_VALUE
             ),
         ),
-        Some(Gate {
-            authorization: Err(e),
-            ..
-        }) => c(
+        Some(Gate { grant: Err(e), .. }) => c(
             ConditionStatus::False,
-            RemediationReason::NotAuthorized,
+            RemediationReason::NoRemediationPolicy,
             e.clone(),
         ),
         Some(Gate {
-            authorization: Ok(author),
+            operator_may_evict: Err(e),
+            ..
+        }) => c(
+            ConditionStatus::False,
+            RemediationReason::NoEvictionRights,
+            e.clone(),
+        ),
+        Some(Gate {
+            grant: Ok(policies),
             ..
         }) => status::cond(
             ConditionType::Remediation,
             ConditionStatus::True,
             "Enabled",
-            format!("restarts are allowed (authorized by {author})"),
+            format!(
+                "restarts are allowed (granted by RemediationPolicy {})",
+                policies.join(", ")
+            ),
         ),
     }
 }
@@ -676,6 +684,8 @@ mod tests {
                 uid: format!("uid-{i}"),
                 workload: Some(workload()),
                 deleting: false,
+                granted_by: Some("restarts".into()),
+                ledger_problem: None,
             },
         )
     }
@@ -720,7 +730,8 @@ mod tests {
         Gate {
             master_switch: true,
             namespace_opted_in: true,
-            authorization: Ok("admin".into()),
+            grant: Ok(vec!["restarts".into()]),
+            operator_may_evict: Ok(()),
         }
     }
 

@@ -6,8 +6,10 @@
 //! one workload cannot both record an intent (the second gets a conflict and decides
 //! again, seeing the first's).
 //!
-//! The watches' `status.remediations` is only a log for people; nothing reads it back to
-//! decide, so writing into status cannot trigger an eviction.
+//! The watches' `status.remediations` is only a log for people: nothing read back from it
+//! can allow an eviction. It can only refuse one: a ledger that is missing while the
+//! status (or this process's memory) shows restarts of the workload within the window
+//! was deleted, and the rails it held are not known (see [`LedgerStore::read`]).
 
 use std::collections::BTreeMap;
 
@@ -103,6 +105,19 @@ impl Ledger {
 pub struct Versioned {
     pub ledger: Ledger,
     pub resource_version: Option<String>,
+    /// Why this ledger cannot be trusted (then nothing may be evicted from the workload,
+    /// and nothing written over the record); None when it can.
+    pub problem: Option<String>,
+}
+
+/// What else is known of a workload's restarts when its ledger is read: the newest
+/// restart the watch's own status records, and how long a restart still counts (the
+/// watch's `window`, or its `cooldown` when longer).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Known {
+    pub last_restart_in_status: Option<i64>,
+    pub counts_for: i64,
+    pub now: i64,
 }
 
 const KEY: &str = "ledger.json";
@@ -112,6 +127,10 @@ const KEY: &str = "ledger.json";
 pub struct LedgerStore {
     api: Api<ConfigMap>,
     timeout: std::time::Duration,
+    /// The newest restart (or intent) each ledger held when this process last read or
+    /// wrote it, by record name: a ledger that disappears after holding one is noticed
+    /// even when no watch's status recorded it (another watch's restart).
+    seen: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
 }
 
 /// A write lost the race: read again and decide again.
@@ -123,26 +142,82 @@ impl LedgerStore {
         Self {
             api: Api::namespaced(client, namespace),
             timeout,
+            seen: Default::default(),
         }
     }
 
-    pub async fn read(&self, w: &Workload) -> Result<Versioned> {
-        let got = tokio::time::timeout(self.timeout, self.api.get_opt(&w.record_name()))
+    fn remember(&self, w: &Workload, ledger: &Ledger) {
+        let newest = ledger
+            .restarts
+            .iter()
+            .map(|r| r.at)
+            .chain(ledger.pending.iter().map(|p| p.at))
+            .max();
+        if let Some(t) = newest {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            let e = seen.entry(w.record_name()).or_insert(t);
+            *e = (*e).max(t);
+        }
+    }
+
+    /// Reads a workload's ledger, failing closed: a record that cannot be parsed, or one
+    /// that is missing although restarts of the workload within `known.counts_for` are
+    /// known (from the watch's status or this process's memory), comes back with a
+    /// `problem`, and then nothing is evicted from the workload or written over it. Such
+    /// a block ends when those restarts age out of the window, or when a cluster admin
+    /// deletes the unreadable record.
+    pub async fn read(&self, w: &Workload, known: Known) -> Result<Versioned> {
+        let name = w.record_name();
+        let got = tokio::time::timeout(self.timeout, self.api.get_opt(&name))
             .await
             .map_err(|_| Error::Timeout("ledger read"))??;
+        let ns = self.api.namespace().unwrap_or_default().to_owned();
         Ok(match got {
-            None => Versioned::default(),
-            Some(cm) => Versioned {
-                // A record the operator cannot read is treated as empty but its version is
-                // kept, so the next write replaces it rather than failing forever.
-                ledger: cm
+            None => {
+                let remembered = self
+                    .seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&name)
+                    .copied();
+                let last = remembered.max(known.last_restart_in_status);
+                let problem = last.filter(|t| known.now - t < known.counts_for).map(|t| {
+                    format!(
+                        "the ledger of {w} (ConfigMap {ns}/{name}) is gone although it restarted {}s ago: its rails are unknown, so it is not restarted until {}s after that restart",
+                        known.now - t,
+                        known.counts_for
+                    )
+                });
+                Versioned {
+                    problem,
+                    ..Default::default()
+                }
+            }
+            Some(cm) => {
+                let parsed = cm
                     .data
                     .as_ref()
                     .and_then(|d| d.get(KEY))
-                    .and_then(|j| serde_json::from_str(j).ok())
-                    .unwrap_or_default(),
-                resource_version: cm.metadata.resource_version,
-            },
+                    .ok_or_else(|| format!("no {KEY}"))
+                    .and_then(|j| serde_json::from_str::<Ledger>(j).map_err(|e| e.to_string()));
+                match parsed {
+                    Ok(ledger) => {
+                        self.remember(w, &ledger);
+                        Versioned {
+                            ledger,
+                            resource_version: cm.metadata.resource_version,
+                            problem: None,
+                        }
+                    }
+                    Err(e) => Versioned {
+                        resource_version: cm.metadata.resource_version,
+                        problem: Some(format!(
+                            "the ledger of {w} (ConfigMap {ns}/{name}) is unreadable ({e}): a cluster admin repairs or deletes it"
+                        )),
+                        ..Default::default()
+                    },
+                }
+            }
         })
     }
 
@@ -183,7 +258,10 @@ impl LedgerStore {
             .await
             .map_err(|_| Error::Timeout("ledger write"))?
         {
-            Ok(cm) => Ok(Ok(cm.metadata.resource_version.unwrap_or_default())),
+            Ok(cm) => {
+                self.remember(w, ledger);
+                Ok(Ok(cm.metadata.resource_version.unwrap_or_default()))
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(Err(Conflict)),
             Err(e) => Err(e.into()),
         }

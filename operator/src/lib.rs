@@ -6,7 +6,6 @@
 //! without a cluster; [`controller`], [`leader`] and [`tls`] talk to the API server;
 //! [`grpc`] is the transport.
 
-pub mod authz;
 pub mod controller;
 pub mod decide;
 pub mod grpc;

@@ -7,7 +7,6 @@ use anyhow::Context as _;
 use clap::Parser;
 use kube::{Client, runtime::events::Reporter};
 use resourcewatch_operator::{
-    authz::{self, Signer, SubjectAccessReviewer},
     controller::{self, RemediationContext},
     grpc::AgentService,
     hub::{Hub, HubOptions},
@@ -65,22 +64,6 @@ struct Args {
     /// of it, bound to the agent pod of the node the stream claims.
     #[arg(long, default_value = "resourcewatch-agent")]
     agent_service_account: String,
-    /// Where the API server calls the admission webhook (HTTPS).
-    #[arg(long, default_value = "0.0.0.0:9444")]
-    webhook_addr: SocketAddr,
-    /// The MutatingWebhookConfiguration whose caBundle this operator keeps current.
-    #[arg(long, default_value = "resourcewatch-operator")]
-    webhook_configuration: String,
-    /// The Service (in --namespace) the API server calls the webhook through: every
-    /// replica, not the leader only, so a rollout leaves no moment without one. Its DNS
-    /// name goes into the serving certificate.
-    #[arg(long, default_value = "resourcewatch-webhook")]
-    webhook_service: String,
-    /// How long the webhook keeps answering after SIGTERM: until the Service's endpoints
-    /// (and kube-proxy) have dropped this pod, a call routed here would fail and, the
-    /// failure policy being Ignore, admit a watch without its authorization.
-    #[arg(long, default_value = "3s", value_parser = duration)]
-    webhook_linger: Duration,
     /// Floor: a Restart watch's leakDetection.minConfidence must be at least this.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u8).range(0..=100))]
     remediation_min_confidence: u8,
@@ -126,10 +109,6 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(64);
     }
-    if args.webhook_linger >= args.drain_timeout {
-        eprintln!("resourcewatch-operator: --webhook-linger must be shorter than --drain-timeout");
-        return ExitCode::from(64);
-    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -167,7 +146,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let server_name = resourcewatch_proto::operator_server_name(&args.namespace);
     let leaf = pki.server(&[
         server_name,
-        format!("{}.{}.svc", args.webhook_service, args.namespace),
         "resourcewatch-operator".into(),
         "localhost".into(),
         "127.0.0.1".into(),
@@ -270,38 +248,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         });
     let grpc_task = metrics.spawn_task("agents' endpoint", grpc);
 
-    // The admission webhook that records who may turn a watch into evictions. Every
-    // replica serves it (its own Service selects them all, leader or not: the HMAC key is
-    // shared through the CA Secret), so an operator rollout never leaves the API server
-    // without one to call.
-    let signer = Signer::new(pki.authz_key.as_bytes());
-    let reviewer: Arc<dyn authz::AccessReviewer> = Arc::new(SubjectAccessReviewer {
-        client: client.clone(),
-        timeout: Duration::from_secs(5),
-    });
-    match tls::ensure_webhook_ca(&client, &args.webhook_configuration, &pki.ca_cert).await {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(
-            configuration = %args.webhook_configuration,
-            "no MutatingWebhookConfiguration: no watch can be authorized to evict"
-        ),
-        Err(e) => tracing::warn!(error = %e, "could not update the webhook's CA bundle"),
-    }
-    let webhook_listener =
-        resourcewatch_operator::https::TlsListener::bind(args.webhook_addr, &leaf.cert, &leaf.key)
-            .await
-            .context("webhook listener")?;
-    let mut webhook_shutdown = shutdown.clone();
-    let webhook_router = authz::router(signer.clone(), reviewer.clone(), metrics.clone());
-    let linger = args.webhook_linger;
-    let webhook_task = metrics.spawn_task("admission webhook", async move {
-        axum::serve(webhook_listener, webhook_router.into_make_service())
-            .with_graceful_shutdown(async move {
-                let _ = webhook_shutdown.wait_for(|s| *s).await;
-                tokio::time::sleep(linger).await;
-            })
-            .await
-    });
     tracing::info!(grpc = %args.grpc_addr, metrics = %args.metrics_addr, remediation = args.enable_remediation, "serving");
 
     let reporter = Reporter {
@@ -328,13 +274,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         min_window: args.remediation_min_window,
                         max_restarts: args.remediation_max_restarts,
                     },
-                    signer,
-                    reviewer,
                     ledgers: LedgerStore::new(
                         ledger_client,
                         &args.namespace,
                         Duration::from_secs(10),
                     ),
+                    evict_rights: Default::default(),
                 },
             },
         ),
@@ -347,7 +292,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let drain = async {
         let _ = controller_task.await;
         let _ = grpc_task.await;
-        let _ = webhook_task.await;
         let _ = election_task.await;
         let _ = metrics_task.await;
     };

@@ -233,25 +233,34 @@ pub fn config_map_name(watch: &str) -> String {
     name
 }
 
-/// Applies a node's result: Succeeded with what it found (the ConfigMap is `config_map`,
-/// written by the caller first), or Failed with the node's reason.
-pub fn finish(p: &mut ProfileStatus, r: &pb::ProfileResult, config_map: Option<String>, now: i64) {
+/// Applies a node's result: Succeeded with what it found (`stored` is the ConfigMap the
+/// caller wrote first), or Failed with the node's reason, or why it was not stored.
+pub fn finish(
+    p: &mut ProfileStatus,
+    r: &pb::ProfileResult,
+    stored: Result<String, String>,
+    now: i64,
+) {
     p.finished_at = Some(rfc3339(now));
     p.samples = r.samples;
-    if !r.error.is_empty() || config_map.is_none() {
-        p.state = ProfileState::Failed;
-        p.message = cut(
-            if r.error.is_empty() {
-                "the result could not be stored"
-            } else {
-                &r.error
-            },
-            MAX_MESSAGE,
-        );
-        return;
-    }
+    let config_map = match stored {
+        Ok(name) if r.error.is_empty() => name,
+        Ok(_) => {
+            p.state = ProfileState::Failed;
+            p.message = cut(&r.error, MAX_MESSAGE);
+            return;
+        }
+        Err(why) => {
+            p.state = ProfileState::Failed;
+            p.message = cut(
+                if r.error.is_empty() { &why } else { &r.error },
+                MAX_MESSAGE,
+            );
+            return;
+        }
+    };
     p.state = ProfileState::Succeeded;
-    p.config_map = config_map;
+    p.config_map = Some(config_map);
     p.expires_at = Some(rfc3339(now + RETENTION.as_secs() as i64));
     p.hottest = r
         .hottest
@@ -571,7 +580,7 @@ mod tests {
         );
         assert_eq!(transition(Some(&pending), Some(&pending)), None);
         let mut done = pending.clone();
-        finish(&mut done, &result(""), Some("w-profile".into()), NOW + 40);
+        finish(&mut done, &result(""), Ok("w-profile".into()), NOW + 40);
         assert_eq!(
             transition(Some(&pending), Some(&done)),
             Some(ProfileState::Succeeded)
@@ -590,7 +599,7 @@ mod tests {
     #[test]
     fn a_result_succeeds_with_its_hottest_functions_and_expires() {
         let mut p = take_at("api-1", None, None).unwrap();
-        finish(&mut p, &result(""), Some("w-profile".into()), NOW + 40);
+        finish(&mut p, &result(""), Ok("w-profile".into()), NOW + 40);
         assert_eq!(p.state, ProfileState::Succeeded);
         assert_eq!(p.hottest[0].function, "burn_here");
         assert_eq!(p.hottest[0].percent, 97.0);
@@ -609,7 +618,12 @@ mod tests {
     #[test]
     fn a_node_error_fails_and_a_missing_result_fails_after_its_grace() {
         let mut p = take_at("pod=api-1,duration=10s", None, None).unwrap();
-        finish(&mut p, &result("perf_event_open failed"), None, NOW + 12);
+        finish(
+            &mut p,
+            &result("perf_event_open failed"),
+            Err(String::new()),
+            NOW + 12,
+        );
         assert_eq!(p.state, ProfileState::Failed);
         assert!(p.message.contains("perf_event_open"));
 

@@ -6,13 +6,14 @@
 //! Gates, in order, each re-checked at every decision (also for an intent recorded
 //! earlier): a fresh, confident prediction below `minTimeToOOM` (a lost node's last
 //! report never counts); `dryRun` and the operator's master switch only report
-//! (`WouldRestart`); the namespace opted in by an admin; the watch's author allowed to
-//! evict there; a controller that replaces the pod (never a bare pod). Then the rails of
-//! the workload's ledger, across every watch that selects it: one pending restart, a
-//! cooldown after a restart, at most `maxRestarts` per `window`. A refusal is a decision
-//! for that moment: the next reconcile decides again. PodDisruptionBudgets are the
-//! Eviction API's to enforce; a refusal is retried every [`PDB_RETRY`] while the
-//! prediction holds.
+//! (`WouldRestart`); the namespace opted in by a cluster admin; a RemediationPolicy of
+//! the namespace granting the watch, and covering the pod; the operator's own right to
+//! evict there (the API server's answer, not a setting); a controller that replaces the
+//! pod (never a bare pod); a ledger that can be trusted. Then the rails of the workload's
+//! ledger, across every watch that selects it: one pending restart, a cooldown after a
+//! restart, at most `maxRestarts` per `window`. A refusal is a decision for that moment:
+//! the next reconcile decides again. PodDisruptionBudgets are the Eviction API's to
+//! enforce; a refusal is retried every [`PDB_RETRY`] while the prediction holds.
 
 use std::time::Duration;
 
@@ -33,6 +34,11 @@ pub struct PodFacts {
     /// None for a bare pod or one whose owner would not replace it.
     pub workload: Option<Workload>,
     pub deleting: bool,
+    /// The RemediationPolicy that lets this watch restart this pod, if one does.
+    pub granted_by: Option<String>,
+    /// Why the workload's ledger cannot be trusted (deleted after it held restarts,
+    /// unreadable); None when it can.
+    pub ledger_problem: Option<String>,
 }
 
 /// What holds for the whole watch.
@@ -42,9 +48,12 @@ pub struct Gate {
     pub master_switch: bool,
     /// The namespace carries the admin's opt-in label.
     pub namespace_opted_in: bool,
-    /// Ok(author) when the watch's authorization record is valid and its author may evict
-    /// in the namespace now; else why not.
-    pub authorization: Result<String, String>,
+    /// Ok(names) of the namespace's RemediationPolicies whose watchSelector takes this
+    /// watch; else why none does.
+    pub grant: Result<Vec<String>, String>,
+    /// Whether the API server lets the operator itself evict in this namespace (a
+    /// namespace admin binds `resourcewatch-evictor` to it); else why not.
+    pub operator_may_evict: Result<(), String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -62,6 +71,67 @@ pub enum Decision {
         reason: RemediationReason,
         message: String,
     },
+}
+
+/// What the namespace's RemediationPolicies grant one watch: the policies whose
+/// `watchSelector` takes it, each with its `podSelector`. A policy with an invalid
+/// selector grants nothing (and is named, so the watch's condition says why).
+#[derive(Clone, Debug, Default)]
+pub struct Grants {
+    pub policies: Vec<(String, kube::core::Selector)>,
+    pub invalid: Vec<String>,
+}
+
+impl Grants {
+    pub fn of(
+        policies: &[(String, resourcewatch_crds::RemediationPolicySpec)],
+        watch_labels: &std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        let mut g = Grants::default();
+        for (name, spec) in policies {
+            let valid = crate::spec::validate_selector(&spec.watch_selector)
+                .and_then(|()| crate::spec::validate_selector(&spec.pod_selector));
+            if let Err(e) = valid {
+                g.invalid.push(format!("{name} ({e})"));
+                continue;
+            }
+            let watches = crate::spec::pod_selector(&spec.watch_selector);
+            if crate::spec::selects(&watches, watch_labels) {
+                g.policies
+                    .push((name.clone(), crate::spec::pod_selector(&spec.pod_selector)));
+            }
+        }
+        g.policies.sort_by(|a, b| a.0.cmp(&b.0));
+        g
+    }
+
+    /// The gate's view: the granting policies' names, or why there are none.
+    pub fn gate(&self, ns: &str) -> Result<Vec<String>, String> {
+        if !self.policies.is_empty() {
+            return Ok(self.policies.iter().map(|(n, _)| n.clone()).collect());
+        }
+        let mut why = format!(
+            "no RemediationPolicy in {ns} grants this watch restarts (a namespace admin creates one; the roles aggregated to `admin` may)"
+        );
+        if !self.invalid.is_empty() {
+            why.push_str(&format!(
+                "; ignored as invalid: {}",
+                self.invalid.join(", ")
+            ));
+        }
+        Err(why)
+    }
+
+    /// The first policy (by name) that covers a pod with these labels.
+    pub fn covering(
+        &self,
+        pod_labels: &std::collections::BTreeMap<String, String>,
+    ) -> Option<String> {
+        self.policies
+            .iter()
+            .find(|(_, pods)| crate::spec::selects(pods, pod_labels))
+            .map(|(n, _)| n.clone())
+    }
 }
 
 /// A PDB refusal is retried this often while the pod still heads for an OOM kill.
@@ -149,10 +219,27 @@ pub fn decide(
             ),
         );
     }
-    if let Err(e) = &gate.authorization {
+    if let Err(e) = &gate.grant {
+        return report(
+            Blocked,
+            RemediationReason::NoRemediationPolicy,
+            format!("not restarted: {why}, but {e}"),
+        );
+    }
+    if pod.granted_by.is_none() {
         return report(
             Blocked,
             RemediationReason::NotAuthorized,
+            format!(
+                "not restarted: {why}, but no RemediationPolicy of this namespace covers pod {} (their podSelector)",
+                pod.name
+            ),
+        );
+    }
+    if let Err(e) = &gate.operator_may_evict {
+        return report(
+            Blocked,
+            RemediationReason::NoEvictionRights,
             format!("not restarted: {why}, but {e}"),
         );
     }
@@ -163,6 +250,13 @@ pub fn decide(
             format!("not restarted: {why}, but no controller would replace this pod"),
         );
     };
+    if let Some(problem) = &pod.ledger_problem {
+        return report(
+            Blocked,
+            RemediationReason::LedgerUnavailable,
+            format!("not restarted: {why}, but {problem}"),
+        );
+    }
     let empty = Ledger::default();
     let ledger = ledger.unwrap_or(&empty);
     let resume = match ledger.live_pending(now) {
@@ -271,6 +365,8 @@ mod tests {
             uid: "uid-1".into(),
             workload: (!bare).then(workload),
             deleting: false,
+            granted_by: Some("restarts".into()),
+            ledger_problem: None,
         }
     }
 
@@ -278,7 +374,8 @@ mod tests {
         Gate {
             master_switch: true,
             namespace_opted_in: true,
-            authorization: Ok("alice".into()),
+            grant: Ok(vec!["restarts".into()]),
+            operator_may_evict: Ok(()),
         }
     }
 
@@ -401,25 +498,110 @@ mod tests {
                 RemediationReason::NamespaceNotOptedIn
             ))
         );
-        let nobody = Gate {
-            authorization: Err("bob may not evict".into()),
+        let ungranted = Gate {
+            grant: Err("no RemediationPolicy here".into()),
             ..open()
         };
-        let d = decide(&s, &nobody, &l, &p, None, "w", 0);
+        let d = decide(&s, &ungranted, &l, &p, None, "w", 0);
         assert_eq!(
             reason(&d),
+            Some((
+                RemediationOutcome::Blocked,
+                RemediationReason::NoRemediationPolicy
+            ))
+        );
+        assert!(
+            matches!(d, Decision::Report { message, .. } if message.contains("no RemediationPolicy here"))
+        );
+        let uncovered = PodFacts {
+            granted_by: None,
+            ..pod(false)
+        };
+        assert_eq!(
+            reason(&decide(&s, &open(), &l, &uncovered, None, "w", 0)),
             Some((
                 RemediationOutcome::Blocked,
                 RemediationReason::NotAuthorized
             ))
         );
-        assert!(
-            matches!(d, Decision::Report { message, .. } if message.contains("bob may not evict"))
+        let powerless = Gate {
+            operator_may_evict: Err("the operator may not evict here".into()),
+            ..open()
+        };
+        assert_eq!(
+            reason(&decide(&s, &powerless, &l, &p, None, "w", 0)),
+            Some((
+                RemediationOutcome::Blocked,
+                RemediationReason::NoEvictionRights
+            ))
+        );
+        let lost = PodFacts {
+            ledger_problem: Some("its ledger was deleted".into()),
+            ..pod(false)
+        };
+        assert_eq!(
+            reason(&decide(&s, &open(), &l, &lost, None, "w", 0)),
+            Some((
+                RemediationOutcome::Blocked,
+                RemediationReason::LedgerUnavailable
+            ))
         );
         assert_eq!(
             reason(&decide(&s, &open(), &l, &pod(true), None, "w", 0)),
             Some((RemediationOutcome::Blocked, RemediationReason::NoController))
         );
+    }
+
+    #[test]
+    fn policies_grant_by_watch_labels_and_cover_by_pod_labels() {
+        use std::collections::BTreeMap;
+        let spec = |json: serde_json::Value| -> resourcewatch_crds::RemediationPolicySpec {
+            serde_json::from_value(json).unwrap()
+        };
+        let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let policies = vec![
+            (
+                "b-web".to_string(),
+                spec(serde_json::json!({"podSelector": {"matchLabels": {"tier": "web"}}})),
+            ),
+            (
+                "a-team".to_string(),
+                spec(serde_json::json!({"watchSelector": {"matchLabels": {"team": "a"}}})),
+            ),
+            (
+                "bad".to_string(),
+                spec(
+                    serde_json::json!({"podSelector": {"matchExpressions": [{"key": "x", "operator": "In"}]}}),
+                ),
+            ),
+        ];
+        let g = Grants::of(&policies, &labels(&[]));
+        assert_eq!(g.gate("ns"), Ok(vec!["b-web".to_string()]));
+        assert_eq!(
+            g.covering(&labels(&[("tier", "web")])).as_deref(),
+            Some("b-web")
+        );
+        assert_eq!(g.covering(&labels(&[("tier", "db")])), None);
+        let g = Grants::of(&policies, &labels(&[("team", "a")]));
+        assert_eq!(
+            g.gate("ns"),
+            Ok(vec!["a-team".to_string(), "b-web".to_string()])
+        );
+        assert_eq!(
+            g.covering(&labels(&[("tier", "db")])).as_deref(),
+            Some("a-team")
+        );
+        let none = Grants::of(&policies[2..], &labels(&[]));
+        let why = none.gate("ns").unwrap_err();
+        assert!(
+            why.contains("no RemediationPolicy in ns") && why.contains("bad ("),
+            "{why}"
+        );
+        assert!(Grants::of(&[], &labels(&[])).gate("ns").is_err());
     }
 
     #[test]

@@ -19,16 +19,15 @@ pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
 pub const TLS_CERT: &str = "tls.crt";
 pub const TLS_KEY: &str = "tls.key";
-/// The key of the admission webhook's authorization records (HMAC), beside the CA.
-pub const AUTHZ_KEY: &str = "authz.key";
+/// The HMAC key earlier operators kept beside the CA for their admission webhook; it
+/// signs nothing now and is removed from the Secret at start.
+const LEGACY_AUTHZ_KEY: &str = "authz.key";
 
 /// A CA certificate and its key, PEM.
 #[derive(Clone, Debug)]
 pub struct Pki {
     pub ca_cert: String,
     pub ca_key: String,
-    /// 32 random bytes, hex: signs the watches' authorization records.
-    pub authz_key: String,
 }
 
 /// A leaf certificate and key, PEM.
@@ -52,7 +51,6 @@ impl Pki {
         Ok(Self {
             ca_cert: cert.pem(),
             ca_key: key.serialize_pem(),
-            authz_key: random_key()?,
         })
     }
 
@@ -93,15 +91,6 @@ impl Pki {
             key: key.serialize_pem(),
         })
     }
-}
-
-fn random_key() -> Result<String> {
-    use ring::rand::SecureRandom;
-    let mut b = [0u8; 32];
-    ring::rand::SystemRandom::new()
-        .fill(&mut b)
-        .map_err(|_| Error::Tls("no randomness for the authorization key".into()))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 fn get(s: &Secret, k: &str) -> Option<String> {
@@ -146,36 +135,23 @@ pub async fn ensure_ca(client: &Client, ns: &str, name: &str) -> Result<Pki> {
                     "Secret {ns}/{name} lacks {CA_CERT} or {CA_KEY}; delete it to have a new CA generated"
                 )));
             };
-            if let Some(authz_key) = get(&s, AUTHZ_KEY) {
-                return Ok(Pki {
-                    ca_cert,
-                    ca_key,
-                    authz_key,
-                });
+            if get(&s, LEGACY_AUTHZ_KEY).is_none() {
+                return Ok(Pki { ca_cert, ca_key });
             }
-            // A CA Secret of an older operator: add the authorization key (a conflict
-            // means another replica just did; read theirs).
-            let mut with_key = s.clone();
-            with_key
-                .data
-                .get_or_insert_default()
-                .insert(AUTHZ_KEY.into(), ByteString(random_key()?.into_bytes()));
-            match api.replace(name, &PostParams::default(), &with_key).await {
+            // An older operator's Secret: its webhook key is dead, so it goes (a conflict
+            // means another replica just did it).
+            let mut without = s.clone();
+            if let Some(d) = without.data.as_mut() {
+                d.remove(LEGACY_AUTHZ_KEY);
+            }
+            match api.replace(name, &PostParams::default(), &without).await {
                 Ok(_) => continue,
                 Err(kube::Error::Api(e)) if e.code == 409 => continue,
                 Err(e) => return Err(e.into()),
             }
         }
         let pki = Pki::generate()?;
-        let s = secret(
-            ns,
-            name,
-            &[
-                (CA_CERT, &pki.ca_cert),
-                (CA_KEY, &pki.ca_key),
-                (AUTHZ_KEY, &pki.authz_key),
-            ],
-        );
+        let s = secret(ns, name, &[(CA_CERT, &pki.ca_cert), (CA_KEY, &pki.ca_key)]);
         match api.create(&PostParams::default(), &s).await {
             Ok(_) => return Ok(pki),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
@@ -222,36 +198,4 @@ pub async fn ensure_agent_secret(client: &Client, ns: &str, name: &str, pki: &Pk
         },
     }
     Ok(())
-}
-
-/// Puts the CA into the operator's MutatingWebhookConfiguration (installed with an empty
-/// `caBundle`, since the CA is made at first start). Returns false when the configuration
-/// is not installed: then no watch gets an authorization record, and none evicts.
-pub async fn ensure_webhook_ca(client: &Client, name: &str, ca_pem: &str) -> Result<bool> {
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    for _ in 0..3 {
-        let Some(mut cfg) = api.get_opt(name).await? else {
-            return Ok(false);
-        };
-        let bundle = ByteString(ca_pem.as_bytes().to_vec());
-        let mut changed = false;
-        for w in cfg.webhooks.iter_mut().flatten() {
-            if w.client_config.ca_bundle.as_ref() != Some(&bundle) {
-                w.client_config.ca_bundle = Some(bundle.clone());
-                changed = true;
-            }
-        }
-        if !changed {
-            return Ok(true);
-        }
-        match api.replace(name, &PostParams::default(), &cfg).await {
-            Ok(_) => return Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 409 => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(Error::Tls(format!(
-        "could not update MutatingWebhookConfiguration {name}"
-    )))
 }

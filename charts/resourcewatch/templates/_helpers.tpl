@@ -6,7 +6,6 @@ Service named resourcewatch-operator.
 */}}
 {{- define "resourcewatch.operator.name" -}}resourcewatch-operator{{- end }}
 {{- define "resourcewatch.agent.name" -}}resourcewatch-agent{{- end }}
-{{- define "resourcewatch.webhook.name" -}}resourcewatch-webhook{{- end }}
 
 {{/* chart label: name-version, as `helm create` does. */}}
 {{- define "resourcewatch.chart" -}}
