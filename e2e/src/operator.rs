@@ -48,14 +48,7 @@ fn free_port() -> anyhow::Result<u16> {
 impl OperatorProcess {
     /// Starts the operator with its Secrets and Lease in `namespace`.
     pub fn start(namespace: &str, identity: &str, extra: &[&str]) -> anyhow::Result<Self> {
-        Self::spawn_at(
-            namespace,
-            identity,
-            extra,
-            free_addr()?,
-            free_addr()?,
-            None,
-        )
+        Self::spawn_at(namespace, identity, extra, free_addr()?, free_addr()?, None)
     }
 
     /// Starts the operator serving agents on `grpc` (known to them before it starts).
@@ -143,8 +136,9 @@ impl OperatorProcess {
         extra: &[&str],
     ) -> anyhow::Result<Self> {
         crate::cluster::operator_rbac(namespace).await?;
-        let token = crate::cluster::service_account_token(client, namespace, "resourcewatch-operator")
-            .await?;
+        let token =
+            crate::cluster::service_account_token(client, namespace, "resourcewatch-operator")
+                .await?;
         let path = std::env::temp_dir().join(format!("resourcewatch-e2e-{namespace}.kubeconfig"));
         crate::cluster::write_token_kubeconfig(&path, &token)?;
         Self::spawn_at(

@@ -1009,9 +1009,17 @@ async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
     .expect("gone");
     let rws = cluster::watch_app(&client, n, "w", "burner").await;
     annotate(&rws, "pod=burner,duration=5s,request=3").await;
-    let s = status_where(&rws, "w", "the recreated watch's request refused", 30, |s| {
-        s.profile.as_ref().is_some_and(|p| p.state != ProfileState::Pending)
-    })
+    let s = status_where(
+        &rws,
+        "w",
+        "the recreated watch's request refused",
+        30,
+        |s| {
+            s.profile
+                .as_ref()
+                .is_some_and(|p| p.state != ProfileState::Pending)
+        },
+    )
     .await;
     let p = s.profile.expect("profile");
     assert_eq!(p.state, ProfileState::Refused, "{p:?}");
@@ -1058,10 +1066,20 @@ async fn a_profile_never_overwrites_a_configmap_it_does_not_own() {
     assert!(p.message.contains("does not own"), "{p:?}");
     let after = cms.get("w-profile").await.expect("still there");
     assert_eq!(
-        after.data.unwrap_or_default().get("settings").map(String::as_str),
+        after
+            .data
+            .unwrap_or_default()
+            .get("settings")
+            .map(String::as_str),
         Some("keep me")
     );
-    assert!(after.metadata.owner_references.unwrap_or_default().is_empty());
+    assert!(
+        after
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty()
+    );
     ns.delete().await;
 }
 

@@ -18,7 +18,6 @@ use kube::{
 use resourcewatch_crds::{RemediationOutcome, ResourceWatch};
 use resourcewatch_e2e::cluster::{self, TestNamespace, oom_killed, restarts, wait_for};
 
-
 fn container(args: &[&str], limit: &str) -> serde_json::Value {
     serde_json::json!({
         "name": "main", "image": cluster::WORKLOADS_IMAGE, "imagePullPolicy": "Never",

@@ -464,10 +464,7 @@ async fn restarts_are_granted_by_a_namespace_admin_and_nothing_else() {
     env.condition("w", ConditionStatus::False, "NoEvictionRights")
         .await;
     tokio::time::sleep(Duration::from_secs(8)).await;
-    assert!(
-        env.evicted().await.is_empty(),
-        "evicted without the right"
-    );
+    assert!(env.evicted().await.is_empty(), "evicted without the right");
 
     // The namespace admin binds the evictor role to the operator (RBAC lets them: they
     // may evict themselves). Now `app` is evicted; `other`, leaking too but outside the
@@ -487,7 +484,10 @@ async fn restarts_are_granted_by_a_namespace_admin_and_nothing_else() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     let evicted_now = env.evicted().await;
     assert!(
-        evicted.iter().chain(&evicted_now).all(|p| p.starts_with("app-")),
+        evicted
+            .iter()
+            .chain(&evicted_now)
+            .all(|p| p.starts_with("app-")),
         "evicted outside the policy: {evicted_now:?}"
     );
     let s = env.status("w").await;
@@ -544,14 +544,14 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
 
 /// The rails' ledger fails closed: once a workload was restarted, deleting its ledger
 /// does not reset the cooldown (the next leaking replica is blocked with
-/// LedgerUnavailable, not evicted), and an unreadable ledger is neither trusted nor
-/// written over.
+/// LedgerLost, not evicted), and an unreadable ledger (LedgerUnreadable) is neither
+/// trusted nor written over.
 #[tokio::test]
 #[ignore = "needs a cluster: make e2e-api"]
 async fn a_lost_or_unreadable_ledger_blocks_restarts() {
     let env = Env::new("rw-trust-ledger", true, true).await;
     let (node, token) = env.node("n").await;
-    cluster::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
+    cluster::fake_deployment(&env.client, env.n(), "app", 2, &labels("app"), &node)
         .await
         .expect("deployment");
     env.watch(
@@ -575,7 +575,8 @@ async fn a_lost_or_unreadable_ledger_blocks_restarts() {
     })
     .await
     .expect("ledger");
-    // The replacement pod (leaking too) is held by the cooldown first.
+    // The other replica (leaking too) is held by the cooldown first. (A replacement pod
+    // would never report: no kubelet runs it.)
     let blocked = |reason: &'static str, text: &'static str| {
         let env = &env;
         let first = first.clone();
@@ -593,8 +594,10 @@ async fn a_lost_or_unreadable_ledger_blocks_restarts() {
         }
     };
     blocked("Cooldown", "").await;
-    cms.delete(&name, &Default::default()).await.expect("delete the ledger");
-    blocked("LedgerUnavailable", "is gone").await;
+    cms.delete(&name, &Default::default())
+        .await
+        .expect("delete the ledger");
+    blocked("LedgerLost", "is gone").await;
     let garbage: ConfigMap = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"resourcewatch.io/ledger": "true"}},
         "data": {"ledger.json": "{not json"}
@@ -603,7 +606,7 @@ async fn a_lost_or_unreadable_ledger_blocks_restarts() {
     cms.create(&PostParams::default(), &garbage)
         .await
         .expect("an unreadable ledger");
-    blocked("LedgerUnavailable", "unreadable").await;
+    blocked("LedgerUnreadable", "unreadable").await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(env.evicted().await, first, "only the first pod was evicted");
     let still = cms.get(&name).await.expect("the record");
@@ -624,6 +627,11 @@ async fn a_namespace_must_be_opted_in() {
     cluster::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
         .await
         .expect("deployment");
+    // Everything but the cluster admin's label: the policy and the evictor binding.
+    cluster::grant_restarts(&env.client, env.n(), "restarts", serde_json::json!({}))
+        .await
+        .expect("policy");
+    cluster::bind_to_operator(env.n(), "resourcewatch-evictor", env.n()).expect("binding");
     env.watch(
         &env.client,
         "w",

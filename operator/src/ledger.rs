@@ -107,7 +107,31 @@ pub struct Versioned {
     pub resource_version: Option<String>,
     /// Why this ledger cannot be trusted (then nothing may be evicted from the workload,
     /// and nothing written over the record); None when it can.
-    pub problem: Option<String>,
+    pub problem: Option<LedgerProblem>,
+}
+
+/// A ledger that cannot be trusted, and why (the text is for people).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LedgerProblem {
+    /// Missing although restarts of the workload within its window are known.
+    Lost(String),
+    /// There, but not a ledger this operator can read.
+    Unreadable(String),
+}
+
+impl LedgerProblem {
+    pub fn reason(&self) -> crate::model::RemediationReason {
+        match self {
+            LedgerProblem::Lost(_) => crate::model::RemediationReason::LedgerLost,
+            LedgerProblem::Unreadable(_) => crate::model::RemediationReason::LedgerUnreadable,
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            LedgerProblem::Lost(m) | LedgerProblem::Unreadable(m) => m,
+        }
+    }
 }
 
 /// What else is known of a workload's restarts when its ledger is read: the newest
@@ -182,11 +206,11 @@ impl LedgerStore {
                     .copied();
                 let last = remembered.max(known.last_restart_in_status);
                 let problem = last.filter(|t| known.now - t < known.counts_for).map(|t| {
-                    format!(
+                    LedgerProblem::Lost(format!(
                         "the ledger of {w} (ConfigMap {ns}/{name}) is gone although it restarted {}s ago: its rails are unknown, so it is not restarted until {}s after that restart",
                         known.now - t,
                         known.counts_for
-                    )
+                    ))
                 });
                 Versioned {
                     problem,
@@ -211,9 +235,9 @@ impl LedgerStore {
                     }
                     Err(e) => Versioned {
                         resource_version: cm.metadata.resource_version,
-                        problem: Some(format!(
+                        problem: Some(LedgerProblem::Unreadable(format!(
                             "the ledger of {w} (ConfigMap {ns}/{name}) is unreadable ({e}): a cluster admin repairs or deletes it"
-                        )),
+                        ))),
                         ..Default::default()
                     },
                 }

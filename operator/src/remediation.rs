@@ -38,7 +38,7 @@ pub struct PodFacts {
     pub granted_by: Option<String>,
     /// Why the workload's ledger cannot be trusted (deleted after it held restarts,
     /// unreadable); None when it can.
-    pub ledger_problem: Option<String>,
+    pub ledger_problem: Option<crate::ledger::LedgerProblem>,
 }
 
 /// What holds for the whole watch.
@@ -253,8 +253,8 @@ pub fn decide(
     if let Some(problem) = &pod.ledger_problem {
         return report(
             Blocked,
-            RemediationReason::LedgerUnavailable,
-            format!("not restarted: {why}, but {problem}"),
+            problem.reason(),
+            format!("not restarted: {why}, but {}", problem.message()),
         );
     }
     let empty = Ledger::default();
@@ -536,14 +536,22 @@ mod tests {
             ))
         );
         let lost = PodFacts {
-            ledger_problem: Some("its ledger was deleted".into()),
+            ledger_problem: Some(crate::ledger::LedgerProblem::Lost("gone".into())),
             ..pod(false)
         };
         assert_eq!(
             reason(&decide(&s, &open(), &l, &lost, None, "w", 0)),
+            Some((RemediationOutcome::Blocked, RemediationReason::LedgerLost))
+        );
+        let garbled = PodFacts {
+            ledger_problem: Some(crate::ledger::LedgerProblem::Unreadable("?".into())),
+            ..pod(false)
+        };
+        assert_eq!(
+            reason(&decide(&s, &open(), &l, &garbled, None, "w", 0)),
             Some((
                 RemediationOutcome::Blocked,
-                RemediationReason::LedgerUnavailable
+                RemediationReason::LedgerUnreadable
             ))
         );
         assert_eq!(
