@@ -6,6 +6,7 @@ checked and exits 1 on a failure.
   kustomize DIR                    a minimal `kubectl kustomize` (fallback when no kubectl)
   compare RENDER REFERENCE         object-by-object equality with config/ (readable diff)
   remediation OFF_RENDER ON_RENDER the --enable-remediation master switch
+  rbac DEFAULT_RENDER GRANTS_RENDER the operator's rights follow what was opted in
   schema CHART_DIR                 values.yaml vs values.schema.json, bad values rejected
   values-file RENDER               the custom values file reached the objects
   crd CHART_DIR REPO_CRD RENDER    crds/ is a verbatim copy and is rendered first
@@ -247,6 +248,58 @@ def cmd_remediation(a):
         fail(f"remediation.enabled=true changes other args: {off} -> {on}")
     else:
         ok(f"remediation.enabled=true render: {flag} added, nothing else changed (args {on})")
+    finish()
+
+
+def cmd_rbac(a):
+    """The operator's ClusterRole evicts nothing and writes no ConfigMap; those rights come
+    only from RoleBindings in the namespaces listed in remediation.namespaces and
+    profiles.namespaces (the GRANTS render lists team-a and team-b, and team-a)."""
+    def objs(path):
+        return [o for _, o in load_objects(path)]
+    default, grants = objs(a.default), objs(a.grants)
+    role = next((o for o in default if o.get("kind") == "ClusterRole"
+                 and o["metadata"]["name"] == "resourcewatch-operator"), None)
+    if role is None:
+        fail("no ClusterRole resourcewatch-operator")
+        return finish()
+    bad = [r for r in role.get("rules", [])
+           if "pods/eviction" in r.get("resources", [])
+           or ("configmaps" in r.get("resources", [])
+               and set(r.get("verbs", [])) - {"get", "list", "watch"})]
+    if bad:
+        fail(f"the operator's ClusterRole may evict or write ConfigMaps everywhere: {bad}")
+    else:
+        ok("the operator's ClusterRole: no pods/eviction, no ConfigMap writes")
+    def bindings(docs):
+        return sorted((o["metadata"].get("namespace"), o["roleRef"]["name"],
+                       o["subjects"][0]["name"])
+                      for o in docs if o.get("kind") == "RoleBinding"
+                      and o["roleRef"]["name"] in ("resourcewatch-evictor", "resourcewatch-profiler"))
+    if bindings(default):
+        fail(f"the default render grants: {bindings(default)}")
+    want = [("team-a", "resourcewatch-evictor", "resourcewatch-operator"),
+            ("team-a", "resourcewatch-profiler", "resourcewatch-operator"),
+            ("team-b", "resourcewatch-evictor", "resourcewatch-operator")]
+    got = bindings(grants)
+    if got != want:
+        fail(f"remediation/profiles.namespaces render: want {want}, got {got}")
+    else:
+        ok(f"grants only where listed: {got}")
+    policy_writers = [o["metadata"]["name"] for o in default if o.get("kind") == "ClusterRole"
+                      and any("remediationpolicies" in r.get("resources", [])
+                              and set(r.get("verbs", [])) & {"create", "update", "patch"}
+                              for r in o.get("rules", []))]
+    aggregated = {n: next(o for o in default if o.get("kind") == "ClusterRole"
+                          and o["metadata"]["name"] == n)["metadata"].get("labels", {})
+                  for n in policy_writers}
+    if not policy_writers or any(
+            l.get("rbac.authorization.k8s.io/aggregate-to-edit") == "true"
+            or l.get("rbac.authorization.k8s.io/aggregate-to-admin") != "true"
+            for l in aggregated.values()):
+        fail(f"RemediationPolicy writers must aggregate to admin only: {aggregated}")
+    else:
+        ok(f"RemediationPolicy write verbs only in {policy_writers}, aggregated to admin, not edit")
     finish()
 
 
@@ -511,6 +564,8 @@ def main():
     s.set_defaults(f=cmd_compare)
     s = sub.add_parser("remediation"); s.add_argument("off"); s.add_argument("on")
     s.set_defaults(f=cmd_remediation)
+    s = sub.add_parser("rbac"); s.add_argument("default"); s.add_argument("grants")
+    s.set_defaults(f=cmd_rbac)
     s = sub.add_parser("schema"); s.add_argument("chart"); s.set_defaults(f=cmd_schema)
     s = sub.add_parser("values-file"); s.add_argument("render"); s.set_defaults(f=cmd_values_file)
     s = sub.add_parser("crd"); s.add_argument("chart"); s.add_argument("repo_crds")

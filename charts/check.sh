@@ -83,6 +83,7 @@ render_case() { # NAME ARGS... : render + notes + coalesced values into $TMP/NAM
 render_case default --namespace "$NS"
 render_case remediation --namespace "$NS" --set remediation.enabled=true
 render_case custom --name rw-test --namespace monitoring -f "$TMP/custom-values.yaml"
+render_case grants --namespace "$NS" --set 'remediation.namespaces={team-a,team-b}' --set 'profiles.namespaces={team-a}'
 # A second render of the same input is byte-identical (no map-order nondeterminism).
 R --namespace "$NS" --show-notes 2>/dev/null | cmp -s - "$TMP/default.yaml" ||
   failed "two renders of the defaults differ"
@@ -140,8 +141,9 @@ fi
   failed "default render differs from config/"
 
 # ---- (d) remediation switch -------------------------------------------------------------
-step "(d) remediation master switch"
+step "(d) remediation master switch; the operator's RBAC follows the opt-ins"
 "${CHECK[@]}" remediation "$TMP/default.yaml" "$TMP/remediation.yaml" || failed "remediation switch"
+"${CHECK[@]}" rbac "$TMP/default.yaml" "$TMP/grants.yaml" || failed "operator RBAC"
 "${CHECK[@]}" values-file "$TMP/custom.yaml" || failed "values file"
 
 # ---- (e) schema -------------------------------------------------------------------------

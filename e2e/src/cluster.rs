@@ -811,3 +811,91 @@ pub fn kubectl() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("kubectl"))
 }
+
+/// `GET path` over HTTPS from `addr`, verifying the server as `server_name` against
+/// `ca_pem`, with `token` as a bearer token when given: what Prometheus does. Returns the
+/// status code and body.
+pub async fn https_get(
+    addr: std::net::SocketAddr,
+    server_name: &str,
+    ca_pem: &str,
+    token: Option<&str>,
+    path: &str,
+) -> anyhow::Result<(u16, String)> {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c?)?;
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from(server_name.to_owned())?, tcp)
+        .await?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    tls.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {server_name}\r\n{auth}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await?;
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// A token of a ServiceAccount `name` in `ns` bound to the ClusterRole `role` (e.g.
+/// resourcewatch-metrics-reader), or to nothing when `role` is None.
+pub async fn token_with_role(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    role: Option<&str>,
+) -> anyhow::Result<String> {
+    let mut manifest = format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {name}, namespace: {ns}}}\n"
+    );
+    if let Some(role) = role {
+        manifest.push_str(&format!(
+            r#"---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {ns}-{name}, labels: {{resourcewatch.io/e2e: "true"}}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {role}}}
+subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
+"#
+        ));
+    }
+    let (ok, _, err) = kubectl_apply(&manifest);
+    anyhow::ensure!(ok, "{err}");
+    service_account_token(client, ns, name).await
+}
+
+/// The CA certificate the installed operator publishes (ConfigMap resourcewatch-ca-bundle
+/// in resourcewatch-system): what verifies its serving certificate.
+pub async fn ca_bundle(client: &Client) -> String {
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "resourcewatch-system")
+        .get("resourcewatch-ca-bundle")
+        .await
+        .ok()
+        .and_then(|c| c.data?.get("ca.crt").cloned())
+        .expect("the operator's CA bundle")
+}

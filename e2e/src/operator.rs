@@ -20,6 +20,9 @@ pub struct OperatorProcess {
     pub log: PathBuf,
     /// The kubeconfig it runs with when not the harness's (a ServiceAccount's token).
     kubeconfig: Option<PathBuf>,
+    /// Serving /metrics as in a cluster (HTTPS, bearer tokens reviewed) rather than
+    /// plain on loopback.
+    secure_metrics: bool,
 }
 
 /// The operator built next to the running test or tool (`target/<profile>/`), or
@@ -48,7 +51,15 @@ fn free_port() -> anyhow::Result<u16> {
 impl OperatorProcess {
     /// Starts the operator with its Secrets and Lease in `namespace`.
     pub fn start(namespace: &str, identity: &str, extra: &[&str]) -> anyhow::Result<Self> {
-        Self::spawn_at(namespace, identity, extra, free_addr()?, free_addr()?, None)
+        Self::spawn_at(
+            namespace,
+            identity,
+            extra,
+            free_addr()?,
+            free_addr()?,
+            None,
+            false,
+        )
     }
 
     /// Starts the operator serving agents on `grpc` (known to them before it starts).
@@ -58,7 +69,7 @@ impl OperatorProcess {
         extra: &[&str],
         grpc: SocketAddr,
     ) -> anyhow::Result<Self> {
-        Self::spawn_at(namespace, identity, extra, grpc, free_addr()?, None)
+        Self::spawn_at(namespace, identity, extra, grpc, free_addr()?, None, false)
     }
 
     /// A new operator process on this one's addresses (agents reconnect to the same
@@ -71,6 +82,7 @@ impl OperatorProcess {
             self.grpc,
             self.metrics,
             self.kubeconfig.clone(),
+            self.secure_metrics,
         )
     }
 
@@ -81,6 +93,7 @@ impl OperatorProcess {
         grpc: SocketAddr,
         metrics: SocketAddr,
         kubeconfig: Option<PathBuf>,
+        secure_metrics: bool,
     ) -> anyhow::Result<Self> {
         let bin = operator_bin();
         anyhow::ensure!(
@@ -106,6 +119,7 @@ impl OperatorProcess {
                 "--metrics-addr",
                 &metrics.to_string(),
             ])
+            .args((!secure_metrics).then_some("--insecure-metrics"))
             .args(extra)
             .env(
                 "RUST_LOG",
@@ -121,6 +135,7 @@ impl OperatorProcess {
             metrics,
             log,
             kubeconfig,
+            secure_metrics,
         })
     }
 
@@ -135,6 +150,19 @@ impl OperatorProcess {
         identity: &str,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_as_service_account_with(client, namespace, identity, extra, false).await
+    }
+
+    /// As [`Self::start_as_service_account`]; with `secure_metrics`, /metrics is served as
+    /// in a cluster (HTTPS on loopback, for reviewed bearer tokens only), so
+    /// [`Self::metric`] cannot read it.
+    pub async fn start_as_service_account_with(
+        client: &kube::Client,
+        namespace: &str,
+        identity: &str,
+        extra: &[&str],
+        secure_metrics: bool,
+    ) -> anyhow::Result<Self> {
         crate::cluster::operator_rbac(namespace).await?;
         let token =
             crate::cluster::service_account_token(client, namespace, "resourcewatch-operator")
@@ -148,6 +176,7 @@ impl OperatorProcess {
             free_addr()?,
             free_addr()?,
             Some(path),
+            secure_metrics,
         )
     }
 

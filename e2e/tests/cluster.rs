@@ -1162,19 +1162,19 @@ impl Drop for Stopped {
 }
 
 /// The operator's own metric `name` on one replica, read from its pod address directly
-/// (not through the Service, which only reaches the leader).
-fn replica_metric(pod: &Pod, name: &str) -> Option<f64> {
-    use std::io::{Read, Write};
+/// (not through the Service, which only reaches the leader), as Prometheus would: HTTPS
+/// against the operator's CA, with a token allowed to get /metrics.
+async fn replica_metric(pod: &Pod, name: &str, token: &str, ca: &str) -> Option<f64> {
     let ip = pod.status.as_ref()?.pod_ip.clone()?;
-    let mut s = std::net::TcpStream::connect_timeout(
-        &format!("{ip}:8080").parse().ok()?,
-        Duration::from_secs(2),
+    let addr = format!("{ip}:8080").parse().ok()?;
+    let (code, body) = tokio::time::timeout(
+        Duration::from_secs(5),
+        cluster::https_get(addr, "resourcewatch-operator", ca, Some(token), "/metrics"),
     )
+    .await
+    .ok()?
     .ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {ip}\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
+    (code == 200).then_some(())?;
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
@@ -1221,8 +1221,10 @@ async fn followed(
     rws: &Api<ResourceWatch>,
     not: &str,
     t0: std::time::Instant,
+    scraper: (&str, &str),
 ) -> (String, f64, f64, f64) {
     let (mut lease, mut agent): (Option<(String, f64)>, Option<f64>) = (None, None);
+    let (token, ca) = scraper;
     let before = rws
         .get("w")
         .await
@@ -1245,10 +1247,12 @@ async fn followed(
             && agent.is_none()
             && labelled_leader(&pods) == std::slice::from_ref(pod)
         {
-            let connected = pods
-                .iter()
-                .find(|p| p.name_any() == *pod)
-                .and_then(|p| replica_metric(p, "resourcewatch_operator_agents_connected"));
+            let connected = match pods.iter().find(|p| p.name_any() == *pod) {
+                Some(p) => {
+                    replica_metric(p, "resourcewatch_operator_agents_connected", token, ca).await
+                }
+                None => None,
+            };
             if connected.is_some_and(|c| c >= 1.0) {
                 agent = Some(t0.elapsed().as_secs_f64());
             }
@@ -1321,13 +1325,23 @@ async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_fol
         leader.name_any()
     );
 
+    let token = cluster::token_with_role(
+        &client,
+        SYSTEM,
+        "e2e-scraper",
+        Some("resourcewatch-metrics-reader"),
+    )
+    .await
+    .expect("a token for /metrics");
+    let ca = cluster::ca_bundle(&client).await;
     // The leader stops answering, its sockets open: no reset reaches the agent.
     let t0 = std::time::Instant::now();
     let stopped = Stopped::new(pids);
     // The frozen leader's last renewal (one already sent lands within a moment).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let frozen = lease(&client).await;
-    let (taker, lease_s, agent, status) = followed(&client, &rws, &leader.name_any(), t0).await;
+    let (taker, lease_s, agent, status) =
+        followed(&client, &rws, &leader.name_any(), t0, (&token, &ca)).await;
     assert_eq!(taker, standby, "the standby took the Lease");
     let taken = lease(&client).await;
     // Both times are written by the API server's clients on this one machine.
@@ -1363,7 +1377,7 @@ async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_fol
         .await
         .expect("delete the leader's pod");
     // The other replica, or the one the Deployment makes in place of the deleted one.
-    let (_, lease2, agent2, status2) = followed(&client, &rws, &standby, t1).await;
+    let (_, lease2, agent2, status2) = followed(&client, &rws, &standby, t1, (&token, &ca)).await;
     eprintln!(
         "deleted leader: Lease taken at {lease2:.1} s, agent connected at {agent2:.1} s, \
          first status at {status2:.1} s "

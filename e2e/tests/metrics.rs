@@ -52,7 +52,9 @@ fn rules_file() -> String {
     serde_yaml::to_string(&serde_json::json!({"groups": rule["spec"]["groups"]})).expect("yaml")
 }
 
-fn start_prometheus(operator: &str, agents: &[String]) -> Prometheus {
+/// Prometheus scraping the operator as a user's would: HTTPS verified against the CA the
+/// operator publishes, with a token allowed to get /metrics.
+fn start_prometheus(operator: &str, agents: &[String], token: &str, ca: &str) -> Prometheus {
     let bin = std::env::var("RW_PROMETHEUS").unwrap_or_else(|_| {
         panic!("RW_PROMETHEUS is not set: run through make e2e (e2e/prometheus/install.sh)")
     });
@@ -60,6 +62,8 @@ fn start_prometheus(operator: &str, agents: &[String]) -> Prometheus {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let dir = TempDir(dir);
     std::fs::write(dir.0.join("rules.yaml"), rules_file()).expect("rules");
+    std::fs::write(dir.0.join("token"), token).expect("token");
+    std::fs::write(dir.0.join("ca.crt"), ca).expect("ca");
     let targets: Vec<String> = agents.iter().map(|a| format!("'{a}:9479'")).collect();
     std::fs::write(
         dir.0.join("prometheus.yml"),
@@ -67,9 +71,13 @@ fn start_prometheus(operator: &str, agents: &[String]) -> Prometheus {
             "global: {{scrape_interval: 2s, evaluation_interval: 2s}}\n\
              rule_files: [rules.yaml]\n\
              scrape_configs:\n\
-             - job_name: resourcewatch-operator\n  static_configs: [{{targets: ['{operator}:8080']}}]\n\
+             - job_name: resourcewatch-operator\n  scheme: https\n\
+               authorization: {{credentials_file: {dir}/token}}\n\
+               tls_config: {{ca_file: {dir}/ca.crt, server_name: resourcewatch-operator}}\n\
+               static_configs: [{{targets: ['{operator}:8080']}}]\n\
              - job_name: resourcewatch-agent\n  static_configs: [{{targets: [{}]}}]\n",
-            targets.join(", ")
+            targets.join(", "),
+            dir = dir.0.display()
         ),
     )
     .expect("config");
@@ -171,7 +179,16 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
     let agents = pod_ips(&client, "resourcewatch-agent").await;
     assert_eq!(operator.len(), 1, "one operator pod: {operator:?}");
     assert!(!agents.is_empty(), "agent pods");
-    let _prometheus = start_prometheus(&operator[0], &agents);
+    let token = cluster::token_with_role(
+        &client,
+        &n,
+        "prometheus",
+        Some("resourcewatch-metrics-reader"),
+    )
+    .await
+    .expect("a token for Prometheus");
+    let ca = cluster::ca_bundle(&client).await;
+    let _prometheus = start_prometheus(&operator[0], &agents, &token, &ca);
 
     // Both targets scraped and healthy.
     wait_for(

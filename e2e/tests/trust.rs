@@ -911,3 +911,92 @@ async fn oversized_and_malformed_reports_cost_bounded_memory_and_reach_nothing()
     assert!(env.op.exited().is_none(), "the operator died");
     env.end().await;
 }
+
+/// `/metrics` lists every namespace's findings: over HTTPS (the operator's CA, published
+/// in the ConfigMap resourcewatch-ca-bundle), and only for a token the API server says
+/// may `get` it. No token: 401; a valid token without the role: 403; a forged one: 401;
+/// a token bound to resourcewatch-metrics-reader: the findings. The probes stay open.
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn metrics_are_served_only_to_a_reviewed_token() {
+    let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
+    cluster::install_crd(&client).await.expect("CRD");
+    let ns = TestNamespace::create(&client, "rw-trust-metrics")
+        .await
+        .expect("namespace");
+    let n = ns.name.clone();
+    let op = OperatorProcess::start_as_service_account_with(&client, &n, "op", &[], true)
+        .await
+        .expect("operator starts");
+    let ca = wait_for("the CA bundle", Duration::from_secs(30), || async {
+        Ok(Api::<ConfigMap>::namespaced(client.clone(), &n)
+            .get_opt("resourcewatch-ca-bundle")
+            .await?
+            .and_then(|c| c.data?.get("ca.crt").cloned()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", op.log_text()));
+    let get = |token: Option<String>, path: &'static str| {
+        let ca = ca.clone();
+        let addr = op.metrics;
+        async move {
+            cluster::https_get(addr, "resourcewatch-operator", &ca, token.as_deref(), path)
+                .await
+                .expect("HTTPS")
+        }
+    };
+    let ready = wait_for("/readyz over HTTPS", Duration::from_secs(30), || async {
+        let (code, body) = get(None, "/readyz").await;
+        Ok((code == 200).then_some(body))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", op.log_text()));
+    assert!(ready.contains("ready"), "{ready}");
+    assert_eq!(get(None, "/metrics").await.0, 401, "no token");
+    assert_eq!(
+        get(Some("not-a-token".into()), "/metrics").await.0,
+        401,
+        "a forged token"
+    );
+    let nobody = cluster::token_with_role(&client, &n, "nobody", None)
+        .await
+        .expect("token");
+    assert_eq!(get(Some(nobody), "/metrics").await.0, 403, "no role");
+    let reader = cluster::token_with_role(
+        &client,
+        &n,
+        "prometheus",
+        Some("resourcewatch-metrics-reader"),
+    )
+    .await
+    .expect("token");
+    let (code, body) = get(Some(reader), "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("resourcewatch_operator_leader"), "{body}");
+    // Plain HTTP on the same port is not served.
+    let plain = std::net::TcpStream::connect(op.metrics).and_then(|mut s| {
+        use std::io::{Read, Write};
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+        let mut b = String::new();
+        let _ = s.read_to_string(&mut b);
+        Ok(b)
+    });
+    assert!(
+        !plain
+            .as_deref()
+            .unwrap_or_default()
+            .contains("resourcewatch_"),
+        "served over plain HTTP"
+    );
+    let _ = std::process::Command::new(cluster::kubectl())
+        .args([
+            "delete",
+            "clusterrolebinding",
+            &format!("{n}-prometheus"),
+            "--ignore-not-found",
+        ])
+        .status();
+    drop(op);
+    ns.delete().await;
+}

@@ -1,7 +1,7 @@
-//! An HTTPS listener for the admission webhook. The API server's webhook client speaks
-//! HTTP/1.1 over TLS (it offers no h2 by ALPN), which tonic's TLS server refuses, so the
-//! webhook gets this small rustls listener under `axum::serve` instead. Handshakes run on
-//! their own tasks: a slow or broken client cannot hold up the others.
+//! An HTTPS listener for `/metrics` and the probes. Prometheus and kubelet speak HTTP/1.1
+//! over TLS (no h2 by ALPN), which tonic's TLS server refuses, so they get this small
+//! rustls listener under `axum::serve`. Handshakes run on their own tasks: a slow or
+//! broken client cannot hold up the others.
 
 use std::{io, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -20,9 +20,9 @@ impl TlsListener {
     pub async fn bind(addr: SocketAddr, cert_pem: &str, key_pem: &str) -> Result<Self> {
         let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| Error::Tls(format!("webhook certificate: {e}")))?;
+            .map_err(|e| Error::Tls(format!("serving certificate: {e}")))?;
         let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-            .map_err(|e| Error::Tls(format!("webhook key: {e}")))?;
+            .map_err(|e| Error::Tls(format!("serving key: {e}")))?;
         let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -43,7 +43,7 @@ impl TlsListener {
                 let (sock, peer) = match tcp.accept().await {
                     Ok(x) => x,
                     Err(e) => {
-                        tracing::warn!(error = %e, "webhook accept");
+                        tracing::warn!(error = %e, "HTTPS accept");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
@@ -59,8 +59,8 @@ impl TlsListener {
                         Ok(Ok(tls)) => {
                             let _ = tx.send((tls, peer)).await;
                         }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "webhook TLS handshake"),
-                        Err(_) => tracing::debug!(%peer, "webhook TLS handshake timed out"),
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
                 });
             }

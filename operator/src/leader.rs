@@ -26,9 +26,9 @@ use tokio::sync::{mpsc, watch};
 pub const LEADER_LABEL: &str = "resourcewatch.io/leader";
 
 /// The `resourcewatch.io/leader=true` label on this replica's own pod, which the
-/// operator's Service selects: agents reach the leader only (the admission webhook has its
-/// own Service, over every replica), while every replica stays Ready (a standby is ready
-/// to take over, and a rollout of two replicas completes).
+/// operator's Service selects: agents (and Prometheus) reach the leader only, while every
+/// replica stays Ready (a standby is ready to take over, and a rollout of two replicas
+/// completes).
 pub struct PodLabel {
     pods: Api<Pod>,
     name: String,

@@ -15,6 +15,7 @@ pub mod identity;
 pub mod leader;
 pub mod ledger;
 pub mod metrics;
+pub mod metricsauth;
 pub mod model;
 pub mod nodeview;
 pub mod profile;

@@ -33,9 +33,14 @@ struct Args {
     /// Where agents connect (gRPC over mTLS).
     #[arg(long, default_value = "0.0.0.0:9443")]
     grpc_addr: SocketAddr,
-    /// /metrics, /healthz, /readyz.
+    /// /metrics, /healthz, /readyz: HTTPS, /metrics only for a bearer token allowed to
+    /// `get` the non-resource URL /metrics (ClusterRole resourcewatch-metrics-reader).
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
+    /// Serve plain HTTP with /metrics open to anyone who connects: only on a loopback
+    /// address (local runs and tests), refused elsewhere.
+    #[arg(long, default_value_t = false)]
+    insecure_metrics: bool,
     /// Secret holding the CA (created at first start when absent).
     #[arg(long, default_value = "resourcewatch-ca")]
     ca_secret: String,
@@ -109,6 +114,12 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(64);
     }
+    if args.insecure_metrics && !args.metrics_addr.ip().is_loopback() {
+        eprintln!(
+            "resourcewatch-operator: --insecure-metrics serves the watches' findings to anyone: only on a loopback --metrics-addr"
+        );
+        return ExitCode::from(64);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -143,6 +154,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tls::ensure_agent_secret(&client, &args.namespace, &args.agent_secret, &pki)
         .await
         .context("agent certificate Secret")?;
+    tls::ensure_ca_bundle(&client, &args.namespace, &pki.ca_cert)
+        .await
+        .context("CA bundle ConfigMap")?;
     let server_name = resourcewatch_proto::operator_server_name(&args.namespace);
     let leaf = pki.server(&[
         server_name,
@@ -201,18 +215,40 @@ async fn run(args: Args) -> anyhow::Result<()> {
         election.run(leader_tx, taken_tx, shutdown.clone()),
     );
 
-    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
-        .with_context(|| format!("binding {}", args.metrics_addr))?;
     let mut metrics_shutdown = shutdown.clone();
-    let router = metrics::router(metrics.clone());
-    let metrics_task = metrics.spawn_task("metrics server", async move {
-        axum::serve(metrics_listener, router.into_make_service())
-            .with_graceful_shutdown(async move {
-                let _ = metrics_shutdown.wait_for(|s| *s).await;
-            })
+    let until_shutdown = async move {
+        let _ = metrics_shutdown.wait_for(|s| *s).await;
+    };
+    let metrics_task = if args.insecure_metrics {
+        let listener = tokio::net::TcpListener::bind(args.metrics_addr)
             .await
-    });
+            .with_context(|| format!("binding {}", args.metrics_addr))?;
+        let router = metrics::router(metrics.clone(), None);
+        metrics.spawn_task("metrics server", async move {
+            axum::serve(listener, router.into_make_service())
+                .with_graceful_shutdown(until_shutdown)
+                .await
+        })
+    } else {
+        let listener = resourcewatch_operator::https::TlsListener::bind(
+            args.metrics_addr,
+            &leaf.cert,
+            &leaf.key,
+        )
+        .await
+        .context("metrics listener")?;
+        let router = metrics::router(
+            metrics.clone(),
+            Some(resourcewatch_operator::metricsauth::MetricsAuth::new(
+                client.clone(),
+            )),
+        );
+        metrics.spawn_task("metrics server", async move {
+            axum::serve(listener, router.into_make_service())
+                .with_graceful_shutdown(until_shutdown)
+                .await
+        })
+    };
 
     let service = AgentService {
         hub: hub.clone(),

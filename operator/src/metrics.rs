@@ -55,8 +55,6 @@ pub struct Metrics {
     pub agent_auth_failures: Family<Labels, Counter>,
     /// Report entries dropped before they reached the hub, by reason (not_on_node, ...).
     pub report_entries_dropped: Family<Labels, Counter>,
-    /// Admission reviews of ResourceWatches, by result (authorized, not_authorized, ...).
-    pub admission_reviews: Family<Labels, Counter>,
     /// Requests this operator sent the API server, by verb and resource (what the API
     /// server's own metrics cannot attribute to one client).
     pub api_requests: Family<Labels, Counter>,
@@ -93,7 +91,6 @@ impl Default for Metrics {
             watches: Gauge::default(),
             agent_auth_failures: Family::default(),
             report_entries_dropped: Family::default(),
-            admission_reviews: Family::default(),
             api_requests: Family::default(),
             ready: AtomicBool::new(false),
             tasks: Tasks::default(),
@@ -172,11 +169,6 @@ impl Default for Metrics {
             "report_entries_dropped",
             "Report entries dropped before use (another node's pods, duplicates, NaN, over a cap), by reason",
             m.report_entries_dropped.clone(),
-        );
-        registry.register(
-            "admission_reviews",
-            "ResourceWatch admission reviews, by result",
-            m.admission_reviews.clone(),
         );
         Self {
             registry: root,
@@ -315,9 +307,18 @@ pub fn api_request_labels(method: &http::Method, uri: &http::Uri) -> (&'static s
     (verb, resource)
 }
 
-pub fn router(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route("/metrics", get(serve_metrics))
+/// `/metrics` (behind `auth` when given: crate::metricsauth), `/healthz` and `/readyz`
+/// (open: kubelet's probes send no token, and they tell nothing about the watches).
+pub fn router(metrics: Arc<Metrics>, auth: Option<Arc<crate::metricsauth::MetricsAuth>>) -> Router {
+    let scrape = Router::new().route("/metrics", get(serve_metrics));
+    let scrape = match auth {
+        Some(a) => scrape.layer(axum::middleware::from_fn_with_state(
+            a,
+            crate::metricsauth::require,
+        )),
+        None => scrape,
+    };
+    scrape
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(metrics)
@@ -333,7 +334,7 @@ async fn serve_metrics(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     )
 }
 
-/// 503 when one of the operator's tasks (controller, agents' endpoint, webhook, election)
+/// 503 when one of the operator's tasks (controller, agents' endpoint, metrics, election)
 /// stopped before shutdown: kubelet restarts the container.
 async fn healthz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     match m.tasks.stopped() {

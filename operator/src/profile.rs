@@ -6,9 +6,8 @@
 //! after [`RETENTION`].
 //!
 //! The operator never removes the annotation (as Argo CD's controller removes its refresh
-//! annotation): a GitOps tool re-applying it would fight the removal, and a write to the
-//! watch by the operator would pass its own admission webhook, which must only ever
-//! record people as a Restart watch's author.
+//! annotation): a GitOps tool re-applying it would fight the removal, and the operator
+//! writes only the status of a watch, never the object its users own.
 //!
 //! Everything here is pure (inputs to decisions); the controller makes the API calls.
 //!
