@@ -78,6 +78,9 @@ pub struct Context {
     pub watches: Store<ResourceWatch>,
     /// Every RemediationPolicy: the grants of `Restart` watches.
     pub policies: Store<RemediationPolicy>,
+    /// Why the RemediationPolicy watch last failed, until it delivers again: then no
+    /// grant is trusted (the store may hold a policy deleted meanwhile).
+    pub policies_failing: Arc<std::sync::Mutex<Option<String>>>,
     /// The newest profile request taken in each namespace (seconds since the epoch):
     /// the namespace's rate limit, which deleting and recreating a watch must not reset
     /// (its status, where the request was also recorded, goes with it).
@@ -515,6 +518,7 @@ async fn gather(
     } else {
         Grants::default()
     };
+    let policies_unknown = policies_unknown(ctx);
     let now = jiff::Timestamp::now().as_second();
     for name in names {
         let Some(pod) = selected.iter().find(|p| p.name_any() == *name) else {
@@ -545,7 +549,11 @@ async fn gather(
     if restart {
         let master_switch = ctx.remediation.enabled;
         let namespace_opted_in = namespace_opted_in(ctx, ns).await?;
-        let grant = grants.gate(ns).map_err(|why| {
+        let grant = match policies_unknown {
+            Some(why) => Err(why),
+            None => grants.gate(ns),
+        }
+        .map_err(|why| {
             if rw
                 .annotations()
                 .contains_key(resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION)
@@ -572,6 +580,26 @@ async fn gather(
         });
     }
     Ok(facts)
+}
+
+/// Why the policies cannot be trusted now: not listed yet, or their watch failing.
+fn policies_unknown(ctx: &Context) -> Option<String> {
+    if let Some(e) = ctx
+        .policies_failing
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+    {
+        return Some(format!(
+            "the operator's watch of RemediationPolicies is failing ({e}): no grant is trusted until it recovers"
+        ));
+    }
+    // Not listed yet: an empty store would grant nothing anyway, but say why.
+    let listed = futures::FutureExt::now_or_never(ctx.policies.wait_until_ready());
+    match listed {
+        Some(Ok(())) => None,
+        _ => Some("the operator has not listed RemediationPolicies yet".into()),
+    }
 }
 
 /// The namespace's RemediationPolicies, from the controller's own watch of them.
@@ -1144,6 +1172,8 @@ pub async fn run(
     // revoked grant must stop evictions without waiting for the next report.
     let (policies, policies_writer) = reflector::store();
     let policy_watches = rw_store.clone();
+    let policies_failing: Arc<std::sync::Mutex<Option<String>>> = Default::default();
+    let failing = policies_failing.clone();
     let policy_triggers = reflector::reflector(
         policies_writer,
         watcher(
@@ -1153,13 +1183,22 @@ pub async fn run(
     )
     .default_backoff()
     .flat_map(move |event| {
+        // While the watch fails (an object it cannot read, the API server gone), the store
+        // may hold a policy deleted meanwhile: no grant is trusted until it recovers.
+        let mut failing = failing.lock().unwrap_or_else(|e| e.into_inner());
         let ns: Vec<String> = match &event {
             Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => {
+                *failing = None;
                 p.metadata.namespace.iter().cloned().collect()
+            }
+            Ok(watcher::Event::InitDone) => {
+                *failing = None;
+                Vec::new()
             }
             Ok(_) => Vec::new(),
             Err(e) => {
                 tracing::warn!(error = %e, "RemediationPolicy watch");
+                *failing = Some(e.to_string());
                 Vec::new()
             }
         };
@@ -1192,6 +1231,7 @@ pub async fn run(
         pods,
         watches: rw_store,
         policies,
+        policies_failing,
         profile_requests: Default::default(),
         leader,
         write_timeout: Duration::from_secs(10),
@@ -1590,6 +1630,7 @@ mod tests {
             pods: pod_store,
             watches: rw_store,
             policies: reflector::store().0,
+            policies_failing: Default::default(),
             profile_requests: Default::default(),
             leader: watch::channel(true).1,
             write_timeout: Duration::from_secs(5),
