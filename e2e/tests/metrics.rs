@@ -72,9 +72,9 @@ fn start_prometheus(operator: &str, agents: &[String], token: &str, ca: &str) ->
              rule_files: [rules.yaml]\n\
              scrape_configs:\n\
              - job_name: resourcewatch-operator\n  scheme: https\n\
-               authorization: {{credentials_file: {dir}/token}}\n\
-               tls_config: {{ca_file: {dir}/ca.crt, server_name: resourcewatch-operator}}\n\
-               static_configs: [{{targets: ['{operator}:8080']}}]\n\
+             \x20 authorization: {{credentials_file: {dir}/token}}\n\
+             \x20 tls_config: {{ca_file: {dir}/ca.crt, server_name: resourcewatch-operator}}\n\
+             \x20 static_configs: [{{targets: ['{operator}:8080']}}]\n\
              - job_name: resourcewatch-agent\n  static_configs: [{{targets: [{}]}}]\n",
             targets.join(", "),
             dir = dir.0.display()
@@ -205,7 +205,10 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
         },
     )
     .await
-    .expect("targets up");
+    .unwrap_or_else(|e| {
+        // Why a target is down (TLS, 401/403, refused) is in Prometheus' own view.
+        panic!("{e:#}\ntargets: {:?}", api("/api/v1/targets"))
+    });
 
     // The leaking container's time to OOM, with the labels an alert routes on.
     let leaky = format!(r#"resourcewatch_time_to_oom_seconds{{namespace="{n}",pod="leaky"}}"#);
