@@ -465,14 +465,7 @@ pub async fn service_account_token(client: &Client, ns: &str, sa: &str) -> anyho
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let req: TokenRequest =
         serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 3600}}))?;
-    let token = sas
-        .create_token_request(sa, &PostParams::default(), &req)
-        .await?
-        .status
-        .map(|s| s.token)
-        .unwrap_or_default();
-    anyhow::ensure!(!token.is_empty(), "the TokenRequest returned no token");
-    Ok(token)
+    issue_token(&sas, sa, &req).await
 }
 
 /// The harness's kubeconfig with its user replaced by `token`.
@@ -586,8 +579,16 @@ pub async fn agent_token(client: &Client, ns: &str, node: &str) -> anyhow::Resul
             "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": name, "uid": pod.metadata.uid}
         }
     }))?;
+    issue_token(&sas, SA, &req).await
+}
+
+async fn issue_token(
+    sas: &Api<k8s_openapi::api::core::v1::ServiceAccount>,
+    sa: &str,
+    req: &k8s_openapi::api::authentication::v1::TokenRequest,
+) -> anyhow::Result<String> {
     let token = sas
-        .create_token_request(SA, &PostParams::default(), &req)
+        .create_token_request(sa, &PostParams::default(), req)
         .await?
         .status
         .map(|s| s.token)

@@ -1029,7 +1029,7 @@ async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
 
 /// A profile's result never replaces an object the watch does not own: with a ConfigMap
 /// `w-profile` already there (someone else's), the profile fails saying so and the
-/// ConfigMap is untouched. Without the profiler role bound, nothing is written at all.
+/// ConfigMap is untouched.
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_profile_never_overwrites_a_configmap_it_does_not_own() {
