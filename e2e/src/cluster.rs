@@ -823,44 +823,14 @@ pub async fn https_get(
     token: Option<&str>,
     path: &str,
 ) -> anyhow::Result<(u16, String)> {
-    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
-    use std::sync::Arc;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c?)?;
-    }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(ServerName::try_from(server_name.to_owned())?, tcp)
-        .await?;
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    tls.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {server_name}\r\n{auth}Connection: close\r\n\r\n")
-            .as_bytes(),
-    )
-    .await?;
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut buf)).await;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((code, body))
+    let req = resourcewatch_https::Get {
+        server_name,
+        ca_pem,
+        identity: None,
+        token,
+        path,
+    };
+    Ok(resourcewatch_https::get(addr, &req).await?)
 }
 
 /// A token of a ServiceAccount `name` in `ns` bound to the ClusterRole `role` (e.g.
@@ -892,6 +862,26 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
 
 /// The CA certificate the installed operator publishes (ConfigMap resourcewatch-ca-bundle
 /// in resourcewatch-system): what verifies its serving certificate.
+/// `tls.crt` and `tls.key` of a leaf Secret the operator issues in resourcewatch-system
+/// (resourcewatch-metrics-client, resourcewatch-agent-tls).
+pub async fn leaf_secret(client: &Client, name: &str) -> (String, String) {
+    let s = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+        client.clone(),
+        "resourcewatch-system",
+    )
+    .get(name)
+    .await
+    .unwrap_or_else(|e| panic!("Secret resourcewatch-system/{name}: {e}"));
+    let field = |k: &str| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .unwrap_or_else(|| panic!("Secret {name} has no {k}"))
+    };
+    (field("tls.crt"), field("tls.key"))
+}
+
 pub async fn ca_bundle(client: &Client) -> String {
     Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "resourcewatch-system")
         .get("resourcewatch-ca-bundle")

@@ -52,9 +52,16 @@ fn rules_file() -> String {
     serde_yaml::to_string(&serde_json::json!({"groups": rule["spec"]["groups"]})).expect("yaml")
 }
 
-/// Prometheus scraping the operator as a user's would: HTTPS verified against the CA the
-/// operator publishes, with a token allowed to get /metrics.
-fn start_prometheus(operator: &str, agents: &[String], token: &str, ca: &str) -> Prometheus {
+/// Prometheus scraping as a user's would: the operator over HTTPS verified against the CA
+/// it publishes, with a token allowed to get /metrics; the agents over HTTPS with the
+/// client certificate the operator issues for scrapers.
+fn start_prometheus(
+    operator: &str,
+    agents: &[String],
+    token: &str,
+    ca: &str,
+    client_cert: &(String, String),
+) -> Prometheus {
     let bin = std::env::var("RW_PROMETHEUS").unwrap_or_else(|_| {
         panic!("RW_PROMETHEUS is not set: run through make e2e (e2e/prometheus/install.sh)")
     });
@@ -64,6 +71,8 @@ fn start_prometheus(operator: &str, agents: &[String], token: &str, ca: &str) ->
     std::fs::write(dir.0.join("rules.yaml"), rules_file()).expect("rules");
     std::fs::write(dir.0.join("token"), token).expect("token");
     std::fs::write(dir.0.join("ca.crt"), ca).expect("ca");
+    std::fs::write(dir.0.join("client.crt"), &client_cert.0).expect("client cert");
+    std::fs::write(dir.0.join("client.key"), &client_cert.1).expect("client key");
     let targets: Vec<String> = agents.iter().map(|a| format!("'{a}:9479'")).collect();
     std::fs::write(
         dir.0.join("prometheus.yml"),
@@ -75,7 +84,10 @@ fn start_prometheus(operator: &str, agents: &[String], token: &str, ca: &str) ->
              \x20 authorization: {{credentials_file: {dir}/token}}\n\
              \x20 tls_config: {{ca_file: {dir}/ca.crt, server_name: resourcewatch-operator}}\n\
              \x20 static_configs: [{{targets: ['{operator}:8080']}}]\n\
-             - job_name: resourcewatch-agent\n  static_configs: [{{targets: [{}]}}]\n",
+             - job_name: resourcewatch-agent\n  scheme: https\n\
+             \x20 tls_config: {{ca_file: {dir}/ca.crt, server_name: resourcewatch-agent, \
+             cert_file: {dir}/client.crt, key_file: {dir}/client.key}}\n\
+             \x20 static_configs: [{{targets: [{}]}}]\n",
             targets.join(", "),
             dir = dir.0.display()
         ),
@@ -188,7 +200,28 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
     .await
     .expect("a token for Prometheus");
     let ca = cluster::ca_bundle(&client).await;
-    let _prometheus = start_prometheus(&operator[0], &agents, &token, &ca);
+    let scraper = cluster::leaf_secret(&client, "resourcewatch-metrics-client").await;
+    let _prometheus = start_prometheus(&operator[0], &agents, &token, &ca, &scraper);
+
+    // An agent's /metrics, asked directly: nothing without the scrapers' certificate,
+    // nothing for the agents' own (every node holds it).
+    let agent_addr: std::net::SocketAddr = format!("{}:9479", agents[0])
+        .parse()
+        .expect("agent address");
+    let agent_cert = cluster::leaf_secret(&client, "resourcewatch-agent-tls").await;
+    for (identity, want) in [(None, 401), (Some(&agent_cert), 403), (Some(&scraper), 200)] {
+        let req = resourcewatch_https::Get {
+            server_name: "resourcewatch-agent",
+            ca_pem: &ca,
+            identity: identity.map(|(c, k)| (c.as_str(), k.as_str())),
+            token: None,
+            path: "/metrics",
+        };
+        let (code, body) = resourcewatch_https::get(agent_addr, &req)
+            .await
+            .expect("HTTPS to the agent");
+        assert_eq!(code, want, "{body}");
+    }
 
     // Both targets scraped and healthy.
     wait_for(

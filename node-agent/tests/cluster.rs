@@ -194,18 +194,29 @@ fn tls_files(dir: &Path) {
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca_cert = ca.self_signed(&ca_key).expect("ca");
     let issuer = Issuer::new(ca, ca_key);
-    let leaf = |san: &str, usage| {
+    let leaf = |san: &str, usages: &[ExtendedKeyUsagePurpose]| {
         let key = KeyPair::generate().expect("key");
         let mut p = CertificateParams::new(vec![san.to_string()]).expect("params");
-        p.extended_key_usages = vec![usage];
+        p.extended_key_usages = usages.to_vec();
         let cert = p.signed_by(&key, &issuer).expect("sign");
         (cert.pem(), key.serialize_pem())
     };
     let (scert, skey) = leaf(
         "resourcewatch-operator.test.svc",
-        ExtendedKeyUsagePurpose::ServerAuth,
+        &[ExtendedKeyUsagePurpose::ServerAuth],
     );
-    let (ccert, ckey) = leaf("resourcewatch-agent", ExtendedKeyUsagePurpose::ClientAuth);
+    // As the operator issues them (operator/src/tls.rs): the agent's serves its /metrics.
+    let (ccert, ckey) = leaf(
+        pb::AGENT_CERT_NAME,
+        &[
+            ExtendedKeyUsagePurpose::ClientAuth,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        ],
+    );
+    let (mcert, mkey) = leaf(
+        pb::METRICS_CLIENT_CERT_NAME,
+        &[ExtendedKeyUsagePurpose::ClientAuth],
+    );
     std::fs::create_dir_all(dir).expect("dir");
     for (name, text) in [
         ("ca.crt", ca_cert.pem()),
@@ -213,6 +224,8 @@ fn tls_files(dir: &Path) {
         ("tls.key", ckey),
         ("server.crt", scert),
         ("server.key", skey),
+        ("metrics-client.crt", mcert),
+        ("metrics-client.key", mkey),
     ] {
         std::fs::write(dir.join(name), text).expect("write");
     }
@@ -285,7 +298,8 @@ async fn drive(leaf: PathBuf, pid: u32) {
     let tmp = std::env::temp_dir().join(format!("rw-run-test-{}", std::process::id()));
     tls_files(&tmp);
     let (op, addr) = serve_fake_operator(&tmp).await;
-    let mut agent = start_agent(addr, &tmp);
+    let metrics = free_port();
+    let mut agent = start_agent(addr, &tmp, metrics);
 
     // Hello first, with the node name and what the kernel allows.
     let hello = wait_until("the agent's Hello", 30, || {
@@ -346,6 +360,7 @@ async fn drive(leaf: PathBuf, pid: u32) {
     );
 
     check_leak(&op).await;
+    check_metrics_listener(metrics, &tmp).await;
 
     // A configuration the agent cannot apply is refused with a reason; it keeps running.
     let push = op.push.lock().expect("lock").clone().expect("stream open");
@@ -462,8 +477,68 @@ async fn serve_fake_operator(tmp: &std::path::Path) -> (FakeOperator, std::net::
     (op, addr)
 }
 
-/// `resourcewatch-agent run` against the fake operator at `addr`.
-fn start_agent(addr: std::net::SocketAddr, tmp: &std::path::Path) -> Proc {
+fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+/// The agent's listener: HTTPS only, with its own certificate; the probes for anyone,
+/// /metrics for the scrapers' certificate and no other (the agents' own included).
+async fn check_metrics_listener(addr: std::net::SocketAddr, tmp: &Path) {
+    let read = |f: &str| std::fs::read_to_string(tmp.join(f)).expect("test TLS file");
+    let (ca, agent, agent_key) = (read("ca.crt"), read("tls.crt"), read("tls.key"));
+    let (scraper, scraper_key) = (read("metrics-client.crt"), read("metrics-client.key"));
+    let get = |identity: Option<(&str, &str)>, path: &'static str| {
+        let ca = ca.clone();
+        let identity = identity.map(|(c, k)| (c.to_owned(), k.to_owned()));
+        async move {
+            let req = resourcewatch_https::Get {
+                server_name: pb::AGENT_CERT_NAME,
+                ca_pem: &ca,
+                identity: identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
+                token: None,
+                path,
+            };
+            resourcewatch_https::get(addr, &req)
+                .await
+                .expect("HTTPS to the agent")
+        }
+    };
+    assert_eq!(get(None, "/healthz").await.0, 200, "the liveness probe");
+    assert_eq!(get(None, "/readyz").await.0, 200, "the readiness probe");
+    let (code, body) = get(None, "/metrics").await;
+    assert_eq!(code, 401, "no certificate: {body}");
+    let (code, body) = get(Some((&agent, &agent_key)), "/metrics").await;
+    assert_eq!(code, 403, "the agents' own certificate: {body}");
+    let (code, body) = get(Some((&scraper, &scraper_key)), "/metrics").await;
+    assert_eq!(code, 200, "the scrapers' certificate: {body}");
+    assert!(
+        body.contains("resourcewatch_agent_pipelines_loaded"),
+        "{body}"
+    );
+    // Plain HTTP gets no answer.
+    use std::io::{Read, Write};
+    let mut plain = std::net::TcpStream::connect(addr).expect("connect");
+    plain
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let _ = plain.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+    let mut out = Vec::new();
+    let _ = plain.read_to_end(&mut out);
+    assert!(
+        !String::from_utf8_lossy(&out).contains("resourcewatch_agent"),
+        "plain HTTP read the metrics"
+    );
+}
+
+/// `resourcewatch-agent run` against the fake operator at `addr`, serving its metrics
+/// on `metrics`.
+fn start_agent(
+    addr: std::net::SocketAddr,
+    tmp: &std::path::Path,
+    metrics: std::net::SocketAddr,
+) -> Proc {
     let agent = Command::new(env!("CARGO_BIN_EXE_resourcewatch-agent"))
         .args([
             "run",
@@ -472,7 +547,10 @@ fn start_agent(addr: std::net::SocketAddr, tmp: &std::path::Path) -> Proc {
             "--operator",
             &format!("https://{addr}"),
         ])
-        .args(["--operator-namespace", "test", "--tls-dir"])
+        .args(["--operator-namespace", "test"])
+        .arg("--metrics-addr")
+        .arg(metrics.to_string())
+        .arg("--tls-dir")
         .arg(tmp)
         .arg("--token-path")
         .arg({

@@ -70,6 +70,20 @@ impl AgentControl for AgentService {
         if *self.shutdown.borrow() {
             return Err(Status::unavailable("the operator is shutting down"));
         }
+        // The transport already verified the chain to our CA; the CA also issues the
+        // scrapers' certificate, which opens no stream.
+        let agent_cert = request.peer_certs().is_some_and(|c| {
+            c.first().is_some_and(|leaf| {
+                resourcewatch_https::issued_for(leaf, resourcewatch_proto::AGENT_CERT_NAME)
+            })
+        });
+        if !agent_cert {
+            self.metrics.protocol_error("not_an_agent_certificate");
+            return Err(Status::permission_denied(format!(
+                "only the {} certificate opens a stream",
+                resourcewatch_proto::AGENT_CERT_NAME
+            )));
+        }
         let token = request
             .metadata()
             .get(resourcewatch_proto::AUTHORIZATION_METADATA)

@@ -9,7 +9,6 @@
 pub mod controller;
 pub mod decide;
 pub mod grpc;
-pub mod https;
 pub mod hub;
 pub mod identity;
 pub mod leader;

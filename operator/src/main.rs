@@ -44,9 +44,13 @@ struct Args {
     /// Secret holding the CA (created at first start when absent).
     #[arg(long, default_value = "resourcewatch-ca")]
     ca_secret: String,
-    /// Secret the agents mount: CA and their client certificate (kept in sync).
+    /// Secret the agents mount: CA and their certificate (kept in sync).
     #[arg(long, default_value = "resourcewatch-agent-tls")]
     agent_secret: String,
+    /// Secret with the client certificate the agents serve their /metrics to (for
+    /// Prometheus: the PodMonitor's tlsConfig reads it).
+    #[arg(long, default_value = "resourcewatch-metrics-client")]
+    metrics_client_secret: String,
     #[arg(long, default_value = "resourcewatch-operator")]
     lease_name: String,
     /// How long a node may go without a report before it counts as lost.
@@ -151,9 +155,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let pki = tls::ensure_ca(&client, &args.namespace, &args.ca_secret)
         .await
         .context("CA Secret")?;
-    tls::ensure_agent_secret(&client, &args.namespace, &args.agent_secret, &pki)
-        .await
-        .context("agent certificate Secret")?;
+    tls::ensure_leaf_secret(
+        &client,
+        &args.namespace,
+        &args.agent_secret,
+        &pki,
+        tls::LeafKind::Agent,
+    )
+    .await
+    .context("agent certificate Secret")?;
+    tls::ensure_leaf_secret(
+        &client,
+        &args.namespace,
+        &args.metrics_client_secret,
+        &pki,
+        tls::LeafKind::MetricsClient,
+    )
+    .await
+    .context("metrics client certificate Secret")?;
     tls::ensure_ca_bundle(&client, &args.namespace, &pki.ca_cert)
         .await
         .context("CA bundle ConfigMap")?;
@@ -230,10 +249,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .await
         })
     } else {
-        let listener = resourcewatch_operator::https::TlsListener::bind(
+        let tls = resourcewatch_https::server_config(&leaf.cert, &leaf.key, None)
+            .context("the metrics listener's certificate")?;
+        let listener = resourcewatch_https::TlsListener::bind(
             args.metrics_addr,
-            &leaf.cert,
-            &leaf.key,
+            Arc::new(resourcewatch_https::Fixed(Arc::new(tls))),
         )
         .await
         .context("metrics listener")?;

@@ -1,7 +1,8 @@
 //! mTLS between the operator and its agents without cert-manager: a self-signed CA is
 //! generated once into a Secret; the operator issues its own serving certificate from it
-//! at every start, and a client certificate for the agents into a second Secret that the
-//! agent DaemonSet mounts (so agents need no API access at all).
+//! at every start, the agents' certificate into a second Secret that the agent DaemonSet
+//! mounts (so agents need no API access at all), and a client certificate for scrapers of
+//! the agents' `/metrics` into a third.
 
 use k8s_openapi::{ByteString, api::core::v1::Secret};
 use kube::{
@@ -62,26 +63,45 @@ impl Pki {
                 .map(String::as_str)
                 .unwrap_or("resourcewatch-operator"),
             dns_names.to_vec(),
-            ExtendedKeyUsagePurpose::ServerAuth,
+            &[ExtendedKeyUsagePurpose::ServerAuth],
         )
     }
 
-    /// The agents' client certificate.
-    pub fn client(&self) -> Result<Leaf> {
+    /// The agents' certificate: their client certificate towards the operator, and the
+    /// serving certificate of their own `/metrics` listener (scrapers verify the name
+    /// [`resourcewatch_proto::AGENT_CERT_NAME`]).
+    pub fn agent(&self) -> Result<Leaf> {
         self.issue(
             resourcewatch_proto::AGENT_CERT_NAME,
             vec![resourcewatch_proto::AGENT_CERT_NAME.to_owned()],
-            ExtendedKeyUsagePurpose::ClientAuth,
+            &[
+                ExtendedKeyUsagePurpose::ClientAuth,
+                ExtendedKeyUsagePurpose::ServerAuth,
+            ],
         )
     }
 
-    fn issue(&self, cn: &str, sans: Vec<String>, usage: ExtendedKeyUsagePurpose) -> Result<Leaf> {
+    /// The client certificate a scraper presents to the agents' `/metrics`.
+    pub fn metrics_client(&self) -> Result<Leaf> {
+        self.issue(
+            resourcewatch_proto::METRICS_CLIENT_CERT_NAME,
+            vec![resourcewatch_proto::METRICS_CLIENT_CERT_NAME.to_owned()],
+            &[ExtendedKeyUsagePurpose::ClientAuth],
+        )
+    }
+
+    fn issue(
+        &self,
+        cn: &str,
+        sans: Vec<String>,
+        usages: &[ExtendedKeyUsagePurpose],
+    ) -> Result<Leaf> {
         let ca_key = KeyPair::from_pem(&self.ca_key)?;
         let issuer = Issuer::from_ca_cert_pem(&self.ca_cert, ca_key)?;
         let key = KeyPair::generate()?;
         let mut p = CertificateParams::new(sans)?;
         p.distinguished_name.push(DnType::CommonName, cn);
-        p.extended_key_usages = vec![usage];
+        p.extended_key_usages = usages.to_vec();
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         p.not_before = rcgen::date_time_ymd(2024, 1, 1);
         p.not_after = rcgen::date_time_ymd(2036, 1, 1);
@@ -163,19 +183,56 @@ pub async fn ensure_ca(client: &Client, ns: &str, name: &str) -> Result<Pki> {
     )))
 }
 
-/// The agents' client certificate Secret (`ca.crt`, `tls.crt`, `tls.key`): created when
-/// missing, replaced when it was issued by another CA.
-pub async fn ensure_agent_secret(client: &Client, ns: &str, name: &str, pki: &Pki) -> Result<()> {
+/// Which certificate a leaf Secret holds; written on the Secret as
+/// [`ISSUED_AS_ANNOTATION`], so a Secret of an older profile (the agents' certificate
+/// before it also served their `/metrics`) is issued again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeafKind {
+    /// Client towards the operator, server of the agent's `/metrics`.
+    Agent,
+    /// A scraper of the agents' `/metrics`.
+    MetricsClient,
+}
+
+impl LeafKind {
+    fn profile(self) -> &'static str {
+        match self {
+            LeafKind::Agent => "agent/client+server/v2",
+            LeafKind::MetricsClient => "metrics-client/v1",
+        }
+    }
+}
+
+pub const ISSUED_AS_ANNOTATION: &str = "resourcewatch.io/issued-as";
+
+/// A leaf certificate Secret (`ca.crt`, `tls.crt`, `tls.key`): created when missing,
+/// issued again when another CA or another profile issued it.
+pub async fn ensure_leaf_secret(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    pki: &Pki,
+    kind: LeafKind,
+) -> Result<()> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     let existing = api.get_opt(name).await?;
     if let Some(s) = &existing
         && get(s, CA_CERT).as_deref() == Some(pki.ca_cert.as_str())
         && get(s, TLS_CERT).is_some()
         && get(s, TLS_KEY).is_some()
+        && s.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ISSUED_AS_ANNOTATION))
+            .map(String::as_str)
+            == Some(kind.profile())
     {
         return Ok(());
     }
-    let leaf = pki.client()?;
+    let leaf = match kind {
+        LeafKind::Agent => pki.agent()?,
+        LeafKind::MetricsClient => pki.metrics_client()?,
+    };
     let mut s = secret(
         ns,
         name,
@@ -185,14 +242,20 @@ pub async fn ensure_agent_secret(client: &Client, ns: &str, name: &str, pki: &Pk
             (TLS_KEY, &leaf.key),
         ],
     );
+    s.metadata.annotations =
+        Some([(ISSUED_AS_ANNOTATION.to_string(), kind.profile().to_string())].into());
     match existing {
         Some(old) => {
             s.metadata.resource_version = old.metadata.resource_version;
-            api.replace(name, &PostParams::default(), &s).await?;
+            match api.replace(name, &PostParams::default(), &s).await {
+                Ok(_) => {}
+                // Another replica issued it at the same moment, from the same CA.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         None => match api.create(&PostParams::default(), &s).await {
             Ok(_) => {}
-            // Another replica made it at the same moment, from the same CA.
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(e.into()),
         },

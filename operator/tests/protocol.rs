@@ -40,7 +40,7 @@ struct Fixture {
 async fn start() -> Fixture {
     let pki = Pki::generate().expect("CA");
     let server_leaf = pki.server(&[SERVER_NAME.into()]).expect("server cert");
-    let client_leaf = pki.client().expect("client cert");
+    let client_leaf = pki.agent().expect("agent cert");
     let hub = Arc::new(Hub::new(HubOptions::default()));
     let (leader, leader_rx) = watch::channel(true);
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -404,7 +404,7 @@ async fn clients_without_a_certificate_from_our_ca_are_refused() {
     assert!(refused, "a client without a certificate got a session");
     // A certificate from another CA.
     let other = Pki::generate().expect("other CA");
-    let stranger = other.client().expect("cert");
+    let stranger = other.agent().expect("cert");
     let refused = match f.channel_with(Some(&stranger), &f.pki.ca_cert).await {
         Err(_) => true,
         Ok(ch) => {
@@ -419,6 +419,31 @@ async fn clients_without_a_certificate_from_our_ca_are_refused() {
         }
     };
     assert!(refused, "a certificate from another CA got a session");
+    // Our CA's certificate for scrapers, with a valid token for the node it claims.
+    let scraper = f.pki.metrics_client().expect("metrics client cert");
+    let ch = f
+        .channel_with(Some(&scraper), &f.pki.ca_cert)
+        .await
+        .expect("the transport accepts our CA's chain");
+    let mut c = AgentControlClient::new(ch);
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(pb::AgentMessage {
+        msg: Some(hello("n1")),
+    })
+    .await
+    .expect("queue");
+    let mut req = tonic::Request::new(ReceiverStream::new(rx));
+    req.metadata_mut()
+        .insert(pb::NODE_METADATA, "n1".parse().expect("metadata"));
+    req.metadata_mut().insert(
+        pb::AUTHORIZATION_METADATA,
+        "Bearer token-n1".parse().expect("metadata"),
+    );
+    let status = c
+        .session(req)
+        .await
+        .expect_err("the scrapers' certificate opened a stream");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
     assert_eq!(f.hub.connected_agents(), 0);
     // And the agent refuses a server whose certificate is not from the agent's CA.
     assert!(

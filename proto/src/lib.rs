@@ -25,8 +25,14 @@ pub const AUTHORIZATION_METADATA: &str = "authorization";
 /// the operator checks the token against it before reading any message.
 pub const NODE_METADATA: &str = "resourcewatch-node";
 
-/// The name every agent's client certificate carries; the operator accepts no other.
+/// The name every agent's certificate carries: the operator accepts no other client
+/// certificate on its agents' endpoint, and scrapers of an agent's `/metrics` verify it.
 pub const AGENT_CERT_NAME: &str = "resourcewatch-agent";
+
+/// The name of the client certificate an agent's `/metrics` is served to (the
+/// `resourcewatch-metrics-client` Secret the operator issues); no other, the agents' own
+/// included.
+pub const METRICS_CLIENT_CERT_NAME: &str = "resourcewatch-metrics-client";
 
 /// The DNS name the operator's serving certificate is issued for and agents verify,
 /// whatever address they dial (in the e2e cluster there is no DNS: agents dial the

@@ -20,7 +20,13 @@ use std::{
     time::Duration,
 };
 
-use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use axum::{
+    Router,
+    extract::{ConnectInfo, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::get,
+};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric, text::encode},
@@ -328,7 +334,28 @@ pub fn router(metrics: Arc<AgentMetrics>) -> Router {
         .with_state(metrics)
 }
 
-async fn serve_metrics(State(m): State<Arc<AgentMetrics>>) -> impl IntoResponse {
+/// Only to a client that presented the scrapers' certificate (the handshake verified it
+/// against the agents' CA). The agents' own certificate is refused too: any node holds
+/// it, and a node should not read another's counters.
+async fn serve_metrics(
+    State(m): State<Arc<AgentMetrics>>,
+    ConnectInfo(peer): ConnectInfo<resourcewatch_https::Peer>,
+) -> Response {
+    let name = resourcewatch_proto::METRICS_CLIENT_CERT_NAME;
+    if peer.certificates.is_empty() {
+        return (
+            StatusCode::UNAUTHORIZED,
+            format!("present the {name} client certificate (the Secret of that name)\n"),
+        )
+            .into_response();
+    }
+    if !peer.presents(name) {
+        return (
+            StatusCode::FORBIDDEN,
+            format!("/metrics is served to the {name} certificate only\n"),
+        )
+            .into_response();
+    }
     (
         [(
             "content-type",
@@ -336,6 +363,7 @@ async fn serve_metrics(State(m): State<Arc<AgentMetrics>>) -> impl IntoResponse 
         )],
         m.render(),
     )
+        .into_response()
 }
 
 fn answer(r: Result<(), String>, ok: &'static str) -> (StatusCode, String) {

@@ -52,7 +52,9 @@ pub struct RunOptions {
     /// The projected ServiceAccount token (audience `resourcewatch-operator`) that proves
     /// this node to the operator; re-read at every connect, since kubelet rotates it.
     pub token_path: PathBuf,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served (None: not served).
+    /// Where `/metrics`, `/healthz` and `/readyz` are served over HTTPS (None: not
+    /// served). `/metrics` only to the client certificate
+    /// [`pb::METRICS_CLIENT_CERT_NAME`]; the probes to anyone (kubelet presents none).
     pub metrics_addr: Option<SocketAddr>,
 }
 
@@ -80,6 +82,8 @@ pub enum RunError {
     EngineGone,
     #[error("the stream to the operator closed")]
     StreamClosed,
+    #[error("the /metrics listener: {0}")]
+    MetricsListener(#[source] resourcewatch_https::Error),
     #[error("starting the agent's {what}: {source}")]
     Start {
         what: &'static str,
@@ -142,19 +146,23 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         })?;
     let result = rt.block_on(async {
         if let Some(addr) = opts.metrics_addr {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| RunError::Start {
-                    what: "metrics listener",
-                    source,
-                })?;
+            // HTTPS with the agent's own certificate (issued for AGENT_CERT_NAME), taken
+            // from the mounted Secret at every connection so a reissued one is served.
+            let listener = resourcewatch_https::TlsListener::bind(
+                addr,
+                Arc::new(resourcewatch_https::SecretDir::new(&opts.tls_dir)),
+            )
+            .await
+            .map_err(RunError::MetricsListener)?;
             let router = metrics::router(metrics.clone());
             tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router.into_make_service()).await {
+                let service =
+                    router.into_make_service_with_connect_info::<resourcewatch_https::Peer>();
+                if let Err(e) = axum::serve(listener, service).await {
                     tracing::error!(error = %e, "the metrics server stopped");
                 }
             });
-            tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+            tracing::info!(%addr, "serving /metrics (to the metrics client certificate), /healthz, /readyz over HTTPS");
         }
         let channels = Channels {
             configs: config_tx,

@@ -1,0 +1,532 @@
+//! The HTTPS listener behind `/metrics` and the probes of the operator and the agents.
+//!
+//! Prometheus and kubelet speak HTTP/1.1 over TLS (no h2 by ALPN), which tonic's TLS
+//! server refuses, so they get this small rustls listener under `axum::serve`.
+//! Handshakes run on their own tasks, at most [`MAX_HANDSHAKES`] at once and each within
+//! [`HANDSHAKE_TIMEOUT`]: a slow or broken client cannot hold up the others, nor pile up
+//! tasks. The TLS configuration is asked of a [`ConfigSource`] at every connection, so a
+//! certificate rotated on disk is served from the next connection on. A handler learns
+//! who connected from [`Peer`] (`axum::extract::ConnectInfo<Peer>`): the certificate
+//! chain the client presented, already verified against the client CA when one is
+//! configured.
+
+use std::{
+    io,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use rustls::{
+    RootCertStore, ServerConfig,
+    pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject},
+    server::WebPkiClientVerifier,
+};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::{Semaphore, mpsc},
+};
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
+
+/// Handshakes in flight at once; connections beyond wait in the kernel's backlog.
+pub const MAX_HANDSHAKES: usize = 32;
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what}: {source}")]
+    Read {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{what}: no usable PEM ({detail})")]
+    Pem { what: String, detail: String },
+    #[error("TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+    #[error("client CA: {0}")]
+    ClientCa(#[from] rustls::server::VerifierBuilderError),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A server configuration for HTTP/1.1 and h2 over TLS with this certificate and key.
+/// With `client_ca`, a client may present a certificate, which must chain to that CA
+/// (else the handshake fails); one that presents none is let in too, and handlers decide
+/// by [`Peer::presents`]: kubelet's HTTPS probes present no certificate.
+pub fn server_config(
+    cert_pem: &str,
+    key_pem: &str,
+    client_ca: Option<&str>,
+) -> Result<ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs = pem_certs(cert_pem, "serving certificate")?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| Error::Pem {
+        what: "serving key".into(),
+        detail: e.to_string(),
+    })?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let mut cfg = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for c in pem_certs(ca, "client CA")? {
+                roots.add(c)?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .allow_unauthenticated()
+                .build()?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    }
+    .with_single_cert(certs, key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+fn pem_certs(pem: &str, what: &str) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Pem {
+            what: what.into(),
+            detail: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(Error::Pem {
+            what: what.into(),
+            detail: "no CERTIFICATE block".into(),
+        });
+    }
+    Ok(certs)
+}
+
+/// Where the listener takes its TLS configuration from, at every connection.
+pub trait ConfigSource: Send + Sync + 'static {
+    fn current(&self) -> Result<Arc<ServerConfig>>;
+}
+
+/// One configuration for the listener's life (the operator issues its serving
+/// certificate at start).
+pub struct Fixed(pub Arc<ServerConfig>);
+
+impl ConfigSource for Fixed {
+    fn current(&self) -> Result<Arc<ServerConfig>> {
+        Ok(self.0.clone())
+    }
+}
+
+/// `tls.crt`, `tls.key` and `ca.crt` of a mounted Secret, rebuilt when one of them
+/// changes on disk (kubelet swaps the files of an updated Secret atomically), else the
+/// configuration built last: three `stat`s per connection.
+pub struct SecretDir {
+    dir: std::path::PathBuf,
+    cached: Mutex<Option<Built>>,
+}
+
+/// A configuration and the modification times of the files it was built from.
+struct Built {
+    stamps: Vec<Option<SystemTime>>,
+    config: Arc<ServerConfig>,
+}
+
+impl SecretDir {
+    const FILES: [&str; 3] = ["tls.crt", "tls.key", "ca.crt"];
+
+    pub fn new(dir: impl Into<std::path::PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            cached: Mutex::new(None),
+        }
+    }
+
+    fn read(&self, name: &str) -> Result<String> {
+        let path = self.dir.join(name);
+        std::fs::read_to_string(&path).map_err(|source| Error::Read {
+            what: path.display().to_string(),
+            source,
+        })
+    }
+}
+
+impl ConfigSource for SecretDir {
+    fn current(&self) -> Result<Arc<ServerConfig>> {
+        let stamps: Vec<Option<SystemTime>> = Self::FILES
+            .iter()
+            .map(|f| {
+                std::fs::metadata(self.dir.join(f))
+                    .and_then(|m| m.modified())
+                    .ok()
+            })
+            .collect();
+        let mut cached = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(built) = cached.as_ref()
+            && built.stamps == stamps
+        {
+            return Ok(built.config.clone());
+        }
+        let cfg = Arc::new(server_config(
+            &self.read("tls.crt")?,
+            &self.read("tls.key")?,
+            Some(&self.read("ca.crt")?),
+        )?);
+        *cached = Some(Built {
+            stamps,
+            config: cfg.clone(),
+        });
+        Ok(cfg)
+    }
+}
+
+/// Who is on the other end of a connection.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    /// The chain the client presented, verified against the client CA; empty when it
+    /// presented none.
+    pub certificates: Vec<CertificateDer<'static>>,
+}
+
+impl Peer {
+    /// Whether the client presented a verified certificate issued for `name` (a DNS
+    /// subject alternative name).
+    pub fn presents(&self, name: &str) -> bool {
+        self.certificates
+            .first()
+            .is_some_and(|leaf| issued_for(leaf, name))
+    }
+}
+
+/// Whether `cert` names `name` among its DNS subject alternative names. Says nothing of
+/// who issued it: call it on a chain the handshake verified.
+pub fn issued_for(cert: &CertificateDer<'_>, name: &str) -> bool {
+    let Ok(name) = ServerName::try_from(name) else {
+        return false;
+    };
+    webpki::EndEntityCert::try_from(cert)
+        .and_then(|c| c.verify_is_valid_for_subject_name(&name))
+        .is_ok()
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        let certificates = stream
+            .io()
+            .get_ref()
+            .1
+            .peer_certificates()
+            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+            .unwrap_or_default();
+        Peer {
+            addr: *stream.remote_addr(),
+            certificates,
+        }
+    }
+}
+
+pub struct TlsListener {
+    addr: SocketAddr,
+    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+}
+
+impl TlsListener {
+    pub async fn bind(addr: SocketAddr, source: Arc<dyn ConfigSource>) -> Result<Self> {
+        // A configuration that cannot be built fails the start, not each connection.
+        source.current()?;
+        let tcp = TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Bind { addr, source })?;
+        let addr = tcp
+            .local_addr()
+            .map_err(|source| Error::Bind { addr, source })?;
+        let (tx, ready) = mpsc::channel(16);
+        let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        tokio::spawn(async move {
+            loop {
+                let Ok(permit) = handshakes.clone().acquire_owned().await else {
+                    return;
+                };
+                let (sock, peer) = match tcp.accept().await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "HTTPS accept");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                if tx.is_closed() {
+                    return;
+                }
+                let acceptor = match source.current() {
+                    Ok(cfg) => TlsAcceptor::from(cfg),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "TLS configuration; connection dropped");
+                        continue;
+                    }
+                };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, ready })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(x) => x,
+            // The acceptor task is gone: nothing will ever come.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.addr)
+    }
+}
+
+/// What [`get`] sends and how it authenticates.
+pub struct Get<'a> {
+    /// The name the server's certificate must carry.
+    pub server_name: &'a str,
+    /// The CA the server's certificate must chain to (PEM).
+    pub ca_pem: &'a str,
+    /// A client certificate and key to present (PEM).
+    pub identity: Option<(&'a str, &'a str)>,
+    /// A bearer token to send.
+    pub token: Option<&'a str>,
+    pub path: &'a str,
+}
+
+/// One HTTP/1.1 GET over TLS, as a scraper or a probe makes it: the status code and the
+/// body. For the e2e tests and the agent's listener tests (a small client rather than an
+/// HTTP client crate: one GET per check, no pooling, no redirects).
+pub async fn get(addr: SocketAddr, req: &Get<'_>) -> Result<(u16, String), GetError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = RootCertStore::empty();
+    for c in pem_certs(req.ca_pem, "CA")? {
+        roots.add(c).map_err(Error::Config)?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(Error::Config)?
+    .with_root_certificates(roots);
+    let cfg = match req.identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                pem_certs(cert, "client certificate")?,
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| Error::Pem {
+                    what: "client key".into(),
+                    detail: e.to_string(),
+                })?,
+            )
+            .map_err(Error::Config)?,
+    };
+    let name = ServerName::try_from(req.server_name.to_owned())
+        .map_err(|e| GetError::Name(e.to_string()))?;
+    let tcp = TcpStream::connect(addr).await?;
+    let mut tls = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| GetError::Timeout)??;
+    let auth = req
+        .token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    tls.write_all(
+        format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\n{auth}Connection: close\r\n\r\n",
+            req.path, req.server_name
+        )
+        .as_bytes(),
+    )
+    .await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut buf))
+        .await
+        .map_err(|_| GetError::Timeout)??;
+    let text = String::from_utf8_lossy(&buf);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| GetError::Response(text.chars().take(200).collect()))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error(transparent)]
+    Tls(#[from] Error),
+    #[error("server name: {0}")]
+    Name(String),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error("no answer within the timeout")]
+    Timeout,
+    #[error("not an HTTP response: {0:?}")]
+    Response(String),
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use axum::{Router, extract::ConnectInfo, routing::get};
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+
+    struct Ca {
+        pem: String,
+        issuer: Issuer<'static, KeyPair>,
+    }
+
+    fn new_ca() -> Ca {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let pem = p.self_signed(&key).unwrap().pem();
+        Ca {
+            pem,
+            issuer: Issuer::new(p, key),
+        }
+    }
+
+    fn leaf(ca: &Ca, name: &str, usages: Vec<ExtendedKeyUsagePurpose>) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(vec![name.to_string()]).unwrap();
+        p.extended_key_usages = usages;
+        (
+            p.signed_by(&key, &ca.issuer).unwrap().pem(),
+            key.serialize_pem(),
+        )
+    }
+
+    async fn serve(ca: &Ca) -> SocketAddr {
+        let (cert, key) = leaf(ca, "server", vec![ExtendedKeyUsagePurpose::ServerAuth]);
+        let cfg = server_config(&cert, &key, Some(&ca.pem)).unwrap();
+        let listener =
+            TlsListener::bind("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed(cfg.into())))
+                .await
+                .unwrap();
+        let addr = axum::serve::Listener::local_addr(&listener).unwrap();
+        let app = Router::new().route(
+            "/",
+            get(|ConnectInfo(p): ConnectInfo<Peer>| async move {
+                format!(
+                    "client={} other={}",
+                    p.presents("client"),
+                    p.presents("other")
+                )
+            }),
+        );
+        tokio::spawn(async move {
+            axum::serve(listener, app.into_make_service_with_connect_info::<Peer>()).await
+        });
+        addr
+    }
+
+    /// The body of GET / over TLS, presenting `identity` if given.
+    async fn fetch(
+        addr: SocketAddr,
+        ca: &Ca,
+        identity: Option<(String, String)>,
+    ) -> Result<String, GetError> {
+        let req = Get {
+            server_name: "server",
+            ca_pem: &ca.pem,
+            identity: identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
+            token: None,
+            path: "/",
+        };
+        let (code, body) = super::get(addr, &req).await?;
+        assert_eq!(code, 200);
+        Ok(body)
+    }
+
+    #[tokio::test]
+    async fn handlers_see_the_verified_client_name_and_nothing_else() {
+        let ca = new_ca();
+        let addr = serve(&ca).await;
+        assert_eq!(
+            fetch(addr, &ca, None).await.unwrap(),
+            "client=false other=false"
+        );
+        let client = leaf(&ca, "client", vec![ExtendedKeyUsagePurpose::ClientAuth]);
+        assert_eq!(
+            fetch(addr, &ca, Some(client)).await.unwrap(),
+            "client=true other=false"
+        );
+        // A certificate of another CA, even for the right name, fails the handshake.
+        let stranger = new_ca();
+        let forged = leaf(
+            &stranger,
+            "client",
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+        );
+        assert!(fetch(addr, &ca, Some(forged)).await.is_err());
+        // So does one of this CA that is not for client authentication.
+        let server_only = leaf(&ca, "client", vec![ExtendedKeyUsagePurpose::ServerAuth]);
+        assert!(fetch(addr, &ca, Some(server_only)).await.is_err());
+    }
+
+    #[test]
+    fn a_rotated_secret_is_served_from_the_next_connection() {
+        let dir = std::env::temp_dir().join(format!("rw-https-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |ca: &Ca| {
+            let (cert, key) = leaf(ca, "server", vec![ExtendedKeyUsagePurpose::ServerAuth]);
+            std::fs::write(dir.join("tls.crt"), cert).unwrap();
+            std::fs::write(dir.join("tls.key"), key).unwrap();
+            std::fs::write(dir.join("ca.crt"), &ca.pem).unwrap();
+        };
+        let src = SecretDir::new(&dir);
+        write(&new_ca());
+        let first = src.current().unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &src.current().unwrap()),
+            "cached while unchanged"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        write(&new_ca());
+        assert!(
+            !Arc::ptr_eq(&first, &src.current().unwrap()),
+            "rebuilt after a change"
+        );
+        std::fs::write(dir.join("tls.key"), "garbage").unwrap();
+        assert!(
+            src.current().is_err(),
+            "a broken key is an error, not a panic"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
