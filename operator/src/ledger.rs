@@ -117,6 +117,8 @@ pub enum LedgerProblem {
     Lost(String),
     /// There, but not a ledger this operator can read.
     Unreadable(String),
+    /// Its writes keep losing to another writer (see [`Contention`]).
+    Contended(String),
 }
 
 impl LedgerProblem {
@@ -124,13 +126,67 @@ impl LedgerProblem {
         match self {
             LedgerProblem::Lost(_) => crate::model::RemediationReason::LedgerLost,
             LedgerProblem::Unreadable(_) => crate::model::RemediationReason::LedgerUnreadable,
+            LedgerProblem::Contended(_) => crate::model::RemediationReason::LedgerConflict,
         }
     }
 
     pub fn message(&self) -> &str {
         match self {
-            LedgerProblem::Lost(m) | LedgerProblem::Unreadable(m) => m,
+            LedgerProblem::Lost(m) | LedgerProblem::Unreadable(m) | LedgerProblem::Contended(m) => {
+                m
+            }
         }
+    }
+}
+
+/// Lost write races per ledger. One conflict is two watches deciding for a workload at
+/// once: the loser reads again and decides again. A run of them, each within
+/// [`Contention::RUN_GAP`] of the last, means something else keeps rewriting the record
+/// (another operator instance, a person, a tool): the rails it holds are then not this
+/// operator's to trust, so from [`Contention::BLOCK_AFTER`] conflicts on the workload is
+/// not restarted until [`Contention::HOLD`] passes without one.
+#[derive(Debug, Default)]
+pub struct Contention {
+    runs: std::collections::HashMap<String, Run>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    conflicts: u32,
+    last: i64,
+}
+
+impl Contention {
+    pub const BLOCK_AFTER: u32 = 3;
+    pub const RUN_GAP: i64 = 60;
+    pub const HOLD: i64 = 30;
+    /// Ledgers tracked at most (a run is forgotten after [`Self::RUN_GAP`] anyway).
+    const CAP: usize = 4096;
+
+    pub fn conflict(&mut self, name: &str, now: i64) {
+        if self.runs.len() >= Self::CAP {
+            self.runs.retain(|_, r| now - r.last < Self::RUN_GAP);
+        }
+        let run = self.runs.entry(name.to_owned()).or_insert(Run {
+            conflicts: 0,
+            last: now,
+        });
+        if now - run.last >= Self::RUN_GAP {
+            run.conflicts = 0;
+        }
+        run.conflicts += 1;
+        run.last = now;
+    }
+
+    pub fn written(&mut self, name: &str) {
+        self.runs.remove(name);
+    }
+
+    /// `(conflicts in the run, seconds since the last)` while the ledger is blocked.
+    pub fn blocked(&self, name: &str, now: i64) -> Option<(u32, i64)> {
+        let run = self.runs.get(name)?;
+        (run.conflicts >= Self::BLOCK_AFTER && now - run.last < Self::HOLD)
+            .then_some((run.conflicts, now - run.last))
     }
 }
 
@@ -155,6 +211,7 @@ pub struct LedgerStore {
     /// wrote it, by record name: a ledger that disappears after holding one is noticed
     /// even when no watch's status recorded it (another watch's restart).
     seen: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
+    contention: std::sync::Arc<std::sync::Mutex<Contention>>,
 }
 
 /// A write lost the race: read again and decide again.
@@ -167,6 +224,7 @@ impl LedgerStore {
             api: Api::namespaced(client, namespace),
             timeout,
             seen: Default::default(),
+            contention: Default::default(),
         }
     }
 
@@ -207,7 +265,7 @@ impl LedgerStore {
                 let last = remembered.max(known.last_restart_in_status);
                 let problem = last.filter(|t| known.now - t < known.counts_for).map(|t| {
                     LedgerProblem::Lost(format!(
-                        "the ledger of {w} (ConfigMap {ns}/{name}) is gone although it restarted {}s ago: its rails are unknown, so it is not restarted until {}s after that restart",
+                        "the ledger of {w} (ConfigMap {ns}/{name}) is gone although it recorded a restart (or the intent of one) {}s ago: its rails are unknown, so it is not restarted until {}s after that",
                         known.now - t,
                         known.counts_for
                     ))
@@ -224,13 +282,23 @@ impl LedgerStore {
                     .and_then(|d| d.get(KEY))
                     .ok_or_else(|| format!("no {KEY}"))
                     .and_then(|j| serde_json::from_str::<Ledger>(j).map_err(|e| e.to_string()));
+                let contended = self
+                    .contention
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .blocked(&name, known.now);
                 match parsed {
                     Ok(ledger) => {
                         self.remember(w, &ledger);
                         Versioned {
                             ledger,
                             resource_version: cm.metadata.resource_version,
-                            problem: None,
+                            problem: contended.map(|(n, ago)| {
+                                LedgerProblem::Contended(format!(
+                                    "writes to the ledger of {w} (ConfigMap {ns}/{name}) lost {n} races in a row to another writer, the last {ago}s ago: its rails are not this operator's alone, so it is not restarted until {}s pass without one",
+                                    Contention::HOLD
+                                ))
+                            }),
                         }
                     }
                     Err(e) => Versioned {
@@ -284,9 +352,19 @@ impl LedgerStore {
         {
             Ok(cm) => {
                 self.remember(w, ledger);
+                self.contention
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .written(&w.record_name());
                 Ok(Ok(cm.metadata.resource_version.unwrap_or_default()))
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Err(Conflict)),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                self.contention
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .conflict(&w.record_name(), jiff::Timestamp::now().as_second());
+                Ok(Err(Conflict))
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -313,6 +391,39 @@ mod tests {
                 .bytes()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
         );
+    }
+
+    #[test]
+    fn a_run_of_lost_races_blocks_for_a_while_and_one_does_not() {
+        let mut c = Contention::default();
+        c.conflict("a", 100);
+        c.conflict("a", 101);
+        assert_eq!(
+            c.blocked("a", 101),
+            None,
+            "two races are two watches deciding at once"
+        );
+        c.conflict("a", 102);
+        assert_eq!(c.blocked("a", 110), Some((3, 8)));
+        assert_eq!(c.blocked("b", 110), None, "per ledger");
+        assert_eq!(
+            c.blocked("a", 102 + Contention::HOLD),
+            None,
+            "the hold ends"
+        );
+        // A run is consecutive: conflicts far apart start it again.
+        let mut c = Contention::default();
+        for t in [0, Contention::RUN_GAP, 2 * Contention::RUN_GAP] {
+            c.conflict("a", t);
+        }
+        assert_eq!(c.blocked("a", 2 * Contention::RUN_GAP), None);
+        // A successful write ends the run.
+        let mut c = Contention::default();
+        for t in [0, 1, 2] {
+            c.conflict("a", t);
+        }
+        c.written("a");
+        assert_eq!(c.blocked("a", 3), None);
     }
 
     #[test]

@@ -83,6 +83,7 @@ names!(
         NoController,
         LedgerLost,
         LedgerUnreadable,
+        LedgerConflict,
         RestartInProgress,
         Cooldown,
         MaxRestarts,
