@@ -2,9 +2,11 @@
 //!
 //! Prometheus and kubelet speak HTTP/1.1 over TLS (no h2 by ALPN), which tonic's TLS
 //! server refuses, so they get this small rustls listener under `axum::serve`.
-//! Handshakes run on their own tasks, at most [`MAX_HANDSHAKES`] at once and each within
-//! [`HANDSHAKE_TIMEOUT`]: a slow or broken client cannot hold up the others, nor pile up
-//! tasks. The TLS configuration is asked of a [`ConfigSource`] at every connection, so a
+//! Handshakes run on their own tasks, at most [`MAX_HANDSHAKES`] at once, at most
+//! [`MAX_HANDSHAKES_PER_IP`] of them from one address, each within
+//! [`HANDSHAKE_TIMEOUT`]: a slow or broken client cannot hold up the others nor pile up
+//! tasks, and one that opens connections and says nothing cannot starve kubelet's probes,
+//! which come from the node's address. The TLS configuration is asked of a [`ConfigSource`] at every connection, so a
 //! certificate rotated on disk is served from the next connection on. A handler learns
 //! who connected from [`Peer`] (`axum::extract::ConnectInfo<Peer>`): the certificate
 //! chain the client presented, already verified against the client CA when one is
@@ -29,7 +31,9 @@ use tokio::{
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 
 /// Handshakes in flight at once; connections beyond wait in the kernel's backlog.
-pub const MAX_HANDSHAKES: usize = 32;
+pub const MAX_HANDSHAKES: usize = 256;
+/// Handshakes in flight from one address; connections beyond are closed at once.
+pub const MAX_HANDSHAKES_PER_IP: usize = 16;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
@@ -247,6 +251,7 @@ impl TlsListener {
             .map_err(|source| Error::Bind { addr, source })?;
         let (tx, ready) = mpsc::channel(16);
         let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        let per_ip = Arc::new(Mutex::new(PerIp::default()));
         tokio::spawn(async move {
             loop {
                 let Ok(permit) = handshakes.clone().acquire_owned().await else {
@@ -263,6 +268,10 @@ impl TlsListener {
                 if tx.is_closed() {
                     return;
                 }
+                let Some(slot) = PerIp::take(&per_ip, peer.ip()) else {
+                    tracing::debug!(%peer, "too many handshakes from this address; closed");
+                    continue;
+                };
                 let acceptor = match source.current() {
                     Ok(cfg) => TlsAcceptor::from(cfg),
                     Err(e) => {
@@ -272,7 +281,7 @@ impl TlsListener {
                 };
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let _permit = permit;
+                    let _permit = (permit, slot);
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
                         Ok(Ok(tls)) => {
                             let _ = tx.send((tls, peer)).await;
@@ -284,6 +293,37 @@ impl TlsListener {
             }
         });
         Ok(Self { addr, ready })
+    }
+}
+
+/// Handshakes in flight per address.
+#[derive(Default)]
+struct PerIp(std::collections::HashMap<std::net::IpAddr, usize>);
+
+/// One handshake of an address; given back on drop.
+struct IpSlot(Arc<Mutex<PerIp>>, std::net::IpAddr);
+
+impl PerIp {
+    fn take(this: &Arc<Mutex<PerIp>>, ip: std::net::IpAddr) -> Option<IpSlot> {
+        let mut map = this.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.0.entry(ip).or_insert(0);
+        if *n >= MAX_HANDSHAKES_PER_IP {
+            return None;
+        }
+        *n += 1;
+        Some(IpSlot(this.clone(), ip))
+    }
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.0.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                map.0.remove(&self.1);
+            }
+        }
     }
 }
 
@@ -497,6 +537,47 @@ mod tests {
         // So does one of this CA that is not for client authentication.
         let server_only = leaf(&ca, "client", vec![ExtendedKeyUsagePurpose::ServerAuth]);
         assert!(fetch(addr, &ca, Some(server_only)).await.is_err());
+    }
+
+    /// Connections that never start a handshake, from 127.0.0.2: the address's share of
+    /// handshakes fills, its next connection is closed at once, and a client of another
+    /// address (kubelet's, in a pod) is served meanwhile.
+    #[tokio::test]
+    async fn a_silent_address_cannot_starve_another() {
+        let ca = new_ca();
+        let addr = serve(&ca).await;
+        let from = |ip: &str| {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+            sock.connect(addr)
+        };
+        let mut silent = Vec::new();
+        for _ in 0..MAX_HANDSHAKES_PER_IP {
+            silent.push(from("127.0.0.2").await.unwrap());
+        }
+        // Let the listener take them all in.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut extra = from("127.0.0.2").await.unwrap();
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::io::AsyncReadExt::read(&mut extra, &mut buf),
+        )
+        .await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "the address's next connection is closed at once: {read:?}"
+        );
+        let started = std::time::Instant::now();
+        assert_eq!(
+            fetch(addr, &ca, None).await.unwrap(),
+            "client=false other=false"
+        );
+        assert!(
+            started.elapsed() < HANDSHAKE_TIMEOUT,
+            "served without waiting"
+        );
+        drop(silent);
     }
 
     #[test]
