@@ -2,11 +2,11 @@
 //!
 //! Prometheus and kubelet speak HTTP/1.1 over TLS (no h2 by ALPN), which tonic's TLS
 //! server refuses, so they get this small rustls listener under `axum::serve`.
-//! Handshakes run on their own tasks, at most [`MAX_HANDSHAKES`] at once, at most
-//! [`MAX_HANDSHAKES_PER_IP`] of them from one address, each within
-//! [`HANDSHAKE_TIMEOUT`]: a slow or broken client cannot hold up the others nor pile up
-//! tasks, and one that opens connections and says nothing cannot starve kubelet's probes,
-//! which come from the node's address. The TLS configuration is asked of a [`ConfigSource`] at every connection, so a
+//! Handshakes run on their own tasks, each within [`HANDSHAKE_TIMEOUT`]. At most
+//! [`MAX_CONNECTIONS`] connections are open at once (handshaking or served), at most
+//! [`MAX_CONNECTIONS_PER_IP`] from one address, each for at most [`MAX_CONNECTION_AGE`]:
+//! a slow, silent or idle client cannot hold up the others nor pile up memory, and one
+//! address cannot starve kubelet's probes, which come from the node's. The TLS configuration is asked of a [`ConfigSource`] at every connection, so a
 //! certificate rotated on disk is served from the next connection on. A handler learns
 //! who connected from [`Peer`] (`axum::extract::ConnectInfo<Peer>`): the certificate
 //! chain the client presented, already verified against the client CA when one is
@@ -30,10 +30,13 @@ use tokio::{
 };
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 
-/// Handshakes in flight at once; connections beyond wait in the kernel's backlog.
-pub const MAX_HANDSHAKES: usize = 256;
-/// Handshakes in flight from one address; connections beyond are closed at once.
-pub const MAX_HANDSHAKES_PER_IP: usize = 16;
+/// Connections open at once; more wait in the kernel's backlog.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Connections open from one address; more are closed at once.
+pub const MAX_CONNECTIONS_PER_IP: usize = 16;
+/// A connection is closed this long after it was accepted (a scraper reconnects; probes
+/// and scrapes take milliseconds).
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(120);
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
@@ -222,6 +225,7 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsL
     fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
         let certificates = stream
             .io()
+            .tls()
             .get_ref()
             .1
             .peer_certificates()
@@ -234,13 +238,40 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsL
     }
 }
 
+/// What one listener allows ([`MAX_CONNECTIONS`], [`MAX_CONNECTIONS_PER_IP`],
+/// [`MAX_CONNECTION_AGE`] by default).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub connections: usize,
+    pub per_ip: usize,
+    pub max_age: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            connections: MAX_CONNECTIONS,
+            per_ip: MAX_CONNECTIONS_PER_IP,
+            max_age: MAX_CONNECTION_AGE,
+        }
+    }
+}
+
 pub struct TlsListener {
     addr: SocketAddr,
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    ready: mpsc::Receiver<(Conn, SocketAddr)>,
 }
 
 impl TlsListener {
     pub async fn bind(addr: SocketAddr, source: Arc<dyn ConfigSource>) -> Result<Self> {
+        Self::bind_with(addr, source, Limits::default()).await
+    }
+
+    pub async fn bind_with(
+        addr: SocketAddr,
+        source: Arc<dyn ConfigSource>,
+        limits: Limits,
+    ) -> Result<Self> {
         // A configuration that cannot be built fails the start, not each connection.
         source.current()?;
         let tcp = TcpListener::bind(addr)
@@ -250,11 +281,11 @@ impl TlsListener {
             .local_addr()
             .map_err(|source| Error::Bind { addr, source })?;
         let (tx, ready) = mpsc::channel(16);
-        let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        let open = Arc::new(Semaphore::new(limits.connections));
         let per_ip = Arc::new(Mutex::new(PerIp::default()));
         tokio::spawn(async move {
             loop {
-                let Ok(permit) = handshakes.clone().acquire_owned().await else {
+                let Ok(permit) = open.clone().acquire_owned().await else {
                     return;
                 };
                 let (sock, peer) = match tcp.accept().await {
@@ -268,8 +299,8 @@ impl TlsListener {
                 if tx.is_closed() {
                     return;
                 }
-                let Some(slot) = PerIp::take(&per_ip, peer.ip()) else {
-                    tracing::debug!(%peer, "too many handshakes from this address; closed");
+                let Some(slot) = PerIp::take(&per_ip, peer.ip(), limits.per_ip) else {
+                    tracing::debug!(%peer, "too many connections from this address; closed");
                     continue;
                 };
                 let acceptor = match source.current() {
@@ -281,10 +312,14 @@ impl TlsListener {
                 };
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let _permit = (permit, slot);
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
                         Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
+                            let conn = Conn {
+                                tls,
+                                expires: Box::pin(tokio::time::sleep(limits.max_age)),
+                                _held: (permit, slot),
+                            };
+                            let _ = tx.send((conn, peer)).await;
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -296,18 +331,18 @@ impl TlsListener {
     }
 }
 
-/// Handshakes in flight per address.
+/// Connections open per address.
 #[derive(Default)]
 struct PerIp(std::collections::HashMap<std::net::IpAddr, usize>);
 
-/// One handshake of an address; given back on drop.
+/// One connection of an address; given back on drop.
 struct IpSlot(Arc<Mutex<PerIp>>, std::net::IpAddr);
 
 impl PerIp {
-    fn take(this: &Arc<Mutex<PerIp>>, ip: std::net::IpAddr) -> Option<IpSlot> {
+    fn take(this: &Arc<Mutex<PerIp>>, ip: std::net::IpAddr, cap: usize) -> Option<IpSlot> {
         let mut map = this.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.0.entry(ip).or_insert(0);
-        if *n >= MAX_HANDSHAKES_PER_IP {
+        if *n >= cap {
             return None;
         }
         *n += 1;
@@ -327,8 +362,75 @@ impl Drop for IpSlot {
     }
 }
 
+/// A served connection: the TLS stream, its end of life, and its share of the limits
+/// (given back when hyper drops it).
+pub struct Conn {
+    tls: TlsStream<TcpStream>,
+    expires: std::pin::Pin<Box<tokio::time::Sleep>>,
+    _held: (tokio::sync::OwnedSemaphorePermit, IpSlot),
+}
+
+impl Conn {
+    pub fn tls(&self) -> &TlsStream<TcpStream> {
+        &self.tls
+    }
+
+    fn expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        self.expires.as_mut().poll(cx).is_ready()
+    }
+}
+
+fn too_old() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the connection reached its maximum age",
+    )
+}
+
+// hyper polls a read whenever it waits for a request, so the age is checked there; the
+// timer registered by that poll wakes an idle connection to be closed.
+impl tokio::io::AsyncRead for Conn {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        if self.expired(cx) {
+            return std::task::Poll::Ready(Err(too_old()));
+        }
+        std::pin::Pin::new(&mut self.tls).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Conn {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        if self.expired(cx) {
+            return std::task::Poll::Ready(Err(too_old()));
+        }
+        std::pin::Pin::new(&mut self.tls).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.tls).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.tls).poll_shutdown(cx)
+    }
+}
+
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = Conn;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
@@ -472,12 +574,19 @@ mod tests {
     }
 
     async fn serve(ca: &Ca) -> SocketAddr {
+        serve_with(ca, Limits::default()).await
+    }
+
+    async fn serve_with(ca: &Ca, limits: Limits) -> SocketAddr {
         let (cert, key) = leaf(ca, "server", vec![ExtendedKeyUsagePurpose::ServerAuth]);
         let cfg = server_config(&cert, &key, Some(&ca.pem)).unwrap();
-        let listener =
-            TlsListener::bind("127.0.0.1:0".parse().unwrap(), Arc::new(Fixed(cfg.into())))
-                .await
-                .unwrap();
+        let listener = TlsListener::bind_with(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(Fixed(cfg.into())),
+            limits,
+        )
+        .await
+        .unwrap();
         let addr = axum::serve::Listener::local_addr(&listener).unwrap();
         let app = Router::new().route(
             "/",
@@ -540,7 +649,7 @@ mod tests {
     }
 
     /// Connections that never start a handshake, from 127.0.0.2: the address's share of
-    /// handshakes fills, its next connection is closed at once, and a client of another
+    /// connections fills, its next connection is closed at once, and a client of another
     /// address (kubelet's, in a pod) is served meanwhile.
     #[tokio::test]
     async fn a_silent_address_cannot_starve_another() {
@@ -552,7 +661,7 @@ mod tests {
             sock.connect(addr)
         };
         let mut silent = Vec::new();
-        for _ in 0..MAX_HANDSHAKES_PER_IP {
+        for _ in 0..MAX_CONNECTIONS_PER_IP {
             silent.push(from("127.0.0.2").await.unwrap());
         }
         // Let the listener take them all in.
@@ -578,6 +687,53 @@ mod tests {
             "served without waiting"
         );
         drop(silent);
+    }
+
+    /// A client that completes its handshake and then says nothing is closed at the
+    /// connection's maximum age, and its share of the address's connections comes back.
+    #[tokio::test]
+    async fn an_idle_connection_is_closed_at_its_age() {
+        let ca = new_ca();
+        let limits = Limits {
+            connections: 8,
+            per_ip: 1,
+            max_age: Duration::from_millis(500),
+        };
+        let addr = serve_with(&ca, limits).await;
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(pem_certs(&ca.pem, "ca").unwrap().remove(0))
+            .unwrap();
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let mut idle = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(ServerName::try_from("server").unwrap(), tcp)
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::io::AsyncReadExt::read(&mut idle, &mut buf),
+        )
+        .await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "closed by the server: {read:?}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(400));
+        // The one connection this address may hold is free again.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            fetch(addr, &ca, None).await.unwrap(),
+            "client=false other=false"
+        );
     }
 
     #[test]
