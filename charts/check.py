@@ -318,6 +318,8 @@ def set_path(values, dotted, value):
 # (path, value, why) the schema must reject / accept.
 BAD_VALUES = [
     ("operator.replicas", "two", "replicas must be an integer"),
+    ("logFormat", "JSON", "the log format is text or json"),
+    ("agent.logLevel", "", "an empty log filter"),
     ("operator.replicas", -1, "replicas must be >= 0"),
     ("remediation.enabled", "yes", "the master switch must be a boolean"),
     ("remediation.enable", True, "a misspelt switch must not be silently ignored"),
@@ -389,13 +391,17 @@ def cmd_values_file(a):
     ag = ds["spec"]["template"]["spec"]
     opc, agc = op["containers"][0], ag["containers"][0]
     env = {e["name"]: e.get("value") for e in opc["env"]}
+    agent_env = {e["name"]: e.get("value") for e in agc["env"]}
     expect = [
         ("operator image", opc["image"], "registry.example.com:5000/rw/operator:1.2.3"),
         ("operator pullPolicy", opc["imagePullPolicy"], "Always"),
         ("agent image", agc["image"], "registry.example.com:5000/rw/agent:0.1.0"),
         ("agent pullPolicy", agc["imagePullPolicy"], "Never"),
         ("replicas", dep["spec"]["replicas"], 2),
-        ("RUST_LOG", env.get("RUST_LOG"), "debug"),
+        ("operator RESOURCEWATCH_LOG", env.get("RESOURCEWATCH_LOG"), "debug"),
+        ("agent RESOURCEWATCH_LOG", agent_env.get("RESOURCEWATCH_LOG"), "debug,aya=warn"),
+        ("log formats", (env.get("RESOURCEWATCH_LOG_FORMAT"),
+                         agent_env.get("RESOURCEWATCH_LOG_FORMAT")), ("json", "json")),
         ("--agent-grace", "--agent-grace=45s" in opc["args"], True),
         ("operator resources", opc["resources"], {"requests": {"cpu": "100m", "memory": "64Mi"},
                                                    "limits": {"memory": "512Mi"}}),
@@ -418,7 +424,7 @@ def cmd_values_file(a):
             fail(f"values file: {what} is {got!r}, want {want!r}")
     if not failures:
         ok(f"values file: {len(expect)} overrides reached the objects (images, pull policies, "
-           "replicas, logLevel, agentGrace, resources, tolerations, nodeSelectors, annotations, "
+           "replicas, logLevels, logFormat, agentGrace, resources, tolerations, nodeSelectors, annotations, "
            "pull secrets, release name and namespace)")
     finish()
 

@@ -46,6 +46,7 @@ fi
 step "(a) render: defaults, remediation.enabled=true, a values file with other images"
 NS=resourcewatch-system
 cat >"$TMP/custom-values.yaml" <<'EOF'
+logFormat: json
 operator:
   image:
     repository: registry.example.com:5000/rw/operator
@@ -59,6 +60,7 @@ operator:
     limits: {memory: 512Mi}
   nodeSelector: {node-role.kubernetes.io/control-plane: ""}
 agent:
+  logLevel: debug,aya=warn
   image:
     repository: registry.example.com:5000/rw/agent
     tag: ""

@@ -122,8 +122,10 @@ impl OperatorProcess {
             .args((!secure_metrics).then_some("--insecure-metrics"))
             .args(extra)
             .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+                "RESOURCEWATCH_LOG",
+                std::env::var("RESOURCEWATCH_LOG")
+                    .or_else(|_| std::env::var("RUST_LOG"))
+                    .unwrap_or_else(|_| "info,kube=warn".into()),
             )
             .stdout(Stdio::null())
             .stderr(out)

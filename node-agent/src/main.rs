@@ -20,6 +20,14 @@ use resourcewatch_agent::{
     about = "resourcewatch node agent: eBPF Top-K, exact targets, leak prediction"
 )]
 struct Cli {
+    /// Log lines as text or JSON (the filter is RESOURCEWATCH_LOG, e.g. debug).
+    #[arg(
+        long,
+        global = true,
+        env = "RESOURCEWATCH_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: resourcewatch_proto::logging::Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -181,13 +189,10 @@ fn main() -> ExitCode {
     } else {
         "warn"
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RW_LOG")
-                .unwrap_or_else(|_| default.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    if let Err(e) = resourcewatch_proto::logging::init(cli.log_format, default, "RW_LOG") {
+        eprintln!("resourcewatch-agent: {e}");
+        return ExitCode::from(64);
+    }
     match cli.command {
         Command::Probe { json } => probe(json),
         Command::Top(args) => run_top(args),

@@ -254,3 +254,70 @@ fn with_only_cap_bpf_and_cap_perfmon_other_users_processes_are_tracked_and_attri
         }
     }
 }
+
+/// `--log-format json`: one JSON object per line on stderr, the event's fields at the top
+/// level and the node under `span` (what a log pipeline joins on). The run mode's first
+/// failure to reach an operator is such a line.
+#[test]
+fn json_logs_carry_the_node_and_the_events_fields() {
+    use std::io::{BufRead, BufReader};
+    let dir = std::env::temp_dir().join(format!("rw-json-logs-{}", std::process::id()));
+    let mut child = agent()
+        .args(["--log-format", "json", "run", "--node-name", "node-7"])
+        .args(["--operator", "https://127.0.0.1:1", "--metrics-addr", "off"])
+        .arg("--tls-dir")
+        .arg(&dir)
+        .env_remove("RW_LOG")
+        .env("RESOURCEWATCH_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut seen = Vec::new();
+    let failed = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
+            break None;
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        seen.push(line);
+        if v["message"] == "stream to the operator failed" {
+            break Some(v);
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let v = failed.unwrap_or_else(|| panic!("no failed-stream line within 30 s: {seen:#?}"));
+    assert_eq!(v["level"], "WARN", "{v}");
+    assert_eq!(v["span"]["node"], "node-7", "{v}");
+    assert!(
+        v["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "the error as a field: {v}"
+    );
+}
+
+#[test]
+fn a_log_filter_that_does_not_parse_is_refused() {
+    let out = agent()
+        .args(["probe"])
+        .env("RESOURCEWATCH_LOG", "info,=[")
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("RESOURCEWATCH_LOG"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -103,8 +103,18 @@ pub struct Context {
     pub pod_index: Arc<std::sync::Mutex<PodTriggers>>,
 }
 
+/// One reconciliation, in a span naming its watch (`namespace/name`): every line it logs
+/// joins to the watch.
 pub async fn reconcile(rw: Arc<ResourceWatch>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.metrics.timed(reconcile_inner(&rw, &ctx)).await
+    use tracing::Instrument;
+    let span = tracing::info_span!(
+        "reconcile",
+        watch = %format!("{}/{}", rw.namespace().unwrap_or_default(), rw.name_any())
+    );
+    ctx.metrics
+        .timed(reconcile_inner(&rw, &ctx))
+        .instrument(span)
+        .await
 }
 
 async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {

@@ -30,6 +30,9 @@ struct Args {
     /// This replica's identity in the Lease and in Events (metadata.name).
     #[arg(long, env = "POD_NAME", default_value = "resourcewatch-operator")]
     pod_name: String,
+    /// Log lines as text or JSON (the filter is RESOURCEWATCH_LOG, e.g. info,kube=warn).
+    #[arg(long, env = "RESOURCEWATCH_LOG_FORMAT", default_value = "text")]
+    log_format: resourcewatch_proto::logging::Format,
     /// Where agents connect (gRPC over mTLS).
     #[arg(long, default_value = "0.0.0.0:9443")]
     grpc_addr: SocketAddr,
@@ -104,14 +107,15 @@ fn main() -> ExitCode {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn,tower=warn,h2=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
+    if let Err(e) = resourcewatch_proto::logging::init(
+        args.log_format,
+        "info,kube=warn,tower=warn,h2=warn",
+        "RUST_LOG",
+    ) {
+        eprintln!("resourcewatch-operator: {e}");
+        return ExitCode::from(64);
+    }
     if !args.sketch_width.is_power_of_two() || !(1..=8).contains(&args.sketch_depth) {
         eprintln!(
             "resourcewatch-operator: --sketch-width must be a power of two and --sketch-depth 1-8"

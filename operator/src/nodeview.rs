@@ -330,7 +330,12 @@ pub struct Context {
 }
 
 pub async fn reconcile(crw: Arc<ClusterResourceWatch>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.metrics.timed(reconcile_inner(&crw, &ctx)).await
+    use tracing::Instrument;
+    let span = tracing::info_span!("reconcile", clusterwatch = %crw.name_any());
+    ctx.metrics
+        .timed(reconcile_inner(&crw, &ctx))
+        .instrument(span)
+        .await
 }
 
 async fn reconcile_inner(crw: &ClusterResourceWatch, ctx: &Context) -> Result<Action> {

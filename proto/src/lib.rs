@@ -1,6 +1,9 @@
 //! The gRPC contract between the resourcewatch operator and its node agents
 //! (`proto/resourcewatch/v1alpha1/agent.proto`). Kept in its own crate so the operator
-//! does not link aya and the agent does not link the controller.
+//! does not link aya and the agent does not link the controller. Beside it, what else
+//! both binaries must agree on: how they log ([`logging`]).
+
+pub mod logging;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1alpha1 {

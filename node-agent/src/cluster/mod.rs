@@ -122,13 +122,17 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
     let metrics = Arc::new(metrics::AgentMetrics::default());
     let caps = capabilities::probe();
     let hello_caps = hello_capabilities(&caps);
+    // Every line of this agent names its node (in JSON: span.node).
+    let span = tracing::info_span!("agent", node = %opts.node_name);
     let engine = {
         let stop = stop.clone();
         let applied = applied.clone();
         let metrics = metrics.clone();
+        let span = span.clone();
         std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || {
+                let _entered = span.enter();
                 let profiles = profiles::Runner::new(profile_tx);
                 Engine::new(ack_tx, report_tx, applied, metrics, profiles).run(config_rx, &stop)
             })
@@ -144,6 +148,7 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
             what: "async runtime",
             source,
         })?;
+    let _entered = span.enter();
     let result = rt.block_on(async {
         if let Some(addr) = opts.metrics_addr {
             // HTTPS with the agent's own certificate (issued for AGENT_CERT_NAME), taken

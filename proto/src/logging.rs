@@ -1,0 +1,73 @@
+//! How both binaries log: one filter variable ([`FILTER_ENV`], tracing's `EnvFilter`
+//! directives) and one format switch (`--log-format`, or [`FORMAT_ENV`]): text for a
+//! terminal, JSON lines for a log pipeline. In JSON the fields of the span a line was
+//! logged in ride along under `span` (`watch` for the operator's reconciliations, `node`
+//! for an agent), the event's own at the top level (`pod`, `error`, ...), so a line joins
+//! to its watch, pod and node.
+
+use std::str::FromStr;
+
+pub const FILTER_ENV: &str = "RESOURCEWATCH_LOG";
+pub const FORMAT_ENV: &str = "RESOURCEWATCH_LOG_FORMAT";
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    #[default]
+    Text,
+    Json,
+}
+
+impl FromStr for Format {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(Format::Text),
+            "json" => Ok(Format::Json),
+            _ => Err(format!("{s:?}: the log format is text or json")),
+        }
+    }
+}
+
+/// Installs the global subscriber, writing to stderr. The filter is [`FILTER_ENV`], else
+/// `legacy_env` (the variable this binary read before: `RUST_LOG` for the operator,
+/// `RW_LOG` for the agent), else `default_filter`. A filter that does not parse is an
+/// error, not a silent default.
+pub fn init(format: Format, default_filter: &str, legacy_env: &str) -> Result<(), String> {
+    let (var, directives) = [FILTER_ENV, legacy_env]
+        .iter()
+        .find_map(|v| {
+            std::env::var(v)
+                .ok()
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| (*v, s))
+        })
+        .unwrap_or(("the default", default_filter.to_owned()));
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives)
+        .map_err(|e| format!("log filter {var}={directives:?}: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        Format::Text => builder.init(),
+        Format::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_parse_and_others_are_refused() {
+        assert_eq!("json".parse::<Format>(), Ok(Format::Json));
+        assert_eq!("text".parse::<Format>(), Ok(Format::Text));
+        assert!("JSON ".parse::<Format>().is_err());
+    }
+}
