@@ -869,7 +869,11 @@ where
 }
 
 pub fn error_policy(rw: Arc<ResourceWatch>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(watch = %rw.name_any(), %error, "reconcile failed");
+    tracing::warn!(
+        watch = %format!("{}/{}", rw.namespace().unwrap_or_default(), rw.name_any()),
+        %error,
+        "reconcile failed"
+    );
     ctx.metrics.reconciled("error_policy");
     Action::requeue(Duration::from_secs(10))
 }

@@ -364,16 +364,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A client whose every request is counted in `resourcewatch_operator_api_requests_total`.
+/// A client whose every request is counted in `resourcewatch_operator_api_requests_total`
+/// and every answer (or its absence) in `resourcewatch_operator_api_responses_total`.
 fn counted_client(config: kube::Config, metrics: &Arc<Metrics>) -> anyhow::Result<Client> {
     let m = metrics.clone();
     let count = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
         m.api_request(req.method(), req.uri());
         req
     });
+    let m = metrics.clone();
+    let answers = tower::util::MapResultLayer::new(
+        move |r: Result<http::Response<Box<kube::client::DynBody>>, tower::BoxError>| {
+            m.api_response(r.as_ref().ok().map(http::Response::status));
+            r
+        },
+    );
     Ok(kube::client::ClientBuilder::try_from(config)
         .context("Kubernetes client")?
         .with_layer(&count)
+        .with_layer(&answers)
         .build())
 }
 

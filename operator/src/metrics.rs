@@ -58,6 +58,9 @@ pub struct Metrics {
     /// Requests this operator sent the API server, by verb and resource (what the API
     /// server's own metrics cannot attribute to one client).
     pub api_requests: Family<Labels, Counter>,
+    /// The API server's answers by status code, and `error` for a request that got none
+    /// (connection refused, timed out): what the API-errors alert watches.
+    pub api_responses: Family<Labels, Counter>,
     /// Set once the controller runs: `/readyz` answers 200 from then on.
     pub ready: AtomicBool,
     /// The long-running tasks, for `/healthz` and `/readyz`.
@@ -92,6 +95,7 @@ impl Default for Metrics {
             agent_auth_failures: Family::default(),
             report_entries_dropped: Family::default(),
             api_requests: Family::default(),
+            api_responses: Family::default(),
             ready: AtomicBool::new(false),
             tasks: Tasks::default(),
             findings,
@@ -158,6 +162,11 @@ impl Default for Metrics {
             "api_requests",
             "Requests sent to the Kubernetes API server, by verb (get, list, watch, create, update, patch, delete) and resource (with subresource)",
             m.api_requests.clone(),
+        );
+        registry.register(
+            "api_responses",
+            "Answers of the Kubernetes API server, by status code (code=\"error\": no answer: refused, reset, timed out)",
+            m.api_responses.clone(),
         );
         registry.register("watches", "ResourceWatch objects known", m.watches.clone());
         registry.register(
@@ -251,6 +260,14 @@ impl Metrics {
         let (verb, resource) = api_request_labels(method, uri);
         self.api_requests
             .get_or_create(&vec![("verb", verb.to_string()), ("resource", resource)])
+            .inc();
+    }
+
+    /// Counts one answer of the API server (`None`: no answer came).
+    pub fn api_response(&self, status: Option<http::StatusCode>) {
+        let code = status.map_or_else(|| "error".to_string(), |s| s.as_u16().to_string());
+        self.api_responses
+            .get_or_create(&vec![("code", code)])
             .inc();
     }
 
