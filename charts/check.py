@@ -478,10 +478,20 @@ def cmd_monitoring(a):
             continue
         if o.get("spec") != want[kind].get("spec"):
             fail(f"{kind}: the chart's spec differs from config/prometheus's")
+    dash = next((o for _, o in load_objects(a.render) if o.get("kind") == "ConfigMap"
+                 and o["metadata"]["name"] == "resourcewatch-grafana-dashboard"), None)
+    with open(os.path.join(a.config, "grafana-dashboard.json")) as f:
+        want_dash = json.load(f)
+    if not dash:
+        fail("metrics.grafanaDashboard enabled but no ConfigMap rendered")
+    elif dash["metadata"].get("labels", {}).get("grafana_dashboard") != "1":
+        fail("the dashboard's ConfigMap lacks the sidecar's label grafana_dashboard=1")
+    elif json.loads(dash.get("data", {}).get("resourcewatch.json", "null")) != want_dash:
+        fail("the chart's dashboard is not config/prometheus/grafana-dashboard.json: copy it again")
     rule = objs.get("PrometheusRule", {})
     if rule.get("metadata", {}).get("labels", {}).get("release") != "kps":
         fail("metrics.prometheusRule.labels are not on the PrometheusRule")
-    ok("ServiceMonitor, PodMonitor and PrometheusRule render, specs identical to config/prometheus")
+    ok("ServiceMonitor, PodMonitor, PrometheusRule and the dashboard's ConfigMap render, identical to config/prometheus")
     finish()
 
 

@@ -176,6 +176,7 @@ fi
 step "metrics.*: ServiceMonitor, PodMonitor, PrometheusRule; Pod Security levels"
 R --namespace "$NS" --set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true \
   --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.labels.release=kps \
+  --set metrics.grafanaDashboard.enabled=true \
   >"$TMP/monitoring.yaml" 2>/dev/null || failed "render with metrics.* enabled"
 "${CHECK[@]}" monitoring "$TMP/monitoring.yaml" "$REPO/config/prometheus" || failed "metrics.* objects"
 "${CHECK[@]}" podsecurity "$TMP/default.yaml" "$REF" || failed "Pod Security"
