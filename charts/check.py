@@ -541,6 +541,44 @@ def restricted_violations(pod_spec):
     return out
 
 
+def cmd_production(a):
+    """Two replicas get a PodDisruptionBudget and are spread across nodes; one replica
+    gets no budget (it would block every drain of its node); a user's affinity and
+    priority classes reach the pods."""
+    def objs(path):
+        return {key(o)[0] + "/" + key(o)[2]: o for _, o in load_objects(path)}
+    one, two = objs(a.one), objs(a.two)
+    pdbs = lambda o: [k for k in o if k.startswith("PodDisruptionBudget/")]
+    if pdbs(one):
+        fail(f"one replica got a PodDisruptionBudget: {pdbs(one)}")
+    pdb = two.get("PodDisruptionBudget/resourcewatch-operator")
+    dep = two["Deployment/resourcewatch-operator"]
+    if not pdb or pdb["spec"].get("maxUnavailable") != 1:
+        fail(f"two replicas: no PodDisruptionBudget of maxUnavailable 1: {pdb}")
+    elif pdb["spec"]["selector"] != dep["spec"]["selector"]:
+        fail("the PodDisruptionBudget does not select the operator's pods")
+    spec = dep["spec"]["template"]["spec"]
+    term = (spec.get("affinity", {}).get("podAntiAffinity", {})
+            .get("preferredDuringSchedulingIgnoredDuringExecution") or [{}])[0].get("podAffinityTerm", {})
+    if term.get("topologyKey") != "kubernetes.io/hostname" or \
+            term.get("labelSelector") != dep["spec"]["selector"]:
+        fail(f"two replicas are not spread across nodes: {spec.get('affinity')}")
+    if "affinity" in one["Deployment/resourcewatch-operator"]["spec"]["template"]["spec"]:
+        fail("one replica got an affinity nobody asked for")
+    if spec.get("priorityClassName") != "system-cluster-critical":
+        fail(f"operator.priorityClassName did not reach the pods: {spec.get('priorityClassName')}")
+    agent = two["DaemonSet/resourcewatch-agent"]["spec"]["template"]["spec"]
+    if agent.get("priorityClassName") != "system-node-critical":
+        fail(f"agent.priorityClassName did not reach the pods: {agent.get('priorityClassName')}")
+    user = objs(a.user)["Deployment/resourcewatch-operator"]["spec"]["template"]["spec"]
+    if "podAntiAffinity" in user.get("affinity", {}) or "nodeAffinity" not in user.get("affinity", {}):
+        fail(f"a user's operator.affinity is not used as given: {user.get('affinity')}")
+    if not failures:
+        ok("2 replicas: PodDisruptionBudget (maxUnavailable 1) and anti-affinity by hostname; "
+           "1 replica: neither; a user's affinity replaces the default; priority classes reach the pods")
+    finish()
+
+
 def cmd_podsecurity(a):
     for path, label in ((a.render, "chart"), (a.config, "config/")):
         by_name = {(o["kind"], o["metadata"]["name"]): o for _, o in load_objects(path)}
@@ -588,6 +626,8 @@ def main():
     s.add_argument("render"); s.set_defaults(f=cmd_crd)
     s = sub.add_parser("monitoring"); s.add_argument("render"); s.add_argument("config")
     s.set_defaults(f=cmd_monitoring)
+    s = sub.add_parser("production"); s.add_argument("one"); s.add_argument("two"); s.add_argument("user")
+    s.set_defaults(f=cmd_production)
     s = sub.add_parser("podsecurity"); s.add_argument("render"); s.add_argument("config")
     s.set_defaults(f=cmd_podsecurity)
     a = p.parse_args()

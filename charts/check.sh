@@ -180,6 +180,13 @@ R --namespace "$NS" --set metrics.serviceMonitor.enabled=true --set metrics.podM
   >"$TMP/monitoring.yaml" 2>/dev/null || failed "render with metrics.* enabled"
 "${CHECK[@]}" monitoring "$TMP/monitoring.yaml" "$REPO/config/prometheus" || failed "metrics.* objects"
 "${CHECK[@]}" podsecurity "$TMP/default.yaml" "$REF" || failed "Pod Security"
+R --namespace "$NS" --set operator.replicas=2 --set operator.priorityClassName=system-cluster-critical \
+  --set agent.priorityClassName=system-node-critical >"$TMP/two.yaml" 2>/dev/null || failed "render with 2 replicas"
+R --namespace "$NS" --set operator.replicas=2 \
+  --set 'operator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool' \
+  --set 'operator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists' \
+  >"$TMP/user-affinity.yaml" 2>/dev/null || failed "render with a user's affinity"
+"${CHECK[@]}" production "$TMP/default.yaml" "$TMP/two.yaml" "$TMP/user-affinity.yaml" || failed "replicas, budget, spread, priority"
 
 # ---- (f) server-side dry run ------------------------------------------------------------
 step "(f) kubectl apply --dry-run=server (only with a reachable cluster)"
