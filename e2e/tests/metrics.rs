@@ -331,7 +331,10 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
         ("resourcewatch_agent_resident_memory_bytes", 1e6),
         ("resourcewatch_operator_agents_connected", 1.0),
         // The API server's answers, by code: what ResourceWatchAPIServerErrors watches.
-        (r#"resourcewatch_operator_api_responses_total{code="200"}"#, 1.0),
+        (
+            r#"resourcewatch_operator_api_responses_total{code="200"}"#,
+            1.0,
+        ),
     ] {
         let r = query(q).expect("query");
         assert!(

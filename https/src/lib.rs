@@ -4,7 +4,8 @@
 //! server refuses, so they get this small rustls listener under `axum::serve`.
 //! Handshakes run on their own tasks, each within [`HANDSHAKE_TIMEOUT`]. At most
 //! [`MAX_CONNECTIONS`] connections are open at once (handshaking or served), at most
-//! [`MAX_CONNECTIONS_PER_IP`] from one address, each for at most [`MAX_CONNECTION_AGE`]:
+//! [`MAX_CONNECTIONS_PER_IP`] from one address, each idle for at most [`IDLE_TIMEOUT`] and
+//! open for at most [`MAX_CONNECTION_AGE`]:
 //! a slow, silent or idle client cannot hold up the others nor pile up memory, and one
 //! address cannot starve kubelet's probes, which come from the node's. The TLS configuration is asked of a [`ConfigSource`] at every connection, so a
 //! certificate rotated on disk is served from the next connection on. A handler learns
@@ -31,11 +32,14 @@ use tokio::{
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 
 /// Connections open at once; more wait in the kernel's backlog.
-pub const MAX_CONNECTIONS: usize = 256;
+pub const MAX_CONNECTIONS: usize = 512;
 /// Connections open from one address; more are closed at once.
-pub const MAX_CONNECTIONS_PER_IP: usize = 16;
-/// A connection is closed this long after it was accepted (a scraper reconnects; probes
-/// and scrapes take milliseconds).
+pub const MAX_CONNECTIONS_PER_IP: usize = 8;
+/// A connection that moves no byte for this long while waiting is closed (probes and
+/// scrapes take milliseconds; a scraper reconnects for its next scrape).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection still open this long after it was accepted is closed the next time it
+/// waits for its client (one that trickles a byte now and then cannot stay forever).
 pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(120);
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -131,10 +135,14 @@ impl ConfigSource for Fixed {
 
 /// `tls.crt`, `tls.key` and `ca.crt` of a mounted Secret, rebuilt when one of them
 /// changes on disk (kubelet swaps the files of an updated Secret atomically), else the
-/// configuration built last: three `stat`s per connection.
+/// configuration built last: three `stat`s per connection. Files that changed but do not
+/// load leave the last good configuration in service; only the first build may fail.
 pub struct SecretDir {
     dir: std::path::PathBuf,
     cached: Mutex<Option<Built>>,
+    /// The file times of the last rebuild that failed: not retried (nor warned about)
+    /// until the files change again.
+    failed: Mutex<Option<Vec<Option<SystemTime>>>>,
 }
 
 /// A configuration and the modification times of the files it was built from.
@@ -150,6 +158,7 @@ impl SecretDir {
         Self {
             dir: dir.into(),
             cached: Mutex::new(None),
+            failed: Mutex::new(None),
         }
     }
 
@@ -173,21 +182,37 @@ impl ConfigSource for SecretDir {
             })
             .collect();
         let mut cached = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(built) = cached.as_ref()
-            && built.stamps == stamps
+            && (built.stamps == stamps || failed.as_ref() == Some(&stamps))
         {
             return Ok(built.config.clone());
         }
-        let cfg = Arc::new(server_config(
-            &self.read("tls.crt")?,
-            &self.read("tls.key")?,
-            Some(&self.read("ca.crt")?),
-        )?);
-        *cached = Some(Built {
-            stamps,
-            config: cfg.clone(),
-        });
-        Ok(cfg)
+        let rebuilt = (|| {
+            Ok::<_, Error>(Arc::new(server_config(
+                &self.read("tls.crt")?,
+                &self.read("tls.key")?,
+                Some(&self.read("ca.crt")?),
+            )?))
+        })();
+        match (rebuilt, cached.as_ref()) {
+            (Ok(cfg), _) => {
+                *cached = Some(Built {
+                    stamps,
+                    config: cfg.clone(),
+                });
+                *failed = None;
+                Ok(cfg)
+            }
+            // A Secret caught half-written, or replaced by a broken one: keep serving
+            // what worked, say so once per change of the files.
+            (Err(e), Some(built)) => {
+                tracing::warn!(error = %e, dir = %self.dir.display(), "the changed TLS files do not load; serving the previous ones");
+                *failed = Some(stamps);
+                Ok(built.config.clone())
+            }
+            (Err(e), None) => Err(e),
+        }
     }
 }
 
@@ -239,11 +264,12 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsL
 }
 
 /// What one listener allows ([`MAX_CONNECTIONS`], [`MAX_CONNECTIONS_PER_IP`],
-/// [`MAX_CONNECTION_AGE`] by default).
+/// [`IDLE_TIMEOUT`], [`MAX_CONNECTION_AGE`] by default).
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub connections: usize,
     pub per_ip: usize,
+    pub idle: Duration,
     pub max_age: Duration,
 }
 
@@ -252,6 +278,7 @@ impl Default for Limits {
         Self {
             connections: MAX_CONNECTIONS,
             per_ip: MAX_CONNECTIONS_PER_IP,
+            idle: IDLE_TIMEOUT,
             max_age: MAX_CONNECTION_AGE,
         }
     }
@@ -299,6 +326,7 @@ impl TlsListener {
                 if tx.is_closed() {
                     return;
                 }
+                let accepted = tokio::time::Instant::now();
                 let Some(slot) = PerIp::take(&per_ip, peer.ip(), limits.per_ip) else {
                     tracing::debug!(%peer, "too many connections from this address; closed");
                     continue;
@@ -316,7 +344,9 @@ impl TlsListener {
                         Ok(Ok(tls)) => {
                             let conn = Conn {
                                 tls,
-                                expires: Box::pin(tokio::time::sleep(limits.max_age)),
+                                idle: limits.idle,
+                                end_of_life: accepted + limits.max_age,
+                                deadline: Box::pin(tokio::time::sleep(limits.idle)),
                                 _held: (permit, slot),
                             };
                             let _ = tx.send((conn, peer)).await;
@@ -362,11 +392,16 @@ impl Drop for IpSlot {
     }
 }
 
-/// A served connection: the TLS stream, its end of life, and its share of the limits
-/// (given back when hyper drops it).
+/// A served connection: the TLS stream, its timers, and its share of the limits (given
+/// back when hyper drops it). Any byte read or written resets the idle timer. An
+/// operation that must wait fails once the connection has been idle for `idle`, and a
+/// read that must wait fails once the connection is older than its end of life: hyper
+/// reads between requests, so a response under way is never cut.
 pub struct Conn {
     tls: TlsStream<TcpStream>,
-    expires: std::pin::Pin<Box<tokio::time::Sleep>>,
+    idle: Duration,
+    end_of_life: tokio::time::Instant,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
     _held: (tokio::sync::OwnedSemaphorePermit, IpSlot),
 }
 
@@ -375,30 +410,51 @@ impl Conn {
         &self.tls
     }
 
-    fn expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
-        self.expires.as_mut().poll(cx).is_ready()
+    fn progressed(&mut self) {
+        let next = tokio::time::Instant::now() + self.idle;
+        self.deadline.as_mut().reset(next);
+    }
+
+    /// After an operation returned Pending: whether the connection must close now. The
+    /// deadline's poll registers the waker that closes an idle connection on time.
+    fn timed_out(&mut self, cx: &mut std::task::Context<'_>, reading: bool) -> Option<io::Error> {
+        if reading && tokio::time::Instant::now() >= self.end_of_life {
+            return Some(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the connection reached its maximum age",
+            ));
+        }
+        if reading && self.deadline.deadline() > self.end_of_life {
+            let end = self.end_of_life;
+            self.deadline.as_mut().reset(end);
+        }
+        self.deadline
+            .as_mut()
+            .poll(cx)
+            .is_ready()
+            .then(|| io::Error::new(io::ErrorKind::TimedOut, "the connection was idle too long"))
     }
 }
 
-fn too_old() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        "the connection reached its maximum age",
-    )
-}
-
-// hyper polls a read whenever it waits for a request, so the age is checked there; the
-// timer registered by that poll wakes an idle connection to be closed.
 impl tokio::io::AsyncRead for Conn {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<io::Result<()>> {
-        if self.expired(cx) {
-            return std::task::Poll::Ready(Err(too_old()));
+        let before = buf.filled().len();
+        match std::pin::Pin::new(&mut self.tls).poll_read(cx, buf) {
+            std::task::Poll::Pending => match self.timed_out(cx, true) {
+                Some(e) => std::task::Poll::Ready(Err(e)),
+                None => std::task::Poll::Pending,
+            },
+            std::task::Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    self.progressed();
+                }
+                std::task::Poll::Ready(r)
+            }
         }
-        std::pin::Pin::new(&mut self.tls).poll_read(cx, buf)
     }
 }
 
@@ -408,17 +464,31 @@ impl tokio::io::AsyncWrite for Conn {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<io::Result<usize>> {
-        if self.expired(cx) {
-            return std::task::Poll::Ready(Err(too_old()));
+        match std::pin::Pin::new(&mut self.tls).poll_write(cx, buf) {
+            std::task::Poll::Pending => match self.timed_out(cx, false) {
+                Some(e) => std::task::Poll::Ready(Err(e)),
+                None => std::task::Poll::Pending,
+            },
+            std::task::Poll::Ready(r) => {
+                if matches!(r, Ok(n) if n > 0) {
+                    self.progressed();
+                }
+                std::task::Poll::Ready(r)
+            }
         }
-        std::pin::Pin::new(&mut self.tls).poll_write(cx, buf)
     }
 
     fn poll_flush(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.tls).poll_flush(cx)
+        match std::pin::Pin::new(&mut self.tls).poll_flush(cx) {
+            std::task::Poll::Pending => match self.timed_out(cx, false) {
+                Some(e) => std::task::Poll::Ready(Err(e)),
+                None => std::task::Poll::Pending,
+            },
+            ready => ready,
+        }
     }
 
     fn poll_shutdown(
@@ -689,17 +759,7 @@ mod tests {
         drop(silent);
     }
 
-    /// A client that completes its handshake and then says nothing is closed at the
-    /// connection's maximum age, and its share of the address's connections comes back.
-    #[tokio::test]
-    async fn an_idle_connection_is_closed_at_its_age() {
-        let ca = new_ca();
-        let limits = Limits {
-            connections: 8,
-            per_ip: 1,
-            max_age: Duration::from_millis(500),
-        };
-        let addr = serve_with(&ca, limits).await;
+    async fn tls_client(addr: SocketAddr, ca: &Ca) -> tokio_rustls::client::TlsStream<TcpStream> {
         let mut roots = RootCertStore::empty();
         roots
             .add(pem_certs(&ca.pem, "ca").unwrap().remove(0))
@@ -712,23 +772,39 @@ mod tests {
         .with_root_certificates(roots)
         .with_no_client_auth();
         let tcp = TcpStream::connect(addr).await.unwrap();
-        let mut idle = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        tokio_rustls::TlsConnector::from(Arc::new(cfg))
             .connect(ServerName::try_from("server").unwrap(), tcp)
             .await
-            .unwrap();
-        let started = std::time::Instant::now();
+            .unwrap()
+    }
+
+    /// Whether the server closed `conn` within `within`.
+    async fn closed_within(
+        conn: &mut tokio_rustls::client::TlsStream<TcpStream>,
+        within: Duration,
+    ) -> bool {
         let mut buf = [0u8; 16];
-        let read = tokio::time::timeout(
-            Duration::from_secs(5),
-            tokio::io::AsyncReadExt::read(&mut idle, &mut buf),
-        )
-        .await;
-        assert!(
-            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
-            "closed by the server: {read:?}"
-        );
+        let read =
+            tokio::time::timeout(within, tokio::io::AsyncReadExt::read(conn, &mut buf)).await;
+        matches!(read, Ok(Ok(0)) | Ok(Err(_)))
+    }
+
+    /// A client that completes its handshake and then says nothing is closed once idle
+    /// for the limit, and its share of the address's connections comes back.
+    #[tokio::test]
+    async fn an_idle_connection_is_closed() {
+        let ca = new_ca();
+        let limits = Limits {
+            connections: 8,
+            per_ip: 1,
+            idle: Duration::from_millis(500),
+            max_age: Duration::from_secs(60),
+        };
+        let addr = serve_with(&ca, limits).await;
+        let mut idle = tls_client(addr, &ca).await;
+        let started = std::time::Instant::now();
+        assert!(closed_within(&mut idle, Duration::from_secs(5)).await);
         assert!(started.elapsed() >= Duration::from_millis(400));
-        // The one connection this address may hold is free again.
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
             fetch(addr, &ca, None).await.unwrap(),
@@ -736,8 +812,47 @@ mod tests {
         );
     }
 
+    /// One that trickles a byte of a request now and then is never idle, and is closed
+    /// at its maximum age.
+    #[tokio::test]
+    async fn a_trickling_connection_is_closed_at_its_age() {
+        let ca = new_ca();
+        let limits = Limits {
+            connections: 8,
+            per_ip: 2,
+            idle: Duration::from_millis(400),
+            max_age: Duration::from_millis(1500),
+        };
+        let addr = serve_with(&ca, limits).await;
+        let mut slow = tls_client(addr, &ca).await;
+        let started = std::time::Instant::now();
+        let mut closed = false;
+        for b in b"GET / HTTP/1.1\r\nX-Slow: "
+            .iter()
+            .chain([b'a'; 64].iter())
+        {
+            if tokio::io::AsyncWriteExt::write_all(&mut slow, &[*b])
+                .await
+                .is_err()
+            {
+                closed = true;
+                break;
+            }
+            if closed_within(&mut slow, Duration::from_millis(150)).await {
+                closed = true;
+                break;
+            }
+        }
+        assert!(closed, "still open after {:?}", started.elapsed());
+        let t = started.elapsed();
+        assert!(
+            t >= Duration::from_millis(1300) && t < Duration::from_secs(4),
+            "closed after {t:?}, not at its age"
+        );
+    }
+
     #[test]
-    fn a_rotated_secret_is_served_from_the_next_connection() {
+    fn a_rotated_secret_is_served_from_the_next_connection_and_a_broken_one_is_not() {
         let dir = std::env::temp_dir().join(format!("rw-https-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let write = |ca: &Ca| {
@@ -759,11 +874,15 @@ mod tests {
             !Arc::ptr_eq(&first, &src.current().unwrap()),
             "rebuilt after a change"
         );
+        let good = src.current().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
         std::fs::write(dir.join("tls.key"), "garbage").unwrap();
         assert!(
-            src.current().is_err(),
-            "a broken key is an error, not a panic"
+            Arc::ptr_eq(&good, &src.current().unwrap()),
+            "a broken key leaves the last good configuration in service"
         );
+        // Only a first build may fail.
+        assert!(SecretDir::new(&dir).current().is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
