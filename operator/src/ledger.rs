@@ -145,9 +145,15 @@ impl LedgerProblem {
 /// (another operator instance, a person, a tool): the rails it holds are then not this
 /// operator's to trust, so from [`Contention::BLOCK_AFTER`] conflicts on the workload is
 /// not restarted until [`Contention::HOLD`] passes without one.
+/// A lost race counts only once a read shows who won: a version this operator wrote
+/// (another of its watches deciding for the same workload) does not count.
 #[derive(Debug, Default)]
 pub struct Contention {
     runs: std::collections::HashMap<String, Run>,
+    /// The last resourceVersion this process wrote, per ledger.
+    ours: std::collections::HashMap<String, String>,
+    /// Ledgers whose last write lost and whose winner is not known yet.
+    lost: std::collections::HashSet<String>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -163,7 +169,24 @@ impl Contention {
     /// Ledgers tracked at most (a run is forgotten after [`Self::RUN_GAP`] anyway).
     const CAP: usize = 4096;
 
-    pub fn conflict(&mut self, name: &str, now: i64) {
+    pub fn lost_race(&mut self, name: &str) {
+        if self.lost.len() < Self::CAP {
+            self.lost.insert(name.to_owned());
+        }
+    }
+
+    /// A read of the ledger at `resource_version` (None: it is gone): counts the race
+    /// lost before it if someone else won it.
+    pub fn observed(&mut self, name: &str, resource_version: Option<&str>, now: i64) {
+        if self.lost.remove(name)
+            && resource_version.is_some()
+            && self.ours.get(name).map(String::as_str) != resource_version
+        {
+            self.conflict(name, now);
+        }
+    }
+
+    fn conflict(&mut self, name: &str, now: i64) {
         if self.runs.len() >= Self::CAP {
             self.runs.retain(|_, r| now - r.last < Self::RUN_GAP);
         }
@@ -178,8 +201,14 @@ impl Contention {
         run.last = now;
     }
 
-    pub fn written(&mut self, name: &str) {
+    pub fn written(&mut self, name: &str, resource_version: &str) {
         self.runs.remove(name);
+        self.lost.remove(name);
+        if self.ours.len() >= Self::CAP && !self.ours.contains_key(name) {
+            self.ours.clear();
+        }
+        self.ours
+            .insert(name.to_owned(), resource_version.to_owned());
     }
 
     /// `(conflicts in the run, seconds since the last)` while the ledger is blocked.
@@ -256,6 +285,10 @@ impl LedgerStore {
         let ns = self.api.namespace().unwrap_or_default().to_owned();
         Ok(match got {
             None => {
+                self.contention
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .observed(&name, None, known.now);
                 let remembered = self
                     .seen
                     .lock()
@@ -282,11 +315,11 @@ impl LedgerStore {
                     .and_then(|d| d.get(KEY))
                     .ok_or_else(|| format!("no {KEY}"))
                     .and_then(|j| serde_json::from_str::<Ledger>(j).map_err(|e| e.to_string()));
-                let contended = self
-                    .contention
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .blocked(&name, known.now);
+                let contended = {
+                    let mut c = self.contention.lock().unwrap_or_else(|e| e.into_inner());
+                    c.observed(&name, cm.metadata.resource_version.as_deref(), known.now);
+                    c.blocked(&name, known.now)
+                };
                 match parsed {
                     Ok(ledger) => {
                         self.remember(w, &ledger);
@@ -352,17 +385,18 @@ impl LedgerStore {
         {
             Ok(cm) => {
                 self.remember(w, ledger);
+                let rv = cm.metadata.resource_version.unwrap_or_default();
                 self.contention
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .written(&w.record_name());
-                Ok(Ok(cm.metadata.resource_version.unwrap_or_default()))
+                    .written(&w.record_name(), &rv);
+                Ok(Ok(rv))
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 self.contention
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .conflict(&w.record_name(), jiff::Timestamp::now().as_second());
+                    .lost_race(&w.record_name());
                 Ok(Err(Conflict))
             }
             Err(e) => Err(e.into()),
@@ -393,17 +427,24 @@ mod tests {
         );
     }
 
+    /// A race lost, then a read at `rv`.
+    fn lose(c: &mut Contention, rv: &str, now: i64) {
+        c.lost_race("a");
+        c.observed("a", Some(rv), now);
+    }
+
     #[test]
-    fn a_run_of_lost_races_blocks_for_a_while_and_one_does_not() {
+    fn a_run_of_races_lost_to_another_writer_blocks_for_a_while() {
         let mut c = Contention::default();
-        c.conflict("a", 100);
-        c.conflict("a", 101);
+        c.written("a", "10");
+        lose(&mut c, "11", 100);
+        lose(&mut c, "12", 101);
         assert_eq!(
             c.blocked("a", 101),
             None,
-            "two races are two watches deciding at once"
+            "two races are two deciders at once"
         );
-        c.conflict("a", 102);
+        lose(&mut c, "13", 102);
         assert_eq!(c.blocked("a", 110), Some((3, 8)));
         assert_eq!(c.blocked("b", 110), None, "per ledger");
         assert_eq!(
@@ -411,19 +452,41 @@ mod tests {
             None,
             "the hold ends"
         );
-        // A run is consecutive: conflicts far apart start it again.
+        // A run is consecutive: races far apart start it again.
         let mut c = Contention::default();
-        for t in [0, Contention::RUN_GAP, 2 * Contention::RUN_GAP] {
-            c.conflict("a", t);
+        for (i, t) in [0, Contention::RUN_GAP, 2 * Contention::RUN_GAP]
+            .into_iter()
+            .enumerate()
+        {
+            lose(&mut c, &i.to_string(), t);
         }
         assert_eq!(c.blocked("a", 2 * Contention::RUN_GAP), None);
         // A successful write ends the run.
         let mut c = Contention::default();
-        for t in [0, 1, 2] {
-            c.conflict("a", t);
+        for (i, t) in [0, 1, 2].into_iter().enumerate() {
+            lose(&mut c, &i.to_string(), t);
         }
-        c.written("a");
+        c.written("a", "9");
         assert_eq!(c.blocked("a", 3), None);
+    }
+
+    #[test]
+    fn races_lost_to_this_operators_own_writes_do_not_count() {
+        // Four watches of one workload decide at once, again and again: each time one
+        // wins (its version is ours) and three lose to it.
+        let mut c = Contention::default();
+        for round in 0..5 {
+            let rv = format!("{}", 100 + round);
+            c.written("a", &rv);
+            for _ in 0..3 {
+                lose(&mut c, &rv, round);
+            }
+        }
+        assert_eq!(c.blocked("a", 5), None);
+        // A race whose winner is not known yet (the ledger is gone) does not count either.
+        c.lost_race("a");
+        c.observed("a", None, 6);
+        assert_eq!(c.blocked("a", 6), None);
     }
 
     #[test]

@@ -58,8 +58,9 @@ pub struct Metrics {
     /// Requests this operator sent the API server, by verb and resource (what the API
     /// server's own metrics cannot attribute to one client).
     pub api_requests: Family<Labels, Counter>,
-    /// The API server's answers by status code, and `error` for a request that got none
-    /// (connection refused, timed out): what the API-errors alert watches.
+    /// The API server's answers by status code, and `error` for a request whose
+    /// connection failed: what the API-errors alert watches. A request the operator stops
+    /// waiting for (its own time-outs) is dropped before an answer and counted nowhere.
     pub api_responses: Family<Labels, Counter>,
     /// Set once the controller runs: `/readyz` answers 200 from then on.
     pub ready: AtomicBool,
@@ -165,7 +166,7 @@ impl Default for Metrics {
         );
         registry.register(
             "api_responses",
-            "Answers of the Kubernetes API server, by status code (code=\"error\": no answer: refused, reset, timed out)",
+            "Answers of the Kubernetes API server, by status code (code=\"error\": the connection failed; a request the operator gave up waiting for is not counted)",
             m.api_responses.clone(),
         );
         registry.register("watches", "ResourceWatch objects known", m.watches.clone());

@@ -215,52 +215,64 @@ pub async fn ensure_leaf_secret(
     kind: LeafKind,
 ) -> Result<()> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let existing = api.get_opt(name).await?;
-    if let Some(s) = &existing
-        && get(s, CA_CERT).as_deref() == Some(pki.ca_cert.as_str())
-        && get(s, TLS_CERT).is_some()
-        && get(s, TLS_KEY).is_some()
-        && s.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ISSUED_AS_ANNOTATION))
-            .map(String::as_str)
-            == Some(kind.profile())
-    {
-        return Ok(());
-    }
-    let leaf = match kind {
-        LeafKind::Agent => pki.agent()?,
-        LeafKind::MetricsClient => pki.metrics_client()?,
-    };
-    let mut s = secret(
-        ns,
-        name,
-        &[
-            (CA_CERT, &pki.ca_cert),
-            (TLS_CERT, &leaf.cert),
-            (TLS_KEY, &leaf.key),
-        ],
-    );
-    s.metadata.annotations =
-        Some([(ISSUED_AS_ANNOTATION.to_string(), kind.profile().to_string())].into());
-    match existing {
-        Some(old) => {
-            s.metadata.resource_version = old.metadata.resource_version;
-            match api.replace(name, &PostParams::default(), &s).await {
-                Ok(_) => {}
-                // Another replica issued it at the same moment, from the same CA.
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
+    // Read, check, write; a conflict (another replica, an older operator, a person)
+    // means read again and check again.
+    for _ in 0..3 {
+        let existing = api.get_opt(name).await?;
+        if let Some(s) = &existing
+            && get(s, CA_CERT).as_deref() == Some(pki.ca_cert.as_str())
+            && get(s, TLS_CERT).is_some()
+            && get(s, TLS_KEY).is_some()
+            && s.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ISSUED_AS_ANNOTATION))
+                .map(String::as_str)
+                == Some(kind.profile())
+        {
+            return Ok(());
         }
-        None => match api.create(&PostParams::default(), &s).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
+        let leaf = match kind {
+            LeafKind::Agent => pki.agent()?,
+            LeafKind::MetricsClient => pki.metrics_client()?,
+        };
+        let mut s = secret(
+            ns,
+            name,
+            &[
+                (CA_CERT, &pki.ca_cert),
+                (TLS_CERT, &leaf.cert),
+                (TLS_KEY, &leaf.key),
+            ],
+        );
+        let result = match existing {
+            Some(old) => {
+                // Others' labels and annotations stay; ours are set.
+                let mut meta = old.metadata;
+                meta.annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(ISSUED_AS_ANNOTATION.to_string(), kind.profile().to_string());
+                meta.labels
+                    .get_or_insert_with(Default::default)
+                    .extend(s.metadata.labels.take().unwrap_or_default());
+                s.metadata = meta;
+                api.replace(name, &PostParams::default(), &s).await
+            }
+            None => {
+                s.metadata.annotations =
+                    Some([(ISSUED_AS_ANNOTATION.to_string(), kind.profile().to_string())].into());
+                api.create(&PostParams::default(), &s).await
+            }
+        };
+        match result {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
             Err(e) => return Err(e.into()),
-        },
+        }
     }
-    Ok(())
+    Err(Error::Tls(format!(
+        "could not write Secret {ns}/{name}: it kept changing under us"
+    )))
 }
 
 /// The ConfigMap that publishes the CA certificate (never its key), for clients that

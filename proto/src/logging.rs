@@ -1,9 +1,10 @@
 //! How both binaries log: one filter variable ([`FILTER_ENV`], tracing's `EnvFilter`
 //! directives) and one format switch (`--log-format`, or [`FORMAT_ENV`]): text for a
-//! terminal, JSON lines for a log pipeline. In JSON the fields of the span a line was
-//! logged in ride along under `span` (`watch` for the operator's reconciliations, `node`
-//! for an agent), the event's own at the top level (`pod`, `error`, ...), so a line joins
-//! to its watch, pod and node.
+//! terminal, JSON lines for a log pipeline. In JSON the event's own fields are at the top
+//! level (`pod`, `error`, ...), the innermost span's under `span` and every enclosing
+//! span's, outermost first, under `spans` (`watch` of the operator's reconciliation,
+//! `node` of an agent): a library's span at debug level (hyper, h2) can be innermost, so
+//! a pipeline joins on `spans`.
 
 use std::str::FromStr;
 
@@ -54,7 +55,7 @@ pub fn init(format: Format, default_filter: &str, legacy_env: &str) -> Result<()
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .with_span_list(false)
+            .with_span_list(true)
             .init(),
     }
     Ok(())
