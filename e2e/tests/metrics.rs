@@ -302,7 +302,7 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
         .collect();
     assert_eq!(pods, BTreeSet::from(["leaky"]), "{all:?}");
     let flagged = query(&format!(
-        r#"max_over_time(resourcewatch_leak_confidence{{namespace="{n}",pod!="leaky"}}[10m])"#
+        r#"max_over_time(resourcewatch_leak_confidence_ratio{{namespace="{n}",pod!="leaky"}}[10m])"#
     ))
     .expect("q");
     eprintln!("stable pods ever listed as leaking: {flagged:?}");
@@ -324,11 +324,31 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
     assert_eq!(matched.first().map(value), Some(3.0), "{matched:?}");
     for (q, at_least) in [
         ("resourcewatch_agent_pipelines_loaded", 1.0),
-        ("resourcewatch_agent_up", 1.0),
+        ("resourcewatch_agent_engine_healthy", 1.0),
         ("resourcewatch_agent_operator_connected", 1.0),
         ("resourcewatch_agent_reports_total", 1.0),
         ("resourcewatch_agent_kernel_memory_samples_total", 1.0),
-        ("resourcewatch_agent_resident_memory_bytes", 1e6),
+        // The binaries' own cost under the standard names, and what they run.
+        (
+            r#"process_resident_memory_bytes{job="resourcewatch-agent"}"#,
+            1e6,
+        ),
+        (
+            r#"process_resident_memory_bytes{job="resourcewatch-operator"}"#,
+            1e6,
+        ),
+        (
+            r#"process_cpu_seconds_total{job="resourcewatch-agent"}"#,
+            0.01,
+        ),
+        (
+            r#"resourcewatch_agent_build_info{job="resourcewatch-agent"}"#,
+            1.0,
+        ),
+        (
+            r#"resourcewatch_operator_build_info{job="resourcewatch-operator"}"#,
+            1.0,
+        ),
         ("resourcewatch_operator_agents_connected", 1.0),
         // The API server's answers, by code: what ResourceWatchAPIServerErrors watches.
         (

@@ -75,6 +75,8 @@ impl Default for Metrics {
         let mut root = Registry::default();
         let findings = Arc::new(WatchSeries::default());
         root.register_collector(Box::new(findings.clone()));
+        // process_* and resourcewatch_operator_build_info, named as the agents' are.
+        resourcewatch_proto::telemetry::register(&mut root, "resourcewatch_operator");
         let registry = root.sub_registry_with_prefix("resourcewatch_operator");
         let m = Self {
             reconciliations: Family::default(),
@@ -498,8 +500,8 @@ impl Collector for WatchSeries {
             "Nodes whose agent reported for a watch within the grace period",
         );
         let mut confidence = GaugeFamily::new(
-            "resourcewatch_leak_confidence",
-            "Leak confidence, 0-100, of a container a watch lists as leaking",
+            "resourcewatch_leak_confidence_ratio",
+            "Leak confidence, 0-1, of a container a watch lists as leaking (status: 0-100)",
         );
         let mut growth = GaugeFamily::new(
             "resourcewatch_leak_growth_bytes_per_second",
@@ -518,12 +520,12 @@ impl Collector for WatchSeries {
             "The memory limit a leaking container's time to OOM is computed against",
         );
         let mut top_cpu = GaugeFamily::new(
-            "resourcewatch_top_cpu_percent",
-            "CPU of the watch's Top-K processes, percent of one core (rank 1 = heaviest)",
+            "resourcewatch_top_cpu_cores",
+            "CPU of the watch's Top-K processes, in cores, summed per container (the processes: the watch's status.topCPU)",
         );
         let mut top_memory = GaugeFamily::new(
             "resourcewatch_top_memory_bytes",
-            "Resident memory of the watch's Top-K processes (rank 1 = heaviest)",
+            "Resident memory of the watch's Top-K processes, summed per container (the processes: the watch's status.topMemory)",
         );
         for (key, st) in self.lock().iter() {
             let watch: SeriesLabels = vec![
@@ -548,7 +550,7 @@ impl Collector for WatchSeries {
                 ]);
                 confidence
                     .rows
-                    .push((labels.clone(), f64::from(l.confidence)));
+                    .push((labels.clone(), f64::from(l.confidence) / 100.0));
                 growth
                     .rows
                     .push((labels.clone(), l.growth_bytes_per_second));
@@ -562,20 +564,28 @@ impl Collector for WatchSeries {
                     limit.rows.push((labels, b as f64));
                 }
             }
-            for (family, entries) in [
-                (&mut top_cpu, &st.top_cpu),
-                (&mut top_memory, &st.top_memory),
+            // Per container, not per process: a process's PID and command churn with
+            // every restart and exec, and each new value would be a new series kept for
+            // the retention period. Which processes they are is in the status (and
+            // `kubectl get resourcewatch -o yaml`); PromQL's topk() ranks the containers.
+            for (family, entries, scale) in [
+                (&mut top_cpu, &st.top_cpu, 0.01),
+                (&mut top_memory, &st.top_memory, 1.0),
             ] {
-                for (rank, e) in entries.iter().enumerate() {
+                let mut per_container: BTreeMap<(&str, &str, &str), f64> = BTreeMap::new();
+                for e in entries {
+                    *per_container
+                        .entry((&e.pod, &e.container, &e.process.node))
+                        .or_default() += e.process.value * scale;
+                }
+                for ((pod, container, node), value) in per_container {
                     let mut labels = watch.clone();
                     labels.extend([
-                        ("rank", (rank + 1).to_string()),
-                        ("pod", e.pod.clone()),
-                        ("container", e.container.clone()),
-                        ("node", e.process.node.clone()),
-                        ("command", e.process.command.clone()),
+                        ("pod", pod.to_string()),
+                        ("container", container.to_string()),
+                        ("node", node.to_string()),
                     ]);
-                    family.rows.push((labels, e.process.value));
+                    family.rows.push((labels, value));
                 }
             }
         }
@@ -666,7 +676,11 @@ mod tests {
         serde_json::from_value(serde_json::json!({
             "matchedPods": 3, "expectedNodes": 2, "reportingNodes": 1,
             "topCPU": [{"pod": "api-1", "container": "app", "node": "n1", "pid": 42,
-                        "command": "java", "value": 97.5}],
+                        "command": "java", "value": 97.5},
+                       {"pod": "api-1", "container": "app", "node": "n1", "pid": 43,
+                        "command": "gc", "value": 50.0},
+                       {"pod": "api-2", "container": "app", "node": "n2", "pid": 7,
+                        "command": "java", "value": 10.0}],
             "topMemory": [{"pod": "api-2", "node": "n2", "pid": 7, "value": 1048576.0}],
             "leaks": [{"pod": "api-3", "container": "app", "node": "n1",
                        "growthBytesPerSecond": 1048576.0, "confidence": 88,
@@ -722,12 +736,14 @@ mod tests {
         for line in [
             format!("resourcewatch_time_to_oom_seconds{{{leak}}} 245.5"),
             format!("resourcewatch_time_to_oom_lower_bound_seconds{{{leak}}} 200.0"),
-            format!("resourcewatch_leak_confidence{{{leak}}} 88.0"),
+            format!("resourcewatch_leak_confidence_ratio{{{leak}}} 0.88"),
             format!("resourcewatch_leak_growth_bytes_per_second{{{leak}}} 1048576.0"),
             format!("resourcewatch_leak_memory_limit_bytes{{{leak}}} 268435456.0"),
-            r#"resourcewatch_leak_confidence{namespace="shop",resourcewatch="api",pod="api-4",container="app",node="n2"} 61.0"#.into(),
-            r#"resourcewatch_top_cpu_percent{namespace="shop",resourcewatch="api",rank="1",pod="api-1",container="app",node="n1",command="java"} 97.5"#.into(),
-            r#"resourcewatch_top_memory_bytes{namespace="shop",resourcewatch="api",rank="1",pod="api-2",container="",node="n2",command=""} 1048576.0"#.into(),
+            r#"resourcewatch_leak_confidence_ratio{namespace="shop",resourcewatch="api",pod="api-4",container="app",node="n2"} 0.61"#.into(),
+            // Top-K per container: api-1's two processes are one series, in cores.
+            r#"resourcewatch_top_cpu_cores{namespace="shop",resourcewatch="api",pod="api-1",container="app",node="n1"} 1.475"#.into(),
+            r#"resourcewatch_top_cpu_cores{namespace="shop",resourcewatch="api",pod="api-2",container="app",node="n2"} 0.1"#.into(),
+            r#"resourcewatch_top_memory_bytes{namespace="shop",resourcewatch="api",pod="api-2",container="",node="n2"} 1048576.0"#.into(),
             r#"resourcewatch_matched_pods{namespace="shop",resourcewatch="api"} 3.0"#.into(),
             r#"resourcewatch_reporting_nodes{namespace="shop",resourcewatch="api"} 1.0"#.into(),
         ] {
@@ -742,6 +758,16 @@ mod tests {
             text.contains("resourcewatch_operator_reconcile_duration_seconds"),
             "{text}"
         );
+        // No label that churns with processes.
+        assert!(
+            !text.contains("command=") && !text.contains("rank=") && !text.contains("pid="),
+            "{text}"
+        );
+        assert!(
+            text.contains("resourcewatch_operator_build_info{")
+                && text.contains("process_cpu_seconds_total "),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"));
 
         m.findings.retain(|k| k.name != "api");
@@ -752,6 +778,6 @@ mod tests {
         );
         m.findings.set(&key, &status());
         m.findings.clear();
-        assert!(!m.render().contains("resourcewatch_leak_confidence"));
+        assert!(!m.render().contains("resourcewatch_leak_confidence_ratio"));
     }
 }

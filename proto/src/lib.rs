@@ -4,6 +4,7 @@
 //! both binaries must agree on: how they log ([`logging`]).
 
 pub mod logging;
+pub mod telemetry;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1alpha1 {

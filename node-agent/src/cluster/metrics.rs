@@ -60,8 +60,6 @@ pub struct TickSnapshot {
     pub pipelines_loaded: bool,
     pub ticks: u64,
     pub tick_seconds: f64,
-    pub agent_cpu_percent: f64,
-    pub agent_rss_bytes: u64,
     pub kernel: KernelStats,
     pub programs: Vec<ProgramStats>,
     pub targets_resolved: usize,
@@ -120,6 +118,10 @@ impl AgentMetrics {
     pub fn render(self: &Arc<Self>) -> String {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(self.clone()));
+        // The agent's own CPU and memory as every Prometheus client names them
+        // (process_cpu_seconds_total, process_resident_memory_bytes, ...), and
+        // resourcewatch_agent_build_info.
+        resourcewatch_proto::telemetry::register(&mut registry, "resourcewatch_agent");
         let mut s = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut s, &registry);
@@ -170,7 +172,8 @@ impl Collector for AgentMetrics {
         let one = |v: f64| vec![(none(), v)];
         gauge(
             &mut e,
-            "resourcewatch_agent_up",
+            // Not `_up`: Prometheus' own `up` says whether the scrape worked.
+            "resourcewatch_agent_engine_healthy",
             "1 while the engine loops (the same test as /healthz)",
             &one(f64::from(u8::from(self.health().is_ok()))),
         )?;
@@ -185,18 +188,6 @@ impl Collector for AgentMetrics {
             "resourcewatch_agent_operator_connected",
             "1 while a stream to the operator is open",
             &one(f64::from(u8::from(self.connected.load(Ordering::Relaxed)))),
-        )?;
-        gauge(
-            &mut e,
-            "resourcewatch_agent_cpu_percent",
-            "The agent's CPU over the last report interval, percent of one core",
-            &one(t.agent_cpu_percent),
-        )?;
-        gauge(
-            &mut e,
-            "resourcewatch_agent_resident_memory_bytes",
-            "The agent's resident memory",
-            &one(t.agent_rss_bytes as f64),
         )?;
         gauge(
             &mut e,
@@ -428,7 +419,6 @@ mod tests {
         m.record_tick(TickSnapshot {
             pipelines_loaded: true,
             ticks: 7,
-            agent_rss_bytes: 16 << 20,
             kernel: KernelStats {
                 samples: 1234,
                 samples_lost: 5,
@@ -444,9 +434,8 @@ mod tests {
         });
         let text = m.render();
         for line in [
-            "resourcewatch_agent_up 1.0",
+            "resourcewatch_agent_engine_healthy 1.0",
             "resourcewatch_agent_pipelines_loaded 1.0",
-            "resourcewatch_agent_resident_memory_bytes 16777216.0",
             "resourcewatch_agent_reports_total 7",
             "resourcewatch_agent_kernel_memory_samples_lost_total 5",
             "resourcewatch_agent_targets{state=\"resolved\"} 3.0",
@@ -458,6 +447,14 @@ mod tests {
                 "{line:?} missing from:\n{text}"
             );
         }
+        for name in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "resourcewatch_agent_build_info{",
+        ] {
+            assert!(text.contains(name), "{name:?} missing from:\n{text}");
+        }
+        assert!(!text.contains("percent"), "ratios, not percent:\n{text}");
         assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
     }
 }

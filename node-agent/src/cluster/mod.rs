@@ -572,14 +572,11 @@ impl Engine {
 
     /// What `/metrics` shows of this tick.
     fn record(&self, r: &pb::Report, took: Duration) {
-        let health = r.health.clone().unwrap_or_default();
         let pipes = self.pipes.as_ref().ok();
         self.metrics.record_tick(metrics::TickSnapshot {
             pipelines_loaded: pipes.is_some(),
             ticks: self.metrics.next_tick(),
             tick_seconds: took.as_secs_f64(),
-            agent_cpu_percent: health.agent_cpu_percent,
-            agent_rss_bytes: health.agent_rss_bytes,
             kernel: pipes.map(|p| p.kernel_stats()).unwrap_or_default(),
             programs: pipes.map(|p| p.program_stats()).unwrap_or_default(),
             targets_resolved: self.resolved.len(),
