@@ -80,6 +80,8 @@ pub struct SimStats {
     pub reports: AtomicU64,
     pub errors: AtomicU64,
     pub last_version: AtomicU64,
+    /// The protocol version the operator chose, as its last NodeConfig said.
+    pub protocol: AtomicU64,
     pub last_error: Mutex<String>,
     pub targets: Mutex<Vec<pb::TargetPod>>,
 }
@@ -93,13 +95,35 @@ pub struct SimAgent {
 }
 
 impl SimAgent {
-    /// Connects (and reconnects) until stopped.
+    /// Connects (and reconnects) until stopped, speaking this build's protocol versions.
     pub fn spawn(
         endpoint: String,
         server_name: String,
         tls: AgentTls,
         node: String,
         planner: Planner,
+    ) -> Self {
+        Self::spawn_offering(
+            endpoint,
+            server_name,
+            tls,
+            node,
+            planner,
+            pb::SPOKEN_PROTOCOL_VERSIONS,
+        )
+    }
+
+    /// As [`Self::spawn`], offering the protocol versions `offered` (min, max) in its
+    /// Hello as an agent of another release would (min 0: an agent from before
+    /// negotiation); a snapshot of a version outside them is refused (NACK), as the
+    /// agent does.
+    pub fn spawn_offering(
+        endpoint: String,
+        server_name: String,
+        tls: AgentTls,
+        node: String,
+        planner: Planner,
+        offered: (u32, u32),
     ) -> Self {
         let stats = Arc::new(SimStats::default());
         let endpoints = Arc::new(Mutex::new(vec![endpoint]));
@@ -108,8 +132,11 @@ impl SimAgent {
             endpoints.clone(),
             server_name,
             tls,
-            node.clone(),
-            planner,
+            Behaviour {
+                node: node.clone(),
+                planner,
+                offered,
+            },
             stats.clone(),
             stop_rx,
         ));
@@ -138,15 +165,27 @@ impl SimAgent {
     }
 }
 
+/// Who a simulated agent is and how it answers.
+struct Behaviour {
+    node: String,
+    planner: Planner,
+    /// The protocol versions its Hello offers (min, max).
+    offered: (u32, u32),
+}
+
 async fn run(
     endpoints: Arc<Mutex<Vec<String>>>,
     server_name: String,
     tls: AgentTls,
-    node: String,
-    planner: Planner,
+    agent: Behaviour,
     stats: Arc<SimStats>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Behaviour {
+        node,
+        planner,
+        offered,
+    } = agent;
     let mut next = 0usize;
     while !*stop.borrow() {
         let endpoint = endpoints
@@ -156,7 +195,7 @@ async fn run(
             .unwrap_or_default();
         next += 1;
         let r = tokio::select! {
-            r = session(&endpoint, &server_name, &tls, &node, &planner, &stats) => r,
+            r = session(&endpoint, &server_name, &tls, &node, &planner, offered, &stats) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
         if let Err(e) = r {
@@ -178,6 +217,7 @@ async fn session(
     tls: &AgentTls,
     node: &str,
     planner: &Planner,
+    offered: (u32, u32),
     stats: &SimStats,
 ) -> anyhow::Result<()> {
     let tls_cfg = ClientTlsConfig::new()
@@ -198,7 +238,8 @@ async fn session(
         msg: Some(Msg::Hello(pb::Hello {
             node_name: node.into(),
             agent_version: "sim".into(),
-            protocol_version: pb::PROTOCOL_VERSION,
+            min_protocol_version: offered.0,
+            protocol_version: offered.1,
             last_applied_version: stats.last_version.load(Ordering::Relaxed),
             capabilities: Some(pb::Capabilities {
                 kernel_release: "sim".into(),
@@ -231,6 +272,14 @@ async fn session(
                 if let Some(operator_message::Msg::Config(c)) = m.msg {
                     stats.configs.fetch_add(1, Ordering::Relaxed);
                     stats.last_version.store(c.version, Ordering::Relaxed);
+                    let chosen = pb::config_protocol_version(&c);
+                    stats.protocol.store(u64::from(chosen), Ordering::Relaxed);
+                    let lowest = if offered.0 == 0 { offered.1 } else { offered.0 };
+                    if !(lowest..=offered.1).contains(&chosen) {
+                        let reason = format!("protocol version {chosen} is not spoken here");
+                        tx.send(pb::AgentMessage { msg: Some(Msg::Ack(pb::ConfigAck { version: c.version, accepted: false, reason })) }).await?;
+                        continue;
+                    }
                     if let Ok(mut t) = stats.targets.lock() {
                         *t = c.targets.clone();
                     }

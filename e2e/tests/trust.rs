@@ -89,12 +89,24 @@ impl Env {
         token: &str,
         plan: Arc<dyn Fn(&str) -> PodPlan + Send + Sync>,
     ) -> SimAgent {
-        SimAgent::spawn(
+        self.agent_offering(node, token, plan, pb::SPOKEN_PROTOCOL_VERSIONS)
+    }
+
+    /// An agent of another release: it offers the protocol versions `offered`.
+    fn agent_offering(
+        &self,
+        node: &str,
+        token: &str,
+        plan: Arc<dyn Fn(&str) -> PodPlan + Send + Sync>,
+        offered: (u32, u32),
+    ) -> SimAgent {
+        SimAgent::spawn_offering(
             format!("https://{}", self.op.grpc),
             resourcewatch_proto::operator_server_name(self.n()),
             self.tls.for_node(token.to_owned()),
             node.to_owned(),
             Arc::new(move |p: &pb::TargetPod| plan(&p.name)),
+            offered,
         )
     }
 
@@ -242,6 +254,86 @@ fn hello(node: &str) -> Msg {
         protocol_version: pb::PROTOCOL_VERSION,
         ..Default::default()
     })
+}
+
+/// The skew policy (README: Upgrades and version skew), with the operator's real binary
+/// and API server: an agent one release older (its Hello from before negotiation names
+/// one version, no minimum) and one a release newer (offering this version and the next)
+/// are both served, their pods reported in the watch's status; an agent that speaks only
+/// a newer version is refused with FAILED_PRECONDITION naming both ranges, and counted.
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn agents_a_release_older_and_newer_are_served_and_a_stranger_is_refused() {
+    let env = Env::new("rw-trust-skew", true, false).await;
+    let mut agents = Vec::new();
+    for (name, offered) in [
+        ("older", (0, pb::PROTOCOL_VERSION)),
+        ("newer", (pb::PROTOCOL_VERSION, pb::PROTOCOL_VERSION + 1)),
+    ] {
+        let (node, token) = env.node(name).await;
+        cluster::fake_deployment(&env.client, env.n(), name, 1, &labels(name), &node)
+            .await
+            .expect("deployment");
+        env.watch(
+            &env.client,
+            name,
+            serde_json::json!({"matchLabels": {"app": name}}),
+        )
+        .await
+        .expect("watch");
+        agents.push(env.agent_offering(&node, &token, Arc::new(|_| flat()), offered));
+    }
+    for (name, agent) in ["older", "newer"].iter().zip(&agents) {
+        wait_for(
+            &format!("the {name} agent's pod reported"),
+            Duration::from_secs(40),
+            || async {
+                let st = env.status(name).await;
+                Ok((st.reporting_nodes == 1
+                    && st.top_memory.iter().any(|e| e.pod.starts_with(name)))
+                .then_some(()))
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+        assert_eq!(
+            agent
+                .stats
+                .protocol
+                .load(std::sync::atomic::Ordering::Relaxed),
+            u64::from(pb::PROTOCOL_VERSION),
+            "{name}: the version the operator chose"
+        );
+    }
+
+    // Two releases ahead: nothing in common.
+    let (node, token) = env.node("ahead").await;
+    let (_t, resp) = raw_session(
+        &env,
+        &node,
+        &token,
+        Msg::Hello(pb::Hello {
+            node_name: node.clone(),
+            min_protocol_version: pb::PROTOCOL_VERSION + 1,
+            protocol_version: pb::PROTOCOL_VERSION + 2,
+            ..Default::default()
+        }),
+    )
+    .await;
+    let s = resp.expect_err("refused");
+    assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s}");
+    assert!(
+        s.message().contains("upgrade the older"),
+        "the refusal says what to do: {s}"
+    );
+    let refused = env
+        .op
+        .metric("resourcewatch_operator_protocol_errors_total")
+        .unwrap_or(0.0);
+    assert!(refused >= 1.0, "counted: {refused}");
+    for a in agents {
+        a.stop().await;
+    }
 }
 
 #[tokio::test]

@@ -70,6 +70,8 @@ fn config_with(version: u64, width: u32, profiles: Vec<pb::ProfileRequest>) -> p
                 }],
             }],
             profiles,
+            // An operator from before negotiation (version 1).
+            protocol_version: 0,
         })),
     }
 }
@@ -312,6 +314,7 @@ async fn drive(leaf: PathBuf, pid: u32) {
     .await;
     assert_eq!(hello.node_name, "test-node");
     assert_eq!(hello.protocol_version, pb::PROTOCOL_VERSION);
+    assert_eq!(hello.min_protocol_version, pb::MIN_PROTOCOL_VERSION);
     assert!(
         hello.capabilities.as_ref().is_some_and(|c| c.btf
             && c.sched_switch
@@ -370,6 +373,21 @@ async fn drive(leaf: PathBuf, pid: u32) {
     })
     .await;
     assert!(!nack.accepted && nack.reason.contains("sketch"), "{nack:?}");
+    // So is one of a protocol version this agent does not speak (an operator two
+    // releases ahead), whatever else it says.
+    let mut ahead = config(3, 1024);
+    if let Some(operator_message::Msg::Config(c)) = &mut ahead.msg {
+        c.protocol_version = pb::PROTOCOL_VERSION + 1;
+    }
+    push.send(Ok(ahead)).await.expect("push");
+    let nack = wait_until("the NACK of version 3", 15, || {
+        acks(&op).into_iter().find(|a| a.version == 3)
+    })
+    .await;
+    assert!(
+        !nack.accepted && nack.reason.contains("protocol version"),
+        "{nack:?}"
+    );
     let n = reports(&op).len();
     wait_until("reports to continue after the NACK", 10, || {
         (reports(&op).len() > n + 1).then_some(())

@@ -187,7 +187,8 @@ async fn run_session(
                 if changed.is_err() {
                     break Some(Status::unavailable("the node's configuration was dropped"));
                 }
-                let c = session.config.borrow_and_update().clone();
+                let mut c = session.config.borrow_and_update().clone();
+                c.protocol_version = session.protocol;
                 let msg = pb::OperatorMessage { msg: Some(operator_message::Msg::Config(c)) };
                 if tx.send(Ok(msg)).await.is_err() {
                     break None;

@@ -108,7 +108,11 @@ impl Default for HubOptions {
 pub enum HubError {
     #[error("hello: node_name is empty")]
     NoNodeName,
-    #[error("protocol version {0} is not supported (this operator speaks {1})")]
+    #[error(
+        "the agent speaks protocol versions {0}..={1}, this operator {min}..={max}: upgrade the older of the two (README: Upgrades and version skew)",
+        min = resourcewatch_proto::MIN_PROTOCOL_VERSION,
+        max = resourcewatch_proto::PROTOCOL_VERSION
+    )]
     Protocol(u32, u32),
     #[error("node {0}: no session")]
     NoSession(String),
@@ -191,6 +195,8 @@ struct Inner {
 pub struct Session {
     pub id: u64,
     pub node: String,
+    /// The protocol version chosen for this stream (what its NodeConfigs say).
+    pub protocol: u32,
     pub config: watch::Receiver<pb::NodeConfig>,
     pub replaced: oneshot::Receiver<()>,
 }
@@ -392,6 +398,8 @@ impl Hub {
             }),
             targets: Vec::new(),
             profiles: Vec::new(),
+            // Set per stream, to the version negotiated with its agent (grpc.rs).
+            protocol_version: 0,
         }
     }
 
@@ -483,12 +491,17 @@ impl Hub {
         if hello.node_name.is_empty() {
             return Err(HubError::NoNodeName);
         }
-        if hello.protocol_version != resourcewatch_proto::PROTOCOL_VERSION {
-            return Err(HubError::Protocol(
-                hello.protocol_version,
-                resourcewatch_proto::PROTOCOL_VERSION,
-            ));
-        }
+        let Some(protocol) = resourcewatch_proto::negotiate(
+            resourcewatch_proto::SPOKEN_PROTOCOL_VERSIONS,
+            hello.min_protocol_version,
+            hello.protocol_version,
+        ) else {
+            let min = match hello.min_protocol_version {
+                0 => hello.protocol_version,
+                m => m,
+            };
+            return Err(HubError::Protocol(min, hello.protocol_version));
+        };
         let mut inner = self.lock();
         if !inner.nodes.contains_key(&hello.node_name) {
             let body = self
@@ -521,6 +534,7 @@ impl Hub {
         Ok(Session {
             id,
             node: hello.node_name.clone(),
+            protocol,
             config,
             replaced,
         })
@@ -1195,7 +1209,24 @@ mod tests {
         assert_eq!(hub.connect(&hello("")).err(), Some(HubError::NoNodeName));
         let mut old = hello("n1");
         old.protocol_version = 99;
-        assert!(matches!(hub.connect(&old), Err(HubError::Protocol(99, _))));
+        assert!(matches!(hub.connect(&old), Err(HubError::Protocol(99, 99))));
+        // One release newer: it offers this operator's version too, and gets it.
+        let newer = pb::Hello {
+            min_protocol_version: resourcewatch_proto::PROTOCOL_VERSION,
+            protocol_version: resourcewatch_proto::PROTOCOL_VERSION + 1,
+            ..hello("n2")
+        };
+        let s = hub.connect(&newer).expect("an agent one release newer");
+        assert_eq!(s.protocol, resourcewatch_proto::PROTOCOL_VERSION);
+        // Offering only newer versions: refused, the message naming both ranges.
+        let ahead = pb::Hello {
+            min_protocol_version: resourcewatch_proto::PROTOCOL_VERSION + 1,
+            ..newer
+        };
+        let Err(err) = hub.connect(&ahead) else {
+            panic!("no common version, yet connected")
+        };
+        assert!(err.to_string().contains("upgrade the older"), "{err}");
     }
 
     #[test]

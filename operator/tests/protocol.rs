@@ -188,6 +188,7 @@ fn hello(node: &str) -> Msg {
         protocol_version: pb::PROTOCOL_VERSION,
         last_applied_version: 0,
         capabilities: None,
+        min_protocol_version: pb::MIN_PROTOCOL_VERSION,
     })
 }
 
@@ -336,6 +337,26 @@ async fn bad_first_messages_get_precise_codes() {
     let s = resp.expect_err("refused");
     assert_eq!(s.code(), Code::FailedPrecondition);
     assert!(s.message().contains("99"), "{s}");
+
+    // An agent one release newer offers this operator's version too: served, and every
+    // snapshot names the version chosen. One from before negotiation (no minimum) is
+    // served at the version it names.
+    for (min, max) in [
+        (pb::PROTOCOL_VERSION, pb::PROTOCOL_VERSION + 1),
+        (0, pb::PROTOCOL_VERSION),
+    ] {
+        let (_tx, resp) = f
+            .open(Msg::Hello(pb::Hello {
+                node_name: "n1".into(),
+                min_protocol_version: min,
+                protocol_version: max,
+                ..Default::default()
+            }))
+            .await;
+        let mut rx = resp.unwrap_or_else(|s| panic!("offering {min}..={max}: {s}"));
+        let c = next_config(&mut rx).await;
+        assert_eq!(c.protocol_version, pb::PROTOCOL_VERSION, "{min}..={max}");
+    }
 }
 
 #[tokio::test]

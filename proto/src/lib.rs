@@ -13,8 +13,43 @@ pub mod v1alpha1 {
 
 pub use v1alpha1::*;
 
-/// Bumped only for a change that peers of the previous version cannot understand.
+/// The newest protocol version this build speaks. Bumped only for a change that peers
+/// of the previous version cannot understand.
 pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The oldest protocol version this build still speaks: after a bump, the previous
+/// version stays for one release, so an operator serves agents one release older and one
+/// newer (the agent offers its range, the operator picks: [`negotiate`]).
+pub const MIN_PROTOCOL_VERSION: u32 = 1;
+
+/// What peers before negotiation spoke (their Hello's `min_protocol_version` and their
+/// NodeConfig's `protocol_version` are 0).
+pub const UNNEGOTIATED_PROTOCOL_VERSION: u32 = 1;
+
+/// The highest version both ranges contain, or `None`. `theirs_min` 0 means `theirs_max`
+/// only (a peer from before negotiation).
+pub fn negotiate(ours: (u32, u32), theirs_min: u32, theirs_max: u32) -> Option<u32> {
+    let theirs_min = if theirs_min == 0 {
+        theirs_max
+    } else {
+        theirs_min
+    };
+    let (lo, hi) = (ours.0.max(theirs_min), ours.1.min(theirs_max));
+    (lo <= hi && lo > 0).then_some(hi)
+}
+
+/// The version a NodeConfig says its operator chose (0: an operator from before
+/// negotiation, which speaks [`UNNEGOTIATED_PROTOCOL_VERSION`]).
+pub fn config_protocol_version(c: &NodeConfig) -> u32 {
+    if c.protocol_version == 0 {
+        UNNEGOTIATED_PROTOCOL_VERSION
+    } else {
+        c.protocol_version
+    }
+}
+
+/// This build's range, for [`negotiate`].
+pub const SPOKEN_PROTOCOL_VERSIONS: (u32, u32) = (MIN_PROTOCOL_VERSION, PROTOCOL_VERSION);
 
 /// The largest message either side accepts (and the agent trims its reports to): a
 /// node with 200 targeted containers at K = 100 fits; one node cannot make the operator
@@ -51,3 +86,91 @@ pub const MAX_PROFILES_PER_NODE: usize = 2;
 /// The most bytes of a ProfileResult's outputs (folded + pprof + svg): under the message
 /// limit, and under what one ConfigMap holds (1 MiB) with room for its metadata.
 pub const MAX_PROFILE_BYTES: usize = 768 << 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_highest_common_version_is_chosen_and_disjoint_ranges_are_refused() {
+        // An operator that speaks 3 and 4 (it bumped to 4 one release ago).
+        let op = (3, 4);
+        assert_eq!(negotiate(op, 3, 4), Some(4), "same release");
+        assert_eq!(
+            negotiate(op, 0, 3),
+            Some(3),
+            "an agent of N-1 from before negotiation"
+        );
+        assert_eq!(negotiate(op, 2, 3), Some(3), "an agent of N-1");
+        assert_eq!(
+            negotiate(op, 4, 5),
+            Some(4),
+            "an agent of N+1 still speaks 4"
+        );
+        assert_eq!(negotiate(op, 0, 5), None, "an N+1 agent that offers only 5");
+        assert_eq!(negotiate(op, 1, 2), None, "two releases behind");
+        assert_eq!(negotiate(op, 0, 0), None, "no version at all");
+        assert_eq!(negotiate(op, 5, 4), None, "an empty range");
+        assert_eq!(
+            negotiate(SPOKEN_PROTOCOL_VERSIONS, 0, PROTOCOL_VERSION),
+            Some(PROTOCOL_VERSION)
+        );
+    }
+
+    /// A Hello as an agent a release newer encodes it: a field this build does not know.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct NewerHello {
+        #[prost(string, tag = "1")]
+        node_name: String,
+        #[prost(uint32, tag = "3")]
+        protocol_version: u32,
+        #[prost(uint32, tag = "6")]
+        min_protocol_version: u32,
+        #[prost(string, tag = "99")]
+        something_new: String,
+    }
+
+    #[test]
+    fn fields_of_a_newer_release_are_skipped_and_an_older_hello_has_no_minimum() {
+        use prost::Message;
+        let newer = NewerHello {
+            node_name: "n1".into(),
+            protocol_version: PROTOCOL_VERSION + 1,
+            min_protocol_version: PROTOCOL_VERSION,
+            something_new: "ignored".into(),
+        };
+        let h = Hello::decode(newer.encode_to_vec().as_slice()).expect("decodes");
+        assert_eq!(h.node_name, "n1");
+        assert_eq!(
+            negotiate(
+                SPOKEN_PROTOCOL_VERSIONS,
+                h.min_protocol_version,
+                h.protocol_version
+            ),
+            Some(PROTOCOL_VERSION)
+        );
+        // What an agent from before negotiation sends: no field 6.
+        let older = NewerHello {
+            node_name: "n1".into(),
+            protocol_version: 1,
+            ..Default::default()
+        };
+        let h = Hello::decode(older.encode_to_vec().as_slice()).expect("decodes");
+        assert_eq!(h.min_protocol_version, 0);
+        assert_eq!(
+            negotiate((1, 2), h.min_protocol_version, h.protocol_version),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn an_operator_from_before_negotiation_speaks_version_1() {
+        let c = NodeConfig::default();
+        assert_eq!(config_protocol_version(&c), 1);
+        let c = NodeConfig {
+            protocol_version: 7,
+            ..Default::default()
+        };
+        assert_eq!(config_protocol_version(&c), 7);
+    }
+}

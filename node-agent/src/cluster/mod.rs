@@ -233,6 +233,7 @@ async fn session_loop(
             node_name: opts.node_name.clone(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
             protocol_version: pb::PROTOCOL_VERSION,
+            min_protocol_version: pb::MIN_PROTOCOL_VERSION,
             last_applied_version: applied.load(Ordering::SeqCst),
             capabilities: Some(caps.clone()),
         };
@@ -493,6 +494,9 @@ impl Engine {
             accepted: false,
             reason,
         };
+        if let Err(why) = spoken(&c) {
+            return nack(why);
+        }
         if c.version == self.config.version && c.version != 0 {
             // A reconnect resent what runs already (a profile result the old stream lost
             // is sent again).
@@ -719,10 +723,38 @@ fn fit(mut r: pb::Report) -> pb::Report {
     r
 }
 
+/// `Err` when the operator chose a protocol version this agent does not speak (it
+/// cannot know what the snapshot means): the snapshot is refused with the reason, which
+/// the operator shows in the watch's status.
+fn spoken(c: &pb::NodeConfig) -> Result<(), String> {
+    let v = pb::config_protocol_version(c);
+    let (min, max) = pb::SPOKEN_PROTOCOL_VERSIONS;
+    if (min..=max).contains(&v) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the operator chose protocol version {v}; this agent speaks {min}..={max} \
+             (upgrade the older of the two: README, Upgrades and version skew)"
+        ))
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::capabilities::{CapabilityReport, Check};
+
+    #[test]
+    fn a_snapshot_of_a_protocol_version_this_agent_does_not_speak_is_refused() {
+        // An operator from before negotiation (0) speaks version 1.
+        assert!(spoken(&pb::NodeConfig::default()).is_ok());
+        let chosen = |v| pb::NodeConfig {
+            protocol_version: v,
+            ..Default::default()
+        };
+        assert!(spoken(&chosen(pb::PROTOCOL_VERSION)).is_ok());
+        let err = spoken(&chosen(pb::PROTOCOL_VERSION + 1)).expect_err("newer");
+        assert!(err.contains("upgrade the older"), "{err}");
+    }
 
     #[test]
     fn retries_stay_a_second_apart_while_the_operator_hands_over() {
