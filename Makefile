@@ -42,16 +42,16 @@ probe: deps ## Report what this kernel allows (BTF, tracepoints, cgroups, privil
 	$(CARGO) run --release -q -p resourcewatch-agent -- probe
 
 .PHONY: generate
-generate: ## Regenerate the CRD YAML (crds/, config/crd/, the chart's crds/) from the Rust types
+generate: ## Regenerate the CRD YAML (crds/, config/crd/, the chart's files/crds/) from the Rust types
 	$(CARGO) run -q -p resourcewatch-crds --bin crdgen > crds/resourcewatch.io_resourcewatches.yaml
 	cp crds/resourcewatch.io_resourcewatches.yaml config/crd/resourcewatch.io_resourcewatches.yaml
-	cp crds/resourcewatch.io_resourcewatches.yaml charts/resourcewatch/crds/resourcewatch.io_resourcewatches.yaml
+	cp crds/resourcewatch.io_resourcewatches.yaml charts/resourcewatch/files/crds/resourcewatch.io_resourcewatches.yaml
 	$(CARGO) run -q -p resourcewatch-crds --bin crdgen cluster > crds/resourcewatch.io_clusterresourcewatches.yaml
 	cp crds/resourcewatch.io_clusterresourcewatches.yaml config/crd/resourcewatch.io_clusterresourcewatches.yaml
-	cp crds/resourcewatch.io_clusterresourcewatches.yaml charts/resourcewatch/crds/resourcewatch.io_clusterresourcewatches.yaml
+	cp crds/resourcewatch.io_clusterresourcewatches.yaml charts/resourcewatch/files/crds/resourcewatch.io_clusterresourcewatches.yaml
 	$(CARGO) run -q -p resourcewatch-crds --bin crdgen policy > crds/resourcewatch.io_remediationpolicies.yaml
 	cp crds/resourcewatch.io_remediationpolicies.yaml config/crd/resourcewatch.io_remediationpolicies.yaml
-	cp crds/resourcewatch.io_remediationpolicies.yaml charts/resourcewatch/crds/resourcewatch.io_remediationpolicies.yaml
+	cp crds/resourcewatch.io_remediationpolicies.yaml charts/resourcewatch/files/crds/resourcewatch.io_remediationpolicies.yaml
 
 .PHONY: fmt
 fmt: ## Format the code

@@ -9,7 +9,7 @@ checked and exits 1 on a failure.
   rbac DEFAULT_RENDER GRANTS_RENDER the operator's rights follow what was opted in
   schema CHART_DIR                 values.yaml vs values.schema.json, bad values rejected
   values-file RENDER               the custom values file reached the objects
-  crd CHART_DIR REPO_CRD RENDER    crds/ is a verbatim copy and is rendered first
+  crd CHART_DIR REPO_CRD RENDER    files/crds/ is a verbatim copy, rendered by templates/crds.yaml
   monitoring RENDER CONFIG_DIR     metrics.* objects == config/prometheus's
   podsecurity RENDER KUSTOMIZED    operator 'restricted', agent's namespace 'privileged'
 """
@@ -176,6 +176,11 @@ def cmd_kustomize(a):
 
 def normalize(obj):
     obj = copy.deepcopy(obj)
+    annotations = (obj.get("metadata") or {}).get("annotations")
+    if isinstance(annotations, dict):
+        annotations.pop("helm.sh/resource-policy", None)
+        if not annotations:
+            del obj["metadata"]["annotations"]
     labels = (obj.get("metadata") or {}).get("labels")
     if isinstance(labels, dict):
         for k in HELM_LABELS:
@@ -432,9 +437,13 @@ def cmd_values_file(a):
 # ---- CRD --------------------------------------------------------------------------------
 
 def cmd_crd(a):
-    """Every CRD of the chart's crds/ is a verbatim copy of the repository's crds/ file of
-    the same name, and they are rendered first, untemplated."""
-    chart_dir = os.path.join(a.chart, "crds")
+    """Every CRD of the chart's files/crds/ is a verbatim copy of the repository's crds/
+    file of the same name, and templates/crds.yaml renders each as that file with only
+    the annotation helm.sh/resource-policy: keep added."""
+    chart_dir = os.path.join(a.chart, "files", "crds")
+    if os.path.isdir(os.path.join(a.chart, "crds")):
+        fail(f"{a.chart}/crds/ exists: Helm would install it once and never upgrade it "
+             "(the CRDs are templates: templates/crds.yaml)")
     names = sorted(n for n in os.listdir(chart_dir) if n.endswith(".yaml"))
     want = sorted(n for n in os.listdir(a.repo_crds) if n.endswith(".yaml"))
     if names != want:
@@ -449,16 +458,28 @@ def cmd_crd(a):
             fail(f"{chart_dir}/{n} differs from {a.repo_crds}/{n}: copy it again after `make generate`")
         else:
             ok(f"{chart_dir}/{n} is a verbatim copy of {a.repo_crds}/{n}")
-        copies[f"resourcewatch/crds/{n}"] = yaml.safe_load(data)
-    with open(a.render) as f:
-        docs = split_docs(f.read())
-    first = dict(docs[: len(copies)])
-    if set(first) != set(copies):
-        fail(f"the first rendered documents are {sorted(first)}, want the CRDs {sorted(copies)}")
-    elif any(yaml.safe_load(first[src]) != copies[src] for src in copies):
-        fail("a rendered CRD is not its crds/ file")
+        crd = yaml.safe_load(data)
+        copies[crd["metadata"]["name"]] = crd
+    rendered = {o["metadata"]["name"]: o for src, o in load_objects(a.render)
+                if o.get("kind") == "CustomResourceDefinition"
+                and src == "resourcewatch/templates/crds.yaml"}
+    if set(rendered) != set(copies):
+        fail(f"templates/crds.yaml renders {sorted(rendered)}, want {sorted(copies)}")
+    bad = []
+    for name, crd in copies.items():
+        got = copy.deepcopy(rendered.get(name) or {})
+        ann = (got.get("metadata") or {}).get("annotations") or {}
+        if ann.get("helm.sh/resource-policy") != "keep":
+            bad.append(f"{name}: no helm.sh/resource-policy: keep")
+        ann.pop("helm.sh/resource-policy", None)
+        if not ann:
+            got.get("metadata", {}).pop("annotations", None)
+        if got != crd:
+            bad.append(f"{name}: differs from its file beyond the annotation")
+    if bad:
+        fail("; ".join(bad))
     else:
-        ok(f"the {len(copies)} CRDs are rendered first, untemplated")
+        ok(f"the {len(copies)} CRDs are templates: their files plus helm.sh/resource-policy: keep")
     finish()
 
 

@@ -10,6 +10,8 @@ Run through charts/helm.sh, which provides the pinned SDK.
   helm.sh lint [--strict] [--kube-version V] [-f FILE]... [--set K=V]... [CHART]
   helm.sh install|upgrade NAME [CHART] [--namespace NS] [--create-namespace] [-f FILE]...
                    [--set K=V]... [--wait] [--timeout SECONDS]
+  helm.sh rollback NAME [REVISION] [--namespace NS] [--wait] [--timeout SECONDS]
+  helm.sh history NAME [--namespace NS]
   helm.sh uninstall NAME [--namespace NS] [--wait]
 
 CHART defaults to charts/resourcewatch. install/upgrade/uninstall use the cluster of
@@ -120,6 +122,20 @@ def cmd_install(a):
         print("\nNOTES:\n" + rel["notes"].strip())
 
 
+def cmd_rollback(a):
+    with cluster(a) as cfg:
+        cfg.rollback(a.release, version=a.revision, timeout=a.timeout,
+                     wait="watcher" if a.wait else None)
+    print(f"Rollback was a success! ({a.release} to revision {a.revision or 'previous'})")
+
+
+def cmd_history(a):
+    with cluster(a) as cfg:
+        rel = cfg.status(a.release)
+    # The current revision and its state: what `helm history` ends with.
+    print(f"REVISION: {rel.get('revision')}\nSTATUS: {rel.get('status')}")
+
+
 def cmd_uninstall(a):
     with cluster(a) as cfg:
         cfg.uninstall(a.release, wait="watcher" if a.wait else None)
@@ -159,6 +175,19 @@ def main():
         i.add_argument("--timeout", type=int, default=300, help="seconds")
         values_args(i)
         i.set_defaults(f=cmd_install)
+
+    r = sub.add_parser("rollback", help="helm rollback (the cluster of KUBECONFIG)")
+    r.add_argument("release")
+    r.add_argument("revision", nargs="?", type=int)
+    r.add_argument("-n", "--namespace", default="default")
+    r.add_argument("--wait", action="store_true")
+    r.add_argument("--timeout", type=int, default=300, help="seconds")
+    r.set_defaults(f=cmd_rollback)
+
+    h = sub.add_parser("history", help="the release's current revision and status")
+    h.add_argument("release")
+    h.add_argument("-n", "--namespace", default="default")
+    h.set_defaults(f=cmd_history)
 
     u = sub.add_parser("uninstall", help="helm uninstall (the cluster of KUBECONFIG)")
     u.add_argument("release")

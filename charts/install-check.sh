@@ -2,8 +2,9 @@
 # The chart installed for real by Helm's engine (charts/helm.sh) on the cluster KUBECONFIG
 # names, with its images already loadable there: both workloads must become ready (the
 # agent's readiness means its kernel pipelines are loaded and it built a report); an
-# upgrade rolls the operator and the Service must route to the new leader; then Helm
-# uninstalls what it installed. Nothing of resourcewatch may be installed before (the
+# upgrade rolls the operator and the Service must route to the new leader; an upgrade
+# that changes a CRD changes it in the cluster and a rollback restores it; then Helm
+# uninstalls what it installed, the CRDs excepted (kept). Nothing of resourcewatch may be installed before (the
 # objects have fixed names: Helm refuses to adopt config/'s).
 # Run by e2e/run-cluster-tests.sh and `make chart-install`.
 set -euo pipefail
@@ -37,8 +38,39 @@ for _ in $(seq 60); do
 done
 [[ -n $leader_ep ]] || { echo "no leader behind the operator Service 60 s after the upgrade" >&2; exit 1; }
 echo "after the upgrade the Service routes to the new leader $leader_ep"
+
+# The CRDs are templates: a chart whose ResourceWatch CRD changed (one more short name)
+# changes the cluster's on `helm upgrade`, and `helm rollback` puts the old one back.
+crd=resourcewatches.resourcewatch.io
+short_names() { "$K" get crd "$crd" -o jsonpath='{.spec.names.shortNames}'; }
+newer="$(mktemp -d)"
+trap 'rm -rf "$newer"' EXIT
+cp -r charts/resourcewatch "$newer/"
+f="$newer/resourcewatch/files/crds/resourcewatch.io_resourcewatches.yaml"
+grep -q '^    - rw$' "$f" || { echo "the CRD's short names moved: update this check" >&2; exit 1; }
+sed -i 's/^    - rw$/    - rw\n    - rwupgraded/' "$f"
+before=$(short_names)
+[[ $before != *rwupgraded* ]] || { echo "short names before the upgrade: $before" >&2; exit 1; }
+charts/helm.sh upgrade resourcewatch "$newer/resourcewatch" -n "$NS" --wait --timeout 180 | sed -n '3,4p'
+after=$(short_names)
+[[ $after == *rwupgraded* ]] ||
+  { echo "helm upgrade did not change the CRD: short names $after" >&2; exit 1; }
+echo "helm upgrade changed the CRD: short names $before -> $after"
+charts/helm.sh rollback resourcewatch -n "$NS" --wait --timeout 180
+rolled=$(short_names)
+[[ $rolled == "$before" ]] ||
+  { echo "helm rollback left the CRD at short names $rolled (want $before)" >&2; exit 1; }
+charts/helm.sh history resourcewatch -n "$NS" | tr '\n' ' '
+echo
+"$K" -n "$NS" rollout status deploy/resourcewatch-operator --timeout=60s
+"$K" -n "$NS" rollout status ds/resourcewatch-agent --timeout=60s
+echo "helm rollback restored the CRD (short names $rolled); operator and agents ready"
+
 charts/helm.sh uninstall resourcewatch -n "$NS" --wait
 if "$K" -n "$NS" get deploy/resourcewatch-operator ds/resourcewatch-agent >/dev/null 2>&1; then
   echo "helm uninstall left the workloads behind" >&2; exit 1
 fi
-echo "the chart installed, upgraded and uninstalled by Helm's engine"
+# The CRDs stay (helm.sh/resource-policy: keep): deleting one deletes every watch.
+"$K" get crd "$crd" >/dev/null ||
+  { echo "helm uninstall deleted the CRD $crd (it must keep it)" >&2; exit 1; }
+echo "the chart installed, upgraded, its CRD upgraded and rolled back, and uninstalled (CRDs kept) by Helm's engine"

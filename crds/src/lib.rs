@@ -878,9 +878,9 @@ mod tests {
                 include_str!("../../config/crd/resourcewatch.io_resourcewatches.yaml"),
             ),
             (
-                "charts/resourcewatch/crds/resourcewatch.io_resourcewatches.yaml",
+                "charts/resourcewatch/files/crds/resourcewatch.io_resourcewatches.yaml",
                 include_str!(
-                    "../../charts/resourcewatch/crds/resourcewatch.io_resourcewatches.yaml"
+                    "../../charts/resourcewatch/files/crds/resourcewatch.io_resourcewatches.yaml"
                 ),
             ),
         ] {
@@ -895,9 +895,9 @@ mod tests {
                 include_str!("../../config/crd/resourcewatch.io_clusterresourcewatches.yaml"),
             ),
             (
-                "charts/resourcewatch/crds/resourcewatch.io_clusterresourcewatches.yaml",
+                "charts/resourcewatch/files/crds/resourcewatch.io_clusterresourcewatches.yaml",
                 include_str!(
-                    "../../charts/resourcewatch/crds/resourcewatch.io_clusterresourcewatches.yaml"
+                    "../../charts/resourcewatch/files/crds/resourcewatch.io_clusterresourcewatches.yaml"
                 ),
             ),
         ] {
@@ -912,9 +912,9 @@ mod tests {
                 include_str!("../../config/crd/resourcewatch.io_remediationpolicies.yaml"),
             ),
             (
-                "charts/resourcewatch/crds/resourcewatch.io_remediationpolicies.yaml",
+                "charts/resourcewatch/files/crds/resourcewatch.io_remediationpolicies.yaml",
                 include_str!(
-                    "../../charts/resourcewatch/crds/resourcewatch.io_remediationpolicies.yaml"
+                    "../../charts/resourcewatch/files/crds/resourcewatch.io_remediationpolicies.yaml"
                 ),
             ),
         ] {
