@@ -6,12 +6,13 @@ with a helm binary, `helm template|lint|install ...` with the same arguments doe
 Run through charts/helm.sh, which provides the pinned SDK.
 
   helm.sh template [--name N] [--namespace NS] [-f FILE]... [--set K=V]... [--set-string K=V]...
-                   [--skip-crds] [--show-notes] [--print-values] [CHART]
+                   [--skip-crds] [--skip-tests] [--show-notes] [--print-values] [CHART]
   helm.sh lint [--strict] [--kube-version V] [-f FILE]... [--set K=V]... [CHART]
   helm.sh install|upgrade NAME [CHART] [--namespace NS] [--create-namespace] [-f FILE]...
                    [--set K=V]... [--wait] [--timeout SECONDS]
   helm.sh rollback NAME [REVISION] [--namespace NS] [--wait] [--timeout SECONDS]
   helm.sh history NAME [--namespace NS]
+  helm.sh test NAME [--namespace NS] [--timeout SECONDS]
   helm.sh uninstall NAME [--namespace NS] [--wait]
 
 CHART defaults to charts/resourcewatch. install/upgrade/uninstall use the cluster of
@@ -80,7 +81,13 @@ def cmd_template(a):
             rel = cfg.install(ch, a.name, values, namespace=a.namespace, dry_run="client")
         crds = "" if a.skip_crds else "".join(
             f"---\n# Source: {c['filename']}\n{c['data']}\n" for c in ch.crds)
-        sys.stdout.write((crds + rel["manifest"]).strip() + "\n")
+        # As `helm template` does, the test hooks too (unless --skip-tests): the release's
+        # manifest holds no hooks, so they come from an offline render of templates/tests/.
+        tests = "" if a.skip_tests else "".join(
+            f"---\n# Source: {path}\n{text.strip()}\n"
+            for path, text in sorted(ch.render(values, name=a.name, namespace=a.namespace).items())
+            if "/templates/tests/" in path and text.strip())
+        sys.stdout.write((crds + rel["manifest"].strip() + "\n" + tests).strip() + "\n")
         if a.show_notes and rel.get("notes"):
             sys.stderr.write("NOTES:\n" + rel["notes"].strip() + "\n")
 
@@ -136,6 +143,15 @@ def cmd_history(a):
     print(f"REVISION: {rel.get('revision')}\nSTATUS: {rel.get('status')}")
 
 
+def cmd_test(a):
+    with cluster(a) as cfg:
+        res = cfg.test(a.release, timeout=a.timeout, logs=True)
+    rel = res.get("release") or {}
+    print(f"NAME: {rel.get('name')}\nSTATUS: {rel.get('status')}\nTEST SUITE: passed")
+    if res.get("logs"):
+        print(res["logs"].strip())
+
+
 def cmd_uninstall(a):
     with cluster(a) as cfg:
         cfg.uninstall(a.release, wait="watcher" if a.wait else None)
@@ -153,6 +169,7 @@ def main():
     t.add_argument("-n", "--namespace", default="default")
     values_args(t)
     t.add_argument("--skip-crds", action="store_true")
+    t.add_argument("--skip-tests", action="store_true", help="leave out the test hooks")
     t.add_argument("--show-notes", action="store_true")
     t.add_argument("--print-values", action="store_true",
                    help="print the coalesced values instead of the manifests")
@@ -188,6 +205,12 @@ def main():
     h.add_argument("release")
     h.add_argument("-n", "--namespace", default="default")
     h.set_defaults(f=cmd_history)
+
+    ts = sub.add_parser("test", help="helm test: run the release's test hooks")
+    ts.add_argument("release")
+    ts.add_argument("-n", "--namespace", default="default")
+    ts.add_argument("--timeout", type=int, default=120, help="seconds")
+    ts.set_defaults(f=cmd_test)
 
     u = sub.add_parser("uninstall", help="helm uninstall (the cluster of KUBECONFIG)")
     u.add_argument("release")

@@ -23,6 +23,8 @@ fi
 charts/helm.sh install resourcewatch charts/resourcewatch -n "$NS" --wait --timeout 180 | sed -n '1,4p'
 "$K" -n "$NS" rollout status deploy/resourcewatch-operator --timeout=60s
 "$K" -n "$NS" rollout status ds/resourcewatch-agent --timeout=60s
+# helm test: the leader answers /readyz through its Service with the published CA.
+charts/helm.sh test resourcewatch -n "$NS" --timeout 120
 # An upgrade rolls the operator: the new replica is Ready as a standby, the old one
 # releases the Lease on SIGTERM, the new one leads and labels its pod, so the Service
 # (which selects the leader) has an endpoint again.
@@ -65,6 +67,15 @@ echo
 "$K" -n "$NS" rollout status deploy/resourcewatch-operator --timeout=60s
 "$K" -n "$NS" rollout status ds/resourcewatch-agent --timeout=60s
 echo "helm rollback restored the CRD (short names $rolled); operator and agents ready"
+
+# helm test fails when no operator answers.
+"$K" -n "$NS" scale deploy/resourcewatch-operator --replicas=0 >/dev/null
+"$K" -n "$NS" wait --for=delete pod -l app.kubernetes.io/name=resourcewatch-operator --timeout=60s >/dev/null 2>&1 || true
+if charts/helm.sh test resourcewatch -n "$NS" --timeout 60 >/tmp/rw-helm-test.$$ 2>&1; then
+  echo "helm test passed with no operator running:" >&2; cat /tmp/rw-helm-test.$$ >&2; rm -f /tmp/rw-helm-test.$$; exit 1
+fi
+rm -f /tmp/rw-helm-test.$$
+echo "helm test fails with no operator running, as it must"
 
 charts/helm.sh uninstall resourcewatch -n "$NS" --wait
 if "$K" -n "$NS" get deploy/resourcewatch-operator ds/resourcewatch-agent >/dev/null 2>&1; then

@@ -22,8 +22,16 @@ use tokio::sync::watch;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 #[derive(Parser)]
-#[command(name = "resourcewatch-operator", version, about)]
+#[command(
+    name = "resourcewatch-operator",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
+    /// Without one, the operator runs.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Namespace of the operator's Secrets and Lease (the downward API's metadata.namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "resourcewatch-system")]
     namespace: String,
@@ -97,6 +105,92 @@ fn duration(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Exits 0 when the operator's leader answers /readyz over HTTPS with a certificate of
+    /// the published CA for `resourcewatch-operator` (what `helm test` runs, from the
+    /// operator's image in a pod of the release's namespace).
+    CheckReady {
+        /// The operator Service's IP: kubelet's variable for the Service (no cluster DNS
+        /// needed).
+        #[arg(long, env = "RESOURCEWATCH_OPERATOR_SERVICE_HOST")]
+        host: std::net::IpAddr,
+        #[arg(
+            long,
+            env = "RESOURCEWATCH_OPERATOR_SERVICE_PORT_METRICS",
+            default_value_t = 8080
+        )]
+        port: u16,
+        /// The CA certificate (the ConfigMap resourcewatch-ca-bundle's ca.crt).
+        #[arg(long, default_value = "/etc/resourcewatch/ca/ca.crt")]
+        ca: std::path::PathBuf,
+        #[arg(long, default_value = "resourcewatch-operator")]
+        server_name: String,
+    },
+}
+
+/// `check-ready`: one GET of /readyz; the answer is printed either way.
+fn check_ready(
+    host: std::net::IpAddr,
+    port: u16,
+    ca: &std::path::Path,
+    server_name: &str,
+) -> ExitCode {
+    let ca_pem = match std::fs::read_to_string(ca) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("check-ready: reading the CA {}: {e}", ca.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("check-ready: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = SocketAddr::new(host, port);
+    let req = resourcewatch_https::Get {
+        server_name,
+        ca_pem: &ca_pem,
+        identity: None,
+        token: None,
+        path: "/readyz",
+    };
+    let answer = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            resourcewatch_https::get(addr, &req),
+        )
+        .await
+    });
+    match answer {
+        Ok(Ok((200, body))) if body.contains("leader") => {
+            println!("https://{addr}/readyz: 200 {}", body.trim());
+            ExitCode::SUCCESS
+        }
+        Ok(Ok((code, body))) => {
+            eprintln!(
+                "check-ready: https://{addr}/readyz answered {code} {}",
+                body.trim()
+            );
+            ExitCode::FAILURE
+        }
+        Ok(Err(e)) => {
+            eprintln!("check-ready: https://{addr}/readyz: {e}");
+            ExitCode::FAILURE
+        }
+        Err(_) => {
+            eprintln!("check-ready: https://{addr}/readyz: no answer within 10 s");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // glibc gives threads that allocate at once arenas of their own (up to eight per
     // core), each growing in 64 MiB heaps it keeps: under resourcewatch-scale the operator
@@ -108,6 +202,15 @@ fn main() -> ExitCode {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
     let args = Args::parse();
+    if let Some(Command::CheckReady {
+        host,
+        port,
+        ca,
+        server_name,
+    }) = &args.command
+    {
+        return check_ready(*host, *port, ca, server_name);
+    }
     if let Err(e) = resourcewatch_proto::logging::init(
         args.log_format,
         "info,kube=warn,tower=warn,h2=warn",
