@@ -118,6 +118,10 @@ chart: ## Render the Helm chart offline and check it against config/ (see charts
 chart-install: deps ## Install, upgrade and uninstall the chart with Helm's engine on the local cluster (started and stopped when down; root)
 	e2e/run-chart-install.sh
 
+.PHONY: krew
+krew: deps ## The kubectl plugin's krew archive and manifest (static binary, sha256 filled in): target/krew/
+	kubectl-plugin/krew/build.sh
+
 .PHONY: rules
 rules: ## promtool check + test of the alerting rules (config/prometheus/; Debian's promtool, cached)
 	e2e/prometheus/check-rules.sh

@@ -1,0 +1,347 @@
+//! `kubectl resourcewatch` (kubectl finds `kubectl-resourcewatch` on PATH): see lib.rs.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::{
+    Api, Client,
+    api::{ListParams, Patch, PatchParams},
+    core::{Expression, Selector, SelectorExt},
+};
+use resourcewatch_crds::{
+    LabelSelector, PROFILE_ANNOTATION, ProfileState, ResourceWatch, SelectorOperator,
+    cluster::ClusterResourceWatch,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "kubectl-resourcewatch",
+    bin_name = "kubectl resourcewatch",
+    version,
+    about = "What resourcewatch found: Top-K, leaks, a watch's state, CPU profiles"
+)]
+struct Args {
+    /// The namespace (default: the kubeconfig context's).
+    #[arg(short, long, global = true)]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The heaviest processes of a watch (every watch of the namespace without one), or
+    /// of a ClusterResourceWatch's nodes with --nodes.
+    Top {
+        watch: Option<String>,
+        /// Resident memory instead of CPU.
+        #[arg(long)]
+        memory: bool,
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        /// The node view: a ClusterResourceWatch of this name.
+        #[arg(long, value_name = "CLUSTERRESOURCEWATCH")]
+        nodes: Option<String>,
+    },
+    /// Leaking containers with their predicted time to OOM and where they grow.
+    Leaks {
+        watch: Option<String>,
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+    },
+    /// A watch's state in words: conditions, nodes, leaks, remediation, the last profile.
+    Explain { watch: String },
+    /// Profile a pod's CPU: asks for it on the watch that selects the pod, waits, and
+    /// writes profile.folded, profile.svg and profile.pb.gz (pprof) into --output.
+    Profile {
+        pod: String,
+        /// The watch to ask (default: the one watch of the namespace that selects the pod).
+        #[arg(long)]
+        watch: Option<String>,
+        #[arg(short, long)]
+        container: Option<String>,
+        /// How long to sample (1-60 s).
+        #[arg(short, long, default_value = "10s")]
+        duration: String,
+        /// The directory to write into (made if missing).
+        #[arg(short, long, default_value = ".")]
+        output: PathBuf,
+        /// How long to wait for the result beyond the duration.
+        #[arg(long, default_value = "90s")]
+        timeout: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kubectl-resourcewatch: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes configuration (KUBECONFIG or in-cluster)")?;
+    let ns = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    match args.command {
+        Command::Top {
+            watch,
+            memory,
+            all_namespaces,
+            nodes: Some(name),
+        } => {
+            if watch.is_some() || all_namespaces {
+                bail!("--nodes shows a ClusterResourceWatch: no watch or -A with it");
+            }
+            let api: Api<ClusterResourceWatch> = Api::all(client);
+            let w = api
+                .get(&name)
+                .await
+                .with_context(|| format!("ClusterResourceWatch {name}"))?;
+            print!("{}", kubectl_resourcewatch::node_top(&w, memory));
+        }
+        Command::Top {
+            watch,
+            memory,
+            all_namespaces,
+            nodes: None,
+        } => {
+            let ws = watches(&client, &ns, watch.as_deref(), all_namespaces).await?;
+            print!("{}", kubectl_resourcewatch::top(&ws, memory));
+        }
+        Command::Leaks {
+            watch,
+            all_namespaces,
+        } => {
+            let ws = watches(&client, &ns, watch.as_deref(), all_namespaces).await?;
+            print!("{}", kubectl_resourcewatch::leaks(&ws));
+        }
+        Command::Explain { watch } => {
+            let ws = watches(&client, &ns, Some(&watch), false).await?;
+            for w in &ws {
+                print!("{}", kubectl_resourcewatch::explain(w));
+            }
+        }
+        Command::Profile {
+            pod,
+            watch,
+            container,
+            duration,
+            output,
+            timeout,
+        } => {
+            let duration = resourcewatch_units::parse_duration(&duration).context("--duration")?;
+            let timeout = resourcewatch_units::parse_duration(&timeout).context("--timeout")?;
+            profile(
+                &client,
+                &ns,
+                &pod,
+                watch,
+                container.as_deref(),
+                duration,
+                &output,
+                timeout,
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn watches(
+    client: &Client,
+    ns: &str,
+    one: Option<&str>,
+    all: bool,
+) -> anyhow::Result<Vec<ResourceWatch>> {
+    if let Some(name) = one {
+        let api: Api<ResourceWatch> = Api::namespaced(client.clone(), ns);
+        return Ok(vec![
+            api.get(name)
+                .await
+                .with_context(|| format!("ResourceWatch {ns}/{name}"))?,
+        ]);
+    }
+    let api: Api<ResourceWatch> = if all {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), ns)
+    };
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .context("listing ResourceWatches")?;
+    if list.items.is_empty() {
+        bail!(
+            "no ResourceWatch in {}",
+            if all { "any namespace" } else { ns }
+        );
+    }
+    Ok(list.items)
+}
+
+/// The watch's selector as kube's Selector (metav1.LabelSelector semantics).
+fn selector(sel: &LabelSelector) -> Selector {
+    let mut s: Selector = sel
+        .match_labels
+        .iter()
+        .map(|(k, v)| Expression::Equal(k.clone(), v.clone()))
+        .collect();
+    for r in &sel.match_expressions {
+        let values = r.values.iter().cloned().collect();
+        s.extend([match r.operator {
+            SelectorOperator::In => Expression::In(r.key.clone(), values),
+            SelectorOperator::NotIn => Expression::NotIn(r.key.clone(), values),
+            SelectorOperator::Exists => Expression::Exists(r.key.clone()),
+            SelectorOperator::DoesNotExist => Expression::DoesNotExist(r.key.clone()),
+        }]);
+    }
+    s
+}
+
+/// Asks for a profile with the annotation (a fresh `request=` makes it a new request),
+/// waits until the status answers that value, and writes the ConfigMap's files.
+#[allow(clippy::too_many_arguments)]
+async fn profile(
+    client: &Client,
+    ns: &str,
+    pod: &str,
+    watch: Option<String>,
+    container: Option<&str>,
+    duration: Duration,
+    output: &std::path::Path,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let watches: Api<ResourceWatch> = Api::namespaced(client.clone(), ns);
+    let watch = match watch {
+        Some(w) => w,
+        None => {
+            let p = Api::<Pod>::namespaced(client.clone(), ns)
+                .get(pod)
+                .await
+                .with_context(|| format!("pod {ns}/{pod}"))?;
+            let labels: BTreeMap<String, String> = p.metadata.labels.unwrap_or_default();
+            let list = watches.list(&ListParams::default()).await?;
+            let selecting: Vec<String> = list
+                .items
+                .iter()
+                .filter(|w| selector(&w.spec.selector).matches(&labels))
+                .filter_map(|w| w.metadata.name.clone())
+                .collect();
+            match selecting.as_slice() {
+                [one] => one.clone(),
+                [] => bail!(
+                    "no ResourceWatch in {ns} selects pod {pod}: create one, or name it with --watch"
+                ),
+                many => bail!(
+                    "several ResourceWatches select pod {pod} ({}): pick one with --watch",
+                    many.join(", ")
+                ),
+            }
+        }
+    };
+    let request = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default()
+    );
+    let mut value = format!("pod={pod},duration={}s", duration.as_secs().max(1));
+    if let Some(c) = container {
+        value.push_str(&format!(",container={c}"));
+    }
+    value.push_str(&format!(",request={request}"));
+    let patch = serde_json::json!({"metadata": {"annotations": {PROFILE_ANNOTATION: value}}});
+    watches
+        .patch(&watch, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("annotating ResourceWatch {ns}/{watch} (you need patch on it)"))?;
+    eprintln!("asked ResourceWatch {ns}/{watch} for {value}; waiting");
+    let deadline = Instant::now() + duration + timeout;
+    let st = loop {
+        let w = watches.get(&watch).await?;
+        if let Some(p) = w.status.and_then(|s| s.profile)
+            && p.request == value
+            && p.state != ProfileState::Pending
+        {
+            break p;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "no answer within {:?}: is the operator running, and may it write ConfigMaps in {ns} (README: CPU profiles on request)?",
+                duration + timeout
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    if st.state != ProfileState::Succeeded {
+        bail!("profile {:?}: {}", st.state, st.message);
+    }
+    let cm_name = st
+        .config_map
+        .clone()
+        .context("the status names no ConfigMap")?;
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get(&cm_name)
+        .await
+        .with_context(|| format!("ConfigMap {ns}/{cm_name}"))?;
+    std::fs::create_dir_all(output).with_context(|| format!("{}", output.display()))?;
+    let mut written = Vec::new();
+    for (k, v) in cm.data.unwrap_or_default() {
+        let path = output.join(&k);
+        std::fs::write(&path, v).with_context(|| format!("{}", path.display()))?;
+        written.push(path);
+    }
+    for (k, v) in cm.binary_data.unwrap_or_default() {
+        let path = output.join(&k);
+        std::fs::write(&path, v.0).with_context(|| format!("{}", path.display()))?;
+        written.push(path);
+    }
+    println!(
+        "{} samples of {}{}; hottest: {}",
+        st.samples,
+        st.pod,
+        if st.container.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", st.container)
+        },
+        st.hottest
+            .iter()
+            .map(|h| format!("{} {:.1}%", h.function, h.percent))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for p in written {
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
