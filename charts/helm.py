@@ -168,6 +168,8 @@ def main():
     t.add_argument("--name", default="resourcewatch")
     t.add_argument("-n", "--namespace", default="default")
     values_args(t)
+    # The CRDs are templates (templates/crds.yaml): --set crds.install=false leaves them
+    # out; this flag skips only a chart's crds/ directory, which this chart has none of.
     t.add_argument("--skip-crds", action="store_true")
     t.add_argument("--skip-tests", action="store_true", help="leave out the test hooks")
     t.add_argument("--show-notes", action="store_true")

@@ -74,6 +74,13 @@ echo "helm rollback restored the CRD (short names $rolled); operator and agents 
 if charts/helm.sh test resourcewatch -n "$NS" --timeout 60 >/tmp/rw-helm-test.$$ 2>&1; then
   echo "helm test passed with no operator running:" >&2; cat /tmp/rw-helm-test.$$ >&2; rm -f /tmp/rw-helm-test.$$; exit 1
 fi
+# It must fail for the right reason: its pod ran and found no /readyz to answer.
+"$K" -n "$NS" logs resourcewatch-operator-test-ready 2>/dev/null | grep -q 'check-ready: https://.*/readyz' || {
+  echo "helm test failed, but not because /readyz went unanswered:" >&2
+  cat /tmp/rw-helm-test.$$ >&2
+  "$K" -n "$NS" describe pod resourcewatch-operator-test-ready >&2 || true
+  rm -f /tmp/rw-helm-test.$$; exit 1
+}
 rm -f /tmp/rw-helm-test.$$
 echo "helm test fails with no operator running, as it must"
 

@@ -171,7 +171,7 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
     );
     // As the operator: the ConfigMap, then the status answering that value.
     let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "api-profile"},
+        "metadata": {"name": "api-profile", "annotations": {"resourcewatch.io/profile-id": "p1"}},
         "data": {"profile.folded": "main;handle;grow_cache 97\nmain 3\n", "profile.svg": "<svg/>"}
     }))
     .expect("cm");

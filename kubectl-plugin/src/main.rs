@@ -279,6 +279,11 @@ async fn profile(
         value.push_str(&format!(",container={c}"));
     }
     value.push_str(&format!(",request={request}"));
+    // The operator keeps the first 256 characters of a request (operator/src/profile.rs
+    // MAX_REQUEST): a longer value could never be recognised as answered.
+    if value.chars().count() > 256 {
+        bail!("the request {value:?} is over 256 characters: the operator would cut it");
+    }
     let patch = serde_json::json!({"metadata": {"annotations": {PROFILE_ANNOTATION: value}}});
     watches
         .patch(&watch, &PatchParams::default(), &Patch::Merge(&patch))
@@ -287,12 +292,28 @@ async fn profile(
     eprintln!("asked ResourceWatch {ns}/{watch} for {value}; waiting");
     let deadline = Instant::now() + duration + timeout;
     let st = loop {
-        let w = watches.get(&watch).await?;
-        if let Some(p) = w.status.and_then(|s| s.profile)
-            && p.request == value
-            && p.state != ProfileState::Pending
-        {
-            break p;
+        // A failed read is retried until the deadline: the profile runs on regardless.
+        match watches.get(&watch).await {
+            Ok(w) => {
+                let ours = w
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(PROFILE_ANNOTATION))
+                    .is_some_and(|v| *v == value);
+                if let Some(p) = w.status.and_then(|s| s.profile)
+                    && p.request == value
+                    && p.state != ProfileState::Pending
+                {
+                    break p;
+                }
+                if !ours {
+                    bail!(
+                        "the watch's {PROFILE_ANNOTATION} annotation was changed by someone else before an answer came: their request replaces this one"
+                    );
+                }
+            }
+            Err(e) => eprintln!("reading ResourceWatch {ns}/{watch}: {e} (retrying)"),
         }
         if Instant::now() > deadline {
             bail!(
@@ -313,6 +334,18 @@ async fn profile(
         .get(&cm_name)
         .await
         .with_context(|| format!("ConfigMap {ns}/{cm_name}"))?;
+    // The ConfigMap is replaced by the next profile: it must be this one's.
+    let id = cm
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("resourcewatch.io/profile-id"));
+    if id != Some(&st.id) {
+        bail!(
+            "ConfigMap {ns}/{cm_name} holds profile {id:?}, not {:?} (a newer profile replaced it)",
+            st.id
+        );
+    }
     std::fs::create_dir_all(output).with_context(|| format!("{}", output.display()))?;
     let mut written = Vec::new();
     for (k, v) in cm.data.unwrap_or_default() {
