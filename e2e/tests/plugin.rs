@@ -49,6 +49,66 @@ fn run(ns: &str, args: &[&str]) -> (bool, String) {
     )
 }
 
+/// `kubectl resourcewatch profile POD --duration D -o DIR`, started (it waits for an answer).
+fn start_profile(
+    ns: &str,
+    pod: &str,
+    duration: &str,
+    dir: &std::path::Path,
+) -> std::process::Child {
+    Command::new(plugin())
+        .args([
+            "-n",
+            ns,
+            "profile",
+            pod,
+            "--duration",
+            duration,
+            "--timeout",
+            "60s",
+            "-o",
+        ])
+        .arg(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn profile")
+}
+
+/// The profile request the plugin wrote on the watch.
+async fn request_on(watches: &Api<ResourceWatch>, watch: &str) -> String {
+    wait_for(
+        "the profile annotation",
+        Duration::from_secs(30),
+        || async {
+            let w = watches.get(watch).await?;
+            Ok(w.metadata
+                .annotations
+                .unwrap_or_default()
+                .get(PROFILE_ANNOTATION)
+                .cloned())
+        },
+    )
+    .await
+    .expect("the plugin asks")
+}
+
+/// Waits for the started plugin to exit: (success, stdout + stderr).
+async fn finish(child: std::process::Child) -> (bool, String) {
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("the plugin exits");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 async fn pod(client: &kube::Client, ns: &str, name: &str, app: &str) {
     let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"app": app}},
@@ -134,37 +194,8 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
     // profile: the plugin finds the watch selecting the pod, asks, waits, writes files.
     let dir = std::env::temp_dir().join(format!("rw-plugin-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let child = std::process::Command::new(plugin())
-        .args([
-            "-n",
-            n,
-            "profile",
-            "api-1",
-            "--duration",
-            "2s",
-            "--timeout",
-            "60s",
-            "-o",
-        ])
-        .arg(&dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn profile");
-    let asked: String = wait_for(
-        "the profile annotation",
-        Duration::from_secs(30),
-        || async {
-            let w = rws.get("api").await?;
-            Ok(w.metadata
-                .annotations
-                .unwrap_or_default()
-                .get(PROFILE_ANNOTATION)
-                .cloned())
-        },
-    )
-    .await
-    .expect("asked");
+    let child = start_profile(n, "api-1", "2s", &dir);
+    let asked = request_on(&rws, "api").await;
     assert!(
         asked.starts_with("pod=api-1,duration=2s,request="),
         "{asked}"
@@ -196,16 +227,8 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
     rws.patch_status("api", &PatchParams::default(), &Patch::Merge(&answer))
         .await
         .expect("answer");
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
-        .await
-        .expect("join")
-        .expect("profile exits");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
+    let (ok, text) = finish(child).await;
+    assert!(ok, "{text}");
     assert!(text.contains("grow_cache 97.0%"), "{text}");
     assert_eq!(
         std::fs::read_to_string(dir.join("profile.folded")).expect("folded"),
@@ -219,34 +242,9 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
 
     // A refusal is an error with the operator's words.
     let dir2 = dir.join("refused");
-    let child = std::process::Command::new(plugin())
-        .args([
-            "-n",
-            n,
-            "profile",
-            "web-1",
-            "--duration",
-            "1s",
-            "--timeout",
-            "60s",
-            "-o",
-        ])
-        .arg(&dir2)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn profile");
+    let child = start_profile(n, "web-1", "1s", &dir2);
     let webs: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
-    let asked: String = wait_for("the second annotation", Duration::from_secs(30), || async {
-        let w = webs.get("web").await?;
-        Ok(w.metadata
-            .annotations
-            .unwrap_or_default()
-            .get(PROFILE_ANNOTATION)
-            .cloned())
-    })
-    .await
-    .expect("asked web");
+    let asked = request_on(&webs, "web").await;
     let refused = serde_json::json!({"status": {"profile": {
         "id": "p2", "request": asked, "pod": "web-1", "state": "Refused",
         "message": "one profile per namespace per minute", "durationSeconds": 1, "frequencyHz": 99,
@@ -255,12 +253,8 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
     webs.patch_status("web", &PatchParams::default(), &Patch::Merge(&refused))
         .await
         .expect("refuse");
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
-        .await
-        .expect("join")
-        .expect("exits");
-    let text = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "a refused profile fails: {text}");
+    let (ok, text) = finish(child).await;
+    assert!(!ok, "a refused profile fails: {text}");
     assert!(
         text.contains("Refused") && text.contains("per minute"),
         "{text}"
