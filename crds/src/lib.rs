@@ -153,6 +153,30 @@ pub struct LabelSelector {
     pub match_expressions: Vec<LabelSelectorRequirement>,
 }
 
+impl LabelSelector {
+    /// As kube's `Selector` (`metav1.LabelSelector` semantics: every `matchLabels` pair
+    /// and every requirement must hold; an empty selector selects everything). The
+    /// operator validates first what the API server would refuse (`In` without values,
+    /// `Exists` with some); the kubectl plugin matches the watches it reads with it.
+    pub fn to_selector(&self) -> kube::core::Selector {
+        use kube::core::Expression;
+        let equal = self
+            .match_labels
+            .iter()
+            .map(|(k, v)| Expression::Equal(k.clone(), v.clone()));
+        let required = self.match_expressions.iter().map(|r| {
+            let values = r.values.iter().cloned().collect();
+            match r.operator {
+                SelectorOperator::In => Expression::In(r.key.clone(), values),
+                SelectorOperator::NotIn => Expression::NotIn(r.key.clone(), values),
+                SelectorOperator::Exists => Expression::Exists(r.key.clone()),
+                SelectorOperator::DoesNotExist => Expression::DoesNotExist(r.key.clone()),
+            }
+        });
+        equal.chain(required).collect()
+    }
+}
+
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LabelSelectorRequirement {

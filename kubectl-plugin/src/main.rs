@@ -13,11 +13,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{
     Api, Client,
     api::{ListParams, Patch, PatchParams},
-    core::{Expression, Selector, SelectorExt},
+    core::SelectorExt,
 };
 use resourcewatch_crds::{
-    LabelSelector, PROFILE_ANNOTATION, ProfileState, ResourceWatch, SelectorOperator,
-    cluster::ClusterResourceWatch,
+    PROFILE_ANNOTATION, ProfileState, ResourceWatch, cluster::ClusterResourceWatch,
 };
 
 #[derive(Parser)]
@@ -206,25 +205,6 @@ async fn watches(
     Ok(list.items)
 }
 
-/// The watch's selector as kube's Selector (metav1.LabelSelector semantics).
-fn selector(sel: &LabelSelector) -> Selector {
-    let mut s: Selector = sel
-        .match_labels
-        .iter()
-        .map(|(k, v)| Expression::Equal(k.clone(), v.clone()))
-        .collect();
-    for r in &sel.match_expressions {
-        let values = r.values.iter().cloned().collect();
-        s.extend([match r.operator {
-            SelectorOperator::In => Expression::In(r.key.clone(), values),
-            SelectorOperator::NotIn => Expression::NotIn(r.key.clone(), values),
-            SelectorOperator::Exists => Expression::Exists(r.key.clone()),
-            SelectorOperator::DoesNotExist => Expression::DoesNotExist(r.key.clone()),
-        }]);
-    }
-    s
-}
-
 /// Asks for a profile with the annotation (a fresh `request=` makes it a new request),
 /// waits until the status answers that value, and writes the ConfigMap's files.
 #[allow(clippy::too_many_arguments)]
@@ -251,7 +231,7 @@ async fn profile(
             let selecting: Vec<String> = list
                 .items
                 .iter()
-                .filter(|w| selector(&w.spec.selector).matches(&labels))
+                .filter(|w| w.spec.selector.to_selector().matches(&labels))
                 .filter_map(|w| w.metadata.name.clone())
                 .collect();
             match selecting.as_slice() {

@@ -5,7 +5,7 @@
 pub use resourcewatch_units::{format_duration, parse_duration};
 use std::{collections::BTreeMap, time::Duration};
 
-use kube::core::{Expression, Selector, SelectorExt};
+use kube::core::{Selector, SelectorExt};
 use resourcewatch_crds::{
     LabelSelector, Metric, RemediationAction, ResourceWatchSpec, SelectorOperator,
 };
@@ -252,25 +252,10 @@ fn is_label_name(s: &str) -> bool {
         && b.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
-/// The watch's selector as kube's [`Selector`] (`metav1.LabelSelector` semantics: every
-/// `matchLabels` pair and every requirement must hold; an empty selector selects
-/// everything). Built once per spec; `validate_selector` has already refused what the
-/// API server would (`In` without values, `Exists` with some).
+/// The watch's selector as kube's [`Selector`] (see `LabelSelector::to_selector`). Built
+/// once per spec; `validate_selector` has already refused what the API server would.
 pub fn pod_selector(sel: &LabelSelector) -> Selector {
-    let equal = sel
-        .match_labels
-        .iter()
-        .map(|(k, v)| Expression::Equal(k.clone(), v.clone()));
-    let required = sel.match_expressions.iter().map(|r| {
-        let values = r.values.iter().cloned().collect();
-        match r.operator {
-            SelectorOperator::In => Expression::In(r.key.clone(), values),
-            SelectorOperator::NotIn => Expression::NotIn(r.key.clone(), values),
-            SelectorOperator::Exists => Expression::Exists(r.key.clone()),
-            SelectorOperator::DoesNotExist => Expression::DoesNotExist(r.key.clone()),
-        }
-    });
-    equal.chain(required).collect()
+    sel.to_selector()
 }
 
 /// Whether a pod with these labels is selected.
