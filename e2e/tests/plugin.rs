@@ -33,12 +33,8 @@ fn plugin() -> PathBuf {
     bin
 }
 
-fn run(ns: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(plugin())
-        .args(["-n", ns])
-        .args(args)
-        .output()
-        .expect("run the plugin");
+/// Whether the plugin succeeded, and what it printed (stdout, then stderr).
+fn outcome(out: &std::process::Output) -> (bool, String) {
     (
         out.status.success(),
         format!(
@@ -47,6 +43,15 @@ fn run(ns: &str, args: &[&str]) -> (bool, String) {
             String::from_utf8_lossy(&out.stderr)
         ),
     )
+}
+
+fn run(ns: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(plugin())
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .expect("run the plugin");
+    outcome(&out)
 }
 
 /// `kubectl resourcewatch profile POD --duration D -o DIR`, started (it waits for an answer).
@@ -99,14 +104,7 @@ async fn finish(child: std::process::Child) -> (bool, String) {
         .await
         .expect("join")
         .expect("the plugin exits");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    outcome(&out)
 }
 
 async fn pod(client: &kube::Client, ns: &str, name: &str, app: &str) {
