@@ -12,6 +12,8 @@ checked and exits 1 on a failure.
   crd CHART_DIR REPO_CRD RENDER    files/crds/ is a verbatim copy, rendered by templates/crds.yaml
   monitoring RENDER CONFIG_DIR     metrics.* objects == config/prometheus's
   podsecurity RENDER KUSTOMIZED    operator 'restricted', agent's namespace 'privileged'
+  renamed RENDER PREFIX            fullnameOverride=PREFIX renames every object, and every
+                                   reference to one (flags, env, RBAC, monitors, rules)
 """
 import argparse
 import copy
@@ -602,6 +604,93 @@ def cmd_production(a):
     finish()
 
 
+def cmd_renamed(a):
+    """Rendered with fullnameOverride=PREFIX (every optional object on): no object keeps a
+    resourcewatch name but the CRDs, and every name one object gives another (the
+    operator's flags, the agent's variables and volumes, the test pod, RBAC names and
+    references, the monitors, the rules) is one the render or the operator creates."""
+    p = a.prefix
+    objs = {key(o): o for _, o in load_objects(a.render)}
+    by_kind = lambda kind: {k[2]: o for k, o in objs.items() if k[0] == kind}
+    stale = [fmt_key(k) for k in objs
+             if k[0] != "CustomResourceDefinition" and not k[2].startswith(p + "-") and k[2] != p]
+    if stale:
+        fail(f"objects not renamed to {p}-*: {stale}")
+    op_name, agent_name = f"{p}-operator", f"{p}-agent"
+    dep = by_kind("Deployment").get(op_name)
+    ds = by_kind("DaemonSet").get(agent_name)
+    svc = by_kind("Service").get(op_name)
+    if not (dep and ds and svc):
+        fail(f"no Deployment, DaemonSet and Service named {op_name}/{agent_name}")
+        finish()
+    # What the operator creates at run time must be the names its Role grants.
+    role = by_kind("Role")[op_name]
+    granted = {n for r in role["rules"] for n in r.get("resourceNames", [])}
+    created = {"--ca-secret": f"{p}-ca", "--agent-secret": f"{p}-agent-tls",
+               "--metrics-client-secret": f"{p}-metrics-client", "--lease-name": op_name,
+               "--ca-bundle-configmap": f"{p}-ca-bundle"}
+    existing = {"--service-name": ("Service", op_name), "--agent-service-account":
+                ("ServiceAccount", agent_name), "--evictor-cluster-role": ("ClusterRole", f"{p}-evictor")}
+    args = dict(x.split("=", 1) for x in
+                dep["spec"]["template"]["spec"]["containers"][0].get("args", []) if "=" in x)
+    for flag, name in created.items():
+        if args.get(flag) != name:
+            fail(f"the operator is not told {flag}={name}: {args.get(flag)}")
+        elif flag != "--ca-bundle-configmap" and name not in granted:
+            fail(f"{flag}={name}: the operator's Role grants only {sorted(granted)}")
+    for flag, (kind, name) in existing.items():
+        if args.get(flag) != name or name not in by_kind(kind):
+            fail(f"{flag}: {args.get(flag)}, want the render's {kind} {name}")
+    env_prefix = op_name.upper().replace("-", "_")
+    agent_c = ds["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in agent_c.get("env", [])}
+    if env.get("OPERATOR_SERVICE") != op_name:
+        fail(f"the agent's OPERATOR_SERVICE is {env.get('OPERATOR_SERVICE')}, want {op_name}")
+    if env.get("RESOURCEWATCH_OPERATOR") != \
+            f"https://$({env_prefix}_SERVICE_HOST):$({env_prefix}_SERVICE_PORT_GRPC)":
+        fail(f"the agent dials {env.get('RESOURCEWATCH_OPERATOR')}: not Service {op_name}'s variables")
+    if ds["spec"]["template"]["spec"]["serviceAccountName"] != agent_name:
+        fail("the agents run as another ServiceAccount")
+    secrets = [v["secret"]["secretName"] for v in ds["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    if secrets != [f"{p}-agent-tls"]:
+        fail(f"the agents mount Secrets {secrets}, want [{p}-agent-tls]")
+    test = by_kind("Pod").get(f"{op_name}-test-ready")
+    targs = test["spec"]["containers"][0]["args"] if test else []
+    for want in (f"--host=$({env_prefix}_SERVICE_HOST)", f"--port=$({env_prefix}_SERVICE_PORT_METRICS)",
+                 f"--server-name={op_name}"):
+        if want not in targs:
+            fail(f"helm test's pod lacks {want}: {targs}")
+    if test and test["spec"]["volumes"][0]["configMap"]["name"] != f"{p}-ca-bundle":
+        fail("helm test's pod mounts another CA bundle")
+    # RBAC: every reference is to an object of the render.
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        for k, o in objs.items():
+            if k[0] != kind:
+                continue
+            ref = o["roleRef"]
+            if ref["name"] not in by_kind(ref["kind"]):
+                fail(f"{fmt_key(k)} binds {ref['kind']} {ref['name']}, not in the render")
+            for s in o["subjects"]:
+                if s["kind"] == "ServiceAccount" and s["name"] not in by_kind("ServiceAccount"):
+                    fail(f"{fmt_key(k)} binds ServiceAccount {s['name']}, not in the render")
+    text = open(a.render).read()
+    for old in ('job="resourcewatch-operator"', 'daemonset="resourcewatch-agent"',
+                "name: resourcewatch-ca-bundle", "name: resourcewatch-metrics-client",
+                "serverName: resourcewatch-operator"):
+        if old in text:
+            fail(f"the render still says {old}")
+    rules = by_kind("PrometheusRule").get(p)
+    exprs = " ".join(r.get("expr", "") for g in (rules or {}).get("spec", {}).get("groups", [])
+                     for r in g["rules"])
+    if f'job="{op_name}"' not in exprs or f'daemonset="{agent_name}"' not in exprs:
+        fail(f"the PrometheusRule {p} does not name job {op_name} and DaemonSet {agent_name}")
+    if not failures:
+        ok(f"fullnameOverride={p}: {len(objs)} objects, none keeps a resourcewatch name but the "
+           "CRDs; the operator's 8 name flags, the agent's Service variables, Secret and "
+           "ServiceAccount, helm test, RBAC references, monitors and rules all follow")
+    finish()
+
+
 def cmd_podsecurity(a):
     for path, label in ((a.render, "chart"), (a.config, "config/")):
         by_name = {(o["kind"], o["metadata"]["name"]): o for _, o in load_objects(path)}
@@ -651,6 +740,8 @@ def main():
     s.set_defaults(f=cmd_monitoring)
     s = sub.add_parser("production"); s.add_argument("one"); s.add_argument("two"); s.add_argument("user")
     s.set_defaults(f=cmd_production)
+    s = sub.add_parser("renamed"); s.add_argument("render"); s.add_argument("prefix")
+    s.set_defaults(f=cmd_renamed)
     s = sub.add_parser("podsecurity"); s.add_argument("render"); s.add_argument("config")
     s.set_defaults(f=cmd_podsecurity)
     a = p.parse_args()

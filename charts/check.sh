@@ -152,6 +152,7 @@ step "(d) remediation master switch; the operator's RBAC follows the opt-ins"
 step "(e) values.schema.json"
 "${CHECK[@]}" schema "$CHART" || failed "schema (python jsonschema)"
 BAD_SETS=(operator.replicas=two remediation.enabled=yes remediation.enable=true
+          fullnameOverride=Acme fullnameOverride=-rw nameOverride=rw_1
           operator.agentGrace=20 operator.image.pullPolicy=Sometimes operator.image.tag=2
           agent.tolerations=linux)
 n=0
@@ -187,6 +188,12 @@ R --namespace "$NS" --set operator.replicas=2 \
   --set 'operator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists' \
   >"$TMP/user-affinity.yaml" 2>/dev/null || failed "render with a user's affinity"
 "${CHECK[@]}" production "$TMP/default.yaml" "$TMP/two.yaml" "$TMP/user-affinity.yaml" || failed "replicas, budget, spread, priority"
+R --namespace "$NS" --set fullnameOverride=acme --set metrics.serviceMonitor.enabled=true \
+  --set metrics.podMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
+  --set metrics.grafanaDashboard.enabled=true --set operator.replicas=2 \
+  --set 'remediation.namespaces={team-a}' --set 'profiles.namespaces={team-a}' \
+  >"$TMP/renamed.yaml" 2>/dev/null || failed "render with fullnameOverride"
+"${CHECK[@]}" renamed "$TMP/renamed.yaml" acme || failed "fullnameOverride"
 
 # ---- (f) server-side dry run ------------------------------------------------------------
 step "(f) kubectl apply --dry-run=server (only with a reachable cluster)"

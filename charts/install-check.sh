@@ -4,8 +4,9 @@
 # agent's readiness means its kernel pipelines are loaded and it built a report); an
 # upgrade rolls the operator and the Service must route to the new leader; an upgrade
 # that changes a CRD changes it in the cluster and a rollback restores it; then Helm
-# uninstalls what it installed, the CRDs excepted (kept). Nothing of resourcewatch may be installed before (the
-# objects have fixed names: Helm refuses to adopt config/'s).
+# uninstalls what it installed, the CRDs excepted (kept); then all again with every object
+# renamed (fullnameOverride), agents reporting to the renamed operator. Nothing of
+# resourcewatch may be installed before (Helm refuses to adopt config/'s objects).
 # Run by e2e/run-cluster-tests.sh and `make chart-install`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,3 +93,41 @@ fi
 "$K" get crd "$crd" >/dev/null ||
   { echo "helm uninstall deleted the CRD $crd (it must keep it)" >&2; exit 1; }
 echo "the chart installed, upgraded, its CRD upgraded and rolled back, and uninstalled (CRDs kept) by Helm's engine"
+
+# Renamed (fullnameOverride): every object is rw-*, the binaries are told the names, the
+# agents find and verify the operator by its renamed Service, and the operator accepts
+# them as ServiceAccount rw-agent: a node view (every node) must get reports. The release
+# keeps its name: the CRDs it kept are its own.
+P=rw
+charts/helm.sh install resourcewatch charts/resourcewatch -n "$NS" --set fullnameOverride=$P \
+  --wait --timeout 180 | sed -n '1,4p'
+"$K" -n "$NS" rollout status deploy/$P-operator --timeout=60s
+"$K" -n "$NS" rollout status ds/$P-agent --timeout=60s
+charts/helm.sh test resourcewatch -n "$NS" --timeout 120
+printf '%s\n' 'apiVersion: resourcewatch.io/v1alpha1' 'kind: ClusterResourceWatch' \
+  'metadata: {name: install-check-renamed}' 'spec: {topK: 3, interval: 5s}' | "$K" apply -f - >/dev/null
+nodes=$("$K" get nodes -o name | wc -l)
+reporting=""
+for _ in $(seq 90); do
+  reporting=$("$K" get crw install-check-renamed -o jsonpath='{.status.reportingNodes}' 2>/dev/null || true)
+  [[ $reporting == "$nodes" ]] && break
+  sleep 1
+done
+"$K" delete crw install-check-renamed --wait=false >/dev/null
+[[ $reporting == "$nodes" ]] || {
+  echo "renamed: ${reporting:-no} of $nodes nodes report to $P-operator after 90 s" >&2
+  "$K" -n "$NS" logs ds/$P-agent --tail=20 >&2 || true
+  "$K" -n "$NS" logs deploy/$P-operator --tail=20 >&2 || true
+  exit 1
+}
+# What Helm made is renamed; what the operator made at run time too (the first install's
+# Secrets and Lease stay in the namespace: Helm never owned them).
+left=$("$K" -n "$NS" get deploy,ds,svc,sa,role,rolebinding -o name | grep '/resourcewatch-' || true)
+[[ -z $left ]] || { echo "objects named resourcewatch-* with fullnameOverride=$P: $left" >&2; exit 1; }
+"$K" -n "$NS" get secret/$P-ca secret/$P-agent-tls secret/$P-metrics-client configmap/$P-ca-bundle \
+  lease/$P-operator -o name >/dev/null
+echo "renamed to $P-*: no workload, Service or RBAC object named resourcewatch-*; the operator made its Secrets, CA bundle and Lease as $P-*; helm test passes; $reporting of $nodes nodes report to $P-operator"
+charts/helm.sh uninstall resourcewatch -n "$NS" --wait
+if "$K" -n "$NS" get deploy/$P-operator ds/$P-agent >/dev/null 2>&1; then
+  echo "helm uninstall left the renamed workloads behind" >&2; exit 1
+fi

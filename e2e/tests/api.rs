@@ -235,7 +235,8 @@ async fn status_columns_events_agent_loss_and_operator_restart() {
 
     let tls = node_agent_tls(&client, &n, &node).await;
     let endpoint = format!("https://{}", op.grpc);
-    let server_name = resourcewatch_proto::operator_server_name(&n);
+    let server_name =
+        resourcewatch_proto::operator_server_name(resourcewatch_proto::OPERATOR_SERVICE, &n);
     let planner: resourcewatch_e2e::sim::Planner = Arc::new(|p| match p.name.as_str() {
         "api-burn" => PodPlan {
             cpu_percent: 95.0,
@@ -596,7 +597,7 @@ async fn two_leaks_and_two_thresholds_in_one_watch_are_two_events_each() {
     });
     let agent = SimAgent::spawn(
         format!("https://{}", op.grpc),
-        resourcewatch_proto::operator_server_name(&n),
+        resourcewatch_proto::operator_server_name(resourcewatch_proto::OPERATOR_SERVICE, &n),
         tls,
         node.clone(),
         planner,

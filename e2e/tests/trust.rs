@@ -102,7 +102,10 @@ impl Env {
     ) -> SimAgent {
         SimAgent::spawn_offering(
             format!("https://{}", self.op.grpc),
-            resourcewatch_proto::operator_server_name(self.n()),
+            resourcewatch_proto::operator_server_name(
+                resourcewatch_proto::OPERATOR_SERVICE,
+                self.n(),
+            ),
             self.tls.for_node(token.to_owned()),
             node.to_owned(),
             Arc::new(move |p: &pb::TargetPod| plan(&p.name)),
@@ -223,7 +226,10 @@ async fn raw_session(
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&env.tls.ca))
         .identity(Identity::from_pem(&env.tls.cert, &env.tls.key))
-        .domain_name(resourcewatch_proto::operator_server_name(env.n()));
+        .domain_name(resourcewatch_proto::operator_server_name(
+            resourcewatch_proto::OPERATOR_SERVICE,
+            env.n(),
+        ));
     let channel = Endpoint::from_shared(format!("https://{}", env.op.grpc))
         .expect("endpoint")
         .tls_config(tls)

@@ -59,13 +59,16 @@ struct RunArgs {
     #[arg(long, env = "RESOURCEWATCH_OPERATOR")]
     operator: String,
     /// The operator's namespace: its certificate is checked against
-    /// resourcewatch-operator.<namespace>.svc, whatever address is dialled.
+    /// <operator-service>.<namespace>.svc, whatever address is dialled.
     #[arg(
         long,
         env = "OPERATOR_NAMESPACE",
         default_value = "resourcewatch-system"
     )]
     operator_namespace: String,
+    /// The operator's Service name (the operator's --service-name).
+    #[arg(long, env = "OPERATOR_SERVICE", default_value = resourcewatch_proto::OPERATOR_SERVICE)]
+    operator_service: String,
     /// Directory holding ca.crt, tls.crt and tls.key (the agent Secret).
     #[arg(long, default_value = "/etc/resourcewatch/tls")]
     tls_dir: std::path::PathBuf,
@@ -248,7 +251,10 @@ fn run_agent(a: RunArgs) -> ExitCode {
         return ExitCode::from(64);
     }
     let opts = resourcewatch_agent::cluster::RunOptions {
-        server_name: resourcewatch_proto::operator_server_name(&a.operator_namespace),
+        server_name: resourcewatch_proto::operator_server_name(
+            &a.operator_service,
+            &a.operator_namespace,
+        ),
         node_name: a.node_name,
         operator: a.operator,
         tls_dir: a.tls_dir,

@@ -54,6 +54,9 @@ pub struct RemediationContext {
     pub ledgers: LedgerStore,
     /// The API server's last answers on the operator's own eviction right, by namespace.
     pub evict_rights: std::sync::Mutex<HashMap<String, EvictRight>>,
+    /// The ClusterRole that grants evictions (`--evictor-cluster-role`), for the
+    /// condition that says it is not bound.
+    pub evictor_role: String,
 }
 
 /// When the API server answered, and what: Err says why the operator may not evict.
@@ -655,7 +658,7 @@ const EVICT_RIGHT_TTL: Duration = Duration::from_secs(10);
 
 /// Whether the API server lets this operator evict pods in `ns` (a
 /// SelfSubjectAccessReview): the ClusterRole it runs with has no eviction right; a
-/// namespace admin grants it per namespace by binding `resourcewatch-evictor`.
+/// namespace admin grants it per namespace by binding the evictor ClusterRole.
 async fn operator_may_evict(ctx: &Context, ns: &str) -> std::result::Result<(), String> {
     use k8s_openapi::api::authorization::v1::{
         ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
@@ -693,7 +696,8 @@ async fn operator_may_evict(ctx: &Context, ns: &str) -> std::result::Result<(), 
     {
         Ok(Ok(r)) if r.status.as_ref().is_some_and(|s| s.allowed) => Ok(()),
         Ok(Ok(_)) => Err(format!(
-            "the operator may not evict pods in {ns}: a namespace admin binds the ClusterRole resourcewatch-evictor to its ServiceAccount there (README, Remediation)"
+            "the operator may not evict pods in {ns}: a namespace admin binds the ClusterRole {} to its ServiceAccount there (README, Remediation)",
+            ctx.remediation.evictor_role
         )),
         // Not cached: the next reconcile asks again.
         Ok(Err(e)) => {
@@ -1660,6 +1664,7 @@ mod tests {
                     Duration::from_secs(1),
                 ),
                 evict_rights: Default::default(),
+                evictor_role: "resourcewatch-evictor".into(),
             },
         };
         (Arc::new(ctx), handle)

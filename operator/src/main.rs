@@ -64,6 +64,17 @@ struct Args {
     metrics_client_secret: String,
     #[arg(long, default_value = "resourcewatch-operator")]
     lease_name: String,
+    /// The Service agents and scrapers reach this operator through: its serving
+    /// certificate names `<service>.<namespace>.svc` and `<service>`.
+    #[arg(long, default_value = resourcewatch_proto::OPERATOR_SERVICE)]
+    service_name: String,
+    /// ConfigMap publishing the CA certificate (never its key) for scrapers and `helm test`.
+    #[arg(long, default_value = "resourcewatch-ca-bundle")]
+    ca_bundle_configmap: String,
+    /// The ClusterRole a namespace admin binds to grant this operator evictions there:
+    /// named in the condition that says it is missing.
+    #[arg(long, default_value = "resourcewatch-evictor")]
+    evictor_cluster_role: String,
     /// How long a node may go without a report before it counts as lost.
     #[arg(long, default_value = "20s", value_parser = duration)]
     agent_grace: Duration,
@@ -108,7 +119,7 @@ fn duration(s: &str) -> Result<Duration, String> {
 #[derive(clap::Subcommand)]
 enum Command {
     /// Exits 0 when the operator's leader answers /readyz over HTTPS with a certificate of
-    /// the published CA for `resourcewatch-operator` (what `helm test` runs, from the
+    /// the published CA for the operator's Service name (what `helm test` runs, from the
     /// operator's image in a pod of the release's namespace).
     CheckReady {
         /// The operator Service's IP: kubelet's variable for the Service (no cluster DNS
@@ -124,7 +135,8 @@ enum Command {
         /// The CA certificate (the ConfigMap resourcewatch-ca-bundle's ca.crt).
         #[arg(long, default_value = "/etc/resourcewatch/ca/ca.crt")]
         ca: std::path::PathBuf,
-        #[arg(long, default_value = "resourcewatch-operator")]
+        /// The operator Service's name (`--service-name`), which its certificate carries.
+        #[arg(long, default_value = resourcewatch_proto::OPERATOR_SERVICE)]
         server_name: String,
     },
 }
@@ -280,13 +292,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     )
     .await
     .context("metrics client certificate Secret")?;
-    tls::ensure_ca_bundle(&client, &args.namespace, &pki.ca_cert)
-        .await
-        .context("CA bundle ConfigMap")?;
-    let server_name = resourcewatch_proto::operator_server_name(&args.namespace);
+    tls::ensure_ca_bundle(
+        &client,
+        &args.namespace,
+        &args.ca_bundle_configmap,
+        &pki.ca_cert,
+    )
+    .await
+    .context("CA bundle ConfigMap")?;
+    let server_name =
+        resourcewatch_proto::operator_server_name(&args.service_name, &args.namespace);
     let leaf = pki.server(&[
         server_name,
-        "resourcewatch-operator".into(),
+        args.service_name.clone(),
         "localhost".into(),
         "127.0.0.1".into(),
     ])?;
@@ -443,6 +461,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         Duration::from_secs(10),
                     ),
                     evict_rights: Default::default(),
+                    evictor_role: args.evictor_cluster_role.clone(),
                 },
             },
         ),

@@ -275,17 +275,15 @@ pub async fn ensure_leaf_secret(
     )))
 }
 
-/// The ConfigMap that publishes the CA certificate (never its key), for clients that
-/// verify the operator's serving certificate: Prometheus scraping /metrics.
-pub const CA_BUNDLE_CONFIGMAP: &str = "resourcewatch-ca-bundle";
-
-/// Creates or updates [`CA_BUNDLE_CONFIGMAP`] in `ns` with `ca.crt`.
-pub async fn ensure_ca_bundle(client: &Client, ns: &str, ca_pem: &str) -> Result<()> {
+/// Creates or updates the ConfigMap `name` in `ns` with `ca.crt`: it publishes the CA
+/// certificate (never its key), for clients that verify the operator's serving
+/// certificate (Prometheus scraping /metrics, `helm test`).
+pub async fn ensure_ca_bundle(client: &Client, ns: &str, name: &str, ca_pem: &str) -> Result<()> {
     use k8s_openapi::api::core::v1::ConfigMap;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let mut cm = ConfigMap {
         metadata: ObjectMeta {
-            name: Some(CA_BUNDLE_CONFIGMAP.into()),
+            name: Some(name.into()),
             labels: Some(
                 [(
                     "app.kubernetes.io/part-of".to_string(),
@@ -299,13 +297,12 @@ pub async fn ensure_ca_bundle(client: &Client, ns: &str, ca_pem: &str) -> Result
         ..Default::default()
     };
     for _ in 0..3 {
-        let result = match api.get_opt(CA_BUNDLE_CONFIGMAP).await? {
+        let result = match api.get_opt(name).await? {
             None => api.create(&PostParams::default(), &cm).await,
             Some(old) if old.data == cm.data => return Ok(()),
             Some(old) => {
                 cm.metadata.resource_version = old.metadata.resource_version;
-                api.replace(CA_BUNDLE_CONFIGMAP, &PostParams::default(), &cm)
-                    .await
+                api.replace(name, &PostParams::default(), &cm).await
             }
         };
         match result {
@@ -314,7 +311,5 @@ pub async fn ensure_ca_bundle(client: &Client, ns: &str, ca_pem: &str) -> Result
             Err(e) => return Err(e.into()),
         }
     }
-    Err(Error::Tls(format!(
-        "could not write ConfigMap {ns}/{CA_BUNDLE_CONFIGMAP}"
-    )))
+    Err(Error::Tls(format!("could not write ConfigMap {ns}/{name}")))
 }

@@ -73,11 +73,15 @@ pub const AGENT_CERT_NAME: &str = "resourcewatch-agent";
 /// included.
 pub const METRICS_CLIENT_CERT_NAME: &str = "resourcewatch-metrics-client";
 
+/// The operator Service's name unless the installation renames it (the chart's
+/// `fullnameOverride`: operator `--service-name`, agent `--operator-service`).
+pub const OPERATOR_SERVICE: &str = "resourcewatch-operator";
+
 /// The DNS name the operator's serving certificate is issued for and agents verify,
 /// whatever address they dial (in the e2e cluster there is no DNS: agents dial the
 /// Service's ClusterIP from its environment variables).
-pub fn operator_server_name(namespace: &str) -> String {
-    format!("resourcewatch-operator.{namespace}.svc")
+pub fn operator_server_name(service: &str, namespace: &str) -> String {
+    format!("{service}.{namespace}.svc")
 }
 
 /// The most profile requests a node runs per snapshot (and at once).

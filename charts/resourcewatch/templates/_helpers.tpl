@@ -1,11 +1,26 @@
 {{/*
-Object names are fixed, not derived from the release name: the binaries default to them
-(operator/src/main.rs: --ca-secret, --agent-secret, --lease-name) and the agent finds the
-operator through the RESOURCEWATCH_OPERATOR_SERVICE_* variables kubelet injects for the
-Service named resourcewatch-operator.
+Names. Every object is named "<fullname>-<what>": fullname is fullnameOverride, else
+nameOverride, else "resourcewatch" (also app.kubernetes.io/part-of). The release name is
+not part of it: the CRDs are cluster-wide, so a cluster holds one installation, and the
+defaults give config/'s names, which the binaries default to (operator/src/main.rs:
+--service-name, --ca-secret, --agent-secret, --metrics-client-secret, --ca-bundle-configmap,
+--lease-name, --agent-service-account, --evictor-cluster-role; the agent's
+--operator-service). Renamed, the chart passes each of them ("resourcewatch.renamed").
+Certificate names (resourcewatch-agent, resourcewatch-metrics-client) and the agents'
+token audience (resourcewatch-operator) name the product, not objects: they stay.
 */}}
-{{- define "resourcewatch.operator.name" -}}resourcewatch-operator{{- end }}
-{{- define "resourcewatch.agent.name" -}}resourcewatch-agent{{- end }}
+{{- define "resourcewatch.name" -}}{{ .Values.nameOverride | default "resourcewatch" }}{{- end }}
+{{- define "resourcewatch.fullname" -}}{{ .Values.fullnameOverride | default (include "resourcewatch.name" .) }}{{- end }}
+{{/* "true" when the names differ from the binaries' defaults (empty otherwise). */}}
+{{- define "resourcewatch.renamed" -}}{{ if ne (include "resourcewatch.fullname" .) "resourcewatch" }}true{{ end }}{{- end }}
+{{- define "resourcewatch.operator.name" -}}{{ include "resourcewatch.fullname" . }}-operator{{- end }}
+{{- define "resourcewatch.agent.name" -}}{{ include "resourcewatch.fullname" . }}-agent{{- end }}
+{{- define "resourcewatch.caSecret" -}}{{ include "resourcewatch.fullname" . }}-ca{{- end }}
+{{- define "resourcewatch.agentSecret" -}}{{ include "resourcewatch.fullname" . }}-agent-tls{{- end }}
+{{- define "resourcewatch.metricsClientSecret" -}}{{ include "resourcewatch.fullname" . }}-metrics-client{{- end }}
+{{- define "resourcewatch.caBundle" -}}{{ include "resourcewatch.fullname" . }}-ca-bundle{{- end }}
+{{/* The prefix of the variables kubelet injects for the operator Service (no DNS needed). */}}
+{{- define "resourcewatch.operator.env" -}}{{ include "resourcewatch.operator.name" . | upper | replace "-" "_" }}{{- end }}
 
 {{/* chart label: name-version, as `helm create` does. */}}
 {{- define "resourcewatch.chart" -}}
@@ -34,11 +49,11 @@ app.kubernetes.io/name: {{ include "resourcewatch.agent.name" . }}
 {{/* Pod labels: selector labels plus part-of, as in config/. */}}
 {{- define "resourcewatch.operator.podLabels" -}}
 {{ include "resourcewatch.operator.selectorLabels" . }}
-app.kubernetes.io/part-of: resourcewatch
+app.kubernetes.io/part-of: {{ include "resourcewatch.name" . }}
 {{- end }}
 {{- define "resourcewatch.agent.podLabels" -}}
 {{ include "resourcewatch.agent.selectorLabels" . }}
-app.kubernetes.io/part-of: resourcewatch
+app.kubernetes.io/part-of: {{ include "resourcewatch.name" . }}
 {{- end }}
 
 {{/* Object labels: pod labels plus Helm's. */}}

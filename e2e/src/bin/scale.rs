@@ -280,7 +280,8 @@ async fn main() -> anyhow::Result<()> {
 
     let tls = AgentTls::from_secret(&client, &n, "resourcewatch-agent-tls").await?;
     let endpoint = format!("https://{}", op.grpc);
-    let server_name = resourcewatch_proto::operator_server_name(&n);
+    let server_name =
+        resourcewatch_proto::operator_server_name(resourcewatch_proto::OPERATOR_SERVICE, &n);
     let agents: Vec<SimAgent> = tokens
         .into_iter()
         .map(|(node, token)| {
