@@ -377,3 +377,254 @@ fn growth_site_captures_are_bounded_and_only_listed_processes_are_charged() {
         let _ = c.wait();
     }
 }
+
+/// A runtime's executable, or a skip saying it is missing (`.ci/install-deps --jit` puts
+/// both on a CI machine).
+fn runtime(test: &str, bin: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(bin))
+            .find(|f| f.is_file())
+    });
+    if found.is_none() {
+        common::skip(test, &format!("no {bin} on PATH"));
+    }
+    found
+}
+
+/// Waits up to 20 s for `pid`'s perf map to name `function` (a runtime writes it as it
+/// compiles), and returns its text.
+fn wait_for_perf_map(pid: u32, function: &str) -> String {
+    let path = format!("/tmp/perf-{pid}.map");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.contains(function) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{path} does not name {function} after 20 s ({} bytes)",
+            text.len()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A 2 s profile at 99 Hz of the running `pid`, named, heaviest stack first.
+fn profile_pid(pid: u32) -> (Vec<Stack>, u64) {
+    let mut profiler = Profiler::load(4096).expect("load the profiler");
+    let prof = profiler
+        .run(
+            &ProfileTarget {
+                pids: vec![pid],
+                cgroups: vec![],
+            },
+            99,
+            Duration::from_secs(2),
+            &AtomicBool::new(false),
+        )
+        .expect("profile");
+    let named = stacks::name(&prof.stacks, &Symbolizer::new(), procfs::comm);
+    (named, prof.samples())
+}
+
+/// The share of samples whose user frames include a frame containing `function`.
+fn share_naming(named: &[Stack], samples: u64, function: &str) -> f64 {
+    let with: u64 = named
+        .iter()
+        .filter(|s| user(s).iter().any(|f| f.contains(function)))
+        .map(|s| s.value)
+        .sum();
+    with as f64 / samples.max(1) as f64
+}
+
+/// Node.js with `--perf-basic-prof`: JIT-compiled JavaScript is named from the perf map,
+/// the hot function and, through V8's frame pointers, its caller.
+#[test]
+fn a_node_profile_with_a_perf_map_names_the_javascript_function() {
+    const TEST: &str = "a_node_profile_with_a_perf_map_names_the_javascript_function";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    let Some(node) = runtime(TEST, "node") else {
+        return;
+    };
+    // --interpreted-frames-native-stack: functions still run by the interpreter (outerJs,
+    // which never returns) get a trampoline of their own in the map, so they are named too.
+    let child = Command::new(node)
+        .args(["--perf-basic-prof", "--interpreted-frames-native-stack"])
+        // V8 also writes a small isolate-*.log into its working directory.
+        .current_dir(env!("CARGO_TARGET_TMPDIR"))
+        .arg(fixture("burn.js"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start node");
+    let p = Running(child);
+    // Optimised by TurboFan ("*"): the code the loop runs from then on.
+    wait_for_perf_map(p.pid(), "JS:*burnInJavaScript");
+    let (named, samples) = profile_pid(p.pid());
+    let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p.pid()));
+    assert_sample_count(samples, &named);
+    let share = share_naming(&named, samples, "burnInJavaScript");
+    assert!(
+        share >= 0.8,
+        "burnInJavaScript in {share:.2} of samples: {named:?}"
+    );
+    let top = &named[0];
+    let frames = user(top);
+    let at = frames
+        .iter()
+        .rposition(|f| f.contains("burnInJavaScript"))
+        .expect("named");
+    assert!(
+        frames[..at].iter().any(|f| f.contains("outerJs")),
+        "the caller outerJs is not above burnInJavaScript: {top:?}"
+    );
+}
+
+/// A Node.js leak (Buffers kept by a JavaScript function): its growth site names the
+/// function, from the perf map, with its JS caller.
+#[test]
+fn a_node_leak_growth_site_names_the_javascript_function() {
+    const TEST: &str = "a_node_leak_growth_site_names_the_javascript_function";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    let Some(node) = runtime(TEST, "node") else {
+        return;
+    };
+    let mut pipes = Pipelines::load(PipelineOptions::default()).expect("pipelines");
+    let child = Command::new(node)
+        .args(["--perf-basic-prof", "--interpreted-frames-native-stack"])
+        .arg(fixture("leak.js"))
+        .current_dir(env!("CARGO_TARGET_TMPDIR"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start node");
+    let p = Running(child);
+    wait_for_perf_map(p.pid(), "leakInJavaScript");
+    pipes.capture_growth_sites(p.pid()).expect("capture");
+    std::thread::sleep(Duration::from_secs(4));
+    let raw = pipes.drain_growth_sites().expect("drain");
+    pipes.stop_growth_sites(p.pid());
+    let named = stacks::name(&raw, &Symbolizer::new(), procfs::comm);
+    let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p.pid()));
+    let total: u64 = named.iter().map(|s| s.value).sum();
+    // 6.4 MB/s for 4 s.
+    assert!(total > 16 << 20, "{total} bytes charged: {named:?}");
+    let top = &named[0];
+    let frames = user(top);
+    let at = frames
+        .iter()
+        .rposition(|f| f.contains("leakInJavaScript"))
+        .unwrap_or_else(|| panic!("the heaviest site does not name leakInJavaScript: {top:?}"));
+    assert!(
+        frames[..at].iter().any(|f| f.contains("growJs")),
+        "the caller growJs is not above leakInJavaScript: {top:?}"
+    );
+    assert!(
+        top.value * 2 >= total,
+        "the heaviest site holds {} of {total} bytes: {named:?}",
+        top.value
+    );
+}
+
+/// OpenJDK 17 with `-XX:+PreserveFramePointer` and `jcmd PID Compiler.perfmap`: the hot
+/// Java method is named from the perf map JDK 17 writes (`0x` addresses), with its caller.
+#[test]
+fn a_java_profile_with_a_perf_map_names_the_java_method() {
+    const TEST: &str = "a_java_profile_with_a_perf_map_names_the_java_method";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    let Some(javac) = runtime(TEST, "javac") else {
+        return;
+    };
+    // java and jcmd of javac's own JDK: jcmd attaches only to a JVM of its release.
+    let jdk_bin = javac
+        .canonicalize()
+        .expect("javac's path")
+        .parent()
+        .expect("javac's directory")
+        .to_owned();
+    let (java, jcmd) = (jdk_bin.join("java"), jdk_bin.join("jcmd"));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stacks/java");
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let built = Command::new(javac)
+        .arg("-d")
+        .arg(&dir)
+        .arg(fixture("Burn.java"))
+        .output()
+        .expect("run javac");
+    assert!(
+        built.status.success(),
+        "javac: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let child = Command::new(java)
+        // Not inlined: a perf map lists compiled methods, and a method C2 inlines runs as
+        // part of its caller (named after the caller; README "Stacks").
+        .args([
+            "-XX:+PreserveFramePointer",
+            "-XX:CompileCommand=quiet",
+            "-XX:CompileCommand=dontinline,Burn::burnInJava",
+            "-cp",
+        ])
+        .arg(&dir)
+        .arg("Burn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start java");
+    let p = Running(child);
+    // Compiled within a second or two, then again by C2 (and on-stack replaced): the map
+    // is a snapshot of what is compiled when jcmd asks, so ask until two answers a
+    // second apart list the same compiled Burn methods, both of them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let path = format!("/tmp/perf-{}.map", p.pid());
+    let mut previous = Vec::new();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let out = Command::new(&jcmd)
+            .arg(p.pid().to_string())
+            .arg("Compiler.perfmap")
+            .output()
+            .expect("run jcmd");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let ours: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains(" Burn."))
+            .map(str::to_owned)
+            .collect();
+        let both = ["Burn.burnInJava", "Burn.outerJava"]
+            .iter()
+            .all(|m| ours.iter().any(|l| l.contains(m)));
+        if out.status.success() && both && ours == previous {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the compiled Burn methods in {path} did not settle in 30 s: jcmd {}, {ours:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        previous = ours;
+    }
+    let (named, samples) = profile_pid(p.pid());
+    let _ = std::fs::remove_file(&path);
+    assert_sample_count(samples, &named);
+    let share = share_naming(&named, samples, "Burn.burnInJava");
+    assert!(
+        share >= 0.8,
+        "Burn.burnInJava in {share:.2} of samples: {named:?}"
+    );
+    let top = &named[0];
+    let frames = user(top);
+    let at = frames
+        .iter()
+        .rposition(|f| f.contains("Burn.burnInJava"))
+        .expect("named");
+    assert!(
+        frames[..at].iter().any(|f| f.contains("Burn.outerJava")),
+        "the caller Burn.outerJava is not above Burn.burnInJava: {top:?}"
+    );
+}

@@ -3,6 +3,7 @@
 //! already use (folded stacks, pprof, an SVG flame graph).
 
 pub mod output;
+pub mod perfmap;
 pub mod sites;
 pub mod symbolize;
 

@@ -59,6 +59,10 @@ struct Capture {
 pub struct SiteTracker {
     captures: HashMap<u32, Capture>,
     sym: Symbolizer,
+    /// Whether `sym` has named anything since it was made: its caches (every file and
+    /// perf map it read) are dropped once no capture is left, so they are bounded by
+    /// what the captures of one episode touch.
+    sym_used: bool,
 }
 
 impl SiteTracker {
@@ -96,13 +100,19 @@ impl SiteTracker {
                 c.ended_ns = now;
                 c.sites = name_sites(&self.sym, pid, &c.raw);
                 c.named_ns = now;
+                self.sym_used = true;
             } else if c.active && now.saturating_sub(c.named_ns) >= NAME_EVERY_NS {
                 c.sites = name_sites(&self.sym, pid, &c.raw);
                 c.named_ns = now;
+                self.sym_used = true;
             }
             if !alive && !c.active {
                 self.captures.remove(&pid);
             }
+        }
+        if self.sym_used && self.captures.values().all(|c| !c.active) {
+            self.sym = Symbolizer::new();
+            self.sym_used = false;
         }
         for row in rows.iter_mut() {
             row.growth_sites = match row.pid {

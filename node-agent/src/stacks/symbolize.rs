@@ -7,9 +7,11 @@
 //! is also why blazesym's own process mode is not used: it reads files either by the path
 //! in the maps (the host's view: wrong in a container) or through `/proc/PID/map_files`
 //! (CAP_SYS_ADMIN, which the agent does not have). Symbols come from `.symtab`/`.dynsym`
-//! and DWARF when present; what cannot be resolved is said, never guessed:
-//! `[unknown]` outside any file (JIT code, a garbage frame of a binary without frame
-//! pointers), `[libfoo.so]` in a file without a symbol for the address.
+//! and DWARF when present. An address outside any file is JIT-compiled code when the
+//! process's runtime writes a perf map (see `perfmap`), named from it. What cannot be
+//! resolved is said, never guessed: `[unknown]` outside any file and any perf map (JIT
+//! code of a runtime writing none, a garbage frame of a binary without frame pointers),
+//! `[libfoo.so]` in a file without a symbol for the address.
 
 use std::{
     collections::HashMap,
@@ -31,10 +33,12 @@ pub const UNKNOWN: &str = "[unknown]";
 /// /proc/kallsyms shows zero addresses).
 pub const KERNEL: &str = "[kernel]";
 
-/// A symboliser kept across calls: blazesym caches each file's parsed symbols.
+/// A symboliser kept across calls: blazesym caches each file's parsed symbols, and
+/// `perf_maps` each process's JIT code names.
 pub struct Symbolizer {
     normalizer: Normalizer,
     blaze: Blaze,
+    perf_maps: std::sync::Mutex<super::perfmap::PerfMaps>,
 }
 
 impl Default for Symbolizer {
@@ -53,6 +57,7 @@ impl Symbolizer {
                 .enable_code_info(false)
                 .enable_inlined_fns(false)
                 .build(),
+            perf_maps: Default::default(),
         }
     }
 
@@ -83,9 +88,26 @@ impl Symbolizer {
         };
         // File offsets grouped by file, so each file is looked up once.
         let mut by_file: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
+        let mut outside_files = Vec::new();
         for (i, &(offset, meta)) in out.outputs.iter().enumerate() {
-            if let Some(UserMeta::Elf(_)) = out.meta.get(meta) {
-                by_file.entry(meta).or_default().push((i, offset));
+            match out.meta.get(meta) {
+                Some(UserMeta::Elf(_)) => by_file.entry(meta).or_default().push((i, offset)),
+                Some(UserMeta::Unknown(_)) => outside_files.push(i),
+                _ => {}
+            }
+        }
+        if !outside_files.is_empty() {
+            let map = self
+                .perf_maps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(pid);
+            if let Some(map) = map {
+                for i in outside_files {
+                    if let Some(name) = map.lookup(lookup[i]) {
+                        names[i] = name.to_owned();
+                    }
+                }
             }
         }
         for (meta, items) in by_file {
