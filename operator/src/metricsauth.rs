@@ -184,7 +184,7 @@ pub async fn require(State(auth): State<Arc<MetricsAuth>>, req: Request, next: N
         }
         Answer::Forbidden => (
             StatusCode::FORBIDDEN,
-            "not allowed to get /metrics (ClusterRole resourcewatch-metrics-reader)",
+            "not allowed to get /metrics (bind the ClusterRole resourcewatch-metrics-reader, or <fullnameOverride>-metrics-reader)",
         )
             .into_response(),
     }
