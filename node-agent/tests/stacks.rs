@@ -378,8 +378,8 @@ fn growth_site_captures_are_bounded_and_only_listed_processes_are_charged() {
     }
 }
 
-/// A runtime's executable, or a skip saying it is missing (`.ci/install-deps --jit` puts
-/// both on a CI machine).
+/// A runtime's executable, or a skip saying it is missing (`.ci/install-deps` puts Node.js
+/// and a JDK on a CI machine).
 fn runtime(test: &str, bin: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
