@@ -178,8 +178,9 @@ pub async fn install_crd(client: &Client) -> anyhow::Result<()> {
 
 /// The workload simulator's image (`make images`; imported, never pulled).
 pub const WORKLOADS_IMAGE: &str = "localhost/resourcewatch/workloads:0.1.0";
-/// This machine's Node.js with the corpus's `mem.js` (node-agent/corpus/programs): a real
-/// language runtime in a pod (`make images`).
+/// This machine's Node.js with the corpus's `mem.js` (node-agent/corpus/programs) and the
+/// stack fixture `leak.js` (node-agent/tests/fixtures/stacks): a real language runtime in
+/// a pod (`make images`).
 pub const NODE_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/node-workloads:0.1.0";
 /// The C stack fixture (node-agent/tests/fixtures/stacks/leak.c) with its glibc.
 pub const C_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/c-workloads:0.1.0";
@@ -225,8 +226,26 @@ pub async fn c_workload_pod(
     bare_pod(client, ns, name, name, container, limit, security).await
 }
 
+/// A bare pod running this machine's Node.js (the node-workloads image) with `args`, as a
+/// user other than the agent's, with an emptyDir at /tmp (where `--perf-basic-prof` writes
+/// the perf map, as in a pod with a read-only root file system).
+pub async fn node_workload_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    args: &[&str],
+    limit: &str,
+) -> Pod {
+    let container = serde_json::json!({
+        "image": NODE_WORKLOADS_IMAGE, "command": ["/usr/bin/node"], "args": args,
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]
+    });
+    let security = serde_json::json!({"runAsUser": 65532, "runAsGroup": 65532});
+    bare_pod(client, ns, name, name, container, limit, security).await
+}
+
 /// A pod of one container `main` (`container`: its image and command), never restarted,
-/// with the memory limit `limit`.
+/// with the memory limit `limit`; an emptyDir for each of the container's volumeMounts.
 async fn bare_pod(
     client: &Client,
     ns: &str,
@@ -241,9 +260,16 @@ async fn bare_pod(
     container["resources"] = serde_json::json!({
         "limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}
     });
+    let volumes: Vec<serde_json::Value> = container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| serde_json::json!({"name": m["name"], "emptyDir": {}}))
+        .collect();
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"app": app}},
         "spec": {
+            "volumes": volumes,
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
             // No API access needed; and on clusters that still make token Secrets (< 1.24)

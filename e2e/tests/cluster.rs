@@ -529,9 +529,21 @@ async fn a_leak_from_the_container_start_is_reported_before_its_oom_kill() {
     ns.delete().await;
 }
 
-/// Whether a named frame is `function`: C's plain name, Go's `main.f`, Rust's `crate::f`.
+/// Whether a named frame is `function`: C's plain name, Go's `main.f`, Rust's `crate::f`,
+/// a JavaScript function from V8's perf map (`JS:*f /leak.js:6:26`, the mark says how it
+/// was compiled).
 fn frame_is(frame: &str, function: &str) -> bool {
-    frame == function || frame.ends_with(&format!("::{function}"))
+    let js = frame
+        .strip_prefix("JS:")
+        .map(|f| f.trim_start_matches(['*', '^', '~', '+', '-']))
+        .and_then(|f| f.split(' ').next());
+    frame == function || frame.ends_with(&format!("::{function}")) || js == Some(function)
+}
+
+/// What a leak-site test runs: a C workloads image command, or Node.js with these args.
+enum Leaker<'a> {
+    C(&'a str),
+    Node(&'a [&'a str]),
 }
 
 /// A stack fixture (`command` in the C workloads image) leaking 6.4 MB/s into 1Gi (about
@@ -540,10 +552,23 @@ fn frame_is(frame: &str, function: &str) -> bool {
 /// says where it grows (LeakDetected when the site is known at once, else LeakSiteFound).
 /// Returns the top site's frames, leaf first.
 async fn leak_site(prefix: &str, command: &str, function: &str) -> Vec<String> {
+    leak_site_of(prefix, Leaker::C(command), function).await
+}
+
+async fn leak_site_of(prefix: &str, leaker: Leaker<'_>, function: &str) -> Vec<String> {
     let (client, ns) = cluster::test_namespace(prefix).await;
     let n = ns.name.as_str();
     let rws = cluster::watch_app(&client, n, "w", "leaker").await;
-    cluster::c_workload_pod(&client, n, "leaker", command, "1Gi").await;
+    let command = match leaker {
+        Leaker::C(command) => {
+            cluster::c_workload_pod(&client, n, "leaker", command, "1Gi").await;
+            command.to_owned()
+        }
+        Leaker::Node(args) => {
+            cluster::node_workload_pod(&client, n, "leaker", args, "1Gi").await;
+            format!("node {}", args.join(" "))
+        }
+    };
     let listed = status_where(&rws, "w", "the leak listed", 120, |s| {
         s.leaks.iter().any(|l| l.pod == "leaker")
     })
@@ -638,6 +663,25 @@ async fn a_go_leaks_growth_site_names_the_leaking_function_and_its_callers() {
 async fn a_rust_leaks_growth_site_names_its_leaf_without_frame_pointers() {
     let frames = leak_site("rw-e2e-sites-rs", "/leak-rs", "leak_here").await;
     assert!(frame_is(&frames[0], "leak_here"), "the leaf: {frames:?}");
+}
+
+/// Node.js with `--perf-basic-prof` (node-agent/tests/fixtures/stacks/leak.js, Buffers kept
+/// by `leakInJavaScript`), as a non-root user with /tmp an emptyDir: the JavaScript function
+/// is named from the perf map the runtime writes inside its container, with its caller.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_node_leaks_growth_site_names_the_javascript_function() {
+    let args = [
+        "--perf-basic-prof",
+        "--interpreted-frames-native-stack",
+        "/leak.js",
+    ];
+    let frames = leak_site_of("rw-e2e-sites-node", Leaker::Node(&args), "leakInJavaScript").await;
+    let up = callers(&frames, "leakInJavaScript");
+    assert!(
+        up.iter().any(|f| frame_is(f, "growJs")),
+        "growJs is not among leakInJavaScript's callers: {frames:?}"
+    );
 }
 
 /// CPU of a host process over `window`, from /proc (utime + stime), percent of one core.

@@ -197,13 +197,68 @@ fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -
         .collect();
     let named = super::name(&stacks, sym, |_| None);
     let total: u64 = named.iter().map(|s| s.value).sum::<u64>().max(1);
-    named
+    let mut merged: HashMap<Vec<String>, u64> = HashMap::new();
+    for s in named {
+        let leaf_first: Vec<String> = s.frames.into_iter().rev().collect();
+        *merged
+            .entry(skip_runtime_frames(leaf_first, |f| sym.is_jit(f)))
+            .or_default() += s.value;
+    }
+    let mut sites: Vec<(Vec<String>, u64)> = merged.into_iter().collect();
+    sites.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    sites
         .into_iter()
         .take(SITES_KEPT)
-        .map(|s| GrowthSite {
-            frames: s.frames.into_iter().rev().take(FRAMES_KEPT).collect(),
-            bytes: s.value,
-            percent: (s.value as f64 * 1000.0 / total as f64).round() / 10.0,
+        .map(|(frames, bytes)| GrowthSite {
+            frames: frames.into_iter().take(FRAMES_KEPT).collect(),
+            bytes,
+            percent: (bytes as f64 * 1000.0 / total as f64).round() / 10.0,
         })
         .collect()
+}
+
+/// A site's frames (leaf first) without the JIT runtime's own native frames between the
+/// faulting leaf and the first JIT-compiled frame: V8 or HotSpot internals (a dozen
+/// frames of C++ templates) would otherwise fill the frames a site keeps, and the code
+/// that asked for the memory is the first JIT frame. The leaf stays (what touched the
+/// page); CPU profiles keep every frame.
+fn skip_runtime_frames(frames: Vec<String>, is_jit: impl Fn(&str) -> bool) -> Vec<String> {
+    match frames.iter().position(|f| is_jit(f)) {
+        Some(first) if first > 1 => {
+            let mut out = frames;
+            out.drain(1..first);
+            out
+        }
+        _ => frames,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_frames_between_the_leaf_and_the_first_jit_frame_are_left_out() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let jit = |n: &str| n.starts_with("JS:");
+        assert_eq!(
+            skip_runtime_frames(
+                f(&["memset", "Fill", "CEntry", "JS:^alloc", "JS:^leak", "main"]),
+                jit
+            ),
+            f(&["memset", "JS:^alloc", "JS:^leak", "main"])
+        );
+        assert_eq!(
+            skip_runtime_frames(f(&["JS:^a", "JS:^b"]), jit),
+            f(&["JS:^a", "JS:^b"])
+        );
+        assert_eq!(
+            skip_runtime_frames(f(&["memset", "JS:^a"]), jit),
+            f(&["memset", "JS:^a"])
+        );
+        assert_eq!(
+            skip_runtime_frames(f(&["leak_here", "keep"]), jit),
+            f(&["leak_here", "keep"])
+        );
+    }
 }

@@ -39,6 +39,8 @@ pub struct Symbolizer {
     normalizer: Normalizer,
     blaze: Blaze,
     perf_maps: std::sync::Mutex<super::perfmap::PerfMaps>,
+    /// The names given from a perf map so far: which frames are JIT-compiled code.
+    jit_names: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Default for Symbolizer {
@@ -58,6 +60,7 @@ impl Symbolizer {
                 .enable_inlined_fns(false)
                 .build(),
             perf_maps: Default::default(),
+            jit_names: Default::default(),
         }
     }
 
@@ -103,9 +106,11 @@ impl Symbolizer {
                 .unwrap_or_else(|e| e.into_inner())
                 .get(pid);
             if let Some(map) = map {
+                let mut jit = self.jit_names.lock().unwrap_or_else(|e| e.into_inner());
                 for i in outside_files {
                     if let Some(name) = map.lookup(lookup[i]) {
                         names[i] = name.to_owned();
+                        jit.insert(names[i].clone());
                     }
                 }
             }
@@ -136,6 +141,14 @@ impl Symbolizer {
             }
         }
         names
+    }
+
+    /// Whether `name` was given to a frame from a runtime's perf map (JIT-compiled code).
+    pub fn is_jit(&self, name: &str) -> bool {
+        self.jit_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
     }
 
     /// Whether `addr` is in a file-backed mapping of `pid` (a plausible code address).
