@@ -712,21 +712,21 @@ pub struct Summary {
 }
 
 /// The CRD as YAML, exactly what `crdgen` prints and the committed file holds.
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     use kube::CustomResourceExt;
-    serde_yaml::to_string(&ResourceWatch::crd())
+    serde_saphyr::to_string(&ResourceWatch::crd())
 }
 
 /// The `RemediationPolicy` CRD as YAML.
-pub fn policy_crd_yaml() -> Result<String, serde_yaml::Error> {
+pub fn policy_crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     use kube::CustomResourceExt;
-    serde_yaml::to_string(&RemediationPolicy::crd())
+    serde_saphyr::to_string(&RemediationPolicy::crd())
 }
 
 /// The `ClusterResourceWatch` CRD as YAML.
-pub fn cluster_crd_yaml() -> Result<String, serde_yaml::Error> {
+pub fn cluster_crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     use kube::CustomResourceExt;
-    serde_yaml::to_string(&ClusterResourceWatch::crd())
+    serde_saphyr::to_string(&ClusterResourceWatch::crd())
 }
 
 #[cfg(test)]
@@ -953,7 +953,7 @@ mod tests {
     fn the_sample_is_a_valid_resourcewatch() {
         let sample = include_str!("../../config/samples/resourcewatch.yaml");
         let rw: ResourceWatch =
-            serde_yaml::from_str(sample).expect("config/samples/resourcewatch.yaml parses");
+            serde_saphyr::from_str(sample).expect("config/samples/resourcewatch.yaml parses");
         assert_eq!(rw.spec.remediation.action, RemediationAction::Alert);
         assert_eq!(
             rw.spec.selector.match_labels.get("app").map(String::as_str),
@@ -976,8 +976,8 @@ mod tests {
             }
         }
         let sample = include_str!("../../config/samples/resourcewatch.yaml");
-        let raw: serde_json::Value = serde_yaml::from_str(sample).expect("yaml");
-        let typed: ResourceWatch = serde_yaml::from_str(sample).expect("typed");
+        let raw: serde_json::Value = serde_saphyr::from_str(sample).expect("yaml");
+        let typed: ResourceWatch = serde_saphyr::from_str(sample).expect("typed");
         let back = serde_json::to_value(&typed).expect("json");
         let (mut want, mut have) = (Vec::new(), Vec::new());
         paths(&raw["spec"], "spec", &mut want);
@@ -1002,7 +1002,7 @@ mod tests {
 
     #[test]
     fn schema_carries_the_validation_the_api_server_enforces() {
-        let crd: serde_json::Value = serde_yaml::from_str(COMMITTED).expect("yaml");
+        let crd: serde_json::Value = serde_saphyr::from_str(COMMITTED).expect("yaml");
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
         assert_eq!(spec["topK"]["minimum"], 1.0);
         assert_eq!(spec["topK"]["maximum"], 100.0);

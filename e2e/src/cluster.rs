@@ -149,7 +149,7 @@ pub async fn install_crd(client: &Client) -> anyhow::Result<()> {
         ),
     ] {
         let yaml = std::fs::read_to_string(repo_root().join(file))?;
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml)?;
+        let crd: CustomResourceDefinition = serde_saphyr::from_str(&yaml)?;
         let api: Api<CustomResourceDefinition> = Api::all(client.clone());
         api.patch(
             name,
@@ -454,7 +454,7 @@ pub async fn operator_rbac(ns: &str) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(repo_root().join("config/rbac/operator.yaml"))?;
     let mut docs = Vec::new();
     for doc in text.split("\n---") {
-        let mut v: serde_json::Value = match serde_yaml::from_str(doc) {
+        let mut v: serde_json::Value = match serde_saphyr::from_str(doc) {
             Ok(v) => v,
             Err(_) => continue,
         };
@@ -497,12 +497,12 @@ pub async fn service_account_token(client: &Client, ns: &str, sa: &str) -> anyho
 /// The harness's kubeconfig with its user replaced by `token`.
 pub fn write_token_kubeconfig(path: &Path, token: &str) -> anyhow::Result<()> {
     let from = std::env::var_os("KUBECONFIG").context("KUBECONFIG")?;
-    let mut k: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(&from)?)?;
+    let mut k: serde_json::Value = serde_saphyr::from_str(&std::fs::read_to_string(&from)?)?;
     k["users"] = serde_json::json!([{"name": "operator", "user": {"token": token}}]);
     for c in k["contexts"].as_array_mut().into_iter().flatten() {
         c["context"]["user"] = "operator".into();
     }
-    std::fs::write(path, serde_yaml::to_string(&k)?)?;
+    std::fs::write(path, serde_saphyr::to_string(&k)?)?;
     Ok(())
 }
 

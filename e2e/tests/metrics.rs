@@ -47,9 +47,9 @@ impl Drop for TempDir {
 fn rules_file() -> String {
     let path = cluster::repo_root().join("config/prometheus/prometheusrule.yaml");
     let rule: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&path).expect("read the PrometheusRule"))
+        serde_saphyr::from_str(&std::fs::read_to_string(&path).expect("read the PrometheusRule"))
             .expect("PrometheusRule YAML");
-    serde_yaml::to_string(&serde_json::json!({"groups": rule["spec"]["groups"]})).expect("yaml")
+    serde_saphyr::to_string(&serde_json::json!({"groups": rule["spec"]["groups"]})).expect("yaml")
 }
 
 /// Prometheus scraping as a user's would: the operator over HTTPS verified against the CA

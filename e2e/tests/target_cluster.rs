@@ -81,7 +81,7 @@ fn an_unreadable_opt_in_fails() {
 
 #[test]
 fn context_names_come_from_the_current_context() {
-    let config: kube::config::Kubeconfig = serde_yaml::from_str(
+    let config: kube::config::Kubeconfig = serde_saphyr::from_str(
         r#"
 apiVersion: v1
 kind: Config
