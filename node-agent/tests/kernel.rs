@@ -606,9 +606,10 @@ fn a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters() 
     );
     std::thread::sleep(Duration::from_millis(300));
     let t2 = find(&mut pipes);
-    // A reconfiguration (another target added) keeps what was counted (it used to wipe
-    // the counters: 286 ms -> 8 ms). Not `>=`: t2 includes an estimate of the slice then
-    // running, which its real credit at the switch-out can undercut by a few ms.
+    // A reconfiguration (another target added) keeps what was counted: wiping the
+    // counters would lose a target's time so far. Not `>=`: t2 includes an estimate of
+    // the slice then running, which its real credit at the switch-out can undercut by a
+    // few ms.
     pipes
         .set_targets(&[std::process::id()], &[id])
         .expect("targets");
@@ -752,8 +753,8 @@ fn allocation_mode_counts_outstanding_bytes() {
 /// The hog is already running when the programs attach, so no switch-in of it was ever
 /// seen; and some kernels skip sched_switch for some switches (the Firecracker guest CI
 /// runs on does, ftrace's own event included), so the task on a CPU can be one the
-/// program never saw arrive. Both used to cost a whole slice (CI: 42 ms credited of a
-/// 198 ms epoch); rw_cpu_sync now credits whoever really runs.
+/// program never saw arrive. Either would cost a whole slice (42 ms credited of a 198 ms
+/// epoch was seen) if rw_cpu_sync did not credit whoever really runs.
 #[test]
 fn running_time_is_split_across_short_epochs() {
     let Some(_k) = kernel_or_skip("running_time_is_split_across_short_epochs") else {

@@ -1,7 +1,7 @@
-//! Which watches a pod's change concerns. Mapping every pod event to every watch of its
-//! namespace (the first design) made one pod's churn reconcile all 500 watches of a busy
-//! namespace; only the watches whose selector matches the pod now, or matched it before
-//! this event (a label edit that moves it out, a deletion), can change.
+//! Which watches a pod's change concerns: only the watches whose selector matches the pod
+//! now, or matched it before this event (a label edit that moves it out, a deletion), can
+//! change. Mapping every pod event to every watch of its namespace would make one pod's
+//! churn reconcile all 500 watches of a busy namespace.
 //!
 //! Kube-free: [`PodTriggers::on_event`] takes the watcher's event and the watches the
 //! controller knows, and keeps the last labels of every pod it has seen, so a pod leaving a

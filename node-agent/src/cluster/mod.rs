@@ -313,8 +313,8 @@ async fn session(
         profiles: profile_rx,
     } = ch;
     // Bounded as a whole: `connect_timeout` covers the TCP connect only, and a frozen
-    // operator's kernel still completes that; its TLS handshake then hung for 69 s in
-    // the failover e2e test, while a new leader was already serving.
+    // operator's kernel still completes that; its TLS handshake then never finishes while
+    // a new leader is already serving (the failover e2e test freezes one).
     let channel = tokio::time::timeout(
         CONNECT_TIMEOUT,
         connect(&opts.operator, &opts.server_name, &opts.tls_dir),
