@@ -733,6 +733,18 @@ pub fn cluster_crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
 mod tests {
     use super::*;
 
+    /// Untyped, as Kubernetes reads YAML (1.2's core schema: `on`, `no` stay strings).
+    fn yaml_value(text: &str) -> Result<serde_json::Value, serde_saphyr::Error> {
+        serde_saphyr::from_str_with_options(
+            text,
+            serde_saphyr::options! {
+                strict_booleans: true,
+                leading_zero_numbers_as_strings: true,
+                underscored_numbers_as_strings: true,
+            },
+        )
+    }
+
     const COMMITTED: &str = include_str!("../resourcewatch.io_resourcewatches.yaml");
     const COMMITTED_CLUSTER: &str = include_str!("../resourcewatch.io_clusterresourcewatches.yaml");
     const COMMITTED_POLICY: &str = include_str!("../resourcewatch.io_remediationpolicies.yaml");
@@ -976,7 +988,7 @@ mod tests {
             }
         }
         let sample = include_str!("../../config/samples/resourcewatch.yaml");
-        let raw: serde_json::Value = serde_saphyr::from_str(sample).expect("yaml");
+        let raw: serde_json::Value = yaml_value(sample).expect("yaml");
         let typed: ResourceWatch = serde_saphyr::from_str(sample).expect("typed");
         let back = serde_json::to_value(&typed).expect("json");
         let (mut want, mut have) = (Vec::new(), Vec::new());
@@ -1002,7 +1014,7 @@ mod tests {
 
     #[test]
     fn schema_carries_the_validation_the_api_server_enforces() {
-        let crd: serde_json::Value = serde_saphyr::from_str(COMMITTED).expect("yaml");
+        let crd: serde_json::Value = yaml_value(COMMITTED).expect("yaml");
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
         assert_eq!(spec["topK"]["minimum"], 1.0);
         assert_eq!(spec["topK"]["maximum"], 100.0);

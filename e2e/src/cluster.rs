@@ -447,6 +447,21 @@ subjects: [{{kind: ServiceAccount, name: resourcewatch-operator, namespace: {ope
     Ok(())
 }
 
+/// A YAML document as an untyped value, read as YAML 1.2's core schema (as Kubernetes
+/// and Prometheus read it): `on`, `no`, `y` stay strings, `010` and `1_000` too.
+/// serde-saphyr's defaults read YAML 1.1's booleans, which would turn a context named
+/// `on` into `true`.
+pub fn yaml_value(text: &str) -> Result<serde_json::Value, serde_saphyr::Error> {
+    serde_saphyr::from_str_with_options(
+        text,
+        serde_saphyr::options! {
+            strict_booleans: true,
+            leading_zero_numbers_as_strings: true,
+            underscored_numbers_as_strings: true,
+        },
+    )
+}
+
 /// The RBAC of config/rbac/ for an operator whose ServiceAccount lives in `ns`: the
 /// ClusterRoles as shipped, its ClusterRole bound to `ns`'s account (a binding of its
 /// own, `resourcewatch-operator-<ns>`), and its Role in `ns`.
@@ -454,10 +469,9 @@ pub async fn operator_rbac(ns: &str) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(repo_root().join("config/rbac/operator.yaml"))?;
     let mut docs = Vec::new();
     for doc in text.split("\n---") {
-        let mut v: serde_json::Value = match serde_saphyr::from_str(doc) {
-            Ok(v) => v,
-            Err(_) => continue,
-        };
+        // A document that does not parse fails the test: skipping it would drop an object
+        // of the RBAC under test. A comment-only chunk is null.
+        let mut v = yaml_value(doc)?;
         if v.is_null() {
             continue;
         }
@@ -497,7 +511,7 @@ pub async fn service_account_token(client: &Client, ns: &str, sa: &str) -> anyho
 /// The harness's kubeconfig with its user replaced by `token`.
 pub fn write_token_kubeconfig(path: &Path, token: &str) -> anyhow::Result<()> {
     let from = std::env::var_os("KUBECONFIG").context("KUBECONFIG")?;
-    let mut k: serde_json::Value = serde_saphyr::from_str(&std::fs::read_to_string(&from)?)?;
+    let mut k = yaml_value(&std::fs::read_to_string(&from)?)?;
     k["users"] = serde_json::json!([{"name": "operator", "user": {"token": token}}]);
     for c in k["contexts"].as_array_mut().into_iter().flatten() {
         c["context"]["user"] = "operator".into();
@@ -915,4 +929,19 @@ pub async fn ca_bundle(client: &Client) -> String {
         .ok()
         .and_then(|c| c.data?.get("ca.crt").cloned())
         .expect("the operator's CA bundle")
+}
+
+#[cfg(test)]
+mod tests {
+    /// YAML 1.1's booleans and numbers with leading zeros or underscores stay strings, as
+    /// Kubernetes reads them; real booleans and numbers do not.
+    #[test]
+    fn yaml_values_are_read_as_kubernetes_reads_them() {
+        let v = super::yaml_value("a: on\nb: no\nc: y\nd: 010\ne: 1_000\nf: true\ng: 3\n")
+            .expect("yaml");
+        assert_eq!(
+            v,
+            serde_json::json!({"a": "on", "b": "no", "c": "y", "d": "010", "e": "1_000", "f": true, "g": 3})
+        );
+    }
 }

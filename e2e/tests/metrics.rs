@@ -47,7 +47,7 @@ impl Drop for TempDir {
 fn rules_file() -> String {
     let path = cluster::repo_root().join("config/prometheus/prometheusrule.yaml");
     let rule: Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(&path).expect("read the PrometheusRule"))
+        cluster::yaml_value(&std::fs::read_to_string(&path).expect("read the PrometheusRule"))
             .expect("PrometheusRule YAML");
     serde_saphyr::to_string(&serde_json::json!({"groups": rule["spec"]["groups"]})).expect("yaml")
 }

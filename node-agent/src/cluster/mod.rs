@@ -313,8 +313,9 @@ async fn session(
         profiles: profile_rx,
     } = ch;
     // Bounded as a whole: `connect_timeout` covers the TCP connect only, and a frozen
-    // operator's kernel still completes that; its TLS handshake then never finishes while
-    // a new leader is already serving (the failover e2e test freezes one).
+    // operator's kernel still completes that; its TLS handshake then does not finish
+    // while the operator is frozen, though a new leader is already serving (the failover
+    // e2e test freezes one).
     let channel = tokio::time::timeout(
         CONNECT_TIMEOUT,
         connect(&opts.operator, &opts.server_name, &opts.tls_dir),
