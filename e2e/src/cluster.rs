@@ -933,6 +933,21 @@ pub async fn ca_bundle(client: &Client) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Every document operator_rbac reads parses (a failure there now fails its tests).
+    #[test]
+    fn every_document_of_the_operators_rbac_parses() {
+        let text = std::fs::read_to_string(super::repo_root().join("config/rbac/operator.yaml"))
+            .expect("read");
+        let kinds: Vec<String> = text
+            .split("\n---")
+            .map(|doc| super::yaml_value(doc).expect("a document parses"))
+            .filter(|v| !v.is_null())
+            .map(|v| v["kind"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert!(kinds.iter().any(|k| k == "ClusterRole"), "{kinds:?}");
+        assert!(kinds.iter().all(|k| !k.is_empty()), "{kinds:?}");
+    }
+
     /// YAML 1.1's booleans and numbers with leading zeros or underscores stay strings, as
     /// Kubernetes reads them; real booleans and numbers do not.
     #[test]
