@@ -852,6 +852,18 @@ fn kernel_ring_coalesces_bursts_and_idle_processes_stay_silent() {
         "the sketch is exact: {sketch_mib} vs {statm_mib} MiB"
     );
 
+    // Idle from its last burst on: on a loaded machine the bursts run late, so wait for
+    // all 120 MiB to be resident and drop what they streamed before watching for silence.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while (procfs::resident_pages(kid.pid).expect("alive") * procfs::page_size()) >> 20 < 120 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child did not reach 120 MiB in 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    pipes.drain_samples(|_| {});
     std::thread::sleep(Duration::from_secs(2));
     let mut idle = 0;
     pipes.drain_samples(|s| idle += (s.tgid == kid.pid) as usize);
