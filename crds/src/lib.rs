@@ -729,21 +729,24 @@ pub fn cluster_crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     serde_saphyr::to_string(&ClusterResourceWatch::crd())
 }
 
+/// A YAML document as an untyped value, read as YAML 1.2's core schema (as Kubernetes and
+/// Prometheus read it): `on`, `no`, `y` stay strings, `010` and `1_000` too. serde-saphyr's
+/// defaults read YAML 1.1's booleans, which would turn a kubeconfig context named `on` into
+/// `true`.
+pub fn yaml_value(text: &str) -> Result<serde_json::Value, serde_saphyr::Error> {
+    serde_saphyr::from_str_with_options(
+        text,
+        serde_saphyr::options! {
+            strict_booleans: true,
+            leading_zero_numbers_as_strings: true,
+            underscored_numbers_as_strings: true,
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Untyped, as Kubernetes reads YAML (1.2's core schema: `on`, `no` stay strings).
-    fn yaml_value(text: &str) -> Result<serde_json::Value, serde_saphyr::Error> {
-        serde_saphyr::from_str_with_options(
-            text,
-            serde_saphyr::options! {
-                strict_booleans: true,
-                leading_zero_numbers_as_strings: true,
-                underscored_numbers_as_strings: true,
-            },
-        )
-    }
 
     const COMMITTED: &str = include_str!("../resourcewatch.io_resourcewatches.yaml");
     const COMMITTED_CLUSTER: &str = include_str!("../resourcewatch.io_clusterresourcewatches.yaml");

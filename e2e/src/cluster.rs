@@ -447,20 +447,9 @@ subjects: [{{kind: ServiceAccount, name: resourcewatch-operator, namespace: {ope
     Ok(())
 }
 
-/// A YAML document as an untyped value, read as YAML 1.2's core schema (as Kubernetes
-/// and Prometheus read it): `on`, `no`, `y` stay strings, `010` and `1_000` too.
-/// serde-saphyr's defaults read YAML 1.1's booleans, which would turn a context named
-/// `on` into `true`.
-pub fn yaml_value(text: &str) -> Result<serde_json::Value, serde_saphyr::Error> {
-    serde_saphyr::from_str_with_options(
-        text,
-        serde_saphyr::options! {
-            strict_booleans: true,
-            leading_zero_numbers_as_strings: true,
-            underscored_numbers_as_strings: true,
-        },
-    )
-}
+/// A YAML document as an untyped value, as Kubernetes reads it (one definition, in
+/// resourcewatch-crds).
+pub use resourcewatch_crds::yaml_value;
 
 /// The RBAC of config/rbac/ for an operator whose ServiceAccount lives in `ns`: the
 /// ClusterRoles as shipped, its ClusterRole bound to `ns`'s account (a binding of its
