@@ -192,4 +192,50 @@ struct rw_stack_key {
 	__u32 _pad0;
 };
 
+/*
+ * Bytes of user stack copied per stack sample, for unwinding in user space with the
+ * binaries' .eh_frame (stacks.bpf.h): perf's `--call-graph dwarf` copies 8 KiB by
+ * default; 16 KiB reaches main in the native part of deeper stacks, and what lies past
+ * the window is taken from the frame-pointer walk taken beside it.
+ */
+#define RW_STACK_COPY 16384
+
+/* Kinds of rw_stack_sample. */
+#define RW_STACK_SAMPLE_PROFILE 1
+#define RW_STACK_SAMPLE_SITE 2
+
+/*
+ * One stack sample of a captured process, for unwinding in user space: the registers a
+ * CFI walk starts from, the frame-pointer walk's stack ids (as in rw_stack_key), the
+ * figure (1 CPU sample, or bytes of growth), `caller` as in rw_stack_key (for binaries
+ * with neither tables nor frame pointers in their leaves) and `stack_len` bytes copied
+ * from `sp` up.
+ */
+struct rw_stack_sample {
+	__u64 value;
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u64 caller;
+	__u32 tgid;
+	__u32 kind;
+	__s32 user_stack;
+	__s32 kernel_stack;
+	__u32 stack_len;
+	__u32 _pad0;
+	__u8 stack[RW_STACK_COPY];
+};
+
+/* A growth-site capture's state per process (rw_site_pids): the highest resident pages
+ * seen, and the bytes of growth not yet charged to a stack sample. */
+struct rw_site_state {
+	__u64 high;
+	__u64 pending;
+};
+
+/* Bytes of growth per stack sample of a growth-site capture (a sample is charged with
+ * what accumulated since the previous one: sampling weighted by bytes, as heap profilers
+ * sample allocations). */
+#define RW_SITE_SAMPLE_BYTES (256 * 1024)
+
 #endif

@@ -52,6 +52,7 @@ pub mod maps {
     pub const SITE_STACKS: &str = "rw_site_stacks";
     pub const SITE_BYTES: &str = "rw_site_bytes";
     pub const SITE_PIDS: &str = "rw_site_pids";
+    pub const STACK_SAMPLES: &str = "rw_stack_samples";
 }
 
 /// Name of the read-only configuration global (`struct rw_config`).

@@ -21,6 +21,13 @@ pub const HASH_BASE: u32 = 0x9E37_79B1;
 pub const HASH_STEP: u32 = 0x6A09_E668;
 /// Frames kept per captured stack (the stack maps' values are this many addresses).
 pub const STACK_DEPTH: usize = 64;
+/// Bytes of user stack copied per stack sample (`RW_STACK_COPY`).
+pub const STACK_COPY: usize = 16384;
+/// Kinds of [`RwStackSample`].
+pub const STACK_SAMPLE_PROFILE: u32 = 1;
+pub const STACK_SAMPLE_SITE: u32 = 2;
+/// Bytes of growth per growth-site stack sample (`RW_SITE_SAMPLE_BYTES`).
+pub const SITE_SAMPLE_BYTES: u64 = 256 * 1024;
 /// Processes whose growth sites can be captured at once (`rw_control.site_pid`).
 pub const MAX_SITE_CAPTURES: usize = 8;
 
@@ -174,6 +181,53 @@ pub struct RwStackKey {
     pub _pad0: u32,
 }
 
+/// A stack sample for unwinding in user space (`struct rw_stack_sample`): read from the
+/// ring buffer in place, so `stack` is the `STACK_COPY` bytes that follow the header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RwStackSample {
+    pub value: u64,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub caller: u64,
+    pub tgid: u32,
+    pub kind: u32,
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+    pub stack_len: u32,
+    pub _pad0: u32,
+    pub stack: [u8; STACK_COPY],
+}
+
+impl Default for RwStackSample {
+    fn default() -> Self {
+        Self {
+            value: 0,
+            ip: 0,
+            sp: 0,
+            bp: 0,
+            caller: 0,
+            tgid: 0,
+            kind: 0,
+            user_stack: -1,
+            kernel_stack: -1,
+            stack_len: 0,
+            _pad0: 0,
+            stack: [0; STACK_COPY],
+        }
+    }
+}
+
+/// A growth-site capture's state (`struct rw_site_state`): the high-water mark in pages
+/// and the bytes not yet charged to a stack sample.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwSiteState {
+    pub high: u64,
+    pub pending: u64,
+}
+
 // SAFETY: all of these are repr(C) plain-old-data with explicit padding fields, so every
 // bit pattern is valid and no byte is uninitialised.
 unsafe impl aya::Pod for RwConfig {}
@@ -186,6 +240,7 @@ unsafe impl aya::Pod for RwAllocKey {}
 unsafe impl aya::Pod for RwAllocPending {}
 unsafe impl aya::Pod for RwAllocStats {}
 unsafe impl aya::Pod for RwStackKey {}
+unsafe impl aya::Pod for RwSiteState {}
 
 #[cfg(test)]
 mod tests {
@@ -224,6 +279,11 @@ mod tests {
             "rw_alloc_pending" => RwAllocPending { size, old_ptr, kind, _pad0 },
             "rw_alloc_stats" => RwAllocStats { outstanding_bytes, allocs, frees, unknown_frees },
             "rw_stack_key" => RwStackKey { caller, tgid, user_stack, kernel_stack, _pad0 },
+            "rw_stack_sample" => RwStackSample {
+                value, ip, sp, bp, caller, tgid, kind, user_stack, kernel_stack, stack_len, _pad0,
+                stack,
+            },
+            "rw_site_state" => RwSiteState { high, pending },
         };
         let c: BTreeMap<String, (usize, usize)> = probe()
             .lines()
@@ -277,6 +337,10 @@ mod tests {
             ("RW_STAT_MAX", u64::from(stat::COUNT)),
             ("RW_STACK_DEPTH", STACK_DEPTH as u64),
             ("RW_MAX_SITE_CAPTURES", MAX_SITE_CAPTURES as u64),
+            ("RW_STACK_COPY", STACK_COPY as u64),
+            ("RW_STACK_SAMPLE_PROFILE", u64::from(STACK_SAMPLE_PROFILE)),
+            ("RW_STACK_SAMPLE_SITE", u64::from(STACK_SAMPLE_SITE)),
+            ("RW_SITE_SAMPLE_BYTES", SITE_SAMPLE_BYTES),
         ]
         .into_iter()
         .collect();

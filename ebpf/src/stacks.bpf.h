@@ -6,11 +6,19 @@
  * Part of resourcewatch.bpf.c, the one object the agent loads (its programs share these
  * maps); included once, in order, from there, after mem.bpf.h's helpers are declared.
  *
- * Both follow the design of the seeds' profilers (Pixie, Pyroscope): stacks are
- * deduplicated in the kernel by bpf_get_stackid into a stack-trace map, a hash map counts
- * per (process, user stack, kernel stack), and user space reads both and symbolises. The
- * stacks are walked by frame pointers (what bpf_get_stackid does): binaries built without
- * them give their leaf frame and then garbage, which user space shows as [unknown].
+ * Each sample takes two user stacks:
+ *   - the frame-pointer walk of bpf_get_stackid, deduplicated in a stack-trace map (the
+ *     seeds' profilers, Pixie and Pyroscope): complete for code that keeps frame pointers
+ *     (Go, JIT code with them on), garbage after the leaf for code that does not;
+ *   - the registers and the top RW_STACK_COPY bytes of the user stack, sent through a ring
+ *     buffer and unwound in user space with the binaries' .eh_frame tables
+ *     (node-agent/src/stacks/unwind.rs), which is how perf's `--call-graph dwarf` and
+ *     samply reach main in code built without frame pointers (most C, C++ and Rust).
+ * Unwinding in user space rather than in the kernel (Parca's way) keeps the kernel side
+ * to one copy per sample and no per-binary tables in BPF maps; its cost is the copy
+ * (~16 KiB per sample) and the user-space walk, both measured in node-agent/BENCHMARKS.md.
+ * When the ring buffer is full the sample is counted with its frame-pointer walk only, as
+ * before the copy existed: nothing is lost, some stacks are shorter.
  */
 #ifndef RW_STACKS_BPF_H
 #define RW_STACKS_BPF_H
@@ -59,13 +67,20 @@ RW_STACK_TRACE_MAP(rw_site_stacks);
 /* Bytes of resident growth per rw_stack_key. */
 RW_STACK_FIGURE_MAP(rw_site_bytes, 4096);
 
-/* Processes whose growth sites are captured: tgid -> the highest resident pages seen. */
+/* Processes whose growth sites are captured: tgid -> their rw_site_state. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 64);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct rw_site_state);
 } rw_site_pids SEC(".maps");
+
+/* Stack samples (struct rw_stack_sample) of profiles and growth sites, for unwinding in
+ * user space. Sized by the loader; the default holds 256 samples. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 * 1024 * 1024);
+} rw_stack_samples SEC(".maps");
 
 /* ---- helpers --------------------------------------------------------------------------- */
 
@@ -130,6 +145,67 @@ static __always_inline __u64 top_return_address(void)
 }
 
 /*
+ * Sends a stack sample of the current task: its user registers and the top of its user
+ * stack. 0 when sent; < 0 when the ring buffer is full or the task has no user stack
+ * (a kernel thread), and the caller counts the sample by its frame-pointer walk instead.
+ */
+static __always_inline int send_stack_sample(__u32 kind, __u32 tgid, __u64 value,
+					     __s32 user_stack, __s32 kernel_stack)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs)
+		return -1;
+	struct rw_stack_sample *s = bpf_ringbuf_reserve(&rw_stack_samples, sizeof(*s), 0);
+	if (!s)
+		return -1;
+	s->value = value;
+	s->tgid = tgid;
+	s->kind = kind;
+	s->user_stack = user_stack;
+	s->kernel_stack = kernel_stack;
+	s->_pad0 = 0;
+	s->ip = 0;
+	s->sp = 0;
+	s->bp = 0;
+	s->caller = top_return_address();
+	bpf_probe_read_kernel(&s->ip, sizeof(s->ip), &PT_REGS_IP(regs));
+	bpf_probe_read_kernel(&s->sp, sizeof(s->sp), &PT_REGS_SP(regs));
+	bpf_probe_read_kernel(&s->bp, sizeof(s->bp), &PT_REGS_FP(regs));
+	/* The stack's end is not known here: the largest of these sizes that reads whole is
+	 * copied (a read that crosses the end of the mapping fails as a whole). */
+	void *sp = (void *)s->sp;
+	__u32 len = 0;
+	if (!bpf_probe_read_user(s->stack, RW_STACK_COPY, sp))
+		len = RW_STACK_COPY;
+	else if (!bpf_probe_read_user(s->stack, 12288, sp))
+		len = 12288;
+	else if (!bpf_probe_read_user(s->stack, 8192, sp))
+		len = 8192;
+	else if (!bpf_probe_read_user(s->stack, 6144, sp))
+		len = 6144;
+	else if (!bpf_probe_read_user(s->stack, 4096, sp))
+		len = 4096;
+	else if (!bpf_probe_read_user(s->stack, 3072, sp))
+		len = 3072;
+	else if (!bpf_probe_read_user(s->stack, 2048, sp))
+		len = 2048;
+	else if (!bpf_probe_read_user(s->stack, 1024, sp))
+		len = 1024;
+	else if (!bpf_probe_read_user(s->stack, 512, sp))
+		len = 512;
+	else if (!bpf_probe_read_user(s->stack, 128, sp))
+		len = 128;
+	if (!len || !s->ip) {
+		bpf_ringbuf_discard(s, 0);
+		return -1;
+	}
+	s->stack_len = len;
+	bpf_ringbuf_submit(s, 0);
+	return 0;
+}
+
+/*
  * Called from rw_rss_stat for a process listed in rw_site_pids: when its resident total
  * goes above the highest seen so far, the growth is charged to the user stack of the task
  * that caused it, if that task belongs to the process (a fault, a brk or an mmap of its
@@ -152,24 +228,35 @@ static __always_inline int site_listed(const struct rw_control *ctl, __u32 tgid)
 
 static __always_inline void record_growth_site(void *ctx, __u32 tgid, __u64 total)
 {
-	__u64 *high = bpf_map_lookup_elem(&rw_site_pids, &tgid);
-	if (!high)
+	struct rw_site_state *st = bpf_map_lookup_elem(&rw_site_pids, &tgid);
+	if (!st)
 		return;
-	__u64 prev = *high;
+	__u64 prev = st->high;
 	if (total <= prev)
 		return;
-	*high = total;
+	st->high = total;
 	if ((bpf_get_current_pid_tgid() >> 32) != tgid)
+		return;
+	/* One stack per RW_SITE_SAMPLE_BYTES of growth, charged with all of it: a copy of the
+	 * stack per fault would cost more than the growth it explains. */
+	__u64 bytes = __sync_fetch_and_add(&st->pending, (total - prev) << rw_config.page_shift) +
+		      ((total - prev) << rw_config.page_shift);
+	if (bytes < RW_SITE_SAMPLE_BYTES)
+		return;
+	/* Taken by this event; a racing thread's add lands in the next sample. */
+	__sync_fetch_and_sub(&st->pending, bytes);
+	__s32 user_stack = bpf_get_stackid(ctx, &rw_site_stacks, BPF_F_USER_STACK);
+	if (user_stack < 0)
+		stat_inc(RW_STAT_STACKS_LOST);
+	if (send_stack_sample(RW_STACK_SAMPLE_SITE, tgid, bytes, user_stack, -1) == 0)
 		return;
 	struct rw_stack_key key = {
 		.tgid = tgid,
+		.user_stack = user_stack,
 		.kernel_stack = -1,
 	};
-	key.user_stack = bpf_get_stackid(ctx, &rw_site_stacks, BPF_F_USER_STACK);
 	key.caller = top_return_address();
-	if (key.user_stack < 0)
-		stat_inc(RW_STAT_STACKS_LOST);
-	stack_count_add(&rw_site_bytes, &key, (total - prev) << rw_config.page_shift);
+	stack_count_add(&rw_site_bytes, &key, bytes);
 }
 
 /* ---- CPU profile ----------------------------------------------------------------------- */
@@ -192,11 +279,14 @@ int rw_profile(struct bpf_perf_event_data *ctx)
 	struct rw_stack_key key = { .tgid = tgid };
 	key.user_stack = bpf_get_stackid(ctx, &rw_profile_stacks, BPF_F_USER_STACK);
 	key.kernel_stack = bpf_get_stackid(ctx, &rw_profile_stacks, 0);
+	if (key.user_stack < 0 && key.kernel_stack < 0)
+		stat_inc(RW_STAT_STACKS_LOST);
+	if (send_stack_sample(RW_STACK_SAMPLE_PROFILE, tgid, 1, key.user_stack,
+			      key.kernel_stack) == 0)
+		return 0;
 	/* Samples land in frameless leaves too (Go's small functions, memcpy): their callers
 	 * are put back the same way as for growth sites. */
 	key.caller = top_return_address();
-	if (key.user_stack < 0 && key.kernel_stack < 0)
-		stat_inc(RW_STAT_STACKS_LOST);
 	stack_count_add(&rw_profile_counts, &key, 1);
 	return 0;
 }

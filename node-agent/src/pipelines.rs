@@ -46,6 +46,10 @@ pub struct PipelineOptions {
     /// of up to 64 frames (512 bytes), preallocated. Distinct stacks beyond this, and
     /// stacks whose hash collides with a stored one, are counted as lost.
     pub stack_entries: u32,
+    /// Bytes of the ring buffer that carries stack samples (copies of user stacks, 16 KiB
+    /// each) to be unwound in user space; a power of two, at least a page. Samples that do
+    /// not fit are counted with their frame-pointer walk instead.
+    pub stack_sample_bytes: u32,
 }
 
 impl Default for PipelineOptions {
@@ -64,6 +68,9 @@ impl Default for PipelineOptions {
             ring_coalesce: Duration::from_secs(5),
             allocation_mode: false,
             stack_entries: 1024,
+            // 127 growth-site samples (31 MiB of growth) between two reads of the agent
+            // (one per report interval in a cluster, 2-5 s).
+            stack_sample_bytes: 2 << 20,
         }
     }
 }
@@ -414,6 +421,10 @@ pub struct Pipelines {
     oncpu: MmapArray<RwOncpu>,
     control: MmapArray<u64>,
     samples: RingBuf<MapData>,
+    /// Growth-site stack samples, walked by `unwinder` into `site_walked` as they come.
+    stack_samples: RingBuf<MapData>,
+    unwinder: crate::stacks::unwind::Unwinder,
+    site_walked: crate::stacks::Walked,
     opts: PipelineOptions,
     layout: CgroupLayout,
     ncpus: u32,
@@ -443,6 +454,11 @@ impl Pipelines {
                 .ok_or(PipelineError::MissingMap(maps::SAMPLES))?,
         )
         .map_err(map_err(maps::SAMPLES))?;
+        let stack_samples = RingBuf::try_from(
+            bpf.take_map(maps::STACK_SAMPLES)
+                .ok_or(PipelineError::MissingMap(maps::STACK_SAMPLES))?,
+        )
+        .map_err(map_err(maps::STACK_SAMPLES))?;
 
         let mut this = Self {
             cpu_sketch,
@@ -450,6 +466,9 @@ impl Pipelines {
             oncpu,
             control,
             samples,
+            stack_samples,
+            unwinder: crate::stacks::unwind::Unwinder::new(),
+            site_walked: HashMap::new(),
             opts,
             layout,
             ncpus,
@@ -915,14 +934,18 @@ impl Pipelines {
             max: shared::MAX_SITE_CAPTURES,
         })?;
         let name = maps::SITE_PIDS;
-        let mut pids: BpfHashMap<_, u32, u64> = BpfHashMap::try_from(
+        let mut pids: BpfHashMap<_, u32, shared::RwSiteState> = BpfHashMap::try_from(
             self.bpf
                 .map_mut(name)
                 .ok_or(PipelineError::MissingMap(name))?,
         )
         .map_err(map_err(name))?;
         // The high-water mark first: the kernel acts on the slot, and looks this up.
-        pids.insert(tgid, pages, 0).map_err(map_err(name))?;
+        let state = shared::RwSiteState {
+            high: pages,
+            pending: 0,
+        };
+        pids.insert(tgid, state, 0).map_err(map_err(name))?;
         self.control_word(free)
             .store(u64::from(tgid), Ordering::SeqCst);
         self.count_site_captures();
@@ -942,10 +965,14 @@ impl Pipelines {
         let Some(map) = self.bpf.map_mut(name) else {
             return;
         };
-        let Ok(mut pids) = BpfHashMap::<_, u32, u64>::try_from(map) else {
+        let Ok(mut pids) = BpfHashMap::<_, u32, shared::RwSiteState>::try_from(map) else {
             return;
         };
         let _ = pids.remove(&tgid);
+        if pids.keys().next().is_none() {
+            // No capture left: what the unwinder cached (tables, mappings) goes with it.
+            self.unwinder = crate::stacks::unwind::Unwinder::new();
+        }
     }
 
     /// `rw_control.site_pids`: how many slots are taken (0 spares every event the compares).
@@ -965,14 +992,34 @@ impl Pipelines {
     pub fn growth_site_pids(&self) -> Vec<u32> {
         self.bpf
             .map(maps::SITE_PIDS)
-            .and_then(|m| BpfHashMap::<_, u32, u64>::try_from(m).ok())
+            .and_then(|m| BpfHashMap::<_, u32, shared::RwSiteState>::try_from(m).ok())
             .map(|pids| pids.keys().filter_map(Result::ok).collect())
             .unwrap_or_default()
     }
 
+    /// Walks the growth-site stack samples waiting in the ring buffer (cheap when there
+    /// are none): call it often while captures run, so the buffer does not fill and the
+    /// processes' mappings are still the ones the samples were taken in.
+    pub fn read_growth_samples(&mut self) -> Result<(), PipelineError> {
+        crate::stacks::read_samples(
+            &mut self.stack_samples,
+            &self.bpf,
+            maps::SITE_STACKS,
+            &mut self.unwinder,
+            &mut self.site_walked,
+        )
+    }
+
     /// Growth captured since the last call, every captured process's (bytes per stack).
     pub fn drain_growth_sites(&mut self) -> Result<Vec<crate::stacks::RawStack>, PipelineError> {
-        crate::stacks::drain(&mut self.bpf, maps::SITE_BYTES, maps::SITE_STACKS)
+        self.read_growth_samples()?;
+        let mut raw = crate::stacks::sampled(std::mem::take(&mut self.site_walked));
+        raw.extend(crate::stacks::drain(
+            &mut self.bpf,
+            maps::SITE_BYTES,
+            maps::SITE_STACKS,
+        )?);
+        Ok(raw)
     }
 
     /// Outstanding allocated bytes per traced process.
@@ -1029,6 +1076,12 @@ pub(crate) fn load_object(
         .map_max_entries(maps::ALLOC_STATS, astats)
         .map_max_entries(maps::PROFILE_STACKS, opts.stack_entries.max(1))
         .map_max_entries(maps::SITE_STACKS, opts.stack_entries.max(1))
+        .map_max_entries(
+            maps::STACK_SAMPLES,
+            opts.stack_sample_bytes
+                .next_power_of_two()
+                .max(procfs::page_size() as u32),
+        )
         .load(OBJECT)
         .map_err(|e| PipelineError::Load(Box::new(e)))
 }

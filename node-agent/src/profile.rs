@@ -7,13 +7,14 @@
 //! which is what "where does the time go" means for a user.
 
 use std::{
+    collections::HashMap,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use aya::{
     Btf, Ebpf,
-    maps::HashMap as BpfHashMap,
+    maps::{HashMap as BpfHashMap, MapData, RingBuf},
     programs::{
         PerfEvent,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -63,6 +64,9 @@ impl Profile {
 
 /// The loaded profiling program (not attached between profiles).
 pub struct Profiler {
+    /// Stack samples to unwind in user space (taken out of `bpf`; dropped before it).
+    samples: RingBuf<MapData>,
+    unwinder: stacks::unwind::Unwinder,
     bpf: Ebpf,
     ncpus: u32,
 }
@@ -93,6 +97,8 @@ impl Profiler {
         let layout = CgroupLayout::detect().map_err(PipelineError::from)?;
         let opts = PipelineOptions {
             stack_entries,
+            // 256 samples: 50 ms of a profile at 999 Hz on 5 CPUs.
+            stack_sample_bytes: 4 << 20,
             ..Default::default()
         };
         let mut bpf = load_object(&opts, &btf, ncpus, &layout)?;
@@ -103,7 +109,17 @@ impl Profiler {
             .try_into()
             .map_err(|e| program_err(program, e))?;
         prog.load().map_err(|e| program_err(program, e))?;
-        Ok(Self { bpf, ncpus })
+        let samples = RingBuf::try_from(
+            bpf.take_map(maps::STACK_SAMPLES)
+                .ok_or(PipelineError::MissingMap(maps::STACK_SAMPLES))?,
+        )
+        .map_err(crate::pipelines::map_err(maps::STACK_SAMPLES))?;
+        Ok(Self {
+            samples,
+            unwinder: stacks::unwind::Unwinder::new(),
+            bpf,
+            ncpus,
+        })
     }
 
     /// Samples `target` at `frequency_hz` for `duration` (or until `stop` is set), then
@@ -153,16 +169,45 @@ impl Profiler {
             }
         }
         let start = Instant::now();
+        // Samples are walked as they come, while the processes (and their mappings) are
+        // there: every 50 ms, well before the ring buffer (256 samples) fills at 999 Hz
+        // on a few CPUs.
+        let mut walked = HashMap::new();
         while start.elapsed() < duration && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(
                 Duration::from_millis(50).min(duration.saturating_sub(start.elapsed())),
             );
+            stacks::read_samples(
+                &mut self.samples,
+                &self.bpf,
+                maps::PROFILE_STACKS,
+                &mut self.unwinder,
+                &mut walked,
+            )?;
         }
         let elapsed = start.elapsed();
+        let prog: &mut PerfEvent = self
+            .bpf
+            .program_mut(program)
+            .ok_or(PipelineError::MissingProgram(program))?
+            .try_into()
+            .map_err(|e| program_err(program, e))?;
         for l in links {
             let _ = prog.detach(l);
         }
-        let stacks = stacks::drain(&mut self.bpf, maps::PROFILE_COUNTS, maps::PROFILE_STACKS)?;
+        stacks::read_samples(
+            &mut self.samples,
+            &self.bpf,
+            maps::PROFILE_STACKS,
+            &mut self.unwinder,
+            &mut walked,
+        )?;
+        let mut stacks = stacks::sampled(walked);
+        stacks.extend(stacks::drain(
+            &mut self.bpf,
+            maps::PROFILE_COUNTS,
+            maps::PROFILE_STACKS,
+        )?);
         Ok(Profile {
             stacks,
             frequency_hz,

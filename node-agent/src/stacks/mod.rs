@@ -6,14 +6,15 @@ pub mod output;
 pub mod perfmap;
 pub mod sites;
 pub mod symbolize;
+pub mod unwind;
 
 use std::collections::HashMap;
 
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, StackTraceMap},
+    maps::{HashMap as BpfHashMap, MapData, RingBuf, StackTraceMap},
 };
-use resourcewatch_ebpf::shared::RwStackKey;
+use resourcewatch_ebpf::shared::{RwStackKey, RwStackSample};
 use serde::Serialize;
 
 use crate::pipelines::PipelineError;
@@ -85,6 +86,67 @@ pub(crate) fn drain(
         let _ = traces.remove(&id);
     }
     Ok(out)
+}
+
+/// Walked stack samples merged: (process, user frames, kernel frames, caller) -> figure.
+pub type Walked = HashMap<(u32, Vec<u64>, Vec<u64>, u64), u64>;
+
+/// Reads every stack sample waiting in `ring` (stacks.bpf.h's copies of user stacks),
+/// walks each with `unwinder`, and adds it to `into` (merged with equal stacks). Each walk
+/// is stitched to the sample's frame-pointer walk, read with its kernel stack from the
+/// stack-trace map `stacks`: call this before [`drain`] empties that map.
+pub(crate) fn read_samples(
+    ring: &mut RingBuf<MapData>,
+    bpf: &Ebpf,
+    stacks: &'static str,
+    unwinder: &mut unwind::Unwinder,
+    into: &mut Walked,
+) -> Result<(), PipelineError> {
+    let traces: StackTraceMap<_> =
+        StackTraceMap::try_from(bpf.map(stacks).ok_or(PipelineError::MissingMap(stacks))?)
+            .map_err(crate::pipelines::map_err(stacks))?;
+    let frames = |id: i32| -> Vec<u64> {
+        if id < 0 {
+            return Vec::new();
+        }
+        traces
+            .get(&(id as u32), 0)
+            .map(|t| t.frames().iter().map(|f| f.ip).collect())
+            .unwrap_or_default()
+    };
+    while let Some(item) = ring.next() {
+        if item.len() < std::mem::size_of::<RwStackSample>() {
+            continue;
+        }
+        // SAFETY: the item holds a whole rw_stack_sample (checked above), a plain-old-data
+        // struct that any bytes are valid for; read unaligned as the ring gives 8-byte
+        // alignment only.
+        let s: RwStackSample = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        drop(item);
+        let len = (s.stack_len as usize).min(s.stack.len());
+        let walk = unwinder.walk(s.tgid, s.ip, s.sp, s.bp, &s.stack[..len]);
+        let user = unwind::stitch(&walk, &frames(s.user_stack));
+        // A walk that reached the root has every caller; the return address found on top
+        // of the stack is only for walks that stopped early.
+        let caller = if walk.complete { 0 } else { s.caller };
+        *into
+            .entry((s.tgid, user, frames(s.kernel_stack), caller))
+            .or_default() += s.value;
+    }
+    Ok(())
+}
+
+/// Stacks read by [`read_samples`], as raw stacks.
+pub(crate) fn sampled(into: Walked) -> Vec<RawStack> {
+    into.into_iter()
+        .map(|((tgid, user, kernel, caller), value)| RawStack {
+            tgid,
+            user,
+            kernel,
+            caller,
+            value,
+        })
+        .collect()
 }
 
 /// Names every frame, and merges stacks that name the same frames. Sorted by value, then

@@ -82,6 +82,11 @@ impl SiteTracker {
                     || now.saturating_sub(c.started_ns) >= CAPTURE_FOR_NS
                     || !procfs::exists(*pid))
         };
+        if self.captures.values().any(|c| c.active)
+            && let Err(e) = pipes.read_growth_samples()
+        {
+            tracing::warn!("reading growth-site stack samples failed: {e}");
+        }
         if self.captures.iter().any(|(pid, c)| due(pid, c)) {
             match pipes.drain_growth_sites() {
                 Ok(raw) => self.accumulate(raw),

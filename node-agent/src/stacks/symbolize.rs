@@ -195,7 +195,7 @@ impl Symbolizer {
 }
 
 /// A path of `pid`'s mount namespace as this process can open it.
-fn in_mount_namespace(pid: u32, path: &Path) -> PathBuf {
+pub(crate) fn in_mount_namespace(pid: u32, path: &Path) -> PathBuf {
     let mut p = PathBuf::from(format!("/proc/{pid}/root"));
     p.push(path.strip_prefix("/").unwrap_or(path));
     p

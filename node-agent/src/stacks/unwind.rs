@@ -1,0 +1,456 @@
+//! Unwinding copied user stacks with the binaries' own tables (`.eh_frame`, or Go's
+//! `.debug_frame`), for code built without frame pointers.
+//!
+//! The kernel sends, per stack sample, the user registers and the top `STACK_COPY` bytes
+//! of the user stack (ebpf/src/stacks.bpf.h); this walks them with framehop (samply's
+//! unwinder: DWARF CFI through `.eh_frame_hdr`, a frame-pointer rule where a module has
+//! no entry, as for JIT code). Where the copy ends before the stack does, the walk is
+//! continued with the kernel's frame-pointer walk of the same sample, from the first
+//! frame both have.
+//!
+//! Bounded: the tables of at most `MAX_TABLE_BYTES` of files are kept (cleared whole
+//! when a new file would pass it), read once per (device, inode) through the process's
+//! root; at most `MAX_PROCESSES` processes' module lists, re-read at most every
+//! `MAPS_EVERY` when a walk meets an address outside them.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    ops::{Deref, Range},
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use object::{Object, ObjectSection, ObjectSegment};
+
+/// Unwind-table bytes kept for all files together.
+pub const MAX_TABLE_BYTES: usize = 64 << 20;
+/// Processes whose module lists are kept.
+pub const MAX_PROCESSES: usize = 256;
+/// How soon a process's mappings are read again.
+const MAPS_EVERY: Duration = Duration::from_secs(2);
+/// Frames kept per walk, as the kernel's frame-pointer walk keeps.
+const MAX_FRAMES: usize = resourcewatch_ebpf::shared::STACK_DEPTH;
+
+/// Section bytes shared by every process that maps the file.
+#[derive(Clone)]
+pub struct Bytes(Arc<[u8]>);
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// What unwinding needs of one ELF file: its unwind sections and where its loadable
+/// segments sit in the file (to place a mapping's addresses).
+struct Tables {
+    sections: Vec<(&'static [u8], Range<u64>, Bytes)>,
+    /// PT_LOAD segments: (file offset, virtual address, file size).
+    loads: Vec<(u64, u64, u64)>,
+    bytes: usize,
+}
+
+impl Tables {
+    fn read(path: &Path) -> Option<Self> {
+        let file = File::open(path).ok()?;
+        let cache = object::ReadCache::new(file);
+        let elf = object::File::parse(&cache).ok()?;
+        let mut sections = Vec::new();
+        let mut bytes = 0;
+        // .eh_frame with its index when there is one; Go writes only .debug_frame
+        // (compressed), which framehop indexes itself.
+        let names: &[&'static [u8]] = if elf.section_by_name(".eh_frame").is_some() {
+            &[b".eh_frame", b".eh_frame_hdr"]
+        } else {
+            &[b".debug_frame"]
+        };
+        for &name in names {
+            let Some(s) = elf
+                .section_by_name_bytes(name)
+                .filter(|s| s.kind() != object::SectionKind::UninitializedData)
+            else {
+                continue;
+            };
+            let Ok(data) = s.uncompressed_data() else {
+                continue;
+            };
+            bytes += data.len();
+            sections.push((
+                name,
+                s.address()..s.address() + s.size(),
+                Bytes(Arc::from(&*data)),
+            ));
+        }
+        if let Some(text) = elf.section_by_name(".text") {
+            // Its range only: it tells framehop where instruction analysis would apply.
+            sections.push((
+                b".text",
+                text.address()..text.address() + text.size(),
+                Bytes(Arc::from(&[][..])),
+            ));
+        }
+        let loads = elf
+            .segments()
+            .map(|s| {
+                let (off, size) = s.file_range();
+                (off, s.address(), size)
+            })
+            .collect();
+        Some(Self {
+            sections,
+            loads,
+            bytes,
+        })
+    }
+
+    /// The address this file's image is based at when file offset `offset` is mapped at
+    /// `start` (ELF addresses are relative to a base of 0).
+    fn base_avma(&self, start: u64, offset: u64) -> Option<u64> {
+        // Mappings start at a page boundary: the segment is the one starting latest at or
+        // before `offset` once rounded down to its page (lld puts the code segment in the
+        // page where the read-only one ends).
+        let page = crate::procfs::page_size();
+        let &(p_off, p_vaddr, _) = self
+            .loads
+            .iter()
+            .filter(|&&(o, _, size)| o / page * page <= offset && offset < o + size.max(1))
+            .max_by_key(|&&(o, _, _)| o)?;
+        // The mapping's first byte is at this virtual address of the file.
+        let svma = p_vaddr.wrapping_add(offset).wrapping_sub(p_off);
+        Some(start.wrapping_sub(svma))
+    }
+}
+
+/// `framehop::ModuleSectionInfo` over cached tables.
+struct Sections<'a>(&'a Tables);
+
+impl framehop::ModuleSectionInfo<Bytes> for Sections<'_> {
+    fn base_svma(&self) -> u64 {
+        0
+    }
+    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
+        self.0
+            .sections
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(_, r, _)| r.clone())
+    }
+    fn section_data(&mut self, name: &[u8]) -> Option<Bytes> {
+        self.0
+            .sections
+            .iter()
+            .find(|(n, _, d)| *n == name && !d.is_empty())
+            .map(|(_, _, d)| d.clone())
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+type Native = framehop::x86_64::UnwinderX86_64<Bytes>;
+#[cfg(target_arch = "x86_64")]
+type NativeCache = framehop::x86_64::CacheX86_64;
+
+#[cfg(target_arch = "x86_64")]
+struct Process {
+    unwinder: Native,
+    /// Executable mappings added, by start address.
+    ranges: Vec<Range<u64>>,
+    read_at: Instant,
+}
+
+/// A walk of one sample: frames innermost first (the leaf's address, then return
+/// addresses), and whether it reached the stack's root.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Walk {
+    pub frames: Vec<u64>,
+    pub complete: bool,
+}
+
+/// Unwinds the stack samples of any number of processes, caching what it reads.
+#[derive(Default)]
+pub struct Unwinder {
+    tables: HashMap<(u64, u64), Option<Arc<Tables>>>,
+    table_bytes: usize,
+    #[cfg(target_arch = "x86_64")]
+    procs: HashMap<u32, Process>,
+    #[cfg(target_arch = "x86_64")]
+    cache: Option<Box<NativeCache>>,
+}
+
+impl Unwinder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Walks `stack` (the bytes from `sp` up) of process `pid`, interrupted at `ip` with
+    /// frame register `bp`.
+    #[cfg(target_arch = "x86_64")]
+    pub fn walk(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> Walk {
+        use framehop::Unwinder as _;
+        self.refresh(pid, ip);
+        let Some(proc) = self.procs.get(&pid) else {
+            // Gone before its sample was read: its leaf is all that is known.
+            return Walk {
+                frames: vec![ip],
+                complete: false,
+            };
+        };
+        let cache = self
+            .cache
+            .get_or_insert_with(|| Box::new(NativeCache::new()));
+        let mut read = |addr: u64| -> Result<u64, ()> {
+            let off = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
+            let word = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
+            Ok(u64::from_le_bytes(word.try_into().map_err(|_| ())?))
+        };
+        let regs = framehop::x86_64::UnwindRegsX86_64::new(ip, sp, bp);
+        let mut it = proc.unwinder.iter_frames(ip, regs, cache, &mut read);
+        let mut walk = Walk::default();
+        loop {
+            match it.next() {
+                Ok(Some(f)) => {
+                    walk.frames.push(f.address());
+                    if walk.frames.len() >= MAX_FRAMES {
+                        break;
+                    }
+                }
+                Ok(None) => {
+                    walk.complete = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        walk
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn walk(&mut self, _pid: u32, ip: u64, _sp: u64, _bp: u64, _stack: &[u8]) -> Walk {
+        Walk {
+            frames: vec![ip],
+            complete: false,
+        }
+    }
+
+    /// Reads `pid`'s executable mappings when it is new, or when `ip` is outside them and
+    /// they were read more than `MAPS_EVERY` ago (a library loaded since).
+    #[cfg(target_arch = "x86_64")]
+    fn refresh(&mut self, pid: u32, ip: u64) {
+        use framehop::Unwinder as _;
+        if let Some(p) = self.procs.get(&pid)
+            && (p.ranges.iter().any(|r| r.contains(&ip)) || p.read_at.elapsed() < MAPS_EVERY)
+        {
+            return;
+        }
+        if self.procs.len() >= MAX_PROCESSES && !self.procs.contains_key(&pid) {
+            self.procs.clear();
+        }
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            self.procs.remove(&pid);
+            return;
+        };
+        let mut unwinder = Native::new();
+        let mut ranges = Vec::new();
+        for m in maps.lines().filter_map(Mapping::parse) {
+            let Some(tables) = self.tables_of(pid, &m) else {
+                continue;
+            };
+            let Some(base) = tables.base_avma(m.range.start, m.offset) else {
+                continue;
+            };
+            unwinder.add_module(framehop::Module::new(
+                m.path.to_owned(),
+                m.range.clone(),
+                base,
+                Sections(&tables),
+            ));
+            ranges.push(m.range);
+        }
+        self.procs.insert(
+            pid,
+            Process {
+                unwinder,
+                ranges,
+                read_at: Instant::now(),
+            },
+        );
+    }
+
+    fn tables_of(&mut self, pid: u32, m: &Mapping<'_>) -> Option<Arc<Tables>> {
+        let key = (m.dev, m.inode);
+        if let Some(t) = self.tables.get(&key) {
+            return t.clone();
+        }
+        let path = super::symbolize::in_mount_namespace(pid, Path::new(m.path));
+        let t = Tables::read(&path).map(Arc::new);
+        let bytes = t.as_ref().map_or(0, |t| t.bytes);
+        if self.table_bytes + bytes > MAX_TABLE_BYTES {
+            // Cleared whole: the files of the processes being captured now come back.
+            self.tables.clear();
+            self.table_bytes = 0;
+            #[cfg(target_arch = "x86_64")]
+            self.procs.clear();
+        }
+        self.table_bytes += bytes;
+        self.tables.insert(key, t.clone());
+        t
+    }
+
+    /// Bytes of unwind tables held.
+    pub fn table_bytes(&self) -> usize {
+        self.table_bytes
+    }
+}
+
+/// One executable file mapping of /proc/PID/maps.
+struct Mapping<'a> {
+    range: Range<u64>,
+    offset: u64,
+    dev: u64,
+    inode: u64,
+    path: &'a str,
+}
+
+impl<'a> Mapping<'a> {
+    fn parse(line: &'a str) -> Option<Self> {
+        let mut it = line.splitn(6, ' ');
+        let (start, end) = it.next()?.split_once('-')?;
+        let perms = it.next()?;
+        let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+        let (major, minor) = it.next()?.split_once(':')?;
+        let inode: u64 = it.next()?.parse().ok()?;
+        let path = it.next()?.trim_start();
+        if !perms.contains('x') || inode == 0 || !path.starts_with('/') {
+            return None;
+        }
+        // A file replaced on disk since it was mapped: its tables may not be the ones
+        // running.
+        if path.ends_with(" (deleted)") {
+            return None;
+        }
+        let dev =
+            (u64::from_str_radix(major, 16).ok()? << 32) | u64::from_str_radix(minor, 16).ok()?;
+        Some(Self {
+            range: u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?,
+            offset,
+            dev,
+            inode,
+            path,
+        })
+    }
+}
+
+/// Joins a walk of the copied window with the kernel's frame-pointer walk of the same
+/// sample: a complete walk stands alone; one cut short by the window's end goes on with
+/// the frame-pointer frames after the first address both have.
+pub fn stitch(walk: &Walk, fp: &[u64]) -> Vec<u64> {
+    let mut out = walk.frames.clone();
+    if walk.complete {
+        return out;
+    }
+    if let Some(&last) = out.last()
+        && let Some(at) = fp.iter().position(|&a| a == last)
+    {
+        out.extend(
+            fp[at + 1..]
+                .iter()
+                .take(MAX_FRAMES.saturating_sub(out.len())),
+        );
+    } else if out.len() <= 1 && fp.len() > out.len() {
+        // Nothing walked past the leaf (a process gone, an address in no module and no
+        // frame pointer): the kernel's walk is all there is.
+        return fp.to_vec();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_give_executable_file_mappings_only() {
+        let m = Mapping::parse(
+            "7f1c2a400000-7f1c2a595000 r-xp 00028000 fe:01 1837      /usr/lib/x86_64-linux-gnu/libc.so.6",
+        )
+        .expect("an executable file mapping");
+        assert_eq!(m.range, 0x7f1c2a400000..0x7f1c2a595000);
+        assert_eq!(m.offset, 0x28000);
+        assert_eq!(m.dev, (0xfe << 32) | 1);
+        assert_eq!(m.inode, 1837);
+        assert_eq!(m.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        for other in [
+            "7f1c2a3d8000-7f1c2a400000 r--p 00000000 fe:01 1837      /usr/lib/libc.so.6",
+            "7ffd5a1f0000-7ffd5a211000 rw-p 00000000 00:00 0          [stack]",
+            "7ffd5a3e6000-7ffd5a3e8000 r-xp 00000000 00:00 0          [vdso]",
+            "7f00000000-7f00001000 r-xp 00000000 00:05 77 /memfd:jit (deleted)",
+        ] {
+            assert!(Mapping::parse(other).is_none(), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_walk_cut_short_goes_on_with_the_frame_pointer_walk() {
+        let cut = Walk {
+            frames: vec![1, 2, 3],
+            complete: false,
+        };
+        assert_eq!(stitch(&cut, &[1, 9, 3, 4, 5]), vec![1, 2, 3, 4, 5]);
+        // Nothing in common: the walk stays as it is (the frame-pointer frames of code
+        // without frame pointers are garbage).
+        assert_eq!(stitch(&cut, &[7, 8]), vec![1, 2, 3]);
+        let whole = Walk {
+            frames: vec![1, 2],
+            complete: true,
+        };
+        assert_eq!(stitch(&whole, &[1, 2, 3]), vec![1, 2]);
+        let leaf_only = Walk {
+            frames: vec![1],
+            complete: false,
+        };
+        assert_eq!(stitch(&leaf_only, &[1, 6, 7]), vec![1, 6, 7]);
+    }
+
+    /// This test binary's own stack, copied as the kernel copies one, walks back to the
+    /// test's caller through tables (the test profile keeps frame pointers or not: the
+    /// tables do not care).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_copied_stack_of_this_process_walks_through_its_callers() {
+        #[inline(never)]
+        fn inner(u: &mut Unwinder) -> Walk {
+            let (ip, sp, bp): (u64, u64, u64);
+            // SAFETY: reads three registers, writes nothing else.
+            unsafe {
+                std::arch::asm!(
+                    "lea {ip}, [rip]",
+                    "mov {sp}, rsp",
+                    "mov {bp}, rbp",
+                    ip = out(reg) ip,
+                    sp = out(reg) sp,
+                    bp = out(reg) bp,
+                );
+            }
+            // SAFETY: the 8 KiB above the stack pointer are this thread's stack (the test
+            // harness's frames lie there), read as the kernel would copy them.
+            let stack = unsafe { std::slice::from_raw_parts(sp as *const u8, 8192) }.to_vec();
+            u.walk(std::process::id(), ip, sp, bp, &stack)
+        }
+        #[inline(never)]
+        fn outer(u: &mut Unwinder) -> Walk {
+            std::hint::black_box(inner(u))
+        }
+        let mut u = Unwinder::new();
+        let walk = outer(&mut u);
+        assert!(walk.frames.len() >= 3, "{walk:?}");
+        let sym = super::super::Symbolizer::new();
+        let names = sym.user(std::process::id(), &walk.frames[1..], true);
+        assert!(
+            names.iter().any(|n| n.contains("outer")),
+            "the walk names its caller: {names:?}"
+        );
+        assert!(u.table_bytes() > 0);
+    }
+}
