@@ -616,6 +616,159 @@ fn a_node_leak_growth_site_names_the_javascript_function() {
     );
 }
 
+/// CPython 3.12 and newer on this machine (pyenv's, or on PATH): the versions with perf
+/// trampolines. None found is a skip with the reason (a failure in CI).
+fn pythons_with_perf_trampolines(test: &str) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = Vec::new();
+    let pyenv = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
+        .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
+    for minor in 12..=14 {
+        let bin = format!("python3.{minor}");
+        let on_path = std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(&bin))
+                .find(|f| f.is_file() && !f.to_string_lossy().contains("/shims/"))
+        });
+        let in_pyenv = std::fs::read_dir(pyenv.join("versions"))
+            .ok()
+            .and_then(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with(&format!("3.{minor}."))
+                    })
+                    .map(|e| e.path().join("bin").join(&bin))
+                    .find(|f| f.is_file())
+            });
+        if let Some(p) = on_path.or(in_pyenv) {
+            found.push(p);
+        }
+    }
+    if found.is_empty() {
+        common::skip(test, "no CPython 3.12 or newer (pyenv's or on PATH)");
+    }
+    found
+}
+
+/// CPython 3.12+ with `-X perf`: each Python function runs through a trampoline the
+/// perf map names (`py::burn_in_python:/path`); the walk goes through the interpreter's
+/// C frames with .eh_frame and over each trampoline (stacks/unwind.rs), so the hot Python
+/// function is named under its Python caller.
+#[test]
+fn a_python_profile_with_perf_trampolines_names_the_python_function() {
+    const TEST: &str = "a_python_profile_with_perf_trampolines_names_the_python_function";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    for python in pythons_with_perf_trampolines(TEST) {
+        let child = Command::new(&python)
+            .args(["-X", "perf"])
+            .arg(fixture("burn.py"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start python");
+        let p = Running(child);
+        wait_for_perf_map(p.pid(), "burn_in_python");
+        let (named, samples) = profile_pid(p.pid());
+        let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p.pid()));
+        let share = share_naming(&named, samples, "py::burn_in_python");
+        assert!(
+            share >= 0.8,
+            "{}: {:.0} % of {samples} samples name burn_in_python: {:?}",
+            python.display(),
+            share * 100.0,
+            &named[..named.len().min(3)]
+        );
+        let top = &named[0];
+        assert!(
+            has_in_order(
+                user(top),
+                &["main", "py::outer_python", "py::burn_in_python"]
+            ) || user(top)
+                .iter()
+                .position(|f| f.starts_with("py::outer_python"))
+                .zip(
+                    user(top)
+                        .iter()
+                        .position(|f| f.starts_with("py::burn_in_python"))
+                )
+                .is_some_and(|(o, b)| o < b),
+            "{}: hottest stack: {top:?}",
+            python.display()
+        );
+        eprintln!(
+            "{}: {:.0} % name burn_in_python; hottest: {:?}",
+            python.display(),
+            share * 100.0,
+            user(top)
+        );
+    }
+}
+
+/// A Python leak's growth site names the Python function that keeps the memory, under
+/// its Python caller (CPython 3.12+ with `-X perf`).
+#[test]
+fn a_python_leak_growth_site_names_the_python_function() {
+    const TEST: &str = "a_python_leak_growth_site_names_the_python_function";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    for python in pythons_with_perf_trampolines(TEST) {
+        let mut pipes = Pipelines::load(PipelineOptions::default()).expect("pipelines");
+        let child = Command::new(&python)
+            .args(["-X", "perf"])
+            .arg(fixture("leak.py"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start python");
+        let p = Running(child);
+        wait_for_perf_map(p.pid(), "leak_in_python");
+        pipes.capture_growth_sites(p.pid()).expect("capture");
+        for _ in 0..8 {
+            std::thread::sleep(Duration::from_millis(500));
+            pipes.read_growth_samples().expect("walk the stack samples");
+        }
+        let raw = pipes.drain_growth_sites().expect("drain");
+        pipes.stop_growth_sites(p.pid());
+        let named = stacks::name(&raw, &Symbolizer::new(), procfs::comm);
+        let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p.pid()));
+        let total: u64 = named.iter().map(|s| s.value).sum();
+        assert!(total > 16 << 20, "{total} bytes charged: {named:?}");
+        let top = &named[0];
+        let frames = user(top);
+        let at = frames
+            .iter()
+            .rposition(|f| f.starts_with("py::leak_in_python"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: the heaviest site does not name leak_in_python: {top:?}",
+                    python.display()
+                )
+            });
+        assert!(
+            frames[..at]
+                .iter()
+                .any(|f| f.starts_with("py::grow_python")),
+            "{}: the caller grow_python is not above leak_in_python: {top:?}",
+            python.display()
+        );
+        assert!(
+            top.value * 2 >= total,
+            "{}: the heaviest site holds {} of {total} bytes: {named:?}",
+            python.display(),
+            top.value
+        );
+        eprintln!(
+            "{}: top site ({} of {total} bytes): {frames:?}",
+            python.display(),
+            top.value
+        );
+    }
+}
+
 /// OpenJDK 17 with `-XX:+PreserveFramePointer` and `jcmd PID Compiler.perfmap`: the hot
 /// Java method is named from the perf map JDK 17 writes (`0x` addresses), with its caller.
 #[test]

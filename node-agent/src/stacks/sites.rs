@@ -222,20 +222,24 @@ fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -
         .collect()
 }
 
-/// A site's frames (leaf first) without the JIT runtime's own native frames between the
-/// faulting leaf and the first JIT-compiled frame: V8 or HotSpot internals (a dozen
-/// frames of C++ templates) would otherwise fill the frames a site keeps, and the code
-/// that asked for the memory is the first JIT frame. The leaf stays (what touched the
-/// page); CPU profiles keep every frame.
+/// A site's frames (leaf first) without the JIT runtime's or interpreter's own native
+/// frames from the faulting leaf to the outermost JIT frame: V8 or HotSpot internals (a
+/// dozen frames of C++ templates) between the leaf and the first JIT frame, and CPython's
+/// evaluation loop between each Python function's trampoline and the next
+/// (`_PyEval_EvalFrameDefault`, `PyObject_Vectorcall`, ...), would otherwise fill the
+/// frames a site keeps, and the code that asked for the memory is the first JIT frame.
+/// The leaf stays (what touched the page), and so does everything above the outermost
+/// JIT frame; CPU profiles keep every frame.
 fn skip_runtime_frames(frames: Vec<String>, is_jit: impl Fn(&str) -> bool) -> Vec<String> {
-    match frames.iter().position(|f| is_jit(f)) {
-        Some(first) if first > 1 => {
-            let mut out = frames;
-            out.drain(1..first);
-            out
-        }
-        _ => frames,
-    }
+    let Some(last) = frames.iter().rposition(|f| is_jit(f)) else {
+        return frames;
+    };
+    frames
+        .into_iter()
+        .enumerate()
+        .filter(|(i, f)| *i == 0 || *i >= last || is_jit(f))
+        .map(|(_, f)| f)
+        .collect()
 }
 
 #[cfg(test)]
@@ -243,7 +247,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn runtime_frames_between_the_leaf_and_the_first_jit_frame_are_left_out() {
+    fn runtime_frames_between_the_leaf_and_the_outermost_jit_frame_are_left_out() {
         let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let jit = |n: &str| n.starts_with("JS:");
         assert_eq!(
@@ -264,6 +268,33 @@ mod tests {
         assert_eq!(
             skip_runtime_frames(f(&["leak_here", "keep"]), jit),
             f(&["leak_here", "keep"])
+        );
+        // An interpreter between its functions' frames (CPython's trampolines).
+        let py = |n: &str| n.starts_with("py::");
+        assert_eq!(
+            skip_runtime_frames(
+                f(&[
+                    "memset",
+                    "bytes_repeat",
+                    "_PyEval_EvalFrameDefault",
+                    "py::leak",
+                    "_PyEval_EvalFrameDefault",
+                    "PyObject_Vectorcall",
+                    "py::grow",
+                    "_PyEval_EvalFrameDefault",
+                    "PyEval_EvalCode",
+                    "main"
+                ]),
+                py
+            ),
+            f(&[
+                "memset",
+                "py::leak",
+                "py::grow",
+                "_PyEval_EvalFrameDefault",
+                "PyEval_EvalCode",
+                "main"
+            ])
         );
     }
 }

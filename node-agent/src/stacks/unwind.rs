@@ -158,6 +158,47 @@ struct Process {
     /// Executable mappings added, by start address.
     ranges: Vec<Range<u64>>,
     read_at: Instant,
+    /// Return addresses in code outside any file, and the stack bytes their code pops
+    /// before `ret` (None: not such a stub).
+    stubs: HashMap<u64, Option<u64>>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Process {
+    fn in_file(&self, addr: u64) -> bool {
+        self.ranges.iter().any(|r| r.contains(&addr))
+    }
+
+    /// One step through generated code that keeps no frame pointer and has no table, when
+    /// the code at the return address `ra` only drops a fixed number of stack bytes and
+    /// returns: `add $n, %rsp; ret` or `ret`. CPython's perf trampolines (3.12+, `-X perf`)
+    /// are `sub $8, %rsp; call *%rcx; add $8, %rsp; ret`: the Python function each one
+    /// stands for is named by the perf map, and the walk goes on into the interpreter
+    /// that called it. Read from the process's memory once per address.
+    fn stub_return(
+        &mut self,
+        pid: u32,
+        ra: u64,
+        regs: &mut framehop::x86_64::UnwindRegsX86_64,
+        read: &mut impl FnMut(u64) -> Result<u64, ()>,
+    ) -> Result<Option<u64>, ()> {
+        let pops = *self.stubs.entry(ra).or_insert_with(|| {
+            let mut code = [0u8; 5];
+            let file = File::open(format!("/proc/{pid}/mem")).ok()?;
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut code, ra).ok()?;
+            match code {
+                [0x48, 0x83, 0xc4, n, 0xc3] if n < 0x80 => Some(u64::from(n)),
+                [0xc3, ..] => Some(0),
+                _ => None,
+            }
+        });
+        let pops = pops.ok_or(())?;
+        let sp = regs.sp();
+        let next = read(sp + pops)?;
+        regs.set_sp(sp + pops + 8);
+        regs.set_ip(next);
+        Ok(Some(next))
+    }
 }
 
 /// A walk of one sample: frames innermost first (the leaf's address, then return
@@ -188,9 +229,9 @@ impl Unwinder {
     /// frame register `bp`.
     #[cfg(target_arch = "x86_64")]
     pub fn walk(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> Walk {
-        use framehop::Unwinder as _;
+        use framehop::{FrameAddress, Unwinder as _};
         self.refresh(pid, ip);
-        let Some(proc) = self.procs.get(&pid) else {
+        let Some(proc) = self.procs.get_mut(&pid) else {
             // Gone before its sample was read: its leaf is all that is known.
             return Walk {
                 frames: vec![ip],
@@ -205,22 +246,33 @@ impl Unwinder {
             let word = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
             Ok(u64::from_le_bytes(word.try_into().map_err(|_| ())?))
         };
-        let regs = framehop::x86_64::UnwindRegsX86_64::new(ip, sp, bp);
-        let mut it = proc.unwinder.iter_frames(ip, regs, cache, &mut read);
+        let mut regs = framehop::x86_64::UnwindRegsX86_64::new(ip, sp, bp);
+        let mut at = FrameAddress::from_instruction_pointer(ip);
         let mut walk = Walk::default();
-        loop {
-            match it.next() {
-                Ok(Some(f)) => {
-                    walk.frames.push(f.address());
-                    if walk.frames.len() >= MAX_FRAMES {
+        // Frame by frame rather than framehop's iterator: a step it cannot take in code
+        // outside any file gets one more chance below.
+        while walk.frames.len() < MAX_FRAMES {
+            walk.frames.push(at.address());
+            let step = match proc.unwinder.unwind_frame(at, &mut regs, cache, &mut read) {
+                Ok(next) => Ok(next),
+                Err(_) if at.is_return_address() && !proc.in_file(at.address()) => {
+                    proc.stub_return(pid, at.address(), &mut regs, &mut read)
+                }
+                Err(_) => Err(()),
+            };
+            match step {
+                Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                    Some(next) => at = next,
+                    None => {
+                        walk.complete = true;
                         break;
                     }
-                }
+                },
                 Ok(None) => {
                     walk.complete = true;
                     break;
                 }
-                Err(_) => break,
+                Err(()) => break,
             }
         }
         walk
@@ -274,6 +326,7 @@ impl Unwinder {
                 unwinder,
                 ranges,
                 read_at: Instant::now(),
+                stubs: HashMap::new(),
             },
         );
     }
