@@ -3,7 +3,9 @@
 //!   same instants, on >= 200 processes of skewed CPU and RSS plus churn;
 //! - `cost`: ns per event of each program (kernel.bpf_stats_enabled) and the median ratio of
 //!   `perf bench sched pipe` with and without the pipelines attached;
-//! - `agent`: CPU and RSS of `resourcewatch-agent top --json` at a given interval.
+//! - `agent`: CPU and RSS of `resourcewatch-agent top --json` at a given interval;
+//! - `unwind`: what copying and walking user stacks with unwind tables costs per CPU-profile
+//!   sample, against the frame-pointer walk alone, on the programs given.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -131,6 +133,20 @@ enum Cmd {
         #[arg(long, default_value_t = 600_000_000)]
         work: u64,
     },
+    /// Per-sample cost of stacks walked with unwind tables (a 16 KiB copy of the user
+    /// stack in the kernel, a walk in user space) against the kernel's frame-pointer walk
+    /// alone: each `--cmd` (a shell command, started and killed here) is profiled for
+    /// `seconds` in both modes, alternating.
+    Unwind {
+        #[arg(long, required = true)]
+        cmd: Vec<String>,
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        #[arg(long, default_value_t = 99)]
+        frequency: u64,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// The agent's total cost (user + system + eBPF kernel time) against a /proc poller
     /// and a per-container cgroup reader producing the same figures at the same interval,
     /// each alone on one workload (node-agent/BENCHMARKS.md, "Against the alternatives").
@@ -211,6 +227,12 @@ fn main() {
             frequency,
             work,
         } => profile_cost(pairs, frequency, work),
+        Cmd::Unwind {
+            cmd,
+            seconds,
+            frequency,
+            rounds,
+        } => unwind_cost(&cmd, seconds, frequency, rounds),
         Cmd::Agent {
             interval,
             duration,
@@ -1284,4 +1306,88 @@ fn jvm_heap(reads: u32) {
         each * 1e6,
         each * 100.0
     );
+}
+
+/// One profile of `pid` for `seconds`: (samples, walked, kernel ns per sample, user-space
+/// us per walked sample, mean user frames per sample, table MiB).
+fn unwind_run(
+    profiler: &mut resourcewatch_agent::profile::Profiler,
+    pid: u32,
+    seconds: u64,
+    frequency: u64,
+) -> (u64, u64, f64, f64, f64, f64) {
+    let (cnt0, ns0) = profiler.program_stats();
+    let prof = profiler
+        .run(
+            &resourcewatch_agent::profile::ProfileTarget {
+                pids: vec![pid],
+                cgroups: vec![],
+            },
+            frequency,
+            Duration::from_secs(seconds),
+            &std::sync::atomic::AtomicBool::new(false),
+        )
+        .unwrap_or_else(|e| fail(&format!("profile: {e}")));
+    let (cnt1, ns1) = profiler.program_stats();
+    let samples = prof.samples();
+    // Every CPU's invocations are in the run time; the target's samples are what it buys.
+    let _invocations = cnt1 - cnt0;
+    let frames: u64 = prof
+        .stacks
+        .iter()
+        .map(|s| s.user.len() as u64 * s.value)
+        .sum();
+    (
+        samples,
+        prof.walked,
+        (ns1 - ns0) as f64 / samples.max(1) as f64,
+        prof.walk_time.as_secs_f64() * 1e6 / prof.walked.max(1) as f64,
+        frames as f64 / samples.max(1) as f64,
+        prof.table_bytes as f64 / f64::from(1 << 20),
+    )
+}
+
+fn unwind_cost(cmds: &[String], seconds: u64, frequency: u64, rounds: usize) {
+    let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
+    let mut tables = resourcewatch_agent::profile::Profiler::load(16384)
+        .unwrap_or_else(|e| fail(&format!("loading the profiler: {e}")));
+    let mut fp = resourcewatch_agent::profile::Profiler::load_frame_pointers_only(16384)
+        .unwrap_or_else(|e| fail(&format!("loading the profiler: {e}")));
+    println!(
+        "{seconds} s profiles at {frequency} Hz, {rounds} rounds per mode, alternating; kernel ns per sample = the profiling program's run_time_ns over the target's samples (its early returns on other CPUs included, the same in both modes)"
+    );
+    println!(
+        "| program | mode | samples | walked | kernel ns/sample | user-space us/walked sample | user frames/sample | tables MiB |\n|---|---|---|---|---|---|---|---|"
+    );
+    for cmd in cmds {
+        let mut child = Command::new("sh")
+            .args(["-c", &format!("exec {cmd}")])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| fail(&format!("{cmd}: {e}")));
+        // Past start-up (a runtime's JIT and perf map).
+        std::thread::sleep(Duration::from_secs(2));
+        let pid = child.id();
+        for round in 0..rounds {
+            for with_tables in [round % 2 == 0, round % 2 != 0] {
+                let (profiler, mode) = if with_tables {
+                    (&mut tables, "copy + tables")
+                } else {
+                    (&mut fp, "frame pointers only")
+                };
+                let (samples, walked, kns, uus, frames, mib) =
+                    unwind_run(profiler, pid, seconds, frequency);
+                let uus = if walked > 0 {
+                    format!("{uus:.1}")
+                } else {
+                    "-".to_owned()
+                };
+                println!(
+                    "| `{cmd}` | {mode} | {samples} | {walked} | {kns:.0} | {uus} | {frames:.1} | {mib:.2} |"
+                );
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

@@ -48,6 +48,7 @@ struct percpu_counter {
 struct mm_struct {
 	struct percpu_counter rss_stat[4];
 	struct task_struct *owner;
+	unsigned long start_stack;
 };
 
 /* Before 6.2: struct mm_rss_stat { atomic_long_t count[NR_MM_COUNTERS]; }. */

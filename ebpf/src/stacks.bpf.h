@@ -172,11 +172,26 @@ static __always_inline int send_stack_sample(__u32 kind, __u32 tgid, __u64 value
 	bpf_probe_read_kernel(&s->ip, sizeof(s->ip), &PT_REGS_IP(regs));
 	bpf_probe_read_kernel(&s->sp, sizeof(s->sp), &PT_REGS_SP(regs));
 	bpf_probe_read_kernel(&s->bp, sizeof(s->bp), &PT_REGS_FP(regs));
-	/* The stack's end is not known here: the largest of these sizes that reads whole is
-	 * copied (a read that crosses the end of the mapping fails as a whole). */
 	void *sp = (void *)s->sp;
 	__u32 len = 0;
-	if (!bpf_probe_read_user(s->stack, RW_STACK_COPY, sp))
+	/* A main thread's stack ends just above where the process started (argc, then argv,
+	 * envp, auxv and their strings): no frame lies above that, so the copy stops there,
+	 * in one read. */
+	__u64 top = 0;
+	if (task->pid == task->tgid && task->mm)
+		top = BPF_CORE_READ(task, mm, start_stack);
+	if (top > s->sp && top - s->sp < RW_STACK_COPY - 64) {
+		__u32 want = (__u32)(top - s->sp) + 64;
+		if (want > RW_STACK_COPY)
+			want = RW_STACK_COPY;
+		if (!bpf_probe_read_user(s->stack, want, sp))
+			len = want;
+	}
+	/* Elsewhere the stack's end is not known here: the largest of these sizes that reads
+	 * whole is copied (a read that crosses the end of the mapping fails as a whole). */
+	if (len)
+		;
+	else if (!bpf_probe_read_user(s->stack, RW_STACK_COPY, sp))
 		len = RW_STACK_COPY;
 	else if (!bpf_probe_read_user(s->stack, 12288, sp))
 		len = 12288;
