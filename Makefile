@@ -158,11 +158,15 @@ images: deps ## Build the operator, agent and workload images (static binaries; 
 	@# default), static binaries.
 	cc -O2 -fno-omit-frame-pointer -o target/images/leak-c node-agent/tests/fixtures/stacks/leak.c
 	cc -O2 -fno-omit-frame-pointer -o target/images/burn-c node-agent/tests/fixtures/stacks/burn.c
+	@# The same two built as distributions build C: -O2, no frame pointers (walked with .eh_frame).
+	cc -O2 -fomit-frame-pointer -o target/images/leak-c-nofp node-agent/tests/fixtures/stacks/leak.c
+	cc -O2 -fomit-frame-pointer -o target/images/burn-c-nofp node-agent/tests/fixtures/stacks/burn.c
 	for f in leak burn; do \
 	  GO111MODULE=off GOCACHE=$(CURDIR)/target/gocache go build -o target/images/$$f-go node-agent/tests/fixtures/stacks/$$f.go && \
 	  rustc -O -C target-feature=+crt-static --target $(STATIC_TARGET) -o target/images/$$f-rs node-agent/tests/fixtures/stacks/$$f.rs || exit 1; \
 	done
 	e2e/cluster/image.sh --with-libs --path /leak-c --add target/images/burn-c:/burn-c \
+	  --add target/images/leak-c-nofp:/leak-c-nofp --add target/images/burn-c-nofp:/burn-c-nofp \
 	  --add target/images/leak-go:/leak-go --add target/images/burn-go:/burn-go \
 	  --add target/images/leak-rs:/leak-rs --add target/images/burn-rs:/burn-rs \
 	  localhost/resourcewatch/c-workloads:$(IMAGE_TAG) target/images/c-workloads.tar target/images/leak-c
@@ -172,3 +176,7 @@ images: deps ## Build the operator, agent and workload images (static binaries; 
 	e2e/cluster/image.sh --with-libs --path /usr/bin/node --add node-agent/corpus/programs/mem.js:/mem.js \
 	  --add node-agent/tests/fixtures/stacks/leak.js:/leak.js \
 	  localhost/resourcewatch/node-workloads:$(IMAGE_TAG) target/images/node-workloads.tar "$$(readlink -f "$$(command -v node)")"
+	@# CPython 3.12 (perf trampolines, `-X perf`) from pyenv, which this machine kind
+	@# carries: the interpreter at /usr/local/bin/python3 (stdlib landmark /usr/local/lib/python3.x/os.py),
+	@# libpython at its own path, the few modules `-S` start-up imports, the fixtures.
+	e2e/cluster/python-image.sh localhost/resourcewatch/python-workloads:$(IMAGE_TAG) target/images/python-workloads.tar

@@ -184,6 +184,9 @@ pub const WORKLOADS_IMAGE: &str = "localhost/resourcewatch/workloads:0.1.0";
 pub const NODE_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/node-workloads:0.1.0";
 /// The C stack fixture (node-agent/tests/fixtures/stacks/leak.c) with its glibc.
 pub const C_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/c-workloads:0.1.0";
+/// CPython 3.12+ at /usr/local/bin/python3 with the stack fixtures /leak.py and /burn.py
+/// (e2e/cluster/python-image.sh).
+pub const PYTHON_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/python-workloads:0.1.0";
 
 /// A bare pod running the workload simulator (`leak-sim ARGS`) with the memory limit
 /// `limit`, labelled `app=APP`, created in `ns`. A test helper: it panics (the test
@@ -236,8 +239,50 @@ pub async fn node_workload_pod(
     args: &[&str],
     limit: &str,
 ) -> Pod {
+    runtime_workload_pod(
+        client,
+        ns,
+        name,
+        NODE_WORKLOADS_IMAGE,
+        "/usr/bin/node",
+        args,
+        limit,
+    )
+    .await
+}
+
+/// A bare pod running CPython 3.12+ (the python-workloads image) with `args`, as
+/// [`node_workload_pod`] runs Node.js: another user, /tmp an emptyDir (the perf map).
+pub async fn python_workload_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    args: &[&str],
+    limit: &str,
+) -> Pod {
+    runtime_workload_pod(
+        client,
+        ns,
+        name,
+        PYTHON_WORKLOADS_IMAGE,
+        "/usr/local/bin/python3",
+        args,
+        limit,
+    )
+    .await
+}
+
+async fn runtime_workload_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    image: &str,
+    command: &str,
+    args: &[&str],
+    limit: &str,
+) -> Pod {
     let container = serde_json::json!({
-        "image": NODE_WORKLOADS_IMAGE, "command": ["/usr/bin/node"], "args": args,
+        "image": image, "command": [command], "args": args,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]
     });
     let security = serde_json::json!({"runAsUser": 65532, "runAsGroup": 65532});

@@ -537,13 +537,20 @@ fn frame_is(frame: &str, function: &str) -> bool {
         .strip_prefix("JS:")
         .map(|f| f.trim_start_matches(['*', '^', '~', '+', '-']))
         .and_then(|f| f.split(' ').next());
-    frame == function || frame.ends_with(&format!("::{function}")) || js == Some(function)
+    // CPython's perf trampolines: `py::leak_in_python:/leak.py`.
+    let py = frame.strip_prefix("py::").and_then(|f| f.split(':').next());
+    frame == function
+        || frame.ends_with(&format!("::{function}"))
+        || js == Some(function)
+        || py == Some(function)
 }
 
-/// What a leak-site test runs: a C workloads image command, or Node.js with these args.
+/// What a leak-site test runs: a C workloads image command, or Node.js or CPython with
+/// these args.
 enum Leaker<'a> {
     C(&'a str),
     Node(&'a [&'a str]),
+    Python(&'a [&'a str]),
 }
 
 /// A stack fixture (`command` in the C workloads image) leaking 6.4 MB/s into 1Gi (about
@@ -567,6 +574,10 @@ async fn leak_site_of(prefix: &str, leaker: Leaker<'_>, function: &str) -> Vec<S
         Leaker::Node(args) => {
             cluster::node_workload_pod(&client, n, "leaker", args, "1Gi").await;
             format!("node {}", args.join(" "))
+        }
+        Leaker::Python(args) => {
+            cluster::python_workload_pod(&client, n, "leaker", args, "1Gi").await;
+            format!("python3 {}", args.join(" "))
         }
     };
     let listed = status_where(&rws, "w", "the leak listed", 120, |s| {
@@ -656,13 +667,45 @@ async fn a_go_leaks_growth_site_names_the_leaking_function_and_its_callers() {
     assert_eq!(up[..2], ["main.grow", "main.keep"], "{frames:?}");
 }
 
-/// Rust's release default, no frame pointers (a static binary): the faulting leaf
-/// `leak_here` is named; its callers are not walkable (`[unknown]` or wrong names).
+/// Rust's release default, no frame pointers (a static binary): `leak_here` is named with
+/// its callers, walked with the binary's .eh_frame.
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
-async fn a_rust_leaks_growth_site_names_its_leaf_without_frame_pointers() {
+async fn a_rust_leaks_growth_site_without_frame_pointers_names_the_function_and_its_callers() {
     let frames = leak_site("rw-e2e-sites-rs", "/leak-rs", "leak_here").await;
-    assert!(frame_is(&frames[0], "leak_here"), "the leaf: {frames:?}");
+    let up = callers(&frames, "leak_here");
+    assert!(
+        up.len() >= 2 && frame_is(&up[0], "grow") && frame_is(&up[1], "keep"),
+        "{frames:?}"
+    );
+}
+
+/// C built as distributions build it (-O2, no frame pointers; glibc shared): `leak_here`
+/// with its callers `keep` and `grow`, walked with .eh_frame.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_c_leaks_growth_site_without_frame_pointers_names_the_function_and_its_callers() {
+    let frames = leak_site("rw-e2e-sites-c-nofp", "/leak-c-nofp", "leak_here").await;
+    assert_eq!(
+        callers(&frames, "leak_here")[..2],
+        ["keep", "grow"],
+        "{frames:?}"
+    );
+}
+
+/// CPython 3.12+ with `-X perf` (node-agent/tests/fixtures/stacks/leak.py), as a non-root
+/// user with /tmp an emptyDir: the Python function that keeps the bytes is named from the
+/// perf map its trampolines write, under its Python caller.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_python_leaks_growth_site_names_the_python_function() {
+    let args = ["-S", "-X", "perf", "/leak.py"];
+    let frames = leak_site_of("rw-e2e-sites-py", Leaker::Python(&args), "leak_in_python").await;
+    let up = callers(&frames, "leak_in_python");
+    assert!(
+        up.iter().any(|f| frame_is(f, "grow_python")),
+        "grow_python is not among leak_in_python's callers: {frames:?}"
+    );
 }
 
 /// Node.js with `--perf-basic-prof` (node-agent/tests/fixtures/stacks/leak.js, Buffers kept
@@ -926,6 +969,20 @@ async fn profiled(
     resourcewatch_crds::ProfileStatus,
     k8s_openapi::api::core::v1::ConfigMap,
 ) {
+    profiled_of(prefix, Leaker::C(command)).await
+}
+
+/// [`profiled`] for any program a leak-site test runs.
+async fn profiled_of(
+    prefix: &str,
+    program: Leaker<'_>,
+) -> (
+    Client,
+    cluster::TestNamespace,
+    Api<ResourceWatch>,
+    resourcewatch_crds::ProfileStatus,
+    k8s_openapi::api::core::v1::ConfigMap,
+) {
     use resourcewatch_crds::ProfileState;
     let (client, ns) = cluster::test_namespace(prefix).await;
     let n = ns.name.clone();
@@ -933,7 +990,20 @@ async fn profiled(
     cluster::bind_to_operator(&n, "resourcewatch-profiler", "resourcewatch-system")
         .expect("bind the profiler role");
     let rws = cluster::watch_app(&client, &n, "w", "burner").await;
-    cluster::c_workload_pod(&client, &n, "burner", command, "64Mi").await;
+    let command = match program {
+        Leaker::C(command) => {
+            cluster::c_workload_pod(&client, &n, "burner", command, "64Mi").await;
+            command.to_owned()
+        }
+        Leaker::Node(args) => {
+            cluster::node_workload_pod(&client, &n, "burner", args, "256Mi").await;
+            format!("node {}", args.join(" "))
+        }
+        Leaker::Python(args) => {
+            cluster::python_workload_pod(&client, &n, "burner", args, "64Mi").await;
+            format!("python3 {}", args.join(" "))
+        }
+    };
     wait_running(&client, &n, &["burner"]).await;
     status_where(&rws, "w", "the burner in topCPU", 60, |s| {
         s.top_cpu.iter().any(|e| e.pod == "burner")
@@ -1145,18 +1215,70 @@ async fn a_go_profile_names_the_hot_function_and_its_callers() {
     ns.delete().await;
 }
 
-/// Rust without frame pointers: the hottest function (the leaf) is `burn_here`; the
-/// callers in its stacks are not walkable.
+/// Samples of folded stacks (`a;b;c N` lines) whose frames include, in this order, frames
+/// that are each of `path` (`frame_is`).
+fn folded_samples_through(folded: &str, path: &[&str]) -> (u64, u64) {
+    let (mut with, mut all) = (0, 0);
+    for line in folded.lines() {
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let n: u64 = n.parse().unwrap_or(0);
+        all += n;
+        let mut frames = stack.split(';');
+        if path.iter().all(|p| frames.any(|f| frame_is(f, p))) {
+            with += n;
+        }
+    }
+    (with, all)
+}
+
+/// Rust without frame pointers: the hottest function is `burn_here`, and its stacks are
+/// walked with .eh_frame through `middle` and `outer` to `main`.
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
-async fn a_rust_profile_without_frame_pointers_names_its_hot_leaf() {
-    let (_client, ns, _rws, p, _cm) = profiled("rw-e2e-profile-rs", "/burn-rs").await;
+async fn a_rust_profile_without_frame_pointers_names_the_hot_function_and_its_callers() {
+    let (_client, ns, _rws, p, cm) = profiled("rw-e2e-profile-rs", "/burn-rs").await;
     assert!(
         frame_is(&p.hottest[0].function, "burn_here"),
         "{:?}",
         p.hottest
     );
     assert!(p.hottest[0].percent >= 80.0, "{:?}", p.hottest);
+    let (with, all) =
+        folded_samples_through(&folded(&cm), &["main", "outer", "middle", "burn_here"]);
+    assert!(with * 10 >= all * 8, "{with} of {all}: {}", folded(&cm));
+    ns.delete().await;
+}
+
+/// C at -O2 without frame pointers: `burn_here` under `middle`, `outer` and `main`.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_c_profile_without_frame_pointers_names_the_hot_function_and_its_callers() {
+    let (_client, ns, _rws, p, cm) = profiled("rw-e2e-profile-c-nofp", "/burn-c-nofp").await;
+    assert_eq!(p.hottest[0].function, "burn_here", "{:?}", p.hottest);
+    assert!(p.hottest[0].percent >= 80.0, "{:?}", p.hottest);
+    let folded = folded(&cm);
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.contains("main;outer;middle;burn_here")),
+        "{folded}"
+    );
+    ns.delete().await;
+}
+
+/// CPython 3.12+ with `-X perf`: the Python function burning the CPU is on >= 80 % of the
+/// samples, under its Python caller (the leaf is the interpreter's C code: "self" time
+/// stays honest).
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_python_profile_names_the_python_function_and_its_caller() {
+    let args = ["-S", "-X", "perf", "/burn.py"];
+    let (_client, ns, _rws, _p, cm) = profiled_of("rw-e2e-profile-py", Leaker::Python(&args)).await;
+    let folded = folded(&cm);
+    let (with, all) = folded_samples_through(&folded, &["outer_python", "burn_in_python"]);
+    assert!(with * 10 >= all * 8, "{with} of {all}: {folded}");
     ns.delete().await;
 }
 
