@@ -11,6 +11,7 @@ const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 const CAP_SYS_PTRACE: u32 = 19;
+const CAP_DAC_READ_SEARCH: u32 = 2;
 
 /// Which requirement a check is: code asks by id, never by matching a check's name.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
@@ -26,6 +27,7 @@ pub enum CheckId {
     Cgroups,
     Uprobes,
     Ptrace,
+    ReadOwnerOnlyFiles,
 }
 
 /// One requirement and whether it holds.
@@ -124,8 +126,16 @@ pub fn probe() -> CapabilityReport {
         "CAP_SYS_PTRACE",
         false,
         has(CAP_SYS_PTRACE) || has(CAP_SYS_ADMIN),
-        "can read other processes' memory maps (allocation mode)",
-        "without it /proc/PID/maps of other users' processes is unreadable: allocation mode is limited to own processes",
+        "can read other processes' memory maps and stacks (allocation mode, naming frames)",
+        "without it /proc/PID/maps of other users' processes is unreadable: allocation mode is limited to own processes, and their growth sites and profiles are [unknown]",
+    ));
+    checks.push(Check::of(
+        CheckId::ReadOwnerOnlyFiles,
+        "CAP_DAC_READ_SEARCH",
+        false,
+        has(CAP_DAC_READ_SEARCH),
+        "can read files only their owner may read (CPython's perf map, mode 0600)",
+        "without it another user's files of mode 0600 are unreadable: CPython's Python functions in that user's stacks are [unknown]",
     ));
 
     CapabilityReport {

@@ -183,9 +183,7 @@ impl Process {
         read: &mut impl FnMut(u64) -> Result<u64, ()>,
     ) -> Result<Option<u64>, ()> {
         let pops = *self.stubs.entry(ra).or_insert_with(|| {
-            let mut code = [0u8; 5];
-            let file = File::open(format!("/proc/{pid}/mem")).ok()?;
-            std::os::unix::fs::FileExt::read_exact_at(&file, &mut code, ra).ok()?;
+            let code = read_memory::<5>(pid, ra)?;
             match code {
                 [0x48, 0x83, 0xc4, n, 0xc3] if n < 0x80 => Some(u64::from(n)),
                 [0xc3, ..] => Some(0),
@@ -199,6 +197,26 @@ impl Process {
         regs.set_ip(next);
         Ok(Some(next))
     }
+}
+
+/// `N` bytes of process `pid`'s memory at `addr`. process_vm_readv rather than
+/// /proc/PID/mem: it needs the ptrace access check only (CAP_SYS_PTRACE for another user's
+/// process), where /proc/PID/mem is also a file of mode 0600 owned by that user.
+#[cfg(target_arch = "x86_64")]
+fn read_memory<const N: usize>(pid: u32, addr: u64) -> Option<[u8; N]> {
+    let mut buf = [0u8; N];
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: N,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: N,
+    };
+    // SAFETY: one local iovec over `buf`, which outlives the call; the remote one is only
+    // read by the kernel, in the other process, with its permission checks.
+    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    (n == N as isize).then_some(buf)
 }
 
 /// A walk of one sample: frames innermost first (the leaf's address, then return
