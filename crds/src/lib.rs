@@ -1019,8 +1019,14 @@ mod tests {
     fn schema_carries_the_validation_the_api_server_enforces() {
         let crd: serde_json::Value = yaml_value(COMMITTED).expect("yaml");
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
-        assert_eq!(spec["topK"]["minimum"], 1.0);
-        assert_eq!(spec["topK"]["maximum"], 100.0);
+        // The bounds every other check of K uses (operator, agent).
+        for committed in [COMMITTED, COMMITTED_CLUSTER] {
+            let crd: serde_json::Value = yaml_value(committed).expect("yaml");
+            let k = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+                ["properties"]["topK"];
+            assert_eq!(k["minimum"], f64::from(resourcewatch_proto::TOP_K_MIN));
+            assert_eq!(k["maximum"], f64::from(resourcewatch_proto::TOP_K_MAX));
+        }
         assert_eq!(spec["interval"]["pattern"], DURATION_PATTERN);
         let action = &spec["remediation"]["properties"]["action"]["enum"];
         assert_eq!(action, &serde_json::json!(["None", "Alert", "Restart"]));

@@ -57,7 +57,7 @@ impl ViewSettings {
         if interval < MIN_INTERVAL {
             return Err(SpecError::IntervalTooShort(spec.interval.clone()));
         }
-        if !(1..=100).contains(&spec.top_k) {
+        if !crate::spec::top_k_allowed(spec.top_k) {
             return Err(SpecError::TopK(spec.top_k));
         }
         validate_selector(&spec.node_selector).map_err(SpecError::Selector)?;

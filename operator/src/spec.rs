@@ -79,10 +79,19 @@ pub enum SpecError {
     Duration { field: &'static str, value: String },
     #[error("interval {0:?} is below the 5s minimum that protects the API server")]
     IntervalTooShort(String),
-    #[error("topK {0} is outside 1..100")]
+    #[error(
+        "topK {0} is outside {min}..{max}",
+        min = resourcewatch_proto::TOP_K_MIN,
+        max = resourcewatch_proto::TOP_K_MAX
+    )]
     TopK(u32),
     #[error("selector: {0}")]
     Selector(String),
+}
+
+/// Whether `k` is a K the API allows (`resourcewatch_proto::TOP_K_MIN..=TOP_K_MAX`).
+pub fn top_k_allowed(k: u32) -> bool {
+    (resourcewatch_proto::TOP_K_MIN..=resourcewatch_proto::TOP_K_MAX).contains(&k)
 }
 
 impl WatchSettings {
@@ -92,7 +101,7 @@ impl WatchSettings {
             return Err(SpecError::IntervalTooShort(spec.interval.clone()));
         }
         // The schema bounds topK too; an older CRD version in the cluster may not.
-        if !(1..=100).contains(&spec.top_k) {
+        if !top_k_allowed(spec.top_k) {
             return Err(SpecError::TopK(spec.top_k));
         }
         validate_selector(&spec.selector).map_err(SpecError::Selector)?;

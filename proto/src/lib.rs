@@ -57,6 +57,12 @@ pub const SPOKEN_PROTOCOL_VERSIONS: (u32, u32) = (MIN_PROTOCOL_VERSION, PROTOCOL
 /// entries expand about a hundredfold in memory).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 
+/// K of Top-K as the API allows it: the CRDs' `topK` (their schemas' bounds are checked
+/// against these in resourcewatch-crds' tests), the operator's spec check (for a cluster
+/// still serving an older CRD) and the agent's check of a NodeConfig all use these.
+pub const TOP_K_MIN: u32 = 1;
+pub const TOP_K_MAX: u32 = 100;
+
 /// The metadata key of the agent's credentials: `Bearer <projected ServiceAccount token>`.
 pub const AUTHORIZATION_METADATA: &str = "authorization";
 

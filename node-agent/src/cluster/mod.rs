@@ -512,8 +512,8 @@ impl Engine {
             Ok(g) => g,
             Err(e) => return nack(format!("sketch: {e}")),
         };
-        if !(1..=1000).contains(&c.top_k) {
-            return nack(format!("top_k {} is outside 1..1000", c.top_k));
+        if let Some(why) = top_k_refused(c.top_k) {
+            return nack(why);
         }
         if c.report_interval_ms < 1000 {
             return nack(format!(
@@ -739,9 +739,27 @@ fn spoken(c: &pb::NodeConfig) -> Result<(), String> {
         ))
     }
 }
+/// Why K is refused, if it is: exactly what the API allows (the CRDs' topK) is accepted,
+/// the bounds the operator checks too.
+fn top_k_refused(k: u32) -> Option<String> {
+    (!(pb::TOP_K_MIN..=pb::TOP_K_MAX).contains(&k))
+        .then(|| format!("top_k {k} is outside {}..{}", pb::TOP_K_MIN, pb::TOP_K_MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn k_is_accepted_exactly_where_the_api_allows_it() {
+        assert!(top_k_refused(0).is_some());
+        assert_eq!(top_k_refused(1), None);
+        assert_eq!(top_k_refused(100), None);
+        assert_eq!(
+            top_k_refused(101).as_deref(),
+            Some("top_k 101 is outside 1..100")
+        );
+    }
     use crate::capabilities::{CapabilityReport, Check};
 
     #[test]
