@@ -194,15 +194,7 @@ impl Profiler {
             std::thread::sleep(
                 Duration::from_millis(50).min(duration.saturating_sub(start.elapsed())),
             );
-            let t = Instant::now();
-            stacks::read_samples(
-                &mut self.samples,
-                &self.bpf,
-                maps::PROFILE_STACKS,
-                &mut self.unwinder,
-                &mut walked,
-            )?;
-            walk_time += t.elapsed();
+            walk_time += self.read_samples(&mut walked)?;
         }
         let elapsed = start.elapsed();
         let prog: &mut PerfEvent = self
@@ -214,15 +206,7 @@ impl Profiler {
         for l in links {
             let _ = prog.detach(l);
         }
-        let t = Instant::now();
-        stacks::read_samples(
-            &mut self.samples,
-            &self.bpf,
-            maps::PROFILE_STACKS,
-            &mut self.unwinder,
-            &mut walked,
-        )?;
-        walk_time += t.elapsed();
+        walk_time += self.read_samples(&mut walked)?;
         let mut stacks = stacks::sampled(walked);
         let walked: u64 = stacks.iter().map(|s| s.value).sum();
         let table_bytes = self.unwinder.table_bytes();
@@ -242,6 +226,19 @@ impl Profiler {
             walk_time,
             table_bytes,
         })
+    }
+
+    /// Walks the stack samples waiting in the ring buffer into `walked`; the time it took.
+    fn read_samples(&mut self, walked: &mut stacks::Walked) -> Result<Duration, PipelineError> {
+        let t = Instant::now();
+        stacks::read_samples(
+            &mut self.samples,
+            &self.bpf,
+            maps::PROFILE_STACKS,
+            &mut self.unwinder,
+            walked,
+        )?;
+        Ok(t.elapsed())
     }
 
     fn set_targets(&mut self, target: &ProfileTarget) -> Result<(), ProfileError> {

@@ -62,15 +62,7 @@ pub(crate) fn drain(
             .ok_or(PipelineError::MissingMap(stacks))?,
     )
     .map_err(crate::pipelines::map_err(stacks))?;
-    let frames = |id: i32| -> Vec<u64> {
-        if id < 0 {
-            return Vec::new();
-        }
-        traces
-            .get(&(id as u32), 0)
-            .map(|t| t.frames().iter().map(|f| f.ip).collect())
-            .unwrap_or_default()
-    };
+    let frames = |id: i32| trace(&traces, id);
     let out = entries
         .iter()
         .map(|(k, v)| RawStack {
@@ -86,6 +78,21 @@ pub(crate) fn drain(
         let _ = traces.remove(&id);
     }
     Ok(out)
+}
+
+/// The addresses of stack `id` in `traces`, innermost first (none for an id < 0: no stack
+/// was taken).
+fn trace<T: std::borrow::Borrow<aya::maps::MapData>>(
+    traces: &StackTraceMap<T>,
+    id: i32,
+) -> Vec<u64> {
+    if id < 0 {
+        return Vec::new();
+    }
+    traces
+        .get(&(id as u32), 0)
+        .map(|t| t.frames().iter().map(|f| f.ip).collect())
+        .unwrap_or_default()
 }
 
 /// Walked stack samples merged: (process, user frames, kernel frames, caller) -> figure.
@@ -105,15 +112,7 @@ pub(crate) fn read_samples(
     let traces: StackTraceMap<_> =
         StackTraceMap::try_from(bpf.map(stacks).ok_or(PipelineError::MissingMap(stacks))?)
             .map_err(crate::pipelines::map_err(stacks))?;
-    let frames = |id: i32| -> Vec<u64> {
-        if id < 0 {
-            return Vec::new();
-        }
-        traces
-            .get(&(id as u32), 0)
-            .map(|t| t.frames().iter().map(|f| f.ip).collect())
-            .unwrap_or_default()
-    };
+    let frames = |id: i32| trace(&traces, id);
     while let Some(item) = ring.next() {
         if item.len() < std::mem::size_of::<RwStackSample>() {
             continue;
