@@ -155,15 +155,10 @@ impl Profiler {
         }
         self.set_targets(target)?;
         let lost_before = self.stacks_lost();
-        let program = progs::PROFILE;
-        let prog: &mut PerfEvent = self
-            .bpf
-            .program_mut(program)
-            .ok_or(PipelineError::MissingProgram(program))?
-            .try_into()
-            .map_err(|e| program_err(program, e))?;
+        let ncpus = self.ncpus;
+        let prog = self.program()?;
         let mut links = Vec::new();
-        for cpu in 0..self.ncpus {
+        for cpu in 0..ncpus {
             match prog.attach(
                 PerfEventConfig::Software(SoftwareEvent::CpuClock),
                 PerfEventScope::AllProcessesOneCpu { cpu },
@@ -197,12 +192,7 @@ impl Profiler {
             walk_time += self.read_samples(&mut walked)?;
         }
         let elapsed = start.elapsed();
-        let prog: &mut PerfEvent = self
-            .bpf
-            .program_mut(program)
-            .ok_or(PipelineError::MissingProgram(program))?
-            .try_into()
-            .map_err(|e| program_err(program, e))?;
+        let prog = self.program()?;
         for l in links {
             let _ = prog.detach(l);
         }
@@ -239,6 +229,16 @@ impl Profiler {
             walked,
         )?;
         Ok(t.elapsed())
+    }
+
+    /// The loaded profiling program.
+    fn program(&mut self) -> Result<&mut PerfEvent, PipelineError> {
+        let program = progs::PROFILE;
+        self.bpf
+            .program_mut(program)
+            .ok_or(PipelineError::MissingProgram(program))?
+            .try_into()
+            .map_err(|e| program_err(program, e))
     }
 
     fn set_targets(&mut self, target: &ProfileTarget) -> Result<(), ProfileError> {
