@@ -307,6 +307,16 @@ fn capture_sites(bin: &Path) -> (Vec<Stack>, u64) {
     (named, total)
 }
 
+/// Bytes charged to the stacks whose user frames hold `path` in order (allocator frames
+/// below the last one allowed).
+fn charged_through(named: &[Stack], path: &[&str]) -> u64 {
+    named
+        .iter()
+        .filter(|s| has_in_order(user(s), path))
+        .map(|s| s.value)
+        .sum()
+}
+
 /// Go (walked with its .debug_frame, frame pointers besides) and Rust built without frame
 /// pointers (walked with its .eh_frame): the leak's site is named with its callers.
 #[test]
@@ -324,10 +334,10 @@ fn growth_sites_of_go_and_rust_name_the_leaking_function() {
         ends_with(user(top), &["main.keep", "main.grow", "main.leakHere"]),
         "Go's top site: {top:?}"
     );
+    let through = charged_through(&named, &["main.keep", "main.grow", "main.leakHere"]);
     assert!(
-        top.value * 10 >= total * 8,
-        "Go: {} of {total}: {named:?}",
-        top.value
+        through * 10 >= total * 8,
+        "Go: {through} of {total} through main.leakHere: {named:?}"
     );
     eprintln!(
         "Go top site ({} of {total} bytes): {:?}",
@@ -343,10 +353,12 @@ fn growth_sites_of_go_and_rust_name_the_leaking_function() {
         has_in_order(user(top), &["main", "keep", "grow", "leak_here"]),
         "Rust's top site: {top:?}"
     );
+    // glibc's malloc moving its heap top under leak_here (`_int_malloc`, `sysmalloc`) is
+    // the leak's own growth: its own stacks, charged to the same function.
+    let through = charged_through(&named, &["main", "keep", "grow", "leak_here"]);
     assert!(
-        top.value * 10 >= total * 8,
-        "Rust: {} of {total}: {named:?}",
-        top.value
+        through * 10 >= total * 8,
+        "Rust: {through} of {total} through leak_here: {named:?}"
     );
     eprintln!(
         "Rust top site ({} of {total} bytes): {:?}",
