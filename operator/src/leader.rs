@@ -3,9 +3,10 @@
 //! `renew` while held, and released on shutdown so the next replica takes over at once.
 //! Writes carry the Lease's resourceVersion: of two replicas racing, one gets a 409.
 //!
-//! Hand-made (146 lines) because no maintained crate fits kube 5: kube-leader-election
-//! 0.37 needs kube 0.96 and kube-lease-manager 0.12 kube 4 (checked November 2026); kube
-//! itself has no leader election.
+//! Hand-made: kube itself has no leader election, and kube-lease-manager 0.13.1 (kube 5)
+//! keeps reporting leadership while its renewals go unanswered, so a leader cut off from
+//! the API server would lead beside the standby that took the expired Lease. Both are
+//! measured by `e2e/tests/lease.rs` (`make e2e-api`).
 
 use std::time::{Duration, Instant};
 
@@ -128,7 +129,20 @@ impl LeaderElection {
             }
             let started = Instant::now();
             let mut wait = self.renew;
-            match self.try_acquire_or_renew().await {
+            // Each look is bounded: the API server's client has no read timeout, and a
+            // partition that swallows a request (no reset) would hold a leader here for as
+            // long as it lasts, past the time a standby takes the Lease. A leader waits until
+            // it must step down; a standby at most the Lease's duration.
+            let deadline = match last_renewed {
+                Some(t) => (self.lease_duration - self.renew)
+                    .saturating_sub(t.elapsed())
+                    .max(Duration::from_millis(100)),
+                None => self.lease_duration,
+            };
+            let look = tokio::time::timeout(deadline, self.try_acquire_or_renew())
+                .await
+                .unwrap_or(Err(LookError::NoAnswer(deadline)));
+            match look {
                 Ok(Look::Held { from }) => {
                     last_renewed = Some(started);
                     if !*leader.borrow() {
@@ -172,7 +186,7 @@ impl LeaderElection {
         }
     }
 
-    async fn try_acquire_or_renew(&self) -> Result<Look, kube::Error> {
+    async fn try_acquire_or_renew(&self) -> Result<Look, LookError> {
         let now = MicroTime(jiff::Timestamp::now());
         let Some(mut lease) = self.api.get_opt(&self.lease_name).await? else {
             let lease = Lease {
@@ -194,7 +208,7 @@ impl LeaderElection {
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(Look::Busy {
                     expires_in: self.renew,
                 }),
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             };
         };
         let spec = lease.spec.get_or_insert_with(Default::default);
@@ -224,7 +238,7 @@ impl LeaderElection {
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(Look::Busy {
                 expires_in: self.renew,
             }),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -243,6 +257,15 @@ impl LeaderElection {
             .await
             .map(|_| ())
     }
+}
+
+/// Why a look at the Lease found nothing.
+#[derive(Debug, thiserror::Error)]
+enum LookError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("the API server did not answer within {0:?}")]
+    NoAnswer(Duration),
 }
 
 /// How long the Lease still runs after `now`, by its holder's last renewal and its own
