@@ -175,6 +175,24 @@ impl LabelSelector {
         });
         equal.chain(required).collect()
     }
+
+    /// Compiled once, matched against many pods' labels.
+    pub fn compile(&self) -> PodSelector {
+        PodSelector(self.to_selector())
+    }
+}
+
+/// A [`LabelSelector`] ready to match labels with kube's `Selector` semantics. It lets the
+/// operator's kube-free core select pods without naming kube.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodSelector(kube::core::Selector);
+
+impl PodSelector {
+    /// Whether labels are selected (an empty selector selects everything).
+    pub fn matches(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        use kube::core::SelectorExt;
+        self.0.matches(labels)
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

@@ -259,7 +259,7 @@ async fn profile(
         value.push_str(&format!(",container={c}"));
     }
     value.push_str(&format!(",request={request}"));
-    // The operator keeps the first 256 characters of a request (operator/src/profile.rs
+    // The operator keeps the first 256 characters of a request (operator/core/src/profile.rs
     // MAX_REQUEST): a longer value could never be recognised as answered.
     if value.chars().count() > 256 {
         bail!("the request {value:?} is over 256 characters: the operator would cut it");

@@ -418,7 +418,7 @@ async fn store_profile(
     p: &ProfileStatus,
     r: &resourcewatch_proto::ProfileResult,
 ) -> std::result::Result<String, String> {
-    let cm = profile::config_map(rw, p, r);
+    let cm = crate::profile_store::config_map(rw, p, r);
     let name = cm
         .metadata
         .name

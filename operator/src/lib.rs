@@ -1,13 +1,16 @@
-//! The resourcewatch operator: reconciles `ResourceWatch` objects into per-node agent
-//! configuration, serves the agents' gRPC streams, and aggregates their reports into each
-//! watch's status and Events.
-//!
-//! Kube-free parts ([`hub`], [`spec`], [`status`]) hold the logic and are unit-tested
-//! without a cluster; [`controller`], [`leader`] and [`tls`] talk to the API server;
-//! [`grpc`] is the transport.
+//! The resourcewatch operator's shell: it reconciles `ResourceWatch` objects into per-node
+//! agent configuration, serves the agents' gRPC streams, and writes each watch's status,
+//! Events and evictions. What it decides is the core's (`resourcewatch-operator-core`,
+//! re-exported below under the same module names); every module here talks to something:
+//! the API server ([`controller`], [`nodeview`], [`ledger`], [`profile_store`],
+//! [`triggers`], [`identity`], [`metricsauth`], [`tls`], [`leader`]), the agents ([`grpc`],
+//! [`hub`]), Prometheus ([`metrics`]).
+
+pub use resourcewatch_operator_core::{
+    decide, model, nodes, profile, remediation, spec, status, validate,
+};
 
 pub mod controller;
-pub mod decide;
 pub mod grpc;
 pub mod hub;
 pub mod identity;
@@ -15,15 +18,10 @@ pub mod leader;
 pub mod ledger;
 pub mod metrics;
 pub mod metricsauth;
-pub mod model;
 pub mod nodeview;
-pub mod profile;
-pub mod remediation;
-pub mod spec;
-pub mod status;
+pub mod profile_store;
 pub mod tls;
 pub mod triggers;
-pub mod validate;
 
 /// The field manager of every status write.
 pub const FIELD_MANAGER: &str = "resourcewatch-operator";

@@ -15,7 +15,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    core::{Selector, SelectorExt},
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
@@ -45,7 +44,7 @@ use crate::{
 /// A ClusterResourceWatch's spec, checked.
 #[derive(Clone, Debug)]
 pub struct ViewSettings {
-    pub nodes: Selector,
+    pub nodes: resourcewatch_crds::PodSelector,
     pub top_k: u32,
     pub interval: Duration,
     pub include_host: bool,

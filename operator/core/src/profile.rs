@@ -15,17 +15,14 @@
 //! bounded time at a fixed low frequency; the kernel sees nothing of the request but
 //! cgroup ids the agent resolves itself. One request per namespace per [`MIN_GAP`].
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
-use k8s_openapi::{ByteString, api::core::v1::ConfigMap};
-use kube::{Resource, ResourceExt};
 use resourcewatch_crds::{
     HotFunction, MAX_FRAME_LENGTH, MAX_HOT_FUNCTIONS, MAX_MESSAGE, ProfileState, ProfileStatus,
-    ResourceWatch,
 };
 use resourcewatch_proto as pb;
 
-use crate::{hub::ProfileOrder, status::SelectedPod};
+use crate::{nodes::ProfileOrder, status::SelectedPod};
 
 /// The longest profile a user may ask for: long enough to catch a periodic hot path,
 /// short enough that a forgotten request costs nothing for long.
@@ -345,49 +342,6 @@ pub fn next_check(p: &ProfileStatus, now: i64) -> Option<Duration> {
     Some(Duration::from_secs((at - now).max(1) as u64))
 }
 
-/// The ConfigMap of a result: `profile.folded` (text), `profile.svg` (text, when it
-/// fit), `profile.pb.gz` (binary). Owned by the watch, so deleting the watch deletes it.
-pub fn config_map(rw: &ResourceWatch, p: &ProfileStatus, r: &pb::ProfileResult) -> ConfigMap {
-    let mut data = BTreeMap::new();
-    data.insert("profile.folded".to_owned(), r.folded.clone());
-    if let Ok(svg) = String::from_utf8(r.svg.clone())
-        && !svg.is_empty()
-    {
-        data.insert("profile.svg".to_owned(), svg);
-    }
-    let mut binary = BTreeMap::new();
-    if !r.pprof.is_empty() {
-        binary.insert("profile.pb.gz".to_owned(), ByteString(r.pprof.clone()));
-    }
-    let mut cm = ConfigMap {
-        data: Some(data),
-        binary_data: Some(binary),
-        ..Default::default()
-    };
-    cm.metadata.name = Some(config_map_name(&rw.name_any()));
-    cm.metadata.namespace = rw.namespace();
-    cm.metadata.owner_references = rw.controller_owner_ref(&()).map(|o| vec![o]);
-    cm.metadata.labels = Some(
-        [
-            ("app.kubernetes.io/managed-by", "resourcewatch-operator"),
-            ("resourcewatch.io/watch", rw.name_any().as_str()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), cut(v, 63)))
-        .collect(),
-    );
-    cm.metadata.annotations = Some(
-        [
-            ("resourcewatch.io/profile-id", p.id.clone()),
-            ("resourcewatch.io/profiled-pod", p.pod.clone()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect(),
-    );
-    cm
-}
-
 /// The state a written status newly gave a request (counted once in
 /// `resourcewatch_operator_profiles_total`): a new id, or a new state of the same id.
 pub fn transition(
@@ -419,7 +373,7 @@ fn seconds(s: &str) -> Option<i64> {
     s.parse::<jiff::Timestamp>().ok().map(|t| t.as_second())
 }
 
-fn cut(s: &str, max: usize) -> String {
+pub fn cut(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
 
@@ -635,32 +589,6 @@ mod tests {
             p.message.contains("no result from node \"n1\""),
             "{}",
             p.message
-        );
-    }
-
-    #[test]
-    fn the_config_map_is_owned_by_the_watch_and_holds_the_three_formats() {
-        let rw: ResourceWatch = serde_json::from_value(serde_json::json!({
-            "apiVersion": "resourcewatch.io/v1alpha1", "kind": "ResourceWatch",
-            "metadata": {"name": "w", "namespace": "shop", "uid": "rw-uid"},
-            "spec": {"selector": {}}
-        }))
-        .unwrap();
-        let p = take_at("api-1", None, None).unwrap();
-        let cm = config_map(&rw, &p, &result(""));
-        assert_eq!(cm.metadata.name.as_deref(), Some("w-profile"));
-        assert_eq!(cm.metadata.namespace.as_deref(), Some("shop"));
-        let owner = &cm.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!(
-            (owner.kind.as_str(), owner.uid.as_str()),
-            ("ResourceWatch", "rw-uid")
-        );
-        let data = cm.data.as_ref().unwrap();
-        assert!(data["profile.folded"].contains("burn_here 960"));
-        assert_eq!(data["profile.svg"], "<svg/>");
-        assert_eq!(
-            cm.binary_data.as_ref().unwrap()["profile.pb.gz"].0,
-            [1, 2, 3]
         );
     }
 }

@@ -16,8 +16,8 @@ use resourcewatch_proto as pb;
 use resourcewatch_units::format_bytes;
 
 use crate::{
-    hub::NodeView,
     model::{ConditionType, EventAction, EventReason},
+    nodes::NodeView,
     spec::{SpecError, WatchSettings, format_duration},
 };
 

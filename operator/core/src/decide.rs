@@ -652,7 +652,7 @@ pub fn after_eviction(
 mod tests {
     //! Decisions from inputs alone: no API server, no mock.
     use super::*;
-    use crate::{hub::NodeView, spec::Floors, status::SelectedPod};
+    use crate::{nodes::NodeView, spec::Floors, status::SelectedPod};
     use resourcewatch_crds::ResourceWatchSpec;
     use resourcewatch_proto as pb;
 

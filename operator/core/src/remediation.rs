@@ -78,7 +78,7 @@ pub enum Decision {
 /// selector grants nothing (and is named, so the watch's condition says why).
 #[derive(Clone, Debug, Default)]
 pub struct Grants {
-    pub policies: Vec<(String, kube::core::Selector)>,
+    pub policies: Vec<(String, resourcewatch_crds::PodSelector)>,
     pub invalid: Vec<String>,
 }
 

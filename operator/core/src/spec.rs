@@ -5,9 +5,8 @@
 pub use resourcewatch_units::{format_duration, parse_duration};
 use std::{collections::BTreeMap, time::Duration};
 
-use kube::core::{Selector, SelectorExt};
 use resourcewatch_crds::{
-    LabelSelector, Metric, RemediationAction, ResourceWatchSpec, SelectorOperator,
+    LabelSelector, Metric, PodSelector, RemediationAction, ResourceWatchSpec, SelectorOperator,
 };
 
 /// Status writes (and so the agents' report cadence it drives) never go below this: a
@@ -19,7 +18,7 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
 pub struct WatchSettings {
     pub selector: LabelSelector,
     /// `selector`, to match pods with.
-    pub pods: Selector,
+    pub pods: PodSelector,
     pub top_k: u32,
     pub cpu: bool,
     pub memory: bool,
@@ -175,7 +174,7 @@ impl WatchSettings {
     }
 }
 
-pub(crate) fn duration(field: &'static str, value: &str) -> Result<Duration, SpecError> {
+pub fn duration(field: &'static str, value: &str) -> Result<Duration, SpecError> {
     parse_duration(value).map_err(|_| SpecError::Duration {
         field,
         value: value.into(),
@@ -184,7 +183,7 @@ pub(crate) fn duration(field: &'static str, value: &str) -> Result<Duration, Spe
 
 /// Label keys and values as Kubernetes defines them (a DNS-1123 subdomain prefix, a name
 /// of at most 63 characters); the schema only bounds their length.
-pub(crate) fn validate_selector(sel: &LabelSelector) -> Result<(), String> {
+pub fn validate_selector(sel: &LabelSelector) -> Result<(), String> {
     for (k, v) in &sel.match_labels {
         valid_key(k)?;
         valid_value(v).map_err(|e| format!("matchLabels[{k}]: {e}"))?;
@@ -261,14 +260,15 @@ fn is_label_name(s: &str) -> bool {
         && b.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
-/// The watch's selector as kube's [`Selector`] (see `LabelSelector::to_selector`). Built
-/// once per spec; `validate_selector` has already refused what the API server would.
-pub fn pod_selector(sel: &LabelSelector) -> Selector {
-    sel.to_selector()
+/// The watch's selector, compiled to match pods with (kube's `Selector` semantics, see
+/// `LabelSelector::compile`). Built once per spec; `validate_selector` has already refused
+/// what the API server would.
+pub fn pod_selector(sel: &LabelSelector) -> PodSelector {
+    sel.compile()
 }
 
 /// Whether a pod with these labels is selected.
-pub fn selects(sel: &Selector, labels: &BTreeMap<String, String>) -> bool {
+pub fn selects(sel: &PodSelector, labels: &BTreeMap<String, String>) -> bool {
     sel.matches(labels)
 }
 
