@@ -759,6 +759,103 @@ async fn a_namespace_must_be_opted_in() {
     env.end().await;
 }
 
+/// Marks a pod Ready, as kubelet would once its readiness probe passes.
+async fn make_ready(client: &Client, ns: &str, pod: &str) {
+    let body = serde_json::json!({"status": {"conditions": [
+        {"type": "Ready", "status": "True", "lastTransitionTime": jiff::Timestamp::now().to_string()}
+    ]}});
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .patch_status(pod, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .unwrap_or_else(|e| panic!("pod {pod} Ready: {e}"));
+}
+
+/// Waits until the Deployment's controller counts `n` Ready replicas.
+async fn deployment_ready(client: &Client, ns: &str, name: &str, n: i32) {
+    let deploys: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        "the Deployment's readyReplicas",
+        Duration::from_secs(60),
+        || {
+            let deploys = deploys.clone();
+            async move {
+                let d = deploys.get(name).await?;
+                let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0);
+                Ok((ready == n).then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// Three replicas, one Ready (the others starting or crashing): that one leaks, and is
+/// not evicted (`LastReadyReplica`) until a second replica is Ready.
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn the_last_ready_replica_of_a_workload_is_not_evicted() {
+    let env = Env::new("rw-trust-ready", true, true).await;
+    let (node, token) = env.node("n").await;
+    let pods = cluster::fake_deployment(&env.client, env.n(), "app", 3, &labels("app"), &node)
+        .await
+        .expect("deployment");
+    let names: Vec<String> = pods.iter().map(|(p, _)| p.name_any()).collect();
+    let serving = names[0].clone();
+    make_ready(&env.client, env.n(), &serving).await;
+    deployment_ready(&env.client, env.n(), "app", 1).await;
+    env.watch(
+        &env.client,
+        "w",
+        serde_json::json!({"matchLabels": {"app": "app"}}),
+    )
+    .await
+    .expect("watch");
+    let leaker = serving.clone();
+    let agent = env.agent(
+        &node,
+        &token,
+        Arc::new(move |pod| {
+            if pod == leaker {
+                leaking()
+            } else {
+                PodPlan {
+                    leak: None,
+                    ..leaking()
+                }
+            }
+        }),
+    );
+    let record = wait_for(
+        "a LastReadyReplica record",
+        Duration::from_secs(40),
+        || async {
+            let s = env.status("w").await;
+            Ok(s.remediations
+                .into_iter()
+                .find(|r| r.reason == "LastReadyReplica"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", env.op.log_text()));
+    assert_eq!(record.pod, serving);
+    assert_eq!(record.action, RemediationOutcome::Blocked);
+    assert!(
+        record.message.contains("1 of 3 Ready"),
+        "{}",
+        record.message
+    );
+    assert!(env.evicted().await.is_empty());
+    // A second replica serves: the leaking one may go.
+    make_ready(&env.client, env.n(), &names[1]).await;
+    deployment_ready(&env.client, env.n(), "app", 2).await;
+    let evicted = env
+        .wait_evicted("the eviction once another replica is Ready")
+        .await;
+    assert_eq!(evicted, [serving]);
+    agent.stop().await;
+    env.end().await;
+}
+
 #[tokio::test]
 #[ignore = "needs a cluster: make e2e-api"]
 async fn two_watches_of_one_deployment_evict_once_per_cooldown() {

@@ -38,7 +38,7 @@ use crate::{
     metrics::Metrics,
     model::{EventAction, EventReason},
     profile,
-    remediation::{Gate, Grants, PodFacts},
+    remediation::{Gate, Grants, PodFacts, Replicas},
     spec::{Floors, WatchSettings, selects},
     status::{EventSpec, Inputs, SelectedPod, Subject},
     triggers::PodTriggers,
@@ -537,16 +537,19 @@ async fn gather(
         let Some(pod) = selected.iter().find(|p| p.name_any() == *name) else {
             continue;
         };
+        let (workload, replicas) = workload_of(ctx, pod).await.unzip();
         let mut f = PodFacts {
             name: pod.name_any(),
             uid: pod.uid().unwrap_or_default(),
-            workload: workload_of(ctx, pod).await.map(|kind_name| Workload {
+            workload: workload.map(|kind_name| Workload {
                 namespace: ns.to_owned(),
                 kind_name,
             }),
             deleting: pod.metadata.deletion_timestamp.is_some(),
             granted_by: grants.covering(pod.labels()),
             ledger_problem: None,
+            ready: is_ready(pod),
+            replicas: replicas.flatten(),
         };
         if let Some(w) = &f.workload {
             if !facts.ledgers.contains_key(w) {
@@ -805,13 +808,13 @@ fn eviction_outcome(
     }
 }
 
-/// The controller that will replace a pod: a ReplicaSet's Deployment, a StatefulSet, a
-/// DaemonSet, a ReplicaSet or ReplicationController. None for bare pods and Jobs.
-/// The controller that would replace `pod`, as `Kind/name`, looked up in the API for
-/// every kind: a pod's ownerReferences are written by whoever creates the pod, so one
-/// naming a StatefulSet that does not exist (or another object of that name) must not
-/// make a bare pod evictable. The owner must exist with the UID the reference names.
-async fn workload_of(ctx: &Context, pod: &Pod) -> Option<String> {
+/// The controller that would replace `pod`, as `Kind/name`, with its replicas as its
+/// status counts them: a ReplicaSet's Deployment, a StatefulSet, a DaemonSet, a ReplicaSet
+/// or ReplicationController; None for bare pods and Jobs. Looked up in the API for every
+/// kind: a pod's ownerReferences are written by whoever creates the pod, so one naming a
+/// StatefulSet that does not exist (or another object of that name) must not make a bare
+/// pod evictable. The owner must exist with the UID the reference names.
+async fn workload_of(ctx: &Context, pod: &Pod) -> Option<(String, Option<Replicas>)> {
     use k8s_openapi::api::{
         apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet},
         core::v1::ReplicationController,
@@ -821,6 +824,13 @@ async fn workload_of(ctx: &Context, pod: &Pod) -> Option<String> {
         .iter()
         .find(|o| o.controller == Some(true))?;
     let ns = pod.namespace()?;
+    let replicas = |desired: Option<i32>, ready: Option<i32>| {
+        let count = |n: Option<i32>| u32::try_from(n.unwrap_or(0)).unwrap_or(0);
+        Some(Replicas {
+            desired: count(desired),
+            ready: count(ready),
+        })
+    };
     match owner.kind.as_str() {
         "ReplicaSet" => {
             let rs = verified_owner::<ReplicaSet>(ctx, &ns, owner).await?;
@@ -829,23 +839,60 @@ async fn workload_of(ctx: &Context, pod: &Pod) -> Option<String> {
                 .owner_references()
                 .iter()
                 .find(|o| o.controller == Some(true) && o.kind == "Deployment")
-                && verified_owner::<Deployment>(ctx, &ns, d).await.is_some()
+                && let Some(deployment) = verified_owner::<Deployment>(ctx, &ns, d).await
             {
-                return Some(format!("Deployment/{}", d.name));
+                let status = deployment.status.unwrap_or_default();
+                let desired = deployment.spec.and_then(|s| s.replicas);
+                return Some((
+                    format!("Deployment/{}", d.name),
+                    replicas(desired, status.ready_replicas),
+                ));
             }
-            Some(format!("ReplicaSet/{}", owner.name))
+            let ready = rs.status.and_then(|s| s.ready_replicas);
+            let desired = rs.spec.and_then(|s| s.replicas);
+            Some((
+                format!("ReplicaSet/{}", owner.name),
+                replicas(desired, ready),
+            ))
         }
         "StatefulSet" => verified_owner::<StatefulSet>(ctx, &ns, owner)
             .await
-            .map(|_| format!("StatefulSet/{}", owner.name)),
-        "DaemonSet" => verified_owner::<DaemonSet>(ctx, &ns, owner)
-            .await
-            .map(|_| format!("DaemonSet/{}", owner.name)),
+            .map(|s| {
+                let ready = s.status.and_then(|s| s.ready_replicas);
+                let desired = s.spec.and_then(|s| s.replicas);
+                (
+                    format!("StatefulSet/{}", owner.name),
+                    replicas(desired, ready),
+                )
+            }),
+        "DaemonSet" => verified_owner::<DaemonSet>(ctx, &ns, owner).await.map(|d| {
+            let status = d.status.unwrap_or_default();
+            let counts = replicas(
+                Some(status.desired_number_scheduled),
+                status.number_ready.into(),
+            );
+            (format!("DaemonSet/{}", owner.name), counts)
+        }),
         "ReplicationController" => verified_owner::<ReplicationController>(ctx, &ns, owner)
             .await
-            .map(|_| format!("ReplicationController/{}", owner.name)),
+            .map(|r| {
+                let ready = r.status.and_then(|s| s.ready_replicas);
+                let desired = r.spec.and_then(|s| s.replicas);
+                (
+                    format!("ReplicationController/{}", owner.name),
+                    replicas(desired, ready),
+                )
+            }),
         _ => None,
     }
+}
+
+/// The pod's Ready condition is True.
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The object an ownerReference names, if it exists with that UID (and API group).
@@ -917,11 +964,13 @@ fn is_terminal(p: &Pod) -> bool {
 
 /// Cuts a pod down to what the operator reads of it before it enters the cache of every
 /// pod in the cluster: metadata without annotations and managed fields (labels, owners,
-/// deletion time stay), the node, the phase, and each container status's name, runtime id
-/// and whether it runs. A real pod's env, volumes, probes and `last-applied-configuration`
+/// deletion time stay), the node, the phase, whether it is Ready, and each container
+/// status's name, runtime id and whether it runs. A real pod's env, volumes, probes and `last-applied-configuration`
 /// are kilobytes; at 20,000 pods they would be most of the operator's memory.
 pub fn slim_pod(p: &mut Pod) {
-    use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, PodSpec, PodStatus};
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStatus, PodCondition, PodSpec, PodStatus,
+    };
     p.metadata.managed_fields = None;
     p.metadata.annotations = None;
     if let Some(spec) = p.spec.as_mut() {
@@ -946,8 +995,19 @@ pub fn slim_pod(p: &mut Pod) {
         })
     };
     if let Some(st) = p.status.as_mut() {
+        // Of the conditions, Ready's status alone (a remediation rail reads it).
+        let ready = st.conditions.take().and_then(|c| {
+            c.into_iter().find(|c| c.type_ == "Ready").map(|c| {
+                vec![PodCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    ..Default::default()
+                }]
+            })
+        });
         *st = PodStatus {
             phase: st.phase.take(),
+            conditions: ready,
             container_statuses: slim(st.container_statuses.take()),
             init_container_statuses: slim(st.init_container_statuses.take()),
             ..Default::default()
@@ -1337,12 +1397,23 @@ mod tests {
                     slim.metadata.deletion_timestamp,
                     full.metadata.deletion_timestamp
                 );
-                // What is shed: the spec but the node, conditions, images, annotations.
+                assert_eq!(is_ready(&slim), is_ready(&full));
+                // What is shed: the spec but the node, conditions but Ready's status,
+                // images, annotations.
                 let spec = slim.spec.as_ref().unwrap();
                 assert_eq!(spec.node_name, full.spec.as_ref().unwrap().node_name);
                 assert!(spec.containers.is_empty() && spec.volumes.is_none());
                 let status = slim.status.as_ref().unwrap();
-                assert!(status.conditions.is_none() && status.pod_ip.is_none());
+                assert!(status.pod_ip.is_none());
+                assert!(
+                    status
+                        .conditions
+                        .iter()
+                        .flatten()
+                        .all(|c| c.type_ == "Ready"
+                            && c.message.is_none()
+                            && c.last_transition_time.is_none())
+                );
                 assert!(
                     status
                         .container_statuses

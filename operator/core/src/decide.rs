@@ -685,7 +685,8 @@ mod tests {
                 workload: Some(workload()),
                 deleting: false,
                 granted_by: Some("restarts".into()),
-                ledger_problem: None,
+                ready: true,
+                ..Default::default()
             },
         )
     }

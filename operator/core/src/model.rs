@@ -22,6 +22,7 @@ macro_rules! names {
         }
     };
 }
+pub(crate) use names;
 
 names!(
     /// `status.conditions[].type`.
@@ -68,30 +69,9 @@ impl EventReason {
     }
 }
 
-names!(
-    /// Why a remediation was not carried out, or was; recorded in status and Events.
-    RemediationReason {
-        Decided,
-        Evicted,
-        Gone,
-        DryRun,
-        RemediationDisabled,
-        NamespaceNotOptedIn,
-        NoRemediationPolicy,
-        NotAuthorized,
-        NoEvictionRights,
-        NoController,
-        LedgerLost,
-        LedgerUnreadable,
-        LedgerConflict,
-        RestartInProgress,
-        Cooldown,
-        MaxRestarts,
-        PodDisruptionBudget,
-        PredictionNoLongerHolds,
-        IntentExpired,
-    }
-);
+// Why a remediation was or was not carried out is the remediation module's own
+// vocabulary: a new rail adds its reason where it is decided.
+pub use crate::remediation::RemediationReason;
 
 #[cfg(test)]
 mod tests {

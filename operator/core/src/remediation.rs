@@ -11,7 +11,9 @@
 //! evict there (the API server's answer, not a setting); a controller that replaces the
 //! pod (never a bare pod); a ledger that can be trusted. Then the rails of the workload's
 //! ledger, across every watch that selects it: one pending restart, a cooldown after a
-//! restart, at most `maxRestarts` per `window`. A refusal is a decision for that moment:
+//! restart, at most `maxRestarts` per `window`; and never the last Ready pod of a
+//! workload that runs more than one (its other replicas are all starting, crashing or
+//! evicted: evicting it takes the service down). A refusal is a decision for that moment:
 //! the next reconcile decides again. PodDisruptionBudgets are the Eviction API's to
 //! enforce; a refusal is retried every [`PDB_RETRY`] while the prediction holds.
 
@@ -21,12 +23,47 @@ use resourcewatch_crds::{LeakEntry, RemediationAction, RemediationOutcome};
 
 use crate::{
     ledger::{Intent, Ledger, Workload},
-    model::RemediationReason,
+    model::names,
     spec::WatchSettings,
 };
 
+names!(
+    /// Why a remediation was not carried out, or was; recorded in status and Events.
+    RemediationReason {
+        Decided,
+        Evicted,
+        Gone,
+        DryRun,
+        RemediationDisabled,
+        NamespaceNotOptedIn,
+        NoRemediationPolicy,
+        NotAuthorized,
+        NoEvictionRights,
+        NoController,
+        LedgerLost,
+        LedgerUnreadable,
+        LedgerConflict,
+        RestartInProgress,
+        Cooldown,
+        MaxRestarts,
+        LastReadyReplica,
+        PodDisruptionBudget,
+        PredictionNoLongerHolds,
+        IntentExpired,
+    }
+);
+
+/// How many of a workload's pods serve, as its controller counts them (its status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replicas {
+    /// `spec.replicas` (a DaemonSet: the pods it should run).
+    pub desired: u32,
+    /// `status.readyReplicas` (a DaemonSet: `numberReady`).
+    pub ready: u32,
+}
+
 /// What the reconciler knows of a pod.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodFacts {
     pub name: String,
     pub uid: String,
@@ -39,6 +76,10 @@ pub struct PodFacts {
     /// Why the workload's ledger cannot be trusted (deleted after it held restarts,
     /// unreadable); None when it can.
     pub ledger_problem: Option<crate::ledger::LedgerProblem>,
+    /// The pod's own Ready condition.
+    pub ready: bool,
+    /// Its workload's replicas, when the workload's status says.
+    pub replicas: Option<Replicas>,
 }
 
 /// What holds for the whole watch.
@@ -304,6 +345,20 @@ pub fn decide(
             ),
         );
     }
+    if let Some(r) = pod.replicas
+        && r.desired > 1
+        && pod.ready
+        && r.ready <= 1
+    {
+        return report(
+            Blocked,
+            RemediationReason::LastReadyReplica,
+            format!(
+                "not restarted: {why}, but it is the only Ready pod of {} ({} of {} Ready): evicting it would leave none serving",
+                workload.kind_name, r.ready, r.desired
+            ),
+        );
+    }
     if resume {
         return Decision::Resume;
     }
@@ -367,6 +422,8 @@ mod tests {
             deleting: false,
             granted_by: Some("restarts".into()),
             ledger_problem: None,
+            ready: true,
+            replicas: None,
         }
     }
 
@@ -610,6 +667,42 @@ mod tests {
             "{why}"
         );
         assert!(Grants::of(&[], &labels(&[])).gate("ns").is_err());
+    }
+
+    #[test]
+    fn the_last_ready_pod_of_a_replicated_workload_is_kept() {
+        let s = restart(serde_json::json!({}));
+        let l = leak(Some(30.0), 90);
+        let with = |desired, ready, pod_ready| {
+            let mut p = pod(false);
+            p.ready = pod_ready;
+            p.replicas = Some(Replicas { desired, ready });
+            decide(&s, &open(), &l, &p, None, "ns/w", 5)
+        };
+        // Three replicas, two of them starting or crashing: this one serves alone.
+        assert_eq!(
+            reason(&with(3, 1, true)),
+            Some((
+                RemediationOutcome::Blocked,
+                RemediationReason::LastReadyReplica
+            ))
+        );
+        let Decision::Report { message, .. } = with(3, 1, true) else {
+            unreachable!()
+        };
+        assert!(message.contains("1 of 3 Ready"), "{message}");
+        // Another replica serves; a pod that is not Ready serves nobody; a workload of
+        // one replica promised no availability (a PodDisruptionBudget can still say no);
+        // a workload whose status says nothing is not guessed at.
+        assert!(matches!(with(3, 2, true), Decision::Evict(_)));
+        assert!(matches!(with(3, 1, false), Decision::Evict(_)));
+        assert!(matches!(with(1, 1, true), Decision::Evict(_)));
+        let mut p = pod(false);
+        p.replicas = None;
+        assert!(matches!(
+            decide(&s, &open(), &l, &p, None, "ns/w", 5),
+            Decision::Evict(_)
+        ));
     }
 
     #[test]
