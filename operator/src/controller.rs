@@ -13,7 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{EvictParams, Patch, PatchParams, PostParams},
+    api::{EvictParams, PostParams},
     runtime::{
         Controller, Predicate, PredicateConfig, WatchStreamExt,
         controller::Action,
@@ -31,16 +31,18 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 
 use crate::{
-    Error, FIELD_MANAGER, Result,
+    Error, Result,
     decide::{self, EvictResult, LedgerChange},
     hub::{Hub, TargetPod, WatchKey, WatchTargets},
     ledger::{self, Conflict, Known, Ledger, LedgerStore, Versioned, Workload},
     metrics::Metrics,
     model::{EventAction, EventReason},
+    pods::{is_ready, is_terminal, selected_pod, slim_pod},
     profile,
     remediation::{Gate, Grants, PodFacts, Replicas},
     spec::{Floors, WatchSettings, selects},
     status::{EventSpec, Inputs, SelectedPod, Subject},
+    status_write::apply_status,
     triggers::PodTriggers,
 };
 
@@ -887,14 +889,6 @@ async fn workload_of(ctx: &Context, pod: &Pod) -> Option<(String, Option<Replica
     }
 }
 
-/// The pod's Ready condition is True.
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// The object an ownerReference names, if it exists with that UID (and API group).
 async fn verified_owner<K>(
     ctx: &Context,
@@ -955,96 +949,6 @@ fn forget_deleted(ctx: &Context) {
     }
 }
 
-fn is_terminal(p: &Pod) -> bool {
-    matches!(
-        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-/// Cuts a pod down to what the operator reads of it before it enters the cache of every
-/// pod in the cluster: metadata without annotations and managed fields (labels, owners,
-/// deletion time stay), the node, the phase, whether it is Ready, and each container
-/// status's name, runtime id and whether it runs. A real pod's env, volumes, probes and `last-applied-configuration`
-/// are kilobytes; at 20,000 pods they would be most of the operator's memory.
-pub fn slim_pod(p: &mut Pod) {
-    use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStatus, PodCondition, PodSpec, PodStatus,
-    };
-    p.metadata.managed_fields = None;
-    p.metadata.annotations = None;
-    if let Some(spec) = p.spec.as_mut() {
-        *spec = PodSpec {
-            node_name: spec.node_name.take(),
-            ..Default::default()
-        };
-    }
-    let slim = |v: Option<Vec<ContainerStatus>>| {
-        v.map(|v| {
-            v.into_iter()
-                .map(|c| ContainerStatus {
-                    name: c.name,
-                    container_id: c.container_id,
-                    state: c.state.map(|s| ContainerState {
-                        running: s.running,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .collect()
-        })
-    };
-    if let Some(st) = p.status.as_mut() {
-        // Of the conditions, Ready's status alone (a remediation rail reads it).
-        let ready = st.conditions.take().and_then(|c| {
-            c.into_iter().find(|c| c.type_ == "Ready").map(|c| {
-                vec![PodCondition {
-                    type_: c.type_,
-                    status: c.status,
-                    ..Default::default()
-                }]
-            })
-        });
-        *st = PodStatus {
-            phase: st.phase.take(),
-            conditions: ready,
-            container_statuses: slim(st.container_statuses.take()),
-            init_container_statuses: slim(st.init_container_statuses.take()),
-            ..Default::default()
-        };
-    }
-}
-
-/// The pod's containers to track, by runtime id: its containers, and its init containers
-/// while they run, which covers the restartable sidecars of Kubernetes 1.28+ (init
-/// containers with `restartPolicy: Always`, reported only in `initContainerStatuses`, that
-/// run as long as the pod and count against its memory like any container).
-pub fn selected_pod(p: &Pod) -> SelectedPod {
-    let running_init = p
-        .status
-        .iter()
-        .flat_map(|s| s.init_container_statuses.iter().flatten())
-        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
-    let containers = p
-        .status
-        .iter()
-        .flat_map(|s| s.container_statuses.iter().flatten())
-        .chain(running_init)
-        .filter_map(|c| {
-            let id = c.container_id.as_deref()?;
-            // "containerd://abc…", "cri-o://abc…", "docker://abc…"
-            let id = id.split_once("://").map_or(id, |(_, id)| id);
-            Some((id.to_owned(), c.name.clone()))
-        })
-        .collect();
-    SelectedPod {
-        uid: p.uid().unwrap_or_default(),
-        name: p.name_any(),
-        node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-        containers,
-    }
-}
-
 fn target_pods(ns: &str, pods: &[SelectedPod]) -> Vec<TargetPod> {
     pods.iter()
         .filter_map(|p| {
@@ -1071,40 +975,6 @@ async fn write_status(
 ) -> Result<()> {
     let api: Api<ResourceWatch> = Api::namespaced(ctx.client.clone(), ns);
     apply_status(&api, name, status, &ctx.metrics, ctx.write_timeout).await
-}
-
-/// Writes `status` by server-side apply under the operator's field manager, bounded by
-/// `timeout`, counting the outcome in `resourcewatch_operator_status_writes_total`.
-pub(crate) async fn apply_status<K>(
-    api: &Api<K>,
-    name: &str,
-    status: &impl serde::Serialize,
-    metrics: &Metrics,
-    timeout: Duration,
-) -> Result<()>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let patch = serde_json::json!({
-        "apiVersion": K::api_version(&()),
-        "kind": K::kind(&()),
-        "status": status,
-    });
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
-    match tokio::time::timeout(timeout, api.patch_status(name, &pp, &Patch::Apply(&patch))).await {
-        Ok(Ok(_)) => {
-            metrics.status_write("ok");
-            Ok(())
-        }
-        Ok(Err(e)) => {
-            metrics.status_write("error");
-            Err(Error::Kube(e))
-        }
-        Err(_) => {
-            metrics.status_write("timeout");
-            Err(Error::Timeout("status write"))
-        }
-    }
 }
 
 /// The objects an Event names: `regarding` (what it is on: the watch, or one of its pods)
@@ -1709,7 +1579,7 @@ mod tests {
             recorder: Recorder::new(
                 client.clone(),
                 Reporter {
-                    controller: FIELD_MANAGER.into(),
+                    controller: crate::FIELD_MANAGER.into(),
                     instance: None,
                 },
             ),

@@ -2,7 +2,8 @@
 //! agent configuration, serves the agents' gRPC streams, and writes each watch's status,
 //! Events and evictions. What it decides is the core's (`resourcewatch-operator-core`,
 //! re-exported below under the same module names); every module here talks to something:
-//! the API server ([`controller`], [`nodeview`], [`ledger`], [`profile_store`],
+//! the API server ([`controller`], [`nodeview`], [`pods`], [`status_write`], [`ledger`],
+//! [`profile_store`],
 //! [`triggers`], [`identity`], [`metricsauth`], [`tls`], [`leader`]), the agents ([`grpc`],
 //! [`hub`]), Prometheus ([`metrics`]).
 
@@ -19,7 +20,9 @@ pub mod ledger;
 pub mod metrics;
 pub mod metricsauth;
 pub mod nodeview;
+pub mod pods;
 pub mod profile_store;
+pub mod status_write;
 pub mod tls;
 pub mod triggers;
 

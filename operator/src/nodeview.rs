@@ -33,12 +33,13 @@ use tokio_stream::wrappers::WatchStream;
 
 use crate::{
     Error, Result,
-    controller::{apply_status, selected_pod},
     hub::{Hub, NodeScope, NodeView},
     metrics::Metrics,
     model::ConditionType,
+    pods::selected_pod,
     spec::{MIN_INTERVAL, SpecError, duration, pod_selector, validate_selector},
     status::{carry_transition_times, cond},
+    status_write::apply_status,
 };
 
 /// A ClusterResourceWatch's spec, checked.

@@ -13,8 +13,8 @@ use resourcewatch_crds::{
 
 use crate::{
     ledger::{Intent, Ledger, Restart, Workload},
-    model::{ConditionType, EventAction, EventReason, RemediationReason},
-    remediation::{self, Decision, Gate, PodFacts},
+    model::{ConditionType, EventAction, EventReason},
+    remediation::{self, Decision, Gate, PodFacts, RemediationReason},
     spec::WatchSettings,
     status::{self, EventSpec, Outcome, Subject},
 };

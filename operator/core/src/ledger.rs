@@ -106,14 +106,6 @@ pub enum LedgerProblem {
 }
 
 impl LedgerProblem {
-    pub fn reason(&self) -> crate::model::RemediationReason {
-        match self {
-            LedgerProblem::Lost(_) => crate::model::RemediationReason::LedgerLost,
-            LedgerProblem::Unreadable(_) => crate::model::RemediationReason::LedgerUnreadable,
-            LedgerProblem::Contended(_) => crate::model::RemediationReason::LedgerConflict,
-        }
-    }
-
     pub fn message(&self) -> &str {
         match self {
             LedgerProblem::Lost(m) | LedgerProblem::Unreadable(m) | LedgerProblem::Contended(m) => {

@@ -69,9 +69,8 @@ impl EventReason {
     }
 }
 
-// Why a remediation was or was not carried out is the remediation module's own
-// vocabulary: a new rail adds its reason where it is decided.
-pub use crate::remediation::RemediationReason;
+// Why a remediation was or was not carried out (`RemediationReason`) is the remediation
+// module's own vocabulary: a new rail adds its reason where it is decided.
 
 #[cfg(test)]
 mod tests {

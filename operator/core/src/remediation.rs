@@ -22,7 +22,7 @@ use std::time::Duration;
 use resourcewatch_crds::{LeakEntry, RemediationAction, RemediationOutcome};
 
 use crate::{
-    ledger::{Intent, Ledger, Workload},
+    ledger::{Intent, Ledger, LedgerProblem, Workload},
     model::names,
     spec::WatchSettings,
 };
@@ -75,7 +75,7 @@ pub struct PodFacts {
     pub granted_by: Option<String>,
     /// Why the workload's ledger cannot be trusted (deleted after it held restarts,
     /// unreadable); None when it can.
-    pub ledger_problem: Option<crate::ledger::LedgerProblem>,
+    pub ledger_problem: Option<LedgerProblem>,
     /// The pod's own Ready condition.
     pub ready: bool,
     /// Its workload's replicas, when the workload's status says.
@@ -213,6 +213,14 @@ fn report(outcome: RemediationOutcome, reason: RemediationReason, message: Strin
     }
 }
 
+fn ledger_reason(problem: &LedgerProblem) -> RemediationReason {
+    match problem {
+        LedgerProblem::Lost(_) => RemediationReason::LedgerLost,
+        LedgerProblem::Unreadable(_) => RemediationReason::LedgerUnreadable,
+        LedgerProblem::Contended(_) => RemediationReason::LedgerConflict,
+    }
+}
+
 /// `now` and ledger times are seconds since the epoch; `watch` is `namespace/name`.
 pub fn decide(
     s: &WatchSettings,
@@ -294,7 +302,7 @@ pub fn decide(
     if let Some(problem) = &pod.ledger_problem {
         return report(
             Blocked,
-            problem.reason(),
+            ledger_reason(problem),
             format!("not restarted: {why}, but {}", problem.message()),
         );
     }
