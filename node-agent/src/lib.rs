@@ -1,5 +1,6 @@
 //! The resourcewatch node agent: loads the kernel pipelines, reads them, and predicts leaks.
 
+pub mod bpf;
 pub mod capabilities;
 pub mod cgroup_resolver;
 pub mod cluster;

@@ -23,8 +23,9 @@ use aya::{
 use resourcewatch_ebpf::{maps, programs as progs};
 
 use crate::{
+    bpf::{PipelineError, map_err},
     cgroup_resolver::CgroupLayout,
-    pipelines::{PipelineError, PipelineOptions, load_object, map_err},
+    pipelines::{PipelineOptions, load_object},
     procfs,
     stacks::{self, RawStack},
 };
@@ -129,7 +130,7 @@ impl Profiler {
             bpf.take_map(maps::STACK_SAMPLES)
                 .ok_or(PipelineError::MissingMap(maps::STACK_SAMPLES))?,
         )
-        .map_err(crate::pipelines::map_err(maps::STACK_SAMPLES))?;
+        .map_err(crate::bpf::map_err(maps::STACK_SAMPLES))?;
         Ok(Self {
             samples,
             unwinder: stacks::unwind::Unwinder::new(),
@@ -276,7 +277,7 @@ impl Profiler {
     }
 
     fn stacks_lost(&self) -> u64 {
-        crate::pipelines::read_stat(&self.bpf, resourcewatch_ebpf::shared::stat::STACKS_LOST)
+        crate::bpf::read_stat(&self.bpf, resourcewatch_ebpf::shared::stat::STACKS_LOST)
     }
 }
 

@@ -4,7 +4,6 @@
 
 pub mod output;
 pub mod perfmap;
-pub mod sites;
 pub mod symbolize;
 pub mod unwind;
 
@@ -17,7 +16,7 @@ use aya::{
 use resourcewatch_ebpf::shared::{RwStackKey, RwStackSample};
 use serde::Serialize;
 
-use crate::pipelines::PipelineError;
+use crate::bpf::PipelineError;
 pub use symbolize::Symbolizer;
 
 /// One counter of the kernel: a process's user and kernel stacks (innermost first, as
@@ -52,7 +51,7 @@ pub(crate) fn drain(
         bpf.map_mut(counts)
             .ok_or(PipelineError::MissingMap(counts))?,
     )
-    .map_err(crate::pipelines::map_err(counts))?;
+    .map_err(crate::bpf::map_err(counts))?;
     let entries: Vec<(RwStackKey, u64)> = map.iter().filter_map(Result::ok).collect();
     for (k, _) in &entries {
         let _ = map.remove(k);
@@ -61,7 +60,7 @@ pub(crate) fn drain(
         bpf.map_mut(stacks)
             .ok_or(PipelineError::MissingMap(stacks))?,
     )
-    .map_err(crate::pipelines::map_err(stacks))?;
+    .map_err(crate::bpf::map_err(stacks))?;
     let frames = |id: i32| trace(&traces, id);
     let out = entries
         .iter()
@@ -111,7 +110,7 @@ pub(crate) fn read_samples(
 ) -> Result<(), PipelineError> {
     let traces: StackTraceMap<_> =
         StackTraceMap::try_from(bpf.map(stacks).ok_or(PipelineError::MissingMap(stacks))?)
-            .map_err(crate::pipelines::map_err(stacks))?;
+            .map_err(crate::bpf::map_err(stacks))?;
     let frames = |id: i32| trace(&traces, id);
     while let Some(item) = ring.next() {
         if item.len() < std::mem::size_of::<RwStackSample>() {

@@ -92,7 +92,7 @@ const LEAKS: &[Column] = &[
     fixed("LIMIT", 10),
     fixed("OOM IN", 8),
     fixed("COMMAND", 16),
-    // The heaviest growth site, leaf first (stacks/sites.rs): the rest of the width.
+    // The heaviest growth site, leaf first (snapshot/sites.rs): the rest of the width.
     Column {
         name: "GROWS AT",
         width: Constraint::Fill(1),
@@ -251,7 +251,7 @@ fn sections(f: &Frame) -> Vec<Section> {
 fn growth_site(r: &LeakRow) -> String {
     match r.growth_sites.first() {
         Some(site) => format!("{} ({:.0}%)", site.frames.join(" < "), site.percent),
-        None if r.confidence >= crate::stacks::sites::SITE_CONFIDENCE && r.pid.is_some() => {
+        None if r.confidence >= crate::snapshot::sites::SITE_CONFIDENCE && r.pid.is_some() => {
             "capturing...".into()
         }
         None => String::new(),
@@ -527,7 +527,7 @@ mod tests {
             time_to_oom_low_secs: None,
             growing_secs: 20.0,
             basis: Default::default(),
-            growth_sites: vec![crate::stacks::sites::GrowthSite {
+            growth_sites: vec![crate::snapshot::sites::GrowthSite {
                 frames: vec!["leak_here".into(), "keep".into(), "grow".into()],
                 bytes: 30 << 20,
                 percent: 91.2,

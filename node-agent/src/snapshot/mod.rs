@@ -17,8 +17,11 @@ use crate::{
     leak::{Basis, LeakTracker, MemSample, Seed, SeriesKey, jvm, memory_limit},
     pipelines::{CpuEpoch, KernelStats, Pipelines, TargetProcess},
     procfs,
-    stacks::sites::{GrowthSite, SiteTracker},
 };
+
+pub mod sites;
+
+use sites::{GrowthSite, SiteTracker};
 
 /// Where a process runs. Fields are null when unknown (exited, or not in a container).
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -114,7 +117,7 @@ pub struct LeakRow {
     /// (growth, R² and confidence are then the heap's; the time to OOM stays the
     /// resident size's).
     pub basis: Basis,
-    /// Where the memory grows (stacks/sites.rs): captured from confidence 60 on, the
+    /// Where the memory grows (snapshot/sites.rs): captured from confidence 60 on, the
     /// heaviest first; empty until then.
     pub growth_sites: Vec<GrowthSite>,
     #[serde(flatten)]

@@ -18,8 +18,12 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{RawStack, Symbolizer};
-use crate::{pipelines::Pipelines, procfs, snapshot::LeakRow};
+use super::LeakRow;
+use crate::{
+    pipelines::Pipelines,
+    procfs,
+    stacks::{RawStack, Symbolizer},
+};
 
 /// Confidence at which a process's growth sites start being captured.
 pub const SITE_CONFIDENCE: u8 = 60;
@@ -200,7 +204,7 @@ fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -
             value,
         })
         .collect();
-    let named = super::name(&stacks, sym, |_| None);
+    let named = crate::stacks::name(&stacks, sym, |_| None);
     let total: u64 = named.iter().map(|s| s.value).sum::<u64>().max(1);
     let mut merged: HashMap<Vec<String>, u64> = HashMap::new();
     for s in named {
