@@ -501,8 +501,8 @@ pub struct Condition {
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: ConditionStatus,
-    /// PascalCase, e.g. `AgentsReporting`, `InvalidSelector`.
-    pub reason: String,
+    /// Why, PascalCase.
+    pub reason: ConditionReason,
     /// Details for people.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(with = "Option<String>")]
@@ -652,8 +652,8 @@ pub struct RemediationRecord {
     pub workload: Option<String>,
     /// `Pending`, `Restarted`, `Blocked`, `WouldRestart` or `Expired`.
     pub action: RemediationOutcome,
-    /// Why, PascalCase (`PodDisruptionBudget`, `Cooldown`, `NoController`, `DryRun`, ...).
-    pub reason: String,
+    /// Why: the gate or rail that refused, or what happened.
+    pub reason: RemediationReason,
     /// The same in words.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(with = "Option<String>")]
@@ -670,6 +670,111 @@ pub struct RemediationRecord {
     /// When decided, RFC 3339.
     pub time: String,
 }
+
+/// Reasons: what the API shows (PascalCase, listed in the schema), compared as types
+/// everywhere, and as text where people read them (`as_str`, `Display`, `== "Cooldown"`).
+macro_rules! reasons {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+        pub enum $name {
+            $($(#[$vm])* $v,)*
+            /// Written by a newer operator: a reason this release does not know.
+            #[serde(other)]
+            Unknown,
+        }
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$v => stringify!($v),)* $name::Unknown => "Unknown" }
+            }
+        }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool { self.as_str() == *other }
+        }
+    };
+}
+
+reasons!(
+    /// Why a condition has its status.
+    ConditionReason {
+        /// Ready: pods are selected and their nodes' agents report.
+        Watching,
+        /// Ready: the selector matches no pod.
+        NoPodsSelected,
+        /// Ready (Unknown): the selected pods' agents have not reported yet.
+        WaitingForAgents,
+        /// Ready (a ClusterResourceWatch): its nodes are configured.
+        Configured,
+        /// Ready: the spec is refused (the message says which field and why).
+        InvalidSpec,
+        /// Degraded: some nodes' agents do not report.
+        AgentsMissing,
+        /// Degraded: some agents refused their configuration.
+        ConfigRejected,
+        /// Degraded (False): every agent reports.
+        AllAgentsReporting,
+        /// Remediation (Unknown): checked when a prediction triggers.
+        NotEvaluated,
+        /// Remediation: restarts are allowed.
+        Enabled,
+        /// Remediation: `dryRun`.
+        DryRun,
+        /// Remediation: the operator runs without `--enable-remediation`.
+        RemediationDisabled,
+        /// Remediation: the namespace is not opted in by a cluster admin.
+        NamespaceNotOptedIn,
+        /// Remediation: no RemediationPolicy of the namespace grants this watch.
+        NoRemediationPolicy,
+        /// Remediation: the operator may not evict in this namespace.
+        NoEvictionRights,
+    }
+);
+
+reasons!(
+    /// Why a remediation was or was not carried out (README: "Pre-OOM remediation").
+    RemediationReason {
+        /// Recorded in the workload's ledger; the eviction is being attempted.
+        Decided,
+        /// Evicted through the Eviction API.
+        Evicted,
+        /// The pod was gone before the eviction.
+        Gone,
+        DryRun,
+        RemediationDisabled,
+        NamespaceNotOptedIn,
+        NoRemediationPolicy,
+        /// No RemediationPolicy covers this pod.
+        NotAuthorized,
+        NoEvictionRights,
+        /// No controller would replace the pod.
+        NoController,
+        /// The workload's ledger is missing while restarts within its window are known.
+        LedgerLost,
+        /// The workload's ledger cannot be read.
+        LedgerUnreadable,
+        /// Writes to the workload's ledger keep losing to another writer.
+        LedgerConflict,
+        /// Another pod of the workload is being restarted.
+        RestartInProgress,
+        /// The workload was restarted within `cooldown`.
+        Cooldown,
+        /// The workload had `maxRestarts` restarts within `window`.
+        MaxRestarts,
+        /// The pod is the only Ready one of a workload that asks for more.
+        LastReadyReplica,
+        /// A PodDisruptionBudget refused the eviction.
+        PodDisruptionBudget,
+        /// A pending restart whose prediction no longer held.
+        PredictionNoLongerHolds,
+        /// A pending restart that outlived its predicted OOM time.
+        IntentExpired,
+    }
+);
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum RemediationOutcome {
@@ -769,6 +874,46 @@ mod tests {
     const COMMITTED: &str = include_str!("../resourcewatch.io_resourcewatches.yaml");
     const COMMITTED_CLUSTER: &str = include_str!("../resourcewatch.io_clusterresourcewatches.yaml");
     const COMMITTED_POLICY: &str = include_str!("../resourcewatch.io_remediationpolicies.yaml");
+
+    #[test]
+    fn reasons_are_the_schemas_and_a_newer_operators_read_as_unknown() {
+        let r: RemediationRecord = serde_json::from_value(serde_json::json!({
+            "pod": "p", "podUID": "u", "action": "Blocked", "reason": "SomeRailOfLater",
+            "confidence": 90, "time": "2026-11-27T00:00:00Z"
+        }))
+        .expect("a record of a newer operator");
+        assert_eq!(r.reason, RemediationReason::Unknown);
+        let c: Condition = serde_json::from_value(serde_json::json!({
+            "type": "Ready", "status": "True", "reason": "Watching",
+            "lastTransitionTime": "2026-11-27T00:00:00Z"
+        }))
+        .expect("a condition");
+        assert_eq!(c.reason, ConditionReason::Watching);
+        assert!(c.reason == "Watching");
+        assert_eq!(
+            serde_json::to_value(RemediationReason::LastReadyReplica).ok(),
+            Some("LastReadyReplica".into())
+        );
+        // The schema lists every reason: the API server refuses any other.
+        let crd = serde_json::to_value(<ResourceWatch as kube::CustomResourceExt>::crd())
+            .expect("the CRD as JSON");
+        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"];
+        let listed = status["remediations"]["items"]["properties"]["reason"]["enum"].clone();
+        assert!(
+            listed
+                .as_array()
+                .is_some_and(|l| l.contains(&"Cooldown".into())),
+            "{listed}"
+        );
+        let listed = status["conditions"]["items"]["properties"]["reason"]["enum"].clone();
+        assert!(
+            listed
+                .as_array()
+                .is_some_and(|l| l.contains(&"AgentsMissing".into())),
+            "{listed}"
+        );
+    }
 
     #[test]
     fn committed_crd_matches_the_types() {
@@ -917,7 +1062,7 @@ mod tests {
             conditions: vec![Condition {
                 type_: "Ready".into(),
                 status: ConditionStatus::True,
-                reason: "Configured".into(),
+                reason: ConditionReason::Configured,
                 message: String::new(),
                 last_transition_time: "2026-11-24T10:00:00Z".into(),
                 observed_generation: None,

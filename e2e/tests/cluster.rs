@@ -12,7 +12,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use resourcewatch_crds::{ConditionStatus, ResourceWatch, ResourceWatchStatus};
+use resourcewatch_crds::{ConditionReason, ConditionStatus, ResourceWatch, ResourceWatchStatus};
 use resourcewatch_e2e::cluster::{self, leak_sim_pod, wait_for};
 
 const SYSTEM: &str = "resourcewatch-system";
@@ -89,11 +89,11 @@ async fn event_count(client: &Client, ns: &str, reason: &str) -> usize {
         .unwrap_or(0)
 }
 
-fn condition(s: &ResourceWatchStatus, t: &str) -> Option<(ConditionStatus, String)> {
+fn condition(s: &ResourceWatchStatus, t: &str) -> Option<(ConditionStatus, ConditionReason)> {
     s.conditions
         .iter()
         .find(|c| c.type_ == t)
-        .map(|c| (c.status, c.reason.clone()))
+        .map(|c| (c.status, c.reason))
 }
 
 #[tokio::test]
@@ -263,7 +263,7 @@ async fn losing_the_agent_degrades_and_recovers_and_an_operator_restart_repeats_
         let _ = pods.delete(&p.name_any(), &DeleteParams::default()).await;
     }
     let s = status_where(&rws, "w", "Degraded=True AgentsMissing", 90, |s| {
-        condition(s, "Degraded") == Some((ConditionStatus::True, "AgentsMissing".into()))
+        condition(s, "Degraded") == Some((ConditionStatus::True, ConditionReason::AgentsMissing))
     })
     .await;
     assert!(s.nodes.iter().any(|n| !n.reporting));

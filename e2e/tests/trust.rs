@@ -18,7 +18,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, Patch, PatchParams, PostParams},
 };
-use resourcewatch_crds::{ConditionStatus, RemediationOutcome, ResourceWatch};
+use resourcewatch_crds::{ConditionStatus, RemediationOutcome, RemediationReason, ResourceWatch};
 use resourcewatch_e2e::{
     cluster::{self, TestNamespace, wait_for},
     operator::OperatorProcess,
@@ -886,7 +886,7 @@ async fn two_watches_of_one_deployment_evict_once_per_cooldown() {
     tokio::time::sleep(Duration::from_secs(20)).await;
     let evicted = env.evicted().await;
     assert_eq!(evicted.len(), 1, "{evicted:?}");
-    let blocked: Vec<String> = [env.status("by-app").await, env.status("by-tier").await]
+    let blocked: Vec<RemediationReason> = [env.status("by-app").await, env.status("by-tier").await]
         .into_iter()
         .flat_map(|s| s.remediations)
         .filter(|r| r.action == RemediationOutcome::Blocked)
@@ -895,7 +895,7 @@ async fn two_watches_of_one_deployment_evict_once_per_cooldown() {
     assert!(
         blocked
             .iter()
-            .any(|r| r == "Cooldown" || r == "RestartInProgress"),
+            .any(|r| *r == "Cooldown" || *r == "RestartInProgress"),
         "the other replicas are held by the workload's rails: {blocked:?}"
     );
     agent.stop().await;

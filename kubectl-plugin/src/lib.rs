@@ -275,7 +275,7 @@ mod tests {
             "spec": {"selector": {"matchLabels": {"app": "api"}}},
             "status": {
                 "observedGeneration": 2, "matchedPods": 2, "expectedNodes": 2, "reportingNodes": 1,
-                "conditions": [{"type": "Degraded", "status": "True", "reason": "NodesNotReporting",
+                "conditions": [{"type": "Degraded", "status": "True", "reason": "AgentsMissing",
                                 "message": "1 of 2 nodes not reporting", "lastTransitionTime": "2026-11-26T10:00:00Z"}],
                 "topCPU": [{"pod": "api-1", "container": "app", "node": "n1", "pid": 42,
                             "command": "java", "value": 97.5}],
@@ -311,7 +311,7 @@ mod tests {
     #[test]
     fn explain_says_why_in_words() {
         let e = explain(&watch());
-        assert!(e.contains("Degraded=True (NodesNotReporting)"), "{e}");
+        assert!(e.contains("Degraded=True (AgentsMissing)"), "{e}");
         assert!(e.contains("node n2: NOT reporting"), "{e}");
         assert!(e.contains("93% of the growth in leak_here < main"), "{e}");
         let mut fresh = watch();

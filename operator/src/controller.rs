@@ -506,7 +506,7 @@ async fn delete_profile(ctx: &Context, rw: &ResourceWatch, ns: &str) {
 /// repeat it.
 fn count_remediations(ctx: &Context, old: &[RemediationRecord], new: &[RemediationRecord]) {
     for r in decide::new_records(old, new) {
-        ctx.metrics.remediation(&r.reason);
+        ctx.metrics.remediation(r.reason.as_str());
     }
 }
 

@@ -24,7 +24,8 @@ use kube::{
 };
 use resourcewatch_crds::{
     ClusterResourceWatch, ClusterResourceWatchSpec, ClusterResourceWatchStatus, ClusterSummary,
-    ConditionStatus, MAX_STATUS_NODES, NodeProcess, NodeTop, ProcessFigure, ProcessOwner,
+    ConditionReason, ConditionStatus, MAX_STATUS_NODES, NodeProcess, NodeTop, ProcessFigure,
+    ProcessOwner,
 };
 use resourcewatch_proto as pb;
 use resourcewatch_units::format_bytes;
@@ -135,7 +136,7 @@ pub fn compute(i: &Inputs<'_>) -> ClusterResourceWatchStatus {
             status.conditions = vec![cond(
                 ConditionType::Ready,
                 ConditionStatus::False,
-                "InvalidSpec",
+                ConditionReason::InvalidSpec,
                 e.to_string(),
             )];
             carry_transition_times(
@@ -196,7 +197,7 @@ pub fn compute(i: &Inputs<'_>) -> ClusterResourceWatchStatus {
     status.conditions = vec![cond(
         ConditionType::Ready,
         ConditionStatus::True,
-        "Configured",
+        ConditionReason::Configured,
         format!(
             "{} node(s) selected, {reporting} reporting",
             status.selected_nodes

@@ -7,8 +7,8 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use resourcewatch_crds::{
-    ConditionStatus, LeakEntry, RemediationAction, RemediationOutcome, RemediationRecord,
-    ResourceWatchStatus,
+    ConditionReason, ConditionStatus, LeakEntry, RemediationAction, RemediationOutcome,
+    RemediationRecord, ResourceWatchStatus,
 };
 
 use crate::{
@@ -186,13 +186,13 @@ pub fn decide(i: &Inputs<'_>) -> Plan {
 
 /// The `Remediation` condition of a `Restart` watch: whether it may evict now.
 fn remediation_condition(s: &WatchSettings, gate: Option<&Gate>) -> resourcewatch_crds::Condition {
-    let c = |st, reason: RemediationReason, msg: String| {
-        status::cond(ConditionType::Remediation, st, reason.as_str(), msg)
+    let c = |st, reason: ConditionReason, msg: String| {
+        status::cond(ConditionType::Remediation, st, reason, msg)
     };
     if s.dry_run {
         return c(
             ConditionStatus::False,
-            RemediationReason::DryRun,
+            ConditionReason::DryRun,
             "dryRun: decisions are reported, nothing is evicted".into(),
         );
     }
@@ -201,17 +201,17 @@ fn remediation_condition(s: &WatchSettings, gate: Option<&Gate>) -> resourcewatc
         None => status::cond(
             ConditionType::Remediation,
             ConditionStatus::Unknown,
-            "NotEvaluated",
+            ConditionReason::NotEvaluated,
             "checked when a prediction triggers".into(),
         ),
         Some(g) if !g.master_switch => c(
             ConditionStatus::False,
-            RemediationReason::RemediationDisabled,
+            ConditionReason::RemediationDisabled,
             "the operator runs without --enable-remediation".into(),
         ),
         Some(g) if !g.namespace_opted_in => c(
             ConditionStatus::False,
-            RemediationReason::NamespaceNotOptedIn,
+            ConditionReason::NamespaceNotOptedIn,
             format!(
                 "a cluster admin must label this namespace {}={}",
                 resourcewatch_crds::NAMESPACE_OPT_IN_LABEL,
@@ -220,7 +220,7 @@ fn remediation_condition(s: &WatchSettings, gate: Option<&Gate>) -> resourcewatc
         ),
         Some(Gate { grant: Err(e), .. }) => c(
             ConditionStatus::False,
-            RemediationReason::NoRemediationPolicy,
+            ConditionReason::NoRemediationPolicy,
             e.clone(),
         ),
         Some(Gate {
@@ -228,7 +228,7 @@ fn remediation_condition(s: &WatchSettings, gate: Option<&Gate>) -> resourcewatc
             ..
         }) => c(
             ConditionStatus::False,
-            RemediationReason::NoEvictionRights,
+            ConditionReason::NoEvictionRights,
             e.clone(),
         ),
         Some(Gate {
@@ -237,7 +237,7 @@ fn remediation_condition(s: &WatchSettings, gate: Option<&Gate>) -> resourcewatc
         }) => status::cond(
             ConditionType::Remediation,
             ConditionStatus::True,
-            "Enabled",
+            ConditionReason::Enabled,
             format!(
                 "restarts are allowed (granted by RemediationPolicy {})",
                 policies.join(", ")
@@ -278,7 +278,7 @@ fn remediate(
                 pod_uid: facts.uid.clone(),
                 workload: facts.workload.as_ref().map(|w| w.kind_name.clone()),
                 action,
-                reason: reason.as_str().into(),
+                reason,
                 message,
                 time_to_oom_seconds: leak.time_to_oom_seconds,
                 confidence: leak.confidence,
@@ -308,7 +308,7 @@ fn remediate(
                     // A PDB refused it moments ago: give the budget time.
                     if last_record(status, &facts.uid).is_some_and(|r| {
                         r.action == RemediationOutcome::Blocked
-                            && r.reason == RemediationReason::PodDisruptionBudget.as_str()
+                            && r.reason == RemediationReason::PodDisruptionBudget
                             && seconds_between(&r.time, now_str)
                                 .is_some_and(|d| d < remediation::PDB_RETRY.as_secs() as i64)
                     }) {
@@ -443,7 +443,7 @@ fn expire_record(
         .filter(|r| r.pod_uid == uid && r.action == RemediationOutcome::Pending)
     {
         r.action = RemediationOutcome::Expired;
-        r.reason = reason.as_str().into();
+        r.reason = reason;
         r.message = format!("the pending restart was not carried out: {why}");
         r.time = now.to_owned();
         let name = r.pod.clone();
@@ -546,10 +546,10 @@ fn when_to_write(
     // A transition (status or reason) is written at once; a message that only counts
     // (pods selected, nodes reporting) waits for the interval like the figures: with pods
     // churning, every pod created or deleted rewrote each status selecting it.
-    let transitions = |s: &ResourceWatchStatus| -> Vec<(String, ConditionStatus, String)> {
+    let transitions = |s: &ResourceWatchStatus| -> Vec<(String, ConditionStatus, ConditionReason)> {
         s.conditions
             .iter()
-            .map(|c| (c.type_.clone(), c.status, c.reason.clone()))
+            .map(|c| (c.type_.clone(), c.status, c.reason))
             .collect()
     };
     if transitions(old) != transitions(new) {
@@ -636,7 +636,7 @@ pub fn after_eviction(
         .find(|r| r.pod_uid == ev.pod_uid && r.action == RemediationOutcome::Pending)
     {
         r.action = outcome;
-        r.reason = reason.as_str().into();
+        r.reason = reason;
         r.message = note.clone();
         r.time = now_str.to_owned();
     }
@@ -809,7 +809,7 @@ mod tests {
             Write::Skip(interval)
         );
         // A transition is written at once.
-        new.conditions[0].reason = "SomethingElse".into();
+        new.conditions[0].reason = ConditionReason::AgentsMissing;
         assert_eq!(when_to_write(&i, &new, false, interval), Write::Now);
     }
 
@@ -890,7 +890,7 @@ mod tests {
                 pod_uid: "uid-2".into(),
                 workload: Some("Deployment/app".into()),
                 action: RemediationOutcome::Pending,
-                reason: "Decided".into(),
+                reason: RemediationReason::Decided,
                 message: String::new(),
                 time_to_oom_seconds: Some(5.0),
                 confidence: 100,

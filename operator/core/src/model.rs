@@ -22,7 +22,6 @@ macro_rules! names {
         }
     };
 }
-pub(crate) use names;
 
 names!(
     /// `status.conditions[].type`.
@@ -69,8 +68,8 @@ impl EventReason {
     }
 }
 
-// Why a remediation was or was not carried out (`RemediationReason`) is the remediation
-// module's own vocabulary: a new rail adds its reason where it is decided.
+// Condition and remediation reasons are the API's own enums (resourcewatch_crds::
+// ConditionReason, RemediationReason): the schema lists them.
 
 #[cfg(test)]
 mod tests {

@@ -23,35 +23,12 @@ use resourcewatch_crds::{LeakEntry, RemediationAction, RemediationOutcome};
 
 use crate::{
     ledger::{Intent, Ledger, LedgerProblem, Workload},
-    model::names,
     spec::WatchSettings,
 };
 
-names!(
-    /// Why a remediation was not carried out, or was; recorded in status and Events.
-    RemediationReason {
-        Decided,
-        Evicted,
-        Gone,
-        DryRun,
-        RemediationDisabled,
-        NamespaceNotOptedIn,
-        NoRemediationPolicy,
-        NotAuthorized,
-        NoEvictionRights,
-        NoController,
-        LedgerLost,
-        LedgerUnreadable,
-        LedgerConflict,
-        RestartInProgress,
-        Cooldown,
-        MaxRestarts,
-        LastReadyReplica,
-        PodDisruptionBudget,
-        PredictionNoLongerHolds,
-        IntentExpired,
-    }
-);
+/// The reasons are the API's (`status.remediations[].reason`): a new rail adds its own
+/// there.
+pub use resourcewatch_crds::RemediationReason;
 
 /// How many of a workload's pods serve, as its controller counts them (its status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,9 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use resourcewatch_crds::{
-    Condition, ConditionStatus, GrowthSiteEntry, LeakEntry, MAX_FRAME_LENGTH, MAX_GROWTH_SITES,
-    MAX_SITE_FRAMES, Metric, NodeEntry, ProcessFigure, ResourceWatchStatus, Summary,
-    ThresholdEntry, TopEntry,
+    Condition, ConditionReason, ConditionStatus, GrowthSiteEntry, LeakEntry, MAX_FRAME_LENGTH,
+    MAX_GROWTH_SITES, MAX_SITE_FRAMES, Metric, NodeEntry, ProcessFigure, ResourceWatchStatus,
+    Summary, ThresholdEntry, TopEntry,
 };
 use resourcewatch_proto as pb;
 use resourcewatch_units::format_bytes;
@@ -360,21 +360,21 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         cond(
             ConditionType::Ready,
             ConditionStatus::Unknown,
-            "WaitingForAgents",
+            ConditionReason::WaitingForAgents,
             "waiting for the agents of the selected pods' nodes to report".into(),
         )
     } else if i.pods.is_empty() {
         cond(
             ConditionType::Ready,
             ConditionStatus::True,
-            "NoPodsSelected",
+            ConditionReason::NoPodsSelected,
             "the selector matches no pod in this namespace".into(),
         )
     } else {
         cond(
             ConditionType::Ready,
             ConditionStatus::True,
-            "Watching",
+            ConditionReason::Watching,
             format!(
                 "{} pods selected ({} not scheduled yet), {reporting}/{expected} nodes reporting",
                 i.pods.len(),
@@ -386,7 +386,7 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         cond(
             ConditionType::Degraded,
             ConditionStatus::True,
-            "AgentsMissing",
+            ConditionReason::AgentsMissing,
             format!(
                 "no report from the agent of node(s) {}",
                 list_some(&missing)
@@ -396,7 +396,7 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         cond(
             ConditionType::Degraded,
             ConditionStatus::True,
-            "ConfigRejected",
+            ConditionReason::ConfigRejected,
             {
                 let n: Vec<&str> = nacked.iter().map(String::as_str).collect();
                 list_some(&n)
@@ -406,7 +406,7 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         cond(
             ConditionType::Degraded,
             ConditionStatus::False,
-            "AllAgentsReporting",
+            ConditionReason::AllAgentsReporting,
             String::new(),
         )
     };
@@ -444,9 +444,9 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
             .unwrap_or_default()
             .into_iter()
             .map(|mut r| {
-                // The stored log is not ours alone (status is writable): keep it bounded.
+                // The stored log is not ours alone (status is writable): keep it bounded
+                // (a reason is one of the schema's, or Unknown).
                 crate::validate::truncate(&mut r.message, resourcewatch_crds::MAX_MESSAGE);
-                crate::validate::truncate(&mut r.reason, 64);
                 r
             })
             .collect(),
@@ -460,7 +460,13 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
     let events = if pending {
         Vec::new()
     } else {
-        transitions(i.old, &status, settings)
+        let rejecting: BTreeSet<&str> = i
+            .nodes
+            .iter()
+            .filter(|n| n.nack.is_some())
+            .map(|n| n.name.as_str())
+            .collect();
+        transitions(i.old, &status, settings, &rejecting)
     };
     Outcome::Write {
         status: Box::new(status),
@@ -491,13 +497,13 @@ fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
         cond(
             ConditionType::Ready,
             ConditionStatus::False,
-            "InvalidSpec",
+            ConditionReason::InvalidSpec,
             e.to_string(),
         ),
         cond(
             ConditionType::Degraded,
             ConditionStatus::False,
-            "InvalidSpec",
+            ConditionReason::InvalidSpec,
             String::new(),
         ),
     ];
@@ -513,7 +519,9 @@ fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
     let was = i
         .old
         .and_then(|o| find(&o.conditions, ConditionType::Ready));
-    let events = if was.is_some_and(|c| c.reason == "InvalidSpec" && c.message == e.to_string()) {
+    let events = if was
+        .is_some_and(|c| c.reason == ConditionReason::InvalidSpec && c.message == e.to_string())
+    {
         Vec::new()
     } else {
         vec![ev(
@@ -531,10 +539,12 @@ fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
     }
 }
 
+/// `rejecting`: the nodes whose agents refused their configuration.
 fn transitions(
     old: Option<&ResourceWatchStatus>,
     new: &ResourceWatchStatus,
     settings: &WatchSettings,
+    rejecting: &BTreeSet<&str>,
 ) -> Vec<EventSpec> {
     let mut out = Vec::new();
     let was_ready = old
@@ -582,7 +592,7 @@ fn transitions(
             .and_then(|o| o.nodes.iter().find(|m| m.name == n.name))
             .map(|m| m.message.as_str())
             .unwrap_or("");
-        if n.message.starts_with("configuration rejected") && n.message != old_msg {
+        if rejecting.contains(n.name.as_str()) && n.message != old_msg {
             out.push(
                 ev(
                     true,
@@ -814,14 +824,14 @@ fn ev(
 pub fn cond(
     type_: ConditionType,
     status: ConditionStatus,
-    reason: &str,
+    reason: ConditionReason,
     mut message: String,
 ) -> Condition {
     crate::validate::truncate(&mut message, resourcewatch_crds::MAX_MESSAGE);
     Condition {
         type_: type_.as_str().into(),
         status,
-        reason: reason.into(),
+        reason,
         message,
         last_transition_time: String::new(),
         observed_generation: None,
@@ -947,6 +957,33 @@ mod tests {
             old,
             now,
         }))
+    }
+
+    #[test]
+    fn a_node_refusing_its_configuration_is_one_event_and_a_degraded_reason() {
+        let s = settings(serde_json::json!({}));
+        let pods = [pod("a", "n1")];
+        let fine = [node("n1", vec![], vec![])];
+        let (st, _) = write_at(&s, &pods, &fine, None, "t0");
+        let refusing = [NodeView {
+            nack: Some((8, "cpu sketch width 3 is not a power of two".into())),
+            ..fine[0].clone()
+        }];
+        let (st, ev) = write_at(&s, &pods, &refusing, Some(&st), "t1");
+        let rejected: Vec<_> = ev
+            .iter()
+            .filter(|e| e.reason == EventReason::ConfigRejected)
+            .collect();
+        assert_eq!(rejected.len(), 1, "{ev:?}");
+        assert!(rejected[0].note.contains("power of two"), "{ev:?}");
+        let degraded = find(&st.conditions, ConditionType::Degraded).cloned();
+        assert_eq!(
+            degraded.map(|c| c.reason),
+            Some(ConditionReason::ConfigRejected)
+        );
+        // The same refusal at the next reconcile: no second Event.
+        let (_, ev) = write_at(&s, &pods, &refusing, Some(&st), "t2");
+        assert!(!ev.iter().any(|e| e.reason == EventReason::ConfigRejected));
     }
 
     #[test]
@@ -1367,7 +1404,7 @@ mod size_tests {
                     pod_uid: format!("{i:036}"),
                     workload: Some(long("Deployment/", i, 253 + 11)),
                     action: RemediationOutcome::Blocked,
-                    reason: "RestartInProgress".into(),
+                    reason: resourcewatch_crds::RemediationReason::RestartInProgress,
                     message: "m".repeat(resourcewatch_crds::MAX_MESSAGE + 600),
                     time_to_oom_seconds: Some(1e300),
                     confidence: 100,
