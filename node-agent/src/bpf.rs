@@ -16,6 +16,9 @@ use crate::procfs;
 /// Errors of loading, attaching and reading the kernel pipelines.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
+    /// Between unloading the pipelines and loading them again (a new sketch geometry).
+    #[error("the pipelines were unloaded to be loaded again")]
+    Unloaded,
     #[error(
         "the kernel has no BTF at /sys/kernel/btf/vmlinux (needs CONFIG_DEBUG_INFO_BTF=y): {0}"
     )]

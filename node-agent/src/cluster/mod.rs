@@ -36,7 +36,7 @@ use crate::{
     capabilities::{self, CheckId},
     cgroup_resolver::CgroupLayout,
     hashpipe::Geometry,
-    pipelines::{PipelineOptions, Pipelines},
+    pipelines::{PipelineError, PipelineOptions, Pipelines},
     procfs,
     snapshot::FrameBuilder,
 };
@@ -400,7 +400,7 @@ struct Engine {
     acks: mpsc::UnboundedSender<pb::ConfigAck>,
     reports: watch::Sender<Option<pb::Report>>,
     applied: Arc<AtomicU64>,
-    pipes: Result<Pipelines, String>,
+    pipes: Result<Pipelines, PipelineError>,
     builder: Option<FrameBuilder>,
     layout: Option<CgroupLayout>,
     config: pb::NodeConfig,
@@ -422,10 +422,10 @@ impl Engine {
         metrics: Arc<metrics::AgentMetrics>,
         profiles: profiles::Runner,
     ) -> Self {
-        let pipes = load(PipelineOptions::default());
+        let pipes = Pipelines::load(PipelineOptions::default());
         let layout = pipes.as_ref().ok().map(|p| p.cgroup_layout().clone());
         if let Err(e) = &pipes {
-            tracing::error!(error = %e, "kernel pipelines unavailable: reporting health only");
+            tracing::error!(error = %with_causes(e), "kernel pipelines unavailable: reporting health only");
         }
         Self {
             acks,
@@ -523,12 +523,18 @@ impl Engine {
         }
         let reload = match &self.pipes {
             Ok(p) => p.options().cpu != geometry,
-            Err(e) => return nack(format!("kernel pipelines unavailable: {e}")),
+            Err(e) => {
+                return nack(format!("kernel pipelines unavailable: {}", with_causes(e)));
+            }
         };
         if reload {
-            // Detach the old programs before loading the new ones.
-            self.pipes = Err("reloading".into());
-            self.pipes = load(PipelineOptions {
+            // Detach the old programs before loading the new ones: both attached at once
+            // would count every event twice meanwhile.
+            drop(std::mem::replace(
+                &mut self.pipes,
+                Err(PipelineError::Unloaded),
+            ));
+            self.pipes = Pipelines::load(PipelineOptions {
                 cpu: geometry,
                 mem: geometry,
                 ..Default::default()
@@ -536,7 +542,10 @@ impl Engine {
             self.builder = None;
             self.resolved.clear();
             if let Err(e) = &self.pipes {
-                return nack(format!("reloading the pipelines with a new sketch: {e}"));
+                return nack(format!(
+                    "reloading the pipelines with a new sketch: {}",
+                    with_causes(e)
+                ));
             }
         }
         let mut builder = self
@@ -682,17 +691,16 @@ impl Engine {
     }
 }
 
-fn load(opts: PipelineOptions) -> Result<Pipelines, String> {
-    Pipelines::load(opts).map_err(|e| {
-        let mut s = e.to_string();
-        let mut cur = std::error::Error::source(&e);
-        while let Some(c) = cur {
-            s.push_str(": ");
-            s.push_str(&c.to_string());
-            cur = c.source();
-        }
-        s
-    })
+/// An error with its causes, as one line.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// Trims a report to the operator's message limit: the heaviest processes of each
@@ -833,7 +841,7 @@ mod tests {
         assert!(all.btf && all.sched_switch && all.rss_stat && all.uprobes && all.ring_buffer);
         assert!(all.missing.is_empty());
 
-        // A node without BTF: the old name match ("btf" in "BTF") claimed it anyway.
+        // A node without BTF claims no BTF (checks are matched by id, not by name).
         let no_btf = hello_capabilities(&report(&[CheckId::Btf]));
         assert!(!no_btf.btf, "{no_btf:?}");
         assert!(no_btf.sched_switch && no_btf.rss_stat);

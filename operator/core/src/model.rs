@@ -1,6 +1,6 @@
 //! The operator's vocabulary as types: condition types, Event reasons and actions.
-//! Decisions compare these, never strings (`reason.contains("Restart")` once decided
-//! urgency); the API sees their PascalCase names.
+//! Decisions compare these, never strings (a misspelt string compares false and decides
+//! silently); the API sees their PascalCase names.
 
 macro_rules! names {
     ($(#[$m:meta])* $name:ident { $($v:ident),* $(,)? }) => {
