@@ -198,6 +198,158 @@ fn ledger_reason(problem: &LedgerProblem) -> RemediationReason {
     }
 }
 
+/// The gates: whether this watch may restart this pod at all (its settings, the operator,
+/// the namespace's admin, its policies, the API server's answer, a controller, a ledger
+/// to trust). Ok: the workload that replaces it.
+fn gates<'a>(
+    s: &WatchSettings,
+    gate: &Gate,
+    pod: &'a PodFacts,
+    why: &str,
+) -> Result<&'a Workload, Decision> {
+    use RemediationOutcome::{Blocked, WouldRestart};
+    if s.dry_run {
+        return Err(report(
+            WouldRestart,
+            RemediationReason::DryRun,
+            format!("would restart: {why} (dryRun)"),
+        ));
+    }
+    if !gate.master_switch {
+        return Err(report(
+            WouldRestart,
+            RemediationReason::RemediationDisabled,
+            format!(
+                "would restart: {why}, but remediation is off in the operator (--enable-remediation)"
+            ),
+        ));
+    }
+    if !gate.namespace_opted_in {
+        return Err(report(
+            Blocked,
+            RemediationReason::NamespaceNotOptedIn,
+            format!(
+                "not restarted: {why}, but this namespace is not opted in (a cluster admin labels it {}={})",
+                resourcewatch_crds::NAMESPACE_OPT_IN_LABEL,
+                resourcewatch_crds::NAMESPACE_OPT_IN_VALUE
+            ),
+        ));
+    }
+    if let Err(e) = &gate.grant {
+        return Err(report(
+            Blocked,
+            RemediationReason::NoRemediationPolicy,
+            format!("not restarted: {why}, but {e}"),
+        ));
+    }
+    if pod.granted_by.is_none() {
+        return Err(report(
+            Blocked,
+            RemediationReason::NotAuthorized,
+            format!(
+                "not restarted: {why}, but no RemediationPolicy of this namespace covers pod {} (their podSelector)",
+                pod.name
+            ),
+        ));
+    }
+    if let Err(e) = &gate.operator_may_evict {
+        return Err(report(
+            Blocked,
+            RemediationReason::NoEvictionRights,
+            format!("not restarted: {why}, but {e}"),
+        ));
+    }
+    let Some(workload) = &pod.workload else {
+        return Err(report(
+            Blocked,
+            RemediationReason::NoController,
+            format!("not restarted: {why}, but no controller would replace this pod"),
+        ));
+    };
+    if let Some(problem) = &pod.ledger_problem {
+        return Err(report(
+            Blocked,
+            ledger_reason(problem),
+            format!("not restarted: {why}, but {}", problem.message()),
+        ));
+    }
+    Ok(workload)
+}
+
+/// The rails of the workload, across every watch that selects it: one pending restart,
+/// `cooldown`, `maxRestarts` per `window`, its last Ready replica. Ok: whether this pod's
+/// own recorded intent is being carried out (rather than a new one recorded).
+fn rails(
+    s: &WatchSettings,
+    pod: &PodFacts,
+    workload: &Workload,
+    ledger: &Ledger,
+    why: &str,
+    now: i64,
+) -> Result<bool, Decision> {
+    use RemediationOutcome::Blocked;
+    let resume = match ledger.live_pending(now) {
+        Some(p) if p.pod_uid == pod.uid => true,
+        Some(p) => {
+            return Err(report(
+                Blocked,
+                RemediationReason::RestartInProgress,
+                format!(
+                    "not restarted: {why}, but pod {} of {} is being restarted",
+                    p.pod, workload.kind_name
+                ),
+            ));
+        }
+        None => false,
+    };
+    if let Some(last) = ledger.restarts.iter().map(|r| r.at).max()
+        && now - last < s.cooldown.as_secs() as i64
+    {
+        return Err(report(
+            Blocked,
+            RemediationReason::Cooldown,
+            format!(
+                "not restarted: {why}, but {} was restarted {}s ago (cooldown {}s)",
+                workload.kind_name,
+                now - last,
+                s.cooldown.as_secs()
+            ),
+        ));
+    }
+    let in_window = ledger
+        .restarts
+        .iter()
+        .filter(|r| now - r.at < s.window.as_secs() as i64)
+        .count();
+    if in_window >= s.max_restarts as usize {
+        return Err(report(
+            Blocked,
+            RemediationReason::MaxRestarts,
+            format!(
+                "not restarted: {why}, but {} had {in_window} restarts in the last {}s (maxRestarts {})",
+                workload.kind_name,
+                s.window.as_secs(),
+                s.max_restarts
+            ),
+        ));
+    }
+    if let Some(r) = pod.replicas
+        && r.desired > 1
+        && pod.ready
+        && r.ready <= 1
+    {
+        return Err(report(
+            Blocked,
+            RemediationReason::LastReadyReplica,
+            format!(
+                "not restarted: {why}, but it is the only Ready pod of {} ({} of {} Ready): evicting it would leave none serving",
+                workload.kind_name, r.ready, r.desired
+            ),
+        ));
+    }
+    Ok(resume)
+}
+
 /// `now` and ledger times are seconds since the epoch; `watch` is `namespace/name`.
 pub fn decide(
     s: &WatchSettings,
@@ -208,7 +360,6 @@ pub fn decide(
     watch: &str,
     now: i64,
 ) -> Decision {
-    use RemediationOutcome::{Blocked, WouldRestart};
     if !triggered(s, leak) || pod.deleting {
         return Decision::Nothing;
     }
@@ -218,132 +369,21 @@ pub fn decide(
         s.min_time_to_oom.as_secs(),
         leak.confidence
     );
-    if s.dry_run {
-        return report(
-            WouldRestart,
-            RemediationReason::DryRun,
-            format!("would restart: {why} (dryRun)"),
-        );
-    }
-    if !gate.master_switch {
-        return report(
-            WouldRestart,
-            RemediationReason::RemediationDisabled,
-            format!(
-                "would restart: {why}, but remediation is off in the operator (--enable-remediation)"
-            ),
-        );
-    }
-    if !gate.namespace_opted_in {
-        return report(
-            Blocked,
-            RemediationReason::NamespaceNotOptedIn,
-            format!(
-                "not restarted: {why}, but this namespace is not opted in (a cluster admin labels it {}={})",
-                resourcewatch_crds::NAMESPACE_OPT_IN_LABEL,
-                resourcewatch_crds::NAMESPACE_OPT_IN_VALUE
-            ),
-        );
-    }
-    if let Err(e) = &gate.grant {
-        return report(
-            Blocked,
-            RemediationReason::NoRemediationPolicy,
-            format!("not restarted: {why}, but {e}"),
-        );
-    }
-    if pod.granted_by.is_none() {
-        return report(
-            Blocked,
-            RemediationReason::NotAuthorized,
-            format!(
-                "not restarted: {why}, but no RemediationPolicy of this namespace covers pod {} (their podSelector)",
-                pod.name
-            ),
-        );
-    }
-    if let Err(e) = &gate.operator_may_evict {
-        return report(
-            Blocked,
-            RemediationReason::NoEvictionRights,
-            format!("not restarted: {why}, but {e}"),
-        );
-    }
-    let Some(workload) = &pod.workload else {
-        return report(
-            Blocked,
-            RemediationReason::NoController,
-            format!("not restarted: {why}, but no controller would replace this pod"),
-        );
+    let workload = match gates(s, gate, pod, &why) {
+        Ok(w) => w,
+        Err(refused) => return refused,
     };
-    if let Some(problem) = &pod.ledger_problem {
-        return report(
-            Blocked,
-            ledger_reason(problem),
-            format!("not restarted: {why}, but {}", problem.message()),
-        );
-    }
-    let empty = Ledger::default();
-    let ledger = ledger.unwrap_or(&empty);
-    let resume = match ledger.live_pending(now) {
-        Some(p) if p.pod_uid == pod.uid => true,
-        Some(p) => {
-            return report(
-                Blocked,
-                RemediationReason::RestartInProgress,
-                format!(
-                    "not restarted: {why}, but pod {} of {} is being restarted",
-                    p.pod, workload.kind_name
-                ),
-            );
-        }
-        None => false,
+    let resume = match rails(
+        s,
+        pod,
+        workload,
+        ledger.unwrap_or(&Ledger::default()),
+        &why,
+        now,
+    ) {
+        Ok(resume) => resume,
+        Err(refused) => return refused,
     };
-    if let Some(last) = ledger.restarts.iter().map(|r| r.at).max()
-        && now - last < s.cooldown.as_secs() as i64
-    {
-        return report(
-            Blocked,
-            RemediationReason::Cooldown,
-            format!(
-                "not restarted: {why}, but {} was restarted {}s ago (cooldown {}s)",
-                workload.kind_name,
-                now - last,
-                s.cooldown.as_secs()
-            ),
-        );
-    }
-    let in_window = ledger
-        .restarts
-        .iter()
-        .filter(|r| now - r.at < s.window.as_secs() as i64)
-        .count();
-    if in_window >= s.max_restarts as usize {
-        return report(
-            Blocked,
-            RemediationReason::MaxRestarts,
-            format!(
-                "not restarted: {why}, but {} had {in_window} restarts in the last {}s (maxRestarts {})",
-                workload.kind_name,
-                s.window.as_secs(),
-                s.max_restarts
-            ),
-        );
-    }
-    if let Some(r) = pod.replicas
-        && r.desired > 1
-        && pod.ready
-        && r.ready <= 1
-    {
-        return report(
-            Blocked,
-            RemediationReason::LastReadyReplica,
-            format!(
-                "not restarted: {why}, but it is the only Ready pod of {} ({} of {} Ready): evicting it would leave none serving",
-                workload.kind_name, r.ready, r.desired
-            ),
-        );
-    }
     if resume {
         return Decision::Resume;
     }
