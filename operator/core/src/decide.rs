@@ -362,9 +362,20 @@ fn remediate(
             }
         }
     }
-    // Pending records nothing re-confirmed this time: the prediction no longer holds, or
-    // they never were the operator's (status is writable by others; only the ledger
-    // counts).
+    expire_unconfirmed(i, &handled, status, events, ledger);
+}
+
+/// Pending records this pass did not confirm: the prediction no longer holds, or they
+/// never were the operator's (status is writable by others; only the ledger counts).
+fn expire_unconfirmed(
+    i: &Inputs<'_>,
+    handled: &[String],
+    status: &mut ResourceWatchStatus,
+    events: &mut Vec<EventSpec>,
+    ledger: &mut Vec<LedgerChange>,
+) {
+    let now_str = i.status.now;
+    let gate = i.gate;
     let stale: Vec<(String, String)> = status
         .remediations
         .iter()
