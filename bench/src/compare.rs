@@ -7,6 +7,10 @@
 //!   iterators) and per-process exporters do; it is written here rather than run as
 //!   `top -b` so that both sides produce the same two Top-K lists and nothing else
 //!   (no terminal rendering, no per-user lookups) is counted against the poller.
+//! - **competent /proc poller**: the same lists from one file per process (`stat` holds
+//!   the resident size too), read into one buffer reused across processes and passes,
+//!   its path written into a reused buffer, parsed in place: what a careful poller
+//!   (procps' `readproc` with its reused buffers) costs.
 //! - **cgroup reader**: every interval, each targeted container's `cpuacct.usage`,
 //!   `memory.usage_in_bytes` and `memory.stat` (v1; `cpu.stat`, `memory.current`,
 //!   `memory.stat` on v2), what cAdvisor-style per-container readers do. It gives
@@ -133,12 +137,28 @@ impl Drop for Containers {
 }
 
 /// The workload described in the module's comment, its processes in `containers`.
-fn spawn(procs: usize, churn: u32, containers: &Containers) -> Workload {
+/// The workload of one comparison.
+#[derive(Clone, Copy, Debug)]
+pub struct Mix {
+    pub procs: usize,
+    pub busy: usize,
+    pub containers: usize,
+    pub churn: u32,
+}
+
+fn spawn(mix: Mix, containers: &Containers) -> Workload {
+    let Mix {
+        procs, busy, churn, ..
+    } = mix;
     let mut pids = Vec::with_capacity(procs + 1);
     for i in 0..procs {
-        let pid = if i < 50 {
+        let pid = if i < busy.min(50) {
             let duty = 0.05 * 0.93f64.powi(i as i32);
             fork(move || duty_cycle(duty, Duration::from_millis(20)))
+        } else if i < busy {
+            // 6 us every 20 ms: a process that wakes often and does little (a poller, a
+            // request loop), 50 context switches a second each.
+            fork(|| duty_cycle(0.0003, Duration::from_millis(20)))
         } else {
             fork(|| {
                 super::touch_anon(256 << 10);
@@ -249,6 +269,75 @@ fn proc_pass(k: usize, prev: &mut HashMap<u32, u64>, page: u64) -> usize {
     n
 }
 
+/// What the competent poller keeps across passes: path and file buffers, the two lists.
+type LeanBuffers = (String, Vec<u8>, Vec<(u64, u32)>, Vec<(u64, u32)>);
+
+/// The competent pass: the same two lists from `/proc/PID/stat` alone (`utime`, `stime`
+/// and `rss` are its fields 14, 15 and 24), with the path and the contents in buffers
+/// reused across processes and passes, parsed without allocating.
+fn proc_pass_lean(
+    k: usize,
+    prev: &mut HashMap<u32, u64>,
+    seen: &mut HashMap<u32, u64>,
+    bufs: &mut LeanBuffers,
+    page: u64,
+) -> usize {
+    use std::{fmt::Write as _, io::Read as _};
+    let (path, content, cpu, mem) = bufs;
+    cpu.clear();
+    mem.clear();
+    seen.clear();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        fail(&"cannot list /proc")
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        path.clear();
+        let _ = write!(path, "/proc/{pid}/stat");
+        content.clear();
+        let Ok(mut f) = std::fs::File::open(&*path) else {
+            continue;
+        };
+        if f.read_to_end(content).is_err() {
+            continue;
+        }
+        // After the command's closing parenthesis: field 3 (state) onwards.
+        let Some(close) = content.iter().rposition(|&b| b == b')') else {
+            continue;
+        };
+        let num = |field: usize| -> u64 {
+            content[close + 1..]
+                .split(|&b| b == b' ')
+                .filter(|s| !s.is_empty())
+                .nth(field - 3)
+                .map_or(0, |s| {
+                    s.iter()
+                        .take_while(|b| b.is_ascii_digit())
+                        .fold(0, |n, &b| n * 10 + u64::from(b - b'0'))
+                })
+        };
+        let ticks = num(14) + num(15);
+        let rss = num(24) * page;
+        let delta = ticks.saturating_sub(prev.get(&pid).copied().unwrap_or(ticks));
+        seen.insert(pid, ticks);
+        cpu.push((delta, pid));
+        mem.push((rss, pid));
+    }
+    std::mem::swap(prev, seen);
+    let n = cpu.len();
+    for list in [&mut *cpu, &mut *mem] {
+        if list.len() > k {
+            list.select_nth_unstable_by(k, |a, b| b.cmp(a));
+            list.truncate(k);
+        }
+        list.sort_unstable_by(|a, b| b.cmp(a));
+    }
+    std::hint::black_box((&cpu, &mem));
+    n
+}
+
 /// The kernel time and runs of every eBPF program `pid` holds open.
 fn bpf_of(pid: u32) -> (u64, u64) {
     let (mut ns, mut runs) = (0, 0);
@@ -312,18 +401,16 @@ fn agent(k: usize, interval: Duration, duration: Duration, targets: &[PathBuf]) 
     }
 }
 
-pub fn compare(
-    procs: usize,
-    containers: usize,
-    churn: u32,
-    k: usize,
-    interval: Duration,
-    duration: Duration,
-    untargeted: bool,
-) {
+pub fn compare(mix: Mix, k: usize, interval: Duration, duration: Duration, untargeted: bool) {
+    let Mix {
+        procs,
+        busy,
+        containers,
+        churn,
+    } = mix;
     let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
     let cg = Containers::create(containers.max(1));
-    let _workload = spawn(procs, churn, &cg);
+    let _workload = spawn(mix, &cg);
     // Let every process start and settle.
     std::thread::sleep(Duration::from_secs(5));
     // SAFETY: sysconf has no preconditions.
@@ -333,6 +420,11 @@ pub fn compare(
     let mut seen = 0;
     proc_pass(k, &mut prev, page);
     let poller = poll(interval, duration, || seen = proc_pass(k, &mut prev, page));
+    let (mut prev, mut scratch, mut bufs) = (HashMap::new(), HashMap::new(), Default::default());
+    proc_pass_lean(k, &mut prev, &mut scratch, &mut bufs, page);
+    let lean = poll(interval, duration, || {
+        proc_pass_lean(k, &mut prev, &mut scratch, &mut bufs, page);
+    });
 
     let files = cg.files();
     let mut buf = String::new();
@@ -352,8 +444,9 @@ pub fn compare(
     let agent = agent_run;
 
     println!(
-        "{procs} long-lived processes + {churn}/s short-lived ({seen} in /proc at the last pass), \
-         {containers} containers, K = {k}, every {} ms, {} s each, one after the other:\n",
+        "{procs} long-lived processes ({busy} waking every 20 ms, the rest once a second) + \
+         {churn}/s short-lived ({seen} in /proc at the last pass), {containers} containers, \
+         K = {k}, every {} ms, {} s each, one after the other:\n",
         interval.as_millis(),
         duration.as_secs()
     );
@@ -403,6 +496,11 @@ pub fn compare(
     row(
         "/proc poller (stat + statm of every process)",
         &poller,
+        "-".into(),
+    );
+    row(
+        "competent /proc poller (stat only, buffers reused)",
+        &lean,
         "-".into(),
     );
     row(
