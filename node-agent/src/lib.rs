@@ -12,3 +12,15 @@ pub mod profile;
 pub mod snapshot;
 pub mod stacks;
 pub mod top;
+
+/// An error with its causes, as one line (`a: b: c`): what logs, nacks and the CLI show.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -264,7 +264,10 @@ fn run_agent(a: RunArgs) -> ExitCode {
     match resourcewatch_agent::cluster::run(opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("resourcewatch-agent run: {}", error_chain(&e));
+            eprintln!(
+                "resourcewatch-agent run: {}",
+                resourcewatch_agent::error_chain(&e)
+            );
             ExitCode::FAILURE
         }
     }
@@ -306,7 +309,10 @@ fn run_top(a: TopArgs) -> ExitCode {
     match top::run(opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("resourcewatch-agent top: {}", error_chain(&e));
+            eprintln!(
+                "resourcewatch-agent top: {}",
+                resourcewatch_agent::error_chain(&e)
+            );
             ExitCode::from(2)
         }
     }
@@ -340,7 +346,10 @@ fn run_profile(a: ProfileArgs) -> ExitCode {
     let (bytes, summary) = match profile::command(&opts, &stop) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("resourcewatch-agent profile: {}", error_chain(&e));
+            eprintln!(
+                "resourcewatch-agent profile: {}",
+                resourcewatch_agent::error_chain(&e)
+            );
             return ExitCode::from(2);
         }
     };
@@ -360,15 +369,4 @@ fn run_profile(a: ProfileArgs) -> ExitCode {
         return ExitCode::from(1);
     }
     ExitCode::SUCCESS
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -425,7 +425,7 @@ impl Engine {
         let pipes = Pipelines::load(PipelineOptions::default());
         let layout = pipes.as_ref().ok().map(|p| p.cgroup_layout().clone());
         if let Err(e) = &pipes {
-            tracing::error!(error = %with_causes(e), "kernel pipelines unavailable: reporting health only");
+            tracing::error!(error = %crate::error_chain(e), "kernel pipelines unavailable: reporting health only");
         }
         Self {
             acks,
@@ -524,7 +524,10 @@ impl Engine {
         let reload = match &self.pipes {
             Ok(p) => p.options().cpu != geometry,
             Err(e) => {
-                return nack(format!("kernel pipelines unavailable: {}", with_causes(e)));
+                return nack(format!(
+                    "kernel pipelines unavailable: {}",
+                    crate::error_chain(e)
+                ));
             }
         };
         if reload {
@@ -544,7 +547,7 @@ impl Engine {
             if let Err(e) = &self.pipes {
                 return nack(format!(
                     "reloading the pipelines with a new sketch: {}",
-                    with_causes(e)
+                    crate::error_chain(e)
                 ));
             }
         }
@@ -689,18 +692,6 @@ impl Engine {
             agent_rss_bytes: agent_rss,
         })
     }
-}
-
-/// An error with its causes, as one line.
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Trims a report to the operator's message limit: the heaviest processes of each
