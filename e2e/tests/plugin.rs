@@ -146,7 +146,7 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
     .await;
     let status = serde_json::json!({"status": {
         "matchedPods": 1, "expectedNodes": 1, "reportingNodes": 0,
-        "conditions": [{"type": "Degraded", "status": "True", "reason": "NodesNotReporting",
+        "conditions": [{"type": "Degraded", "status": "True", "reason": "AgentsMissing",
                         "message": "1 of 1 nodes not reporting", "lastTransitionTime": "2026-11-26T10:00:00Z"}],
         "topCPU": [{"pod": "api-1", "container": "app", "node": "n1", "pid": 4242,
                     "command": "java", "value": 97.5}],
@@ -181,7 +181,7 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
     }
     let (ok, out) = run(n, &["explain", "api"]);
     assert!(ok, "{out}");
-    assert!(out.contains("Degraded=True (NodesNotReporting)"), "{out}");
+    assert!(out.contains("Degraded=True (AgentsMissing)"), "{out}");
     assert!(out.contains("node n1: NOT reporting"), "{out}");
     let (ok, out) = run(n, &["explain", "nope"]);
     assert!(
