@@ -33,10 +33,9 @@ use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use crate::{
     Error, Result,
     decide::{self, EvictResult, LedgerChange},
-    hub::{Hub, TargetPod, WatchKey, WatchTargets},
+    hub::{Hub, WatchKey},
     ledger::{self, Conflict, Known, Ledger, LedgerStore, Versioned, Workload},
     metrics::Metrics,
-    model::{EventAction, EventReason},
     pods::{is_ready, is_terminal, selected_pod, slim_pod},
     profile,
     remediation::{Gate, Grants, PodFacts, Replicas},
@@ -123,16 +122,8 @@ pub async fn reconcile(rw: Arc<ResourceWatch>, ctx: Arc<Context>) -> Result<Acti
 }
 
 async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
-    if !*ctx.leader.borrow() {
-        return Ok(Action::requeue(Duration::from_secs(5)));
-    }
-    // Until the pod watch has listed once, every selector would match nothing: a status
-    // written then would drop every entry, and re-add them (with Events) a moment later.
-    if tokio::time::timeout(Duration::from_millis(1), ctx.pods.wait_until_ready())
-        .await
-        .is_err()
-    {
-        return Ok(Action::requeue(Duration::from_millis(500)));
+    if let Some(wait) = not_now(ctx).await {
+        return Ok(Action::requeue(wait));
     }
     forget_deleted(ctx);
     let ns = rw.namespace().ok_or(Error::NotNamespaced)?;
@@ -141,58 +132,14 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
         name: rw.name_any(),
     };
     let settings = WatchSettings::from_spec(&rw.spec, &ctx.remediation.floors);
-    let selected: Vec<Arc<Pod>> = match &settings {
-        Ok(s) => {
-            let candidates = ctx
-                .pod_index
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .candidates(&ns, &s.selector);
-            let pods: Vec<Arc<Pod>> = match candidates {
-                Some(names) => names
-                    .iter()
-                    .filter_map(|n| ctx.pods.get(&ObjectRef::new(n).within(&ns)))
-                    .collect(),
-                // Borrowed, not `namespace()`: that clones a String per pod of the
-                // cluster per reconcile.
-                None => ctx
-                    .pods
-                    .state()
-                    .into_iter()
-                    .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
-                    .collect(),
-            };
-            pods.into_iter()
-                .filter(|p| selects(&s.pods, p.labels()))
-                .filter(|p| !is_terminal(p))
-                .collect()
-        }
+    let selected = match &settings {
+        Ok(s) => select_pods(ctx, &ns, s),
         Err(_) => Vec::new(),
     };
     let pods: Vec<SelectedPod> = selected.iter().map(|p| selected_pod(p)).collect();
-    let now_s = jiff::Timestamp::now().as_second();
-    let profiled = profile_step(ctx, rw, &ns, &pods, now_s).await;
-    match &settings {
-        Ok(s) => ctx.hub.set_watch(
-            key.clone(),
-            WatchTargets {
-                top_k: s.top_k,
-                interval: s.interval,
-                leaks_enabled: s.leaks_enabled,
-                min_confidence: s.min_confidence,
-                horizon: s.horizon,
-                remediates: s.action == RemediationAction::Restart,
-                pods: target_pods(&ns, &pods),
-                profile: profiled
-                    .status
-                    .as_ref()
-                    .and_then(|p| profile::order(p, &pods)),
-            },
-        ),
-        Err(_) => ctx.hub.remove_watch(&key),
-    }
     let nodes: BTreeSet<String> = pods.iter().filter_map(|p| p.node.clone()).collect();
     let views = ctx.hub.view(&nodes);
+    let now_s = jiff::Timestamp::now().as_second();
     let now = jiff::Timestamp::from_second(now_s)
         .map_err(|e| Error::Internal(e.to_string()))?
         .to_string();
@@ -204,31 +151,114 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
         old: rw.status.as_ref(),
         now: &now,
     };
+    let assessed = decide::assess(&status_inputs);
     // The API calls remediation needs are made only for the pods it may concern.
-    let names = decide::candidates(&status_inputs);
+    let names = assessed.candidates(&status_inputs);
     let facts = if names.is_empty() {
         Facts::default()
     } else {
         gather(ctx, rw, &ns, &selected, &names, settings.as_ref().ok()).await?
     };
+    let result = arrived_profile(ctx, rw);
     let watch_id = key.to_string();
-    let plan = decide::decide(&decide::Inputs {
-        status: status_inputs,
-        watch: &watch_id,
-        gate: facts.gate.as_ref(),
-        pods: &facts.pods,
-        ledgers: &facts
-            .ledgers
-            .iter()
-            .map(|(w, v)| (w.clone(), v.ledger.clone()))
-            .collect(),
-        now: now_s,
-    });
+    let ledgers = facts
+        .ledgers
+        .iter()
+        .map(|(w, v)| (w.clone(), v.ledger.clone()))
+        .collect();
+    let plan = decide::decide(
+        &decide::Inputs {
+            status: status_inputs,
+            watch: &watch_id,
+            namespace: &ns,
+            gate: facts.gate.as_ref(),
+            pods: &facts.pods,
+            ledgers: &ledgers,
+            profile: profile_inputs(ctx, rw, &ns, now_s, result.as_ref()),
+            now: now_s,
+        },
+        assessed,
+    );
     ctx.metrics.findings.set(&key, &plan.status);
+    let run = Run {
+        ctx,
+        rw,
+        key: &key,
+        selected: &selected,
+        settings: settings.as_ref().ok(),
+        now_s,
+        now: &now,
+    };
+    carry_out(&run, plan, facts.ledgers, result).await
+}
+
+/// Why this reconcile must wait: this replica does not lead, or the pod watch has not
+/// listed yet (every selector would match nothing: a status written then would drop
+/// every entry, and re-add them, with Events, a moment later).
+async fn not_now(ctx: &Context) -> Option<Duration> {
+    if !*ctx.leader.borrow() {
+        return Some(Duration::from_secs(5));
+    }
+    tokio::time::timeout(Duration::from_millis(1), ctx.pods.wait_until_ready())
+        .await
+        .is_err()
+        .then_some(Duration::from_millis(500))
+}
+
+/// The running pods of `ns` the watch's selector matches, from the pod cache (through the
+/// label index when the selector has an equality it can use).
+fn select_pods(ctx: &Context, ns: &str, s: &WatchSettings) -> Vec<Arc<Pod>> {
+    let candidates = ctx
+        .pod_index
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .candidates(ns, &s.selector);
+    let pods: Vec<Arc<Pod>> = match candidates {
+        Some(names) => names
+            .iter()
+            .filter_map(|n| ctx.pods.get(&ObjectRef::new(n).within(ns)))
+            .collect(),
+        // Borrowed, not `namespace()`: that clones a String per pod of the cluster per
+        // reconcile.
+        None => ctx
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+            .collect(),
+    };
+    pods.into_iter()
+        .filter(|p| selects(&s.pods, p.labels()))
+        .filter(|p| !is_terminal(p))
+        .collect()
+}
+
+/// One reconcile's watch and what was read for it, for carrying out its plan.
+struct Run<'a> {
+    ctx: &'a Context,
+    rw: &'a ResourceWatch,
+    key: &'a WatchKey,
+    selected: &'a [Arc<Pod>],
+    settings: Option<&'a WatchSettings>,
+    now_s: i64,
+    now: &'a str,
+}
+
+/// Carries out a plan in its order (see [`decide::Plan`]).
+async fn carry_out(
+    run: &Run<'_>,
+    mut plan: decide::Plan,
+    mut versions: BTreeMap<Workload, Versioned>,
+    result: Option<resourcewatch_proto::ProfileResult>,
+) -> Result<Action> {
+    let (ctx, ns) = (run.ctx, run.key.namespace.as_str());
+    match plan.targets.take() {
+        Some(t) => ctx.hub.set_watch(run.key.clone(), t),
+        None => ctx.hub.remove_watch(run.key),
+    }
     if plan.hold {
         return Ok(Action::requeue(plan.requeue));
     }
-    let mut versions = facts.ledgers;
     // The workload ledger first: an intent is recorded there before anything is evicted,
     // and a conflict means another watch decided for the workload meanwhile.
     for change in &plan.ledger {
@@ -237,177 +267,155 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
     }
-    let old_profile = rw.status.as_ref().and_then(|s| s.profile.as_ref());
-    let requeue = match profiled
-        .status
-        .as_ref()
-        .and_then(|p| profile::next_check(p, now_s))
-    {
-        Some(d) => plan.requeue.min(d),
-        None => plan.requeue,
-    };
-    if let decide::Write::Skip(wait) = plan.write
-        && profiled.status.as_ref() == old_profile
-    {
+    let mut events = std::mem::take(&mut plan.events);
+    match (&plan.profile.effect, plan.status.profile.as_mut(), &result) {
+        (Some(profile::Effect::Store), Some(p), Some(r)) => {
+            let stored = store_profile(ctx, run.rw, ns, p, r).await;
+            events.push(profile::stored(p, r, stored, run.now_s));
+        }
+        (Some(profile::Effect::Delete), _, _) => delete_profile(ctx, run.rw, ns).await,
+        _ => {}
+    }
+    if let decide::Write::Skip(wait) = plan.write {
         ctx.metrics.status_skipped.inc();
-        return Ok(Action::requeue(wait.min(requeue)));
+        return Ok(Action::requeue(wait.min(plan.requeue)));
     }
     let mut status = plan.status;
-    status.profile = profiled.status;
-    let mut events = plan.events;
-    events.extend(profiled.events);
-    write_status(ctx, &ns, &key.name, &status).await?;
-    if let Some(state) = profile::transition(old_profile, status.profile.as_ref()) {
-        Metrics::labelled(&ctx.metrics.profiles, "state", &format!("{state:?}"), 1);
-    }
-    let old_records = rw.status.as_ref().map_or(&[][..], |s| &s.remediations[..]);
-    count_remediations(ctx, old_records, &status.remediations);
+    write_status(ctx, ns, &run.key.name, &status).await?;
+    status_written(run, &plan.profile, &status);
     if !plan.evictions.is_empty() {
         let before = status.remediations.clone();
         for ev in &plan.evictions {
-            let Some(result) = evict(ctx, &ns, ev).await else {
-                continue; // a transient failure: the intent stays, the next reconcile retries
-            };
-            for _ in 0..3 {
-                let entry = versions.entry(ev.workload.clone()).or_default();
-                let mut book = entry.ledger.clone();
-                let mut trial = status.clone();
-                let more = decide::after_eviction(ev, &result, now_s, &now, &mut trial, &mut book);
-                match ctx
-                    .remediation
-                    .ledgers
-                    .write(&ev.workload, &book, entry.resource_version.as_deref())
-                    .await?
-                {
-                    Ok(rv) => {
-                        *entry = Versioned {
-                            ledger: book,
-                            resource_version: Some(rv),
-                            problem: None,
-                        };
-                        status = trial;
-                        events.extend(more);
-                        break;
-                    }
-                    Err(Conflict) => {
-                        let known = known_restarts(rw, &ev.workload, settings.as_ref().ok(), now_s);
-                        *entry = ctx.remediation.ledgers.read(&ev.workload, known).await?;
-                        if entry.problem.is_some() {
-                            break;
-                        }
-                    }
-                }
-            }
+            evict_and_record(run, ev, &mut status, &mut versions, &mut events).await?;
         }
-        write_status(ctx, &ns, &key.name, &status).await?;
+        write_status(ctx, ns, &run.key.name, &status).await?;
         count_remediations(ctx, &before, &status.remediations);
     }
     for e in &events {
-        publish(ctx, rw, &selected, e).await;
+        publish(ctx, run.rw, run.selected, e).await;
     }
-    Ok(Action::requeue(requeue))
+    Ok(Action::requeue(plan.requeue))
 }
 
-/// What the profile annotation and the hub's results make of `status.profile`.
-struct ProfileStep {
-    status: Option<ProfileStatus>,
-    events: Vec<EventSpec>,
-}
-
-/// Takes a `resourcewatch.io/profile` request, stores a node's result in the watch's
-/// ConfigMap, fails an overdue request and deletes an expired result (crate::profile).
-async fn profile_step(
-    ctx: &Context,
-    rw: &ResourceWatch,
-    ns: &str,
-    pods: &[SelectedPod],
-    now: i64,
-) -> ProfileStep {
-    let old = rw.status.as_ref().and_then(|s| s.profile.as_ref());
-    let mut current = old.cloned();
-    let mut events = Vec::new();
-    let annotation = rw.annotations().get(PROFILE_ANNOTATION);
-    if let Some(a) = annotation.filter(|a| profile::is_new(a, old)) {
-        // The namespace's rate limit reads every watch's status: only for a new value.
-        let watches = ctx.watches.state();
-        let in_status = profile::latest_request(
-            watches
-                .iter()
-                .filter(|w| w.namespace().as_deref() == Some(ns))
-                .filter_map(|w| w.status.as_ref()?.profile.as_ref()),
-        );
-        let taken_here = ctx
-            .profile_requests
+/// What follows a status write: the profile's count, its namespace's rate limit and the
+/// hub's copy of its result (kept until now, so a failed write loses nothing), and the
+/// remediation records' counts.
+fn status_written(run: &Run<'_>, step: &profile::Step, status: &ResourceWatchStatus) {
+    let ctx = run.ctx;
+    let old = run.rw.status.as_ref();
+    let old_profile = old.and_then(|s| s.profile.as_ref());
+    if let Some(state) = profile::transition(old_profile, status.profile.as_ref()) {
+        Metrics::labelled(&ctx.metrics.profiles, "state", &format!("{state:?}"), 1);
+    }
+    if step.taken {
+        ctx.profile_requests
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(ns)
-            .copied();
-        let namespace_last = in_status.max(taken_here);
-        let uid = rw.uid().unwrap_or_default();
-        let id = format!("{}-{now}", uid.chars().take(8).collect::<String>());
-        let taken = profile::take(&profile::Take {
-            annotation: a,
-            old,
-            pods,
-            namespace_last,
-            now,
-            id,
-        });
-        if let Some(p) = taken {
-            if p.state == ProfileState::Refused {
-                events.push(profile_event(EventReason::ProfileRefused, &p));
-            } else {
-                ctx.profile_requests
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(ns.to_owned(), now);
-            }
-            current = Some(p);
-        }
+            .insert(run.key.namespace.clone(), run.now_s);
     }
-    if let Some(p) = current.as_mut() {
-        if p.state == ProfileState::Pending
-            && let Some(r) = ctx.hub.take_profile_result(&p.id)
-        {
-            let stored = if r.error.is_empty() {
-                store_profile(ctx, rw, ns, p, &r).await
-            } else {
-                Err(String::new())
-            };
-            profile::finish(p, &r, stored, now);
-            let reason = if p.state == ProfileState::Succeeded {
-                EventReason::ProfileSucceeded
-            } else {
-                EventReason::ProfileFailed
-            };
-            events.push(profile_event(reason, p));
-        } else if profile::age(p, now) {
-            if p.state == ProfileState::Failed {
-                events.push(profile_event(EventReason::ProfileFailed, p));
-            } else {
-                delete_profile(ctx, rw, ns).await;
-            }
-        }
+    if step.result_used
+        && let Some(p) = old_profile
+    {
+        ctx.hub.forget_profile_result(&p.id);
     }
-    ProfileStep {
-        status: current,
-        events,
-    }
+    let old_records = old.map_or(&[][..], |s| &s.remediations[..]);
+    count_remediations(ctx, old_records, &status.remediations);
 }
 
-fn profile_event(reason: EventReason, p: &ProfileStatus) -> EventSpec {
-    let what = format!("CPU profile {} of pod {}", p.id, p.pod);
-    EventSpec::new(
-        reason != EventReason::ProfileSucceeded,
-        reason,
-        EventAction::Profile,
-        match &p.config_map {
-            Some(cm) => format!("{what}: {}; in ConfigMap {cm}", p.message),
-            None => format!("{what}: {}", p.message),
-        },
-        None,
-    )
-    .about(Subject::container(&p.pod, &p.container))
+/// Evicts one pod and records the answer in its workload's ledger (versioned: on a
+/// conflict, read again and retried) and in the status.
+async fn evict_and_record(
+    run: &Run<'_>,
+    ev: &decide::Eviction,
+    status: &mut ResourceWatchStatus,
+    versions: &mut BTreeMap<Workload, Versioned>,
+    events: &mut Vec<EventSpec>,
+) -> Result<()> {
+    let ctx = run.ctx;
+    let Some(result) = evict(ctx, &run.key.namespace, ev).await else {
+        return Ok(()); // a transient failure: the intent stays, the next reconcile retries
+    };
+    for _ in 0..3 {
+        let entry = versions.entry(ev.workload.clone()).or_default();
+        let mut book = entry.ledger.clone();
+        let mut trial = status.clone();
+        let more = decide::after_eviction(ev, &result, run.now_s, run.now, &mut trial, &mut book);
+        match ctx
+            .remediation
+            .ledgers
+            .write(&ev.workload, &book, entry.resource_version.as_deref())
+            .await?
+        {
+            Ok(rv) => {
+                *entry = Versioned {
+                    ledger: book,
+                    resource_version: Some(rv),
+                    problem: None,
+                };
+                *status = trial;
+                events.extend(more);
+                return Ok(());
+            }
+            Err(Conflict) => {
+                let known = known_restarts(run.rw, &ev.workload, run.settings, run.now_s);
+                *entry = ctx.remediation.ledgers.read(&ev.workload, known).await?;
+                if entry.problem.is_some() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A node's result for the watch's Pending profile request, if one has arrived (a copy:
+/// the hub forgets it once a status naming its outcome is written).
+fn arrived_profile(
+    ctx: &Context,
+    rw: &ResourceWatch,
+) -> Option<resourcewatch_proto::ProfileResult> {
+    let p = rw.status.as_ref()?.profile.as_ref()?;
+    (p.state == ProfileState::Pending)
+        .then(|| ctx.hub.profile_result_of(&p.id))
+        .flatten()
+}
+
+/// The profile request and what deciding it needs: the namespace's latest request is
+/// read (from every watch of the namespace) only for an annotation value not taken yet.
+fn profile_inputs<'a>(
+    ctx: &Context,
+    rw: &'a ResourceWatch,
+    ns: &str,
+    now: i64,
+    result: Option<&'a resourcewatch_proto::ProfileResult>,
+) -> profile::Inputs<'a> {
+    let old = rw.status.as_ref().and_then(|s| s.profile.as_ref());
+    let annotation = rw.annotations().get(PROFILE_ANNOTATION).map(String::as_str);
+    let namespace_last = annotation
+        .filter(|a| profile::is_new(a, old))
+        .and_then(|_| {
+            let watches = ctx.watches.state();
+            let in_status = profile::latest_request(
+                watches
+                    .iter()
+                    .filter(|w| w.namespace().as_deref() == Some(ns))
+                    .filter_map(|w| w.status.as_ref()?.profile.as_ref()),
+            );
+            let taken_here = ctx
+                .profile_requests
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(ns)
+                .copied();
+            in_status.max(taken_here)
+        });
+    let uid = rw.uid().unwrap_or_default();
+    profile::Inputs {
+        annotation,
+        namespace_last,
+        id: format!("{}-{now}", uid.chars().take(8).collect::<String>()),
+        result,
+    }
 }
 
 /// Writes the result's ConfigMap, replacing the watch's previous one, never an object it
@@ -949,24 +957,6 @@ fn forget_deleted(ctx: &Context) {
     }
 }
 
-fn target_pods(ns: &str, pods: &[SelectedPod]) -> Vec<TargetPod> {
-    pods.iter()
-        .filter_map(|p| {
-            Some(TargetPod {
-                uid: p.uid.clone(),
-                namespace: ns.to_owned(),
-                name: p.name.clone(),
-                node: p.node.clone()?,
-                containers: p
-                    .containers
-                    .iter()
-                    .map(|(id, name)| (name.clone(), id.clone()))
-                    .collect(),
-            })
-        })
-        .collect()
-}
-
 async fn write_status(
     ctx: &Context,
     ns: &str,
@@ -1225,6 +1215,10 @@ mod tests {
     //! the reconciler must make, in order, and what the server answers.
 
     use super::*;
+    use crate::{
+        hub::{TargetPod, WatchTargets},
+        model::{EventAction, EventReason},
+    };
     use http::{Method, Request, Response};
     use k8s_openapi::api::core::v1::{ContainerStatus, PodSpec, PodStatus};
     use kube::{client::Body, runtime::watcher::Event as WatchEvent};

@@ -570,9 +570,16 @@ impl Hub {
         Ok(())
     }
 
-    /// The result of a profile request, once (its watch's reconcile takes it).
-    pub fn take_profile_result(&self, id: &str) -> Option<pb::ProfileResult> {
-        self.lock().profiles.remove(id)
+    /// The result of a profile request, as the node sent it (bounded, see
+    /// [`Hub::profile_result`]); kept until [`Hub::forget_profile_result`], so a
+    /// reconcile whose status write fails finds it again.
+    pub fn profile_result_of(&self, id: &str) -> Option<pb::ProfileResult> {
+        self.lock().profiles.get(id).cloned()
+    }
+
+    /// Drops a result once a status naming its outcome is written.
+    pub fn forget_profile_result(&self, id: &str) {
+        self.lock().profiles.remove(id);
     }
 
     /// The current configuration of a node (tests, diagnostics).
@@ -849,12 +856,15 @@ mod tests {
             hub.profile_result("n2", s2.id, result.clone()),
             Err(HubError::UnaskedProfile { .. })
         ));
-        assert!(hub.take_profile_result("p1").is_none());
-        // Its node can; the watch is reconciled at once; the result is taken once.
+        assert!(hub.profile_result_of("p1").is_none());
+        // Its node can; the watch is reconciled at once; the result stays until a status
+        // naming it is written.
         hub.profile_result("n1", s1.id, result).unwrap();
         assert_eq!(triggers.try_recv().unwrap(), key("a"));
-        assert_eq!(hub.take_profile_result("p1").unwrap().samples, 5);
-        assert!(hub.take_profile_result("p1").is_none());
+        assert_eq!(hub.profile_result_of("p1").unwrap().samples, 5);
+        assert_eq!(hub.profile_result_of("p1").unwrap().samples, 5);
+        hub.forget_profile_result("p1");
+        assert!(hub.profile_result_of("p1").is_none());
         // Oversized outputs lose the flame graph first.
         let big = pb::ProfileResult {
             id: "p1".into(),
@@ -863,10 +873,11 @@ mod tests {
             ..Default::default()
         };
         hub.profile_result("n1", s1.id, big).unwrap();
-        let kept = hub.take_profile_result("p1").unwrap();
+        let kept = hub.profile_result_of("p1").unwrap();
+        hub.forget_profile_result("p1");
         assert!(kept.svg.is_empty() && kept.folded == "x 1\n" && kept.error.is_empty());
         // Once the request is no longer ordered, a late result is refused, and one not
-        // yet taken is dropped.
+        // not yet forgotten is dropped.
         let bare = || pb::ProfileResult {
             id: "p1".into(),
             ..Default::default()
@@ -875,7 +886,7 @@ mod tests {
         t.profile = None;
         hub.set_watch(key("a"), t);
         assert!(hub.config("n1").unwrap().profiles.is_empty());
-        assert!(hub.take_profile_result("p1").is_none());
+        assert!(hub.profile_result_of("p1").is_none());
         assert!(hub.profile_result("n1", s1.id, bare()).is_err());
     }
 

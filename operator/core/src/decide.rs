@@ -1,35 +1,72 @@
-//! A reconciliation's decisions, as one pure function: `decide(inputs) -> Plan`. The
-//! controller gathers the inputs (the watch, its pods, what the agents reported, the
-//! remediation gate and ledgers) and carries the plan out (ledger, status, evictions,
-//! Events); nothing here talks to the API server, so every decision is unit-tested
-//! without one.
+//! A reconciliation's decisions, as pure functions: [`assess`] computes the watch's status
+//! once from what the agents reported, and `decide(inputs, assessment) -> Plan` returns
+//! every effect in the order the controller carries them out. The controller gathers the
+//! inputs (the watch, its pods, the remediation gate and ledgers, the profile request and
+//! result) and only performs the plan; nothing here talks to the API server, so every
+//! decision is unit-tested without one.
 
 use std::{collections::BTreeMap, time::Duration};
 
 use resourcewatch_crds::{
-    ConditionReason, ConditionStatus, LeakEntry, RemediationAction, RemediationOutcome,
-    RemediationRecord, ResourceWatchStatus,
+    ConditionReason, ConditionStatus, LeakEntry, ProfileStatus, RemediationAction,
+    RemediationOutcome, RemediationRecord, ResourceWatchStatus,
 };
 
 use crate::{
     ledger::{Intent, Ledger, Restart, Workload},
     model::{ConditionType, EventAction, EventReason},
+    nodes::{TargetPod, WatchTargets},
+    profile,
     remediation::{self, Decision, Gate, PodFacts, RemediationReason},
     spec::WatchSettings,
-    status::{self, EventSpec, Outcome, Subject},
+    status::{self, EventSpec, Outcome, SelectedPod, Subject},
 };
 
 pub struct Inputs<'a> {
     pub status: status::Inputs<'a>,
     /// `namespace/name` of the watch.
     pub watch: &'a str,
-    /// Facts gathered for [`candidates`] only: the gate (None when there was nothing to
-    /// gather), the candidate pods by UID, and their workloads' ledgers.
+    pub namespace: &'a str,
+    /// Facts gathered for [`Assessment::candidates`] only: the gate (None when there was
+    /// nothing to gather), the candidate pods by UID, and their workloads' ledgers.
     pub gate: Option<&'a Gate>,
     pub pods: &'a BTreeMap<String, PodFacts>,
     pub ledgers: &'a BTreeMap<Workload, Ledger>,
+    pub profile: profile::Inputs<'a>,
     /// Seconds since the epoch.
     pub now: i64,
+}
+
+/// The watch's status as its pods and agents make it, before remediation and profiles:
+/// computed once per reconcile, first to name the pods whose facts must be gathered,
+/// then as the base of the [`Plan`].
+pub struct Assessment(Outcome);
+
+/// Computes the status for this reconcile (see [`Assessment`]).
+pub fn assess(i: &status::Inputs<'_>) -> Assessment {
+    Assessment(status::compute(i))
+}
+
+impl Assessment {
+    /// The pods a remediation decision may concern, whose facts the controller must
+    /// gather: those with a fresh, triggering prediction, and those a Pending record
+    /// names (to finish or expire it). Only Pending ones for a watch that never restarts.
+    pub fn candidates(&self, i: &status::Inputs<'_>) -> Vec<String> {
+        let mut out = pending_names(i.old);
+        if let (Ok(s), Outcome::Write { fresh_leaks, .. }) = (i.settings, &self.0)
+            && s.action == RemediationAction::Restart
+        {
+            out.extend(
+                fresh_leaks
+                    .iter()
+                    .filter(|l| remediation::triggered(s, l))
+                    .map(|l| l.pod.clone()),
+            );
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
 }
 
 /// A change of a workload's ledger, written (with its version) before any eviction.
@@ -57,40 +94,25 @@ pub enum Write {
     Now,
 }
 
+/// A reconcile's effects, carried out in this order: the hub's targets; then, unless
+/// `hold`, the ledger changes (an intent is recorded before anything is evicted; a
+/// conflict ends the reconcile), the profile's ConfigMap effect (with its follow-up,
+/// [`profile::stored`]), the status (unless `write` says skip), each eviction with its
+/// follow-up ([`after_eviction`]) and the status again, the Events, and the requeue.
 #[derive(Clone, Debug)]
 pub struct Plan {
+    /// What the nodes must track for this watch; None: forget it (invalid spec).
+    pub targets: Option<WatchTargets>,
     /// Agents are reconnecting: keep the stored status, look again soon.
     pub hold: bool,
+    pub ledger: Vec<LedgerChange>,
+    pub profile: profile::Step,
     pub status: ResourceWatchStatus,
     pub write: Write,
-    pub events: Vec<EventSpec>,
-    pub ledger: Vec<LedgerChange>,
     pub evictions: Vec<Eviction>,
+    /// Every Event but the profile's (in `profile.events`, with its store's follow-up).
+    pub events: Vec<EventSpec>,
     pub requeue: Duration,
-}
-
-/// The pods a remediation decision may concern, whose facts the controller must gather:
-/// those with a fresh, triggering prediction, and those a Pending record names (to
-/// finish or expire it). Empty for a watch that never restarts.
-pub fn candidates(i: &status::Inputs<'_>) -> Vec<String> {
-    let Ok(s) = i.settings else {
-        return pending_names(i.old);
-    };
-    if s.action != RemediationAction::Restart {
-        return pending_names(i.old);
-    }
-    let mut out = pending_names(i.old);
-    if let Outcome::Write { fresh_leaks, .. } = status::compute(i) {
-        out.extend(
-            fresh_leaks
-                .iter()
-                .filter(|l| remediation::triggered(s, l))
-                .map(|l| l.pod.clone()),
-        );
-    }
-    out.sort();
-    out.dedup();
-    out
 }
 
 fn pending_names(old: Option<&ResourceWatchStatus>) -> Vec<String> {
@@ -104,41 +126,36 @@ fn pending_names(old: Option<&ResourceWatchStatus>) -> Vec<String> {
     .unwrap_or_default()
 }
 
-pub fn decide(i: &Inputs<'_>) -> Plan {
-    let (mut status, mut events, fresh_leaks) = match status::compute(&i.status) {
-        Outcome::Hold => {
-            return Plan {
-                hold: true,
-                status: i.status.old.cloned().unwrap_or_default(),
-                write: Write::Skip(Duration::from_secs(2)),
-                events: Vec::new(),
-                ledger: Vec::new(),
-                evictions: Vec::new(),
-                requeue: Duration::from_secs(2),
-            };
-        }
+/// The plan being drafted from the assessment: the status, Events, ledger changes and
+/// evictions remediation adds.
+struct Draft {
+    status: ResourceWatchStatus,
+    events: Vec<EventSpec>,
+    ledger: Vec<LedgerChange>,
+    evictions: Vec<Eviction>,
+}
+
+pub fn decide(i: &Inputs<'_>, assessed: Assessment) -> Plan {
+    let (status, events, fresh_leaks) = match assessed.0 {
+        Outcome::Hold => return hold(i),
         Outcome::Write {
             status,
             events,
             fresh_leaks,
         } => (*status, events, fresh_leaks),
     };
-    let mut ledger = Vec::new();
-    let mut evictions = Vec::new();
+    let mut d = Draft {
+        status,
+        events,
+        ledger: Vec::new(),
+        evictions: Vec::new(),
+    };
     if let Ok(s) = i.status.settings {
-        remediate(
-            i,
-            s,
-            &fresh_leaks,
-            &mut status,
-            &mut events,
-            &mut ledger,
-            &mut evictions,
-        );
+        remediate(i, s, &fresh_leaks, &mut d);
         if s.action == RemediationAction::Restart {
-            status.conditions.push(remediation_condition(s, i.gate));
+            d.status.conditions.push(remediation_condition(s, i.gate));
             status::carry_transition_times(
-                &mut status.conditions,
+                &mut d.status.conditions,
                 i.status.old.map_or(&[][..], |o| &o.conditions[..]),
                 i.status.now,
             );
@@ -146,25 +163,30 @@ pub fn decide(i: &Inputs<'_>) -> Plan {
     } else {
         expire_all_pending(
             i,
-            &mut status,
-            &mut events,
-            &mut ledger,
+            &mut d,
             RemediationReason::IntentExpired,
             "the watch's spec is invalid",
         );
     }
-    cap_records(&mut status);
+    cap_records(&mut d.status);
+    let old_profile = i.status.old.and_then(|o| o.profile.as_ref());
+    let mut profile = profile::step(old_profile, &i.profile, i.status.pods, i.now);
+    d.status.profile = profile.status.clone();
+    d.events.append(&mut profile.events);
     let interval = i
         .status
         .settings
         .as_ref()
         .map(|s| s.interval)
         .unwrap_or(Duration::from_secs(30));
-    let urgent = !evictions.is_empty()
-        || !ledger.is_empty()
-        || events.iter().any(|e| e.reason.is_remediation());
-    let write = when_to_write(i, &status, urgent, interval);
-    let requeue = if status
+    let urgent = !d.evictions.is_empty()
+        || !d.ledger.is_empty()
+        || d.events.iter().any(|e| e.reason.is_remediation())
+        || d.status.profile.as_ref() != old_profile
+        || profile.effect.is_some();
+    let write = when_to_write(i, &d.status, urgent, interval);
+    let mut requeue = if d
+        .status
         .remediations
         .iter()
         .any(|r| r.action == RemediationOutcome::Pending)
@@ -173,15 +195,80 @@ pub fn decide(i: &Inputs<'_>) -> Plan {
     } else {
         interval
     };
+    if let Some(at) = d
+        .status
+        .profile
+        .as_ref()
+        .and_then(|p| profile::next_check(p, i.now))
+    {
+        requeue = requeue.min(at);
+    }
     Plan {
+        targets: targets(i, d.status.profile.as_ref()),
         hold: false,
-        status,
+        ledger: d.ledger,
+        profile,
+        status: d.status,
         write,
-        events,
-        ledger,
-        evictions,
+        evictions: d.evictions,
+        events: d.events,
         requeue,
     }
+}
+
+/// Agents are reconnecting after an operator start: the stored status stays, nothing
+/// is decided, the watch is looked at again soon.
+fn hold(i: &Inputs<'_>) -> Plan {
+    let profile = i.status.old.and_then(|o| o.profile.clone());
+    Plan {
+        targets: targets(i, profile.as_ref()),
+        hold: true,
+        ledger: Vec::new(),
+        profile: profile::Step {
+            status: profile,
+            ..Default::default()
+        },
+        status: i.status.old.cloned().unwrap_or_default(),
+        write: Write::Skip(Duration::from_secs(2)),
+        evictions: Vec::new(),
+        events: Vec::new(),
+        requeue: Duration::from_secs(2),
+    }
+}
+
+/// What the watch asks of its pods' nodes: a request taken in this reconcile goes out
+/// with it (its deadline runs from now).
+fn targets(i: &Inputs<'_>, profile: Option<&ProfileStatus>) -> Option<WatchTargets> {
+    let s = i.status.settings.as_ref().ok()?;
+    Some(WatchTargets {
+        top_k: s.top_k,
+        interval: s.interval,
+        leaks_enabled: s.leaks_enabled,
+        min_confidence: s.min_confidence,
+        horizon: s.horizon,
+        remediates: s.action == RemediationAction::Restart,
+        pods: target_pods(i.namespace, i.status.pods),
+        profile: profile.and_then(|p| profile::order(p, i.status.pods)),
+    })
+}
+
+/// The selected pods that are scheduled, as the nodes see them.
+fn target_pods(ns: &str, pods: &[SelectedPod]) -> Vec<TargetPod> {
+    pods.iter()
+        .filter_map(|p| {
+            Some(TargetPod {
+                uid: p.uid.clone(),
+                namespace: ns.to_owned(),
+                name: p.name.clone(),
+                node: p.node.clone()?,
+                containers: p
+                    .containers
+                    .iter()
+                    .map(|(id, name)| (name.clone(), id.clone()))
+                    .collect(),
+            })
+        })
+        .collect()
 }
 
 /// The `Remediation` condition of a `Restart` watch: whether it may evict now.
@@ -246,137 +333,146 @@ fn remediation_condition(s: &WatchSettings, gate: Option<&Gate>) -> resourcewatc
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn remediate(
-    i: &Inputs<'_>,
-    s: &WatchSettings,
-    fresh: &[LeakEntry],
-    status: &mut ResourceWatchStatus,
-    events: &mut Vec<EventSpec>,
-    ledger: &mut Vec<LedgerChange>,
-    evictions: &mut Vec<Eviction>,
-) {
-    let now_str = i.status.now;
-    let gate = i.gate;
+fn remediate(i: &Inputs<'_>, s: &WatchSettings, fresh: &[LeakEntry], d: &mut Draft) {
     let mut handled: Vec<String> = Vec::new();
     // Decisions of this pass count for the next pod of the same workload: three leaking
     // replicas must not all be evicted at once.
     let mut books: BTreeMap<Workload, Ledger> = i.ledgers.clone();
     if s.action == RemediationAction::Restart
-        && let Some(gate) = gate
+        && let Some(gate) = i.gate
     {
         for leak in fresh.iter().filter(|l| remediation::triggered(s, l)) {
             let Some(facts) = i.pods.values().find(|p| p.name == leak.pod) else {
                 continue;
             };
-            let book = facts.workload.as_ref().and_then(|w| books.get(w)).cloned();
-            let book = book.as_ref();
-            let d = remediation::decide(s, gate, leak, facts, book, i.watch, i.now);
             handled.push(facts.uid.clone());
-            let record = |action, reason: RemediationReason, message: String| RemediationRecord {
-                pod: facts.name.clone(),
-                pod_uid: facts.uid.clone(),
-                workload: facts.workload.as_ref().map(|w| w.kind_name.clone()),
-                action,
-                reason,
-                message,
-                time_to_oom_seconds: leak.time_to_oom_seconds,
-                confidence: leak.confidence,
-                time: now_str.to_owned(),
-            };
-            // An eviction decided now or resumed: a Pending record, and the request.
-            let evict =
-                |status: &mut ResourceWatchStatus, evictions: &mut Vec<Eviction>, w: &Workload| {
-                    let pending = RemediationOutcome::Pending;
-                    upsert(
-                        status,
-                        record(pending, RemediationReason::Decided, String::new()),
-                    );
-                    evictions.push(Eviction {
-                        pod: facts.name.clone(),
-                        pod_uid: facts.uid.clone(),
-                        workload: w.clone(),
-                        watch: i.watch.to_owned(),
-                        time_to_oom_seconds: leak.time_to_oom_seconds,
-                        confidence: leak.confidence,
-                    });
-                };
-            match d {
+            let book = facts.workload.as_ref().and_then(|w| books.get(w)).cloned();
+            match remediation::decide(s, gate, leak, facts, book.as_ref(), i.watch, i.now) {
                 Decision::Nothing => {}
                 Decision::Evict(intent) => {
                     let Some(w) = &facts.workload else { continue };
-                    // A PDB refused it moments ago: give the budget time.
-                    if last_record(status, &facts.uid).is_some_and(|r| {
-                        r.action == RemediationOutcome::Blocked
-                            && r.reason == RemediationReason::PodDisruptionBudget
-                            && seconds_between(&r.time, now_str)
-                                .is_some_and(|d| d < remediation::PDB_RETRY.as_secs() as i64)
-                    }) {
+                    if pdb_refused_lately(&d.status, &facts.uid, i.status.now) {
                         continue;
                     }
                     books.entry(w.clone()).or_default().pending = Some(intent.clone());
-                    ledger.push(LedgerChange::Record {
+                    d.ledger.push(LedgerChange::Record {
                         workload: w.clone(),
                         intent,
                     });
-                    evict(status, evictions, w);
+                    evict(i, leak, facts, w, d);
                 }
                 Decision::Resume => {
                     if let Some(w) = &facts.workload {
-                        evict(status, evictions, w);
+                        evict(i, leak, facts, w, d);
                     }
                 }
                 Decision::Report {
                     outcome,
                     reason,
                     message,
-                } => {
-                    // Our own intent for this pod no longer holds: void it.
-                    if let Some(w) = &facts.workload
-                        && book
-                            .and_then(|b| b.pending.as_ref())
-                            .is_some_and(|p| p.pod_uid == facts.uid)
-                    {
-                        ledger.push(LedgerChange::Clear {
-                            workload: w.clone(),
-                            pod_uid: facts.uid.clone(),
-                        });
-                        expire_record(status, events, &facts.uid, reason, &message, now_str);
-                    }
-                    let new = record(outcome, reason, message.clone());
-                    if upsert(status, new) {
-                        let ev = if outcome == RemediationOutcome::WouldRestart {
-                            EventReason::WouldRestart
-                        } else {
-                            EventReason::RestartBlocked
-                        };
-                        both(
-                            events,
-                            true,
-                            ev,
-                            format!("{}: {message}", facts.name),
-                            &facts.name,
-                        );
-                    }
-                }
+                } => report(i, leak, facts, book.as_ref(), (outcome, reason, message), d),
             }
         }
     }
-    expire_unconfirmed(i, &handled, status, events, ledger);
+    expire_unconfirmed(i, &handled, d);
+}
+
+/// The pod's record of a decision about `leak`.
+fn record(
+    i: &Inputs<'_>,
+    leak: &LeakEntry,
+    facts: &PodFacts,
+    action: RemediationOutcome,
+    reason: RemediationReason,
+    message: String,
+) -> RemediationRecord {
+    RemediationRecord {
+        pod: facts.name.clone(),
+        pod_uid: facts.uid.clone(),
+        workload: facts.workload.as_ref().map(|w| w.kind_name.clone()),
+        action,
+        reason,
+        message,
+        time_to_oom_seconds: leak.time_to_oom_seconds,
+        confidence: leak.confidence,
+        time: i.status.now.to_owned(),
+    }
+}
+
+/// A PodDisruptionBudget refused this pod's eviction moments ago: give the budget time.
+fn pdb_refused_lately(status: &ResourceWatchStatus, uid: &str, now: &str) -> bool {
+    last_record(status, uid).is_some_and(|r| {
+        r.action == RemediationOutcome::Blocked
+            && r.reason == RemediationReason::PodDisruptionBudget
+            && seconds_between(&r.time, now)
+                .is_some_and(|d| d < remediation::PDB_RETRY.as_secs() as i64)
+    })
+}
+
+/// An eviction decided now or resumed: a Pending record, and the request.
+fn evict(i: &Inputs<'_>, leak: &LeakEntry, facts: &PodFacts, w: &Workload, d: &mut Draft) {
+    let pending = record(
+        i,
+        leak,
+        facts,
+        RemediationOutcome::Pending,
+        RemediationReason::Decided,
+        String::new(),
+    );
+    upsert(&mut d.status, pending);
+    d.evictions.push(Eviction {
+        pod: facts.name.clone(),
+        pod_uid: facts.uid.clone(),
+        workload: w.clone(),
+        watch: i.watch.to_owned(),
+        time_to_oom_seconds: leak.time_to_oom_seconds,
+        confidence: leak.confidence,
+    });
+}
+
+/// A decision not to evict (blocked, or what a dry run would do): recorded and told once
+/// while it stays the same; an intent of ours for the pod no longer holds and is voided.
+fn report(
+    i: &Inputs<'_>,
+    leak: &LeakEntry,
+    facts: &PodFacts,
+    book: Option<&Ledger>,
+    (outcome, reason, message): (RemediationOutcome, RemediationReason, String),
+    d: &mut Draft,
+) {
+    if let Some(w) = &facts.workload
+        && book
+            .and_then(|b| b.pending.as_ref())
+            .is_some_and(|p| p.pod_uid == facts.uid)
+    {
+        d.ledger.push(LedgerChange::Clear {
+            workload: w.clone(),
+            pod_uid: facts.uid.clone(),
+        });
+        expire_record(d, &facts.uid, reason, &message, i.status.now);
+    }
+    let new = record(i, leak, facts, outcome, reason, message.clone());
+    if upsert(&mut d.status, new) {
+        let ev = if outcome == RemediationOutcome::WouldRestart {
+            EventReason::WouldRestart
+        } else {
+            EventReason::RestartBlocked
+        };
+        both(
+            &mut d.events,
+            true,
+            ev,
+            format!("{}: {message}", facts.name),
+            &facts.name,
+        );
+    }
 }
 
 /// Pending records this pass did not confirm: the prediction no longer holds, or they
 /// never were the operator's (status is writable by others; only the ledger counts).
-fn expire_unconfirmed(
-    i: &Inputs<'_>,
-    handled: &[String],
-    status: &mut ResourceWatchStatus,
-    events: &mut Vec<EventSpec>,
-    ledger: &mut Vec<LedgerChange>,
-) {
-    let now_str = i.status.now;
-    let gate = i.gate;
-    let stale: Vec<(String, String)> = status
+fn expire_unconfirmed(i: &Inputs<'_>, handled: &[String], d: &mut Draft) {
+    let stale: Vec<(String, String)> = d
+        .status
         .remediations
         .iter()
         .filter(|r| r.action == RemediationOutcome::Pending && !handled.contains(&r.pod_uid))
@@ -388,13 +484,13 @@ fn expire_unconfirmed(
             .and_then(|f| f.workload.as_ref())
             .and_then(|w| i.ledgers.get(w).map(|b| (w, b)))
             .and_then(|(w, b)| b.pending.as_ref().filter(|p| p.pod_uid == uid).map(|_| w));
-        let (reason, why) = match (ours, facts) {
-            (Some(w), _) => {
-                ledger.push(LedgerChange::Clear {
+        let (reason, why) = match ours {
+            Some(w) => {
+                d.ledger.push(LedgerChange::Clear {
                     workload: w.clone(),
                     pod_uid: uid.clone(),
                 });
-                if gate.is_some_and(|g| !g.master_switch) {
+                if i.gate.is_some_and(|g| !g.master_switch) {
                     (
                         RemediationReason::RemediationDisabled,
                         "remediation is off in the operator".to_string(),
@@ -406,24 +502,18 @@ fn expire_unconfirmed(
                     )
                 }
             }
-            (None, Some(_)) | (None, None) => (
+            None => (
                 RemediationReason::IntentExpired,
                 format!("{name}: no intent of the operator's records it (or it expired)"),
             ),
         };
-        expire_record(status, events, &uid, reason, &why, now_str);
+        expire_record(d, &uid, reason, &why, i.status.now);
     }
 }
 
-fn expire_all_pending(
-    i: &Inputs<'_>,
-    status: &mut ResourceWatchStatus,
-    events: &mut Vec<EventSpec>,
-    ledger: &mut Vec<LedgerChange>,
-    reason: RemediationReason,
-    why: &str,
-) {
-    let pending: Vec<String> = status
+fn expire_all_pending(i: &Inputs<'_>, d: &mut Draft, reason: RemediationReason, why: &str) {
+    let pending: Vec<String> = d
+        .status
         .remediations
         .iter()
         .filter(|r| r.action == RemediationOutcome::Pending)
@@ -431,24 +521,18 @@ fn expire_all_pending(
         .collect();
     for uid in pending {
         if let Some(w) = i.pods.get(&uid).and_then(|f| f.workload.clone()) {
-            ledger.push(LedgerChange::Clear {
+            d.ledger.push(LedgerChange::Clear {
                 workload: w,
                 pod_uid: uid.clone(),
             });
         }
-        expire_record(status, events, &uid, reason, why, i.status.now);
+        expire_record(d, &uid, reason, why, i.status.now);
     }
 }
 
-fn expire_record(
-    status: &mut ResourceWatchStatus,
-    events: &mut Vec<EventSpec>,
-    uid: &str,
-    reason: RemediationReason,
-    why: &str,
-    now: &str,
-) {
-    for r in status
+fn expire_record(d: &mut Draft, uid: &str, reason: RemediationReason, why: &str, now: &str) {
+    for r in d
+        .status
         .remediations
         .iter_mut()
         .filter(|r| r.pod_uid == uid && r.action == RemediationOutcome::Pending)
@@ -459,7 +543,7 @@ fn expire_record(
         r.time = now.to_owned();
         let name = r.pod.clone();
         both(
-            events,
+            &mut d.events,
             true,
             EventReason::RestartExpired,
             format!("{name}: {}", r.message),
@@ -763,24 +847,139 @@ mod tests {
         gate: Option<&Gate>,
         ledgers: &BTreeMap<Workload, Ledger>,
     ) -> Plan {
+        plan_with(nodes, old, gate, ledgers, no_profile())
+    }
+
+    fn plan_with(
+        nodes: &[NodeView],
+        old: Option<&ResourceWatchStatus>,
+        gate: Option<&Gate>,
+        ledgers: &BTreeMap<Workload, Ledger>,
+        profile: profile::Inputs<'_>,
+    ) -> Plan {
         let s = settings();
         let pods = [pod(1), pod(2), pod(3)];
         let facts: BTreeMap<String, PodFacts> = (1..=3).map(facts).collect();
-        decide(&Inputs {
-            status: status::Inputs {
-                generation: Some(1),
-                settings: &s,
-                pods: &pods,
-                nodes,
-                old,
-                now: NOW_STR,
+        let status = status::Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes,
+            old,
+            now: NOW_STR,
+        };
+        let assessed = assess(&status);
+        decide(
+            &Inputs {
+                status,
+                watch: "ns/w",
+                namespace: "ns",
+                gate,
+                pods: &facts,
+                ledgers,
+                profile,
+                now: NOW,
             },
-            watch: "ns/w",
-            gate,
-            pods: &facts,
-            ledgers,
-            now: NOW,
-        })
+            assessed,
+        )
+    }
+
+    #[test]
+    fn a_profile_request_is_taken_sent_stored_and_finished_by_plans() {
+        let ask = profile::Inputs {
+            annotation: Some("pod=app-1,duration=10s"),
+            ..no_profile()
+        };
+        let taken = plan_with(&[node(&[], true)], None, None, &BTreeMap::new(), ask);
+        let p = taken.status.profile.clone().unwrap();
+        assert_eq!(p.state, resourcewatch_crds::ProfileState::Pending);
+        assert!(taken.profile.taken && taken.profile.effect.is_none());
+        let order = taken.targets.as_ref().and_then(|t| t.profile.clone());
+        assert_eq!(
+            order.map(|o| o.node),
+            Some("n1".into()),
+            "sent with this plan"
+        );
+        assert_eq!(taken.write, Write::Now);
+        assert!(
+            taken.requeue <= Duration::from_secs(10 + 60 + 1),
+            "{:?}",
+            taken.requeue
+        );
+
+        // The node's result: stored first, then finished by the follow-up.
+        let result = pb::ProfileResult {
+            id: p.id.clone(),
+            samples: 990,
+            duration_seconds: 10.0,
+            hottest: vec![pb::HotFunction {
+                name: "spin".into(),
+                samples: 900,
+            }],
+            svg: "<svg/>".into(),
+            ..Default::default()
+        };
+        let arrived = profile::Inputs {
+            annotation: Some("pod=app-1,duration=10s"),
+            result: Some(&result),
+            ..no_profile()
+        };
+        let mut done = plan_with(
+            &[node(&[], true)],
+            Some(&taken.status),
+            None,
+            &BTreeMap::new(),
+            arrived,
+        );
+        assert_eq!(done.profile.effect, Some(profile::Effect::Store));
+        assert!(
+            done.profile.result_used && !done.profile.taken,
+            "taken once"
+        );
+        assert_eq!(done.write, Write::Now, "a stored result is written at once");
+        let stored = done.status.profile.as_mut().unwrap();
+        let ev = profile::stored(stored, &result, Ok("w-profile".into()), NOW);
+        assert_eq!(stored.state, resourcewatch_crds::ProfileState::Succeeded);
+        assert_eq!(ev.reason, EventReason::ProfileSucceeded);
+        assert!(
+            ev.note.contains("spin") && ev.note.contains("w-profile"),
+            "{}",
+            ev.note
+        );
+
+        // A node that could not profile: failed in the plan, nothing to store.
+        let failed = pb::ProfileResult {
+            error: "no such cgroup".into(),
+            ..result.clone()
+        };
+        let refused = plan_with(
+            &[node(&[], true)],
+            Some(&taken.status),
+            None,
+            &BTreeMap::new(),
+            profile::Inputs {
+                result: Some(&failed),
+                ..no_profile()
+            },
+        );
+        assert_eq!(refused.profile.effect, None);
+        let state = refused.status.profile.as_ref().map(|p| p.state);
+        assert_eq!(state, Some(resourcewatch_crds::ProfileState::Failed));
+        assert!(
+            refused
+                .events
+                .iter()
+                .any(|e| e.reason == EventReason::ProfileFailed)
+        );
+    }
+
+    fn no_profile() -> profile::Inputs<'static> {
+        profile::Inputs {
+            annotation: None,
+            namespace_last: None,
+            id: "p-1".into(),
+            result: None,
+        }
     }
 
     #[test]
@@ -805,9 +1004,11 @@ mod tests {
                 now: NOW_STR,
             },
             watch: "ns/w",
+            namespace: "ns",
             gate: None,
             pods: &BTreeMap::new(),
             ledgers: &BTreeMap::new(),
+            profile: no_profile(),
             now: NOW,
         };
         let interval = Duration::from_secs(30);
@@ -909,15 +1110,17 @@ mod tests {
             }],
             ..Default::default()
         };
+        let (s, pods, nodes) = (settings(), [pod(2)], [node(&[], true)]);
+        let i = status::Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &pods,
+            nodes: &nodes,
+            old: Some(&forged),
+            now: NOW_STR,
+        };
         assert_eq!(
-            candidates(&status::Inputs {
-                generation: Some(1),
-                settings: &settings(),
-                pods: &[pod(2)],
-                nodes: &[node(&[], true)],
-                old: Some(&forged),
-                now: NOW_STR,
-            }),
+            assess(&i).candidates(&i),
             ["app-2"],
             "its facts are gathered"
         );

@@ -22,7 +22,11 @@ use resourcewatch_crds::{
 };
 use resourcewatch_proto as pb;
 
-use crate::{nodes::ProfileOrder, status::SelectedPod};
+use crate::{
+    model::{EventAction, EventReason},
+    nodes::ProfileOrder,
+    status::{EventSpec, SelectedPod, Subject},
+};
 
 /// The longest profile a user may ask for: long enough to catch a periodic hot path,
 /// short enough that a forgotten request costs nothing for long.
@@ -196,6 +200,124 @@ pub fn take(t: &Take<'_>) -> Option<ProfileStatus> {
         samples: 0,
         hottest: Vec::new(),
     })
+}
+
+/// What one reconcile knows of the watch's profile besides its status.
+pub struct Inputs<'a> {
+    /// The watch's `resourcewatch.io/profile` annotation.
+    pub annotation: Option<&'a str>,
+    /// The latest request taken in the namespace (unix seconds), gathered only when the
+    /// annotation [`is_new`]: it reads every watch of the namespace.
+    pub namespace_last: Option<i64>,
+    /// The id a request taken now gets (unique per request: the watch's UID and the time).
+    pub id: String,
+    /// A node's result for the Pending request, if one has arrived.
+    pub result: Option<&'a pb::ProfileResult>,
+}
+
+/// An effect on the result's ConfigMap the controller carries out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Store the node's result in the watch's ConfigMap, then finish the request with how
+    /// that went ([`stored`]), before the status is written.
+    Store,
+    /// Delete the expired result's ConfigMap (before the status saying Expired is
+    /// written: a failed delete is retried by the next reconcile, which ages it again).
+    Delete,
+}
+
+/// What a reconcile makes of the watch's profile.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Step {
+    pub status: Option<ProfileStatus>,
+    pub events: Vec<EventSpec>,
+    pub effect: Option<Effect>,
+    /// A request was taken now: it counts in the namespace's rate limit once the status
+    /// recording it is written.
+    pub taken: bool,
+    /// The node's result was used: the hub may forget it once the status is written.
+    pub result_used: bool,
+}
+
+/// Takes a new request, applies a node's result, fails an overdue request and expires an
+/// old result.
+pub fn step(old: Option<&ProfileStatus>, i: &Inputs<'_>, pods: &[SelectedPod], now: i64) -> Step {
+    let mut out = Step {
+        status: old.cloned(),
+        ..Step::default()
+    };
+    if let Some(a) = i.annotation
+        && let Some(p) = take(&Take {
+            annotation: a,
+            old,
+            pods,
+            namespace_last: i.namespace_last,
+            now,
+            id: i.id.clone(),
+        })
+    {
+        if p.state == ProfileState::Refused {
+            out.events.push(event(EventReason::ProfileRefused, &p));
+        } else {
+            out.taken = true;
+        }
+        out.status = Some(p);
+    }
+    let Some(p) = out.status.as_mut() else {
+        return out;
+    };
+    match i.result.filter(|r| r.id == p.id) {
+        Some(r) if p.state == ProfileState::Pending => {
+            out.result_used = true;
+            if r.error.is_empty() {
+                out.effect = Some(Effect::Store);
+            } else {
+                finish(p, r, Err(String::new()), now);
+                out.events.push(event(EventReason::ProfileFailed, p));
+            }
+        }
+        _ if age(p, now) => {
+            if p.state == ProfileState::Failed {
+                out.events.push(event(EventReason::ProfileFailed, p));
+            } else {
+                out.effect = Some(Effect::Delete);
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// The follow-up of [`Effect::Store`]: the request finished with the ConfigMap's name, or
+/// failed saying why it was not stored. Returns its Event.
+pub fn stored(
+    p: &mut ProfileStatus,
+    r: &pb::ProfileResult,
+    result: Result<String, String>,
+    now: i64,
+) -> EventSpec {
+    finish(p, r, result, now);
+    let reason = if p.state == ProfileState::Succeeded {
+        EventReason::ProfileSucceeded
+    } else {
+        EventReason::ProfileFailed
+    };
+    event(reason, p)
+}
+
+fn event(reason: EventReason, p: &ProfileStatus) -> EventSpec {
+    let what = format!("CPU profile {} of pod {}", p.id, p.pod);
+    EventSpec::new(
+        reason != EventReason::ProfileSucceeded,
+        reason,
+        EventAction::Profile,
+        match &p.config_map {
+            Some(cm) => format!("{what}: {}; in ConfigMap {cm}", p.message),
+            None => format!("{what}: {}", p.message),
+        },
+        None,
+    )
+    .about(Subject::container(&p.pod, &p.container))
 }
 
 /// What the hub sends the pod's node while the request is Pending. None once the pod is
