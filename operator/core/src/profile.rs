@@ -145,44 +145,10 @@ pub fn take(t: &Take<'_>) -> Option<ProfileStatus> {
         Ok(r) => r,
         Err(e) => return Some(refused(String::new(), e)),
     };
-    if let Some(last) = t.namespace_last
-        && t.now - last < MIN_GAP.as_secs() as i64
-    {
-        return Some(refused(
-            req.pod,
-            format!(
-                "one profile per namespace per {} s: the last was taken {} s ago",
-                MIN_GAP.as_secs(),
-                t.now - last
-            ),
-        ));
-    }
-    let Some(pod) = t.pods.iter().find(|p| p.name == req.pod) else {
-        return Some(refused(
-            req.pod,
-            "the watch does not select this pod (or it is not running)".into(),
-        ));
+    let node = match node_for(t, &req) {
+        Ok(node) => node,
+        Err(why) => return Some(refused(req.pod, why)),
     };
-    let Some(node) = pod.node.clone() else {
-        return Some(refused(
-            req.pod,
-            "the pod is not scheduled to a node".into(),
-        ));
-    };
-    if let Some(c) = &req.container
-        && !pod.containers.values().any(|name| name == c)
-    {
-        return Some(refused(
-            req.pod,
-            format!("the pod has no started container {c:?}"),
-        ));
-    }
-    if pod.containers.is_empty() {
-        return Some(refused(
-            req.pod,
-            "none of the pod's containers has started".into(),
-        ));
-    }
     Some(ProfileStatus {
         id: t.id.clone(),
         request,
@@ -318,6 +284,34 @@ fn event(reason: EventReason, p: &ProfileStatus) -> EventSpec {
         None,
     )
     .about(Subject::container(&p.pod, &p.container))
+}
+
+/// The node of the request's pod, or why the request is refused.
+fn node_for(t: &Take<'_>, req: &Request) -> Result<String, String> {
+    if let Some(last) = t.namespace_last
+        && t.now - last < MIN_GAP.as_secs() as i64
+    {
+        return Err(format!(
+            "one profile per namespace per {} s: the last was taken {} s ago",
+            MIN_GAP.as_secs(),
+            t.now - last
+        ));
+    }
+    let Some(pod) = t.pods.iter().find(|p| p.name == req.pod) else {
+        return Err("the watch does not select this pod (or it is not running)".into());
+    };
+    let Some(node) = pod.node.clone() else {
+        return Err("the pod is not scheduled to a node".into());
+    };
+    if let Some(c) = &req.container
+        && !pod.containers.values().any(|name| name == c)
+    {
+        return Err(format!("the pod has no started container {c:?}"));
+    }
+    if pod.containers.is_empty() {
+        return Err("none of the pod's containers has started".into());
+    }
+    Ok(node)
 }
 
 /// What the hub sends the pod's node while the request is Pending. None once the pod is

@@ -134,115 +134,156 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
     if pending && old_is_current {
         return Outcome::Hold;
     }
-
+    let mut f = Figures::default();
     let by_uid: BTreeMap<&str, &SelectedPod> = i.pods.iter().map(|p| (p.uid.as_str(), p)).collect();
-    let mut top_cpu = Vec::new();
-    let mut top_memory = Vec::new();
-    let mut exceeding = Vec::new();
-    let mut leaks: BTreeMap<(String, String), (bool, LeakEntry)> = BTreeMap::new();
     for n in i.nodes {
-        let Some(report) = &n.last_report else {
-            continue;
-        };
+        if let Some(report) = &n.last_report {
+            f.add_report(settings, &n.name, report, &by_uid);
+        }
+    }
+    let fresh_leaks: Vec<LeakEntry> = f.leaks.values().map(|(_, l)| l.clone()).collect();
+    if let Some(old) = i.old {
+        f.keep_stale(i, old);
+    }
+    let (ranked, mut truncated) = f.rank(settings);
+    let nodes = node_entries(i, &mut truncated);
+    let (ready, degraded) = conditions(i, pending);
+    let mut status = ResourceWatchStatus {
+        observed_generation: i.generation,
+        conditions: vec![ready, degraded],
+        matched_pods: i.pods.len() as u32,
+        expected_nodes: i.nodes.len() as u32,
+        reporting_nodes: i.nodes.iter().filter(|n| n.reporting).count() as u32,
+        summary: summary(&ranked),
+        top_cpu: ranked.top_cpu,
+        top_memory: ranked.top_memory,
+        leaks: ranked.leaks,
+        exceeding: ranked.exceeding,
+        nodes,
+        remediations: i
+            .old
+            .map(|o| o.remediations.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut r| {
+                // The stored log is not ours alone (status is writable): keep it bounded
+                // (a reason is one of the schema's, or Unknown).
+                crate::validate::truncate(&mut r.message, resourcewatch_crds::MAX_MESSAGE);
+                r
+            })
+            .collect(),
+        last_update_time: Some(i.now.to_owned()),
+        truncated: (truncated != resourcewatch_crds::Truncated::default()).then_some(truncated),
+        // The profile's own step decides it (crate::profile); carried as it was.
+        profile: i.old.and_then(|o| o.profile.clone()),
+    };
+    carry_transition_times(&mut status.conditions, old_conditions(i.old), i.now);
+    let events = if pending {
+        Vec::new()
+    } else {
+        let rejecting: BTreeSet<&str> = i
+            .nodes
+            .iter()
+            .filter(|n| n.nack.is_some())
+            .map(|n| n.name.as_str())
+            .collect();
+        transitions(i.old, &status, settings, &rejecting)
+    };
+    Outcome::Write {
+        status: Box::new(status),
+        events,
+        fresh_leaks,
+    }
+}
+
+/// The figures of the watch's containers, gathered from its nodes' reports.
+#[derive(Default)]
+struct Figures {
+    top_cpu: Vec<TopEntry>,
+    top_memory: Vec<TopEntry>,
+    exceeding: Vec<ThresholdEntry>,
+    /// One per (pod, container), and whether it is the container-level series.
+    leaks: BTreeMap<(String, String), (bool, LeakEntry)>,
+}
+
+/// The figures as the status shows them: sorted, cut to K and to the status's bounds.
+struct Ranked {
+    top_cpu: Vec<TopEntry>,
+    top_memory: Vec<TopEntry>,
+    leaks: Vec<LeakEntry>,
+    exceeding: Vec<ThresholdEntry>,
+}
+
+impl Figures {
+    fn add_report(
+        &mut self,
+        settings: &WatchSettings,
+        node: &str,
+        report: &pb::Report,
+        by_uid: &BTreeMap<&str, &SelectedPod>,
+    ) {
+        let container_of =
+            |pod: &SelectedPod, id: &str| pod.containers.get(id).cloned().unwrap_or_default();
         for c in &report.containers {
             let Some(pod) = by_uid.get(c.pod_uid.as_str()) else {
                 continue;
             };
-            let container = pod
-                .containers
-                .get(&c.container_id)
-                .cloned()
-                .unwrap_or_default();
+            let container = container_of(pod, &c.container_id);
             for p in &c.processes {
                 let entry = |value| TopEntry {
                     pod: pod.name.clone(),
                     container: container.clone(),
                     process: ProcessFigure {
-                        node: n.name.clone(),
+                        node: node.to_owned(),
                         pid: p.pid,
                         command: p.command.clone(),
                         value,
                     },
                 };
-                top_cpu.push(entry(round2(p.cpu_percent)));
-                top_memory.push(entry(p.rss_bytes as f64));
+                self.top_cpu.push(entry(round2(p.cpu_percent)));
+                self.top_memory.push(entry(p.rss_bytes as f64));
             }
-            if let Some(t) = settings.cpu_threshold.filter(|t| c.cpu_percent > *t) {
-                exceeding.push(ThresholdEntry {
-                    pod: pod.name.clone(),
-                    container: container.clone(),
-                    metric: Metric::Cpu,
-                    value: round2(c.cpu_percent),
-                    threshold: t,
-                });
-            }
-            if c.memory_limit_bytes > 0 {
-                let pct = c.memory_bytes as f64 * 100.0 / c.memory_limit_bytes as f64;
-                if let Some(t) = settings.memory_threshold.filter(|t| pct > *t) {
-                    exceeding.push(ThresholdEntry {
-                        pod: pod.name.clone(),
-                        container: container.clone(),
-                        metric: Metric::Memory,
-                        value: round2(pct),
-                        threshold: t,
-                    });
-                }
-            }
+            self.exceeding
+                .extend(thresholds_crossed(settings, c, &pod.name, &container));
         }
-        if settings.leaks_enabled {
-            for l in &report.leaks {
-                let Some(pod) = by_uid.get(l.pod_uid.as_str()) else {
-                    continue;
-                };
-                if l.confidence < settings.min_confidence as u32 {
-                    continue;
-                }
-                let container = pod
-                    .containers
-                    .get(&l.container_id)
-                    .cloned()
-                    .unwrap_or_default();
-                let tto = l
-                    .time_to_oom_seconds
-                    .filter(|s| *s <= settings.horizon.as_secs_f64());
-                let entry = LeakEntry {
-                    pod: pod.name.clone(),
-                    container: container.clone(),
-                    node: n.name.clone(),
-                    growth_bytes_per_second: l.growth_bytes_per_second.round(),
-                    confidence: l.confidence.min(100) as u8,
-                    time_to_oom_seconds: tto.map(|s| s.round()),
-                    time_to_oom_lower_bound_seconds: tto.map(|point| {
-                        l.time_to_oom_low_seconds
-                            .unwrap_or(point)
-                            .min(point)
-                            .floor()
-                    }),
-                    growing_for_seconds: Some(l.growing_seconds.floor()),
-                    limit_bytes: (l.limit_bytes > 0).then_some(l.limit_bytes),
-                    growth_sites: growth_sites(&l.growth_sites),
-                };
-                // One entry per container: the container-level series (pid 0) wins, else
-                // the most confident process.
-                let k = (pod.name.clone(), container);
-                let container_level = l.pid == 0;
-                let replace = match leaks.get(&k) {
-                    None => true,
-                    Some((true, _)) => false,
-                    Some((false, _)) if container_level => true,
-                    Some((false, have)) => have.confidence < entry.confidence,
-                };
-                if replace {
-                    leaks.insert(k, (container_level, entry));
-                }
+        if !settings.leaks_enabled {
+            return;
+        }
+        for l in &report.leaks {
+            let Some(pod) = by_uid.get(l.pod_uid.as_str()) else {
+                continue;
+            };
+            if l.confidence < settings.min_confidence as u32 {
+                continue;
+            }
+            let entry = leak_entry(
+                settings,
+                node,
+                l,
+                &pod.name,
+                container_of(pod, &l.container_id),
+            );
+            // One entry per container: the container-level series (pid 0) wins, else the
+            // most confident process.
+            let k = (entry.pod.clone(), entry.container.clone());
+            let container_level = l.pid == 0;
+            let replace = match self.leaks.get(&k) {
+                None => true,
+                Some((true, _)) => false,
+                Some((false, _)) if container_level => true,
+                Some((false, have)) => have.confidence < entry.confidence,
+            };
+            if replace {
+                self.leaks.insert(k, (container_level, entry));
             }
         }
     }
-    let fresh_leaks: Vec<LeakEntry> = leaks.values().map(|(_, l)| l.clone()).collect();
-    // A node that stopped reporting keeps its last known entries (the Degraded condition
-    // says they are stale): dropping them would turn every agent restart into a
-    // LeakDetected / ThresholdCrossed the moment it reports again. They are never acted on.
-    if let Some(old) = i.old {
+
+    /// A node that stopped reporting keeps its last known entries (the Degraded condition
+    /// says they are stale): dropping them would turn every agent restart into a
+    /// LeakDetected / ThresholdCrossed the moment it reports again. They are never acted
+    /// on (only fresh leaks are).
+    fn keep_stale(&mut self, i: &Inputs<'_>, old: &ResourceWatchStatus) {
         let stale: BTreeSet<&str> = i
             .nodes
             .iter()
@@ -257,73 +298,138 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         let keep = |pod: &str, node: &str| {
             stale.contains(node) && live_pods.get(pod).is_some_and(|n| *n == Some(node))
         };
-        top_cpu.extend(
-            old.top_cpu
+        let kept = |entries: &[TopEntry]| -> Vec<TopEntry> {
+            entries
                 .iter()
                 .filter(|e| keep(&e.pod, &e.process.node))
-                .cloned(),
-        );
-        top_memory.extend(
-            old.top_memory
-                .iter()
-                .filter(|e| keep(&e.pod, &e.process.node))
-                .cloned(),
-        );
+                .cloned()
+                .collect()
+        };
+        self.top_cpu.extend(kept(&old.top_cpu));
+        self.top_memory.extend(kept(&old.top_memory));
         for l in old.leaks.iter().filter(|l| keep(&l.pod, &l.node)) {
-            leaks
+            self.leaks
                 .entry((l.pod.clone(), l.container.clone()))
                 .or_insert((true, l.clone()));
         }
-        exceeding.extend(
+        let on_stale_node = |pod: &str| {
+            live_pods
+                .get(pod)
+                .copied()
+                .flatten()
+                .is_some_and(|n| stale.contains(n))
+        };
+        self.exceeding.extend(
             old.exceeding
                 .iter()
-                .filter(|e| {
-                    live_pods
-                        .get(e.pod.as_str())
-                        .copied()
-                        .flatten()
-                        .is_some_and(|n| stale.contains(n))
-                })
+                .filter(|e| on_stale_node(&e.pod))
                 .cloned(),
         );
     }
-    let k = settings.top_k as usize;
-    top_cpu.sort_by(|a, b| {
-        b.process
-            .value
-            .total_cmp(&a.process.value)
-            .then(a.process.pid.cmp(&b.process.pid))
-    });
-    top_cpu.truncate(if settings.cpu { k } else { 0 });
-    top_memory.sort_by(|a, b| {
-        b.process
-            .value
-            .total_cmp(&a.process.value)
-            .then(a.process.pid.cmp(&b.process.pid))
-    });
-    top_memory.truncate(if settings.memory { k } else { 0 });
-    let mut leaks: Vec<LeakEntry> = leaks.into_values().map(|(_, l)| l).collect();
-    leaks.sort_by(|a, b| {
-        let ka = a.time_to_oom_seconds.unwrap_or(f64::MAX);
-        let kb = b.time_to_oom_seconds.unwrap_or(f64::MAX);
-        ka.total_cmp(&kb).then(b.confidence.cmp(&a.confidence))
-    });
-    exceeding.sort_by(|a, b| b.value.total_cmp(&a.value));
-    let mut truncated = resourcewatch_crds::Truncated::default();
-    let cap = |n: usize, max: usize| n.saturating_sub(max) as u32;
-    truncated.leaks = cap(leaks.len(), resourcewatch_crds::MAX_STATUS_LEAKS);
-    leaks.truncate(resourcewatch_crds::MAX_STATUS_LEAKS);
-    truncated.exceeding = cap(exceeding.len(), resourcewatch_crds::MAX_STATUS_EXCEEDING);
-    exceeding.truncate(resourcewatch_crds::MAX_STATUS_EXCEEDING);
 
-    // A node's health speaks for every watch on it; each watch shows only its own containers.
+    fn rank(self, settings: &WatchSettings) -> (Ranked, resourcewatch_crds::Truncated) {
+        let k = settings.top_k as usize;
+        let top = |mut v: Vec<TopEntry>, on: bool| {
+            v.sort_by(|a, b| {
+                b.process
+                    .value
+                    .total_cmp(&a.process.value)
+                    .then(a.process.pid.cmp(&b.process.pid))
+            });
+            v.truncate(if on { k } else { 0 });
+            v
+        };
+        let mut leaks: Vec<LeakEntry> = self.leaks.into_values().map(|(_, l)| l).collect();
+        leaks.sort_by(|a, b| {
+            let ka = a.time_to_oom_seconds.unwrap_or(f64::MAX);
+            let kb = b.time_to_oom_seconds.unwrap_or(f64::MAX);
+            ka.total_cmp(&kb).then(b.confidence.cmp(&a.confidence))
+        });
+        let mut exceeding = self.exceeding;
+        exceeding.sort_by(|a, b| b.value.total_cmp(&a.value));
+        let mut truncated = resourcewatch_crds::Truncated::default();
+        let cap = |n: usize, max: usize| n.saturating_sub(max) as u32;
+        truncated.leaks = cap(leaks.len(), resourcewatch_crds::MAX_STATUS_LEAKS);
+        leaks.truncate(resourcewatch_crds::MAX_STATUS_LEAKS);
+        truncated.exceeding = cap(exceeding.len(), resourcewatch_crds::MAX_STATUS_EXCEEDING);
+        exceeding.truncate(resourcewatch_crds::MAX_STATUS_EXCEEDING);
+        let ranked = Ranked {
+            top_cpu: top(self.top_cpu, settings.cpu),
+            top_memory: top(self.top_memory, settings.memory),
+            leaks,
+            exceeding,
+        };
+        (ranked, truncated)
+    }
+}
+
+/// The thresholds a container's figures cross.
+fn thresholds_crossed(
+    settings: &WatchSettings,
+    c: &pb::ContainerReport,
+    pod: &str,
+    container: &str,
+) -> Vec<ThresholdEntry> {
+    let entry = |metric, value: f64, threshold| ThresholdEntry {
+        pod: pod.to_owned(),
+        container: container.to_owned(),
+        metric,
+        value: round2(value),
+        threshold,
+    };
+    let mut out = Vec::new();
+    if let Some(t) = settings.cpu_threshold.filter(|t| c.cpu_percent > *t) {
+        out.push(entry(Metric::Cpu, c.cpu_percent, t));
+    }
+    if c.memory_limit_bytes > 0 {
+        let pct = c.memory_bytes as f64 * 100.0 / c.memory_limit_bytes as f64;
+        if let Some(t) = settings.memory_threshold.filter(|t| pct > *t) {
+            out.push(entry(Metric::Memory, pct, t));
+        }
+    }
+    out
+}
+
+/// A node's leak as the status shows it: a time to OOM only within the watch's horizon,
+/// its lower bound never above it.
+fn leak_entry(
+    settings: &WatchSettings,
+    node: &str,
+    l: &pb::Leak,
+    pod: &str,
+    container: String,
+) -> LeakEntry {
+    let tto = l
+        .time_to_oom_seconds
+        .filter(|s| *s <= settings.horizon.as_secs_f64());
+    LeakEntry {
+        pod: pod.to_owned(),
+        container,
+        node: node.to_owned(),
+        growth_bytes_per_second: l.growth_bytes_per_second.round(),
+        confidence: l.confidence.min(100) as u8,
+        time_to_oom_seconds: tto.map(|s| s.round()),
+        time_to_oom_lower_bound_seconds: tto.map(|point| {
+            l.time_to_oom_low_seconds
+                .unwrap_or(point)
+                .min(point)
+                .floor()
+        }),
+        growing_for_seconds: Some(l.growing_seconds.floor()),
+        limit_bytes: (l.limit_bytes > 0).then_some(l.limit_bytes),
+        growth_sites: growth_sites(&l.growth_sites),
+    }
+}
+
+/// Every node of the watch's pods, with what it has to say about this watch's containers
+/// (a node's health speaks for every watch on it).
+fn node_entries(i: &Inputs<'_>, truncated: &mut resourcewatch_crds::Truncated) -> Vec<NodeEntry> {
     let my_containers: BTreeSet<&str> = i
         .pods
         .iter()
         .flat_map(|p| p.containers.keys().map(String::as_str))
         .collect();
-    // Nodes with something to say first, so a cap never hides a problem behind healthy ones.
-    let mut node_entries: Vec<NodeEntry> = i
+    let mut entries: Vec<NodeEntry> = i
         .nodes
         .iter()
         .map(|n| {
@@ -337,25 +443,21 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
             }
         })
         .collect();
-    node_entries.sort_by_key(|n| (n.reporting, n.message.is_empty()));
-    truncated.nodes = cap(node_entries.len(), resourcewatch_crds::MAX_STATUS_NODES);
-    node_entries.truncate(resourcewatch_crds::MAX_STATUS_NODES);
-    node_entries.sort_by(|a, b| a.name.cmp(&b.name));
-    let expected = i.nodes.len() as u32;
-    let reporting = i.nodes.iter().filter(|n| n.reporting).count() as u32;
-    let missing: Vec<&str> = i
-        .nodes
-        .iter()
-        .filter(|n| n.missing)
-        .map(|n| n.name.as_str())
-        .collect();
-    let nacked: Vec<String> = i
-        .nodes
-        .iter()
-        .filter_map(|n| n.nack.as_ref().map(|(_, r)| format!("{}: {r}", n.name)))
-        .collect();
-    let unscheduled = i.pods.iter().filter(|p| p.node.is_none()).count();
+    // Nodes with something to say first, so a cap never hides a problem behind healthy ones.
+    entries.sort_by_key(|n| (n.reporting, n.message.is_empty()));
+    truncated.nodes = entries
+        .len()
+        .saturating_sub(resourcewatch_crds::MAX_STATUS_NODES) as u32;
+    entries.truncate(resourcewatch_crds::MAX_STATUS_NODES);
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    entries
+}
 
+/// `Ready` and `Degraded`.
+fn conditions(i: &Inputs<'_>, pending: bool) -> (Condition, Condition) {
+    let expected = i.nodes.len();
+    let reporting = i.nodes.iter().filter(|n| n.reporting).count();
+    let unscheduled = i.pods.iter().filter(|p| p.node.is_none()).count();
     let ready = if pending {
         cond(
             ConditionType::Ready,
@@ -382,7 +484,22 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
             ),
         )
     };
-    let degraded = if !missing.is_empty() {
+    (ready, degraded(i))
+}
+
+fn degraded(i: &Inputs<'_>) -> Condition {
+    let missing: Vec<&str> = i
+        .nodes
+        .iter()
+        .filter(|n| n.missing)
+        .map(|n| n.name.as_str())
+        .collect();
+    let nacked: Vec<String> = i
+        .nodes
+        .iter()
+        .filter_map(|n| n.nack.as_ref().map(|(_, r)| format!("{}: {r}", n.name)))
+        .collect();
+    if !missing.is_empty() {
         cond(
             ConditionType::Degraded,
             ConditionStatus::True,
@@ -393,14 +510,12 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
             ),
         )
     } else if !nacked.is_empty() {
+        let n: Vec<&str> = nacked.iter().map(String::as_str).collect();
         cond(
             ConditionType::Degraded,
             ConditionStatus::True,
             ConditionReason::ConfigRejected,
-            {
-                let n: Vec<&str> = nacked.iter().map(String::as_str).collect();
-                list_some(&n)
-            },
+            list_some(&n),
         )
     } else {
         cond(
@@ -409,69 +524,29 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
             ConditionReason::AllAgentsReporting,
             String::new(),
         )
-    };
+    }
+}
 
-    let soonest = leaks
+/// What `kubectl get resourcewatch` shows.
+fn summary(r: &Ranked) -> Summary {
+    let soonest = r
+        .leaks
         .iter()
         .filter_map(|l| Some((l, l.time_to_oom_seconds?)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
-    let summary = Summary {
-        top_cpu: top_cpu
+    Summary {
+        top_cpu: r
+            .top_cpu
             .first()
             .map(|e| format!("{} ({}%)", e.pod, e.process.value.round())),
-        top_memory: top_memory
+        top_memory: r
+            .top_memory
             .first()
             .map(|e| format!("{} ({})", e.pod, format_bytes(e.process.value as u64))),
-        leaking: leaks.len() as u32,
+        leaking: r.leaks.len() as u32,
         soonest_oom: soonest
             .map(|(_, s)| format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))),
         soonest_oom_pod: soonest.map(|(l, _)| format!("{}/{}", l.pod, l.container)),
-    };
-    let mut status = ResourceWatchStatus {
-        observed_generation: i.generation,
-        conditions: vec![ready, degraded],
-        matched_pods: i.pods.len() as u32,
-        expected_nodes: expected,
-        reporting_nodes: reporting,
-        top_cpu,
-        top_memory,
-        leaks,
-        exceeding,
-        nodes: node_entries,
-        remediations: i
-            .old
-            .map(|o| o.remediations.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .map(|mut r| {
-                // The stored log is not ours alone (status is writable): keep it bounded
-                // (a reason is one of the schema's, or Unknown).
-                crate::validate::truncate(&mut r.message, resourcewatch_crds::MAX_MESSAGE);
-                r
-            })
-            .collect(),
-        summary,
-        last_update_time: Some(i.now.to_owned()),
-        truncated: (truncated != resourcewatch_crds::Truncated::default()).then_some(truncated),
-        // The controller's (crate::profile); carried as it was.
-        profile: i.old.and_then(|o| o.profile.clone()),
-    };
-    carry_transition_times(&mut status.conditions, old_conditions(i.old), i.now);
-    let events = if pending {
-        Vec::new()
-    } else {
-        let rejecting: BTreeSet<&str> = i
-            .nodes
-            .iter()
-            .filter(|n| n.nack.is_some())
-            .map(|n| n.name.as_str())
-            .collect();
-        transitions(i.old, &status, settings, &rejecting)
-    };
-    Outcome::Write {
-        status: Box::new(status),
-        events,
-        fresh_leaks,
     }
 }
 
@@ -539,7 +614,8 @@ fn invalid(i: &Inputs<'_>, e: &SpecError) -> Outcome {
     }
 }
 
-/// `rejecting`: the nodes whose agents refused their configuration.
+/// The Events the change from `old` to `new` deserves. `rejecting`: the nodes whose
+/// agents refused their configuration.
 fn transitions(
     old: Option<&ResourceWatchStatus>,
     new: &ResourceWatchStatus,
@@ -547,6 +623,18 @@ fn transitions(
     rejecting: &BTreeSet<&str>,
 ) -> Vec<EventSpec> {
     let mut out = Vec::new();
+    became_ready(old, new, &mut out);
+    node_transitions(old, new, rejecting, &mut out);
+    leak_transitions(old, new, settings, &mut out);
+    threshold_transitions(old, new, &mut out);
+    out
+}
+
+fn became_ready(
+    old: Option<&ResourceWatchStatus>,
+    new: &ResourceWatchStatus,
+    out: &mut Vec<EventSpec>,
+) {
     let was_ready = old
         .and_then(|o| find(&o.conditions, ConditionType::Ready))
         .is_some_and(|c| c.status == ConditionStatus::True);
@@ -562,6 +650,15 @@ fn transitions(
             None,
         ));
     }
+}
+
+/// Agents lost and recovered, and configurations refused (once per message).
+fn node_transitions(
+    old: Option<&ResourceWatchStatus>,
+    new: &ResourceWatchStatus,
+    rejecting: &BTreeSet<&str>,
+    out: &mut Vec<EventSpec>,
+) {
     let old_nodes: BTreeMap<&str, bool> = old
         .map(|o| {
             o.nodes
@@ -605,6 +702,16 @@ fn transitions(
             );
         }
     }
+}
+
+/// A new leak (on the watch, and on its pod when the watch may act on it), and its
+/// growth site once it is found.
+fn leak_transitions(
+    old: Option<&ResourceWatchStatus>,
+    new: &ResourceWatchStatus,
+    settings: &WatchSettings,
+    out: &mut Vec<EventSpec>,
+) {
     // Old leaks, and whether their growth site was announced then.
     let old_leaks: BTreeMap<(&str, &str), bool> = old
         .map(|o| {
@@ -651,21 +758,7 @@ fn transitions(
             Some(_) => continue,
             None => {}
         }
-        let note = format!(
-            "{who} grows {}/s (confidence {}){}{}{}",
-            format_bytes(l.growth_bytes_per_second.max(0.0) as u64),
-            l.confidence,
-            l.time_to_oom_seconds
-                .map(|s| format!(
-                    ", predicted OOM kill in {}",
-                    format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))
-                ))
-                .unwrap_or_default(),
-            l.limit_bytes
-                .map(|b| format!(" (limit {})", format_bytes(b)))
-                .unwrap_or_default(),
-            site.map(|s| format!(", at {s}")).unwrap_or_default(),
-        );
+        let note = leak_note(&who, l, site.as_deref());
         out.push(
             ev(
                 true,
@@ -689,6 +782,33 @@ fn transitions(
             );
         }
     }
+}
+
+/// A new leak as its Event says it.
+fn leak_note(who: &str, l: &LeakEntry, site: Option<&str>) -> String {
+    format!(
+        "{who} grows {}/s (confidence {}){}{}{}",
+        format_bytes(l.growth_bytes_per_second.max(0.0) as u64),
+        l.confidence,
+        l.time_to_oom_seconds
+            .map(|s| format!(
+                ", predicted OOM kill in {}",
+                format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))
+            ))
+            .unwrap_or_default(),
+        l.limit_bytes
+            .map(|b| format!(" (limit {})", format_bytes(b)))
+            .unwrap_or_default(),
+        site.map(|s| format!(", at {s}")).unwrap_or_default(),
+    )
+}
+
+/// A threshold newly crossed, per container and metric.
+fn threshold_transitions(
+    old: Option<&ResourceWatchStatus>,
+    new: &ResourceWatchStatus,
+    out: &mut Vec<EventSpec>,
+) {
     let old_ex: BTreeSet<(&str, &str, Metric)> = old
         .map(|o| {
             o.exceeding
@@ -723,7 +843,6 @@ fn transitions(
             .on_field(field),
         );
     }
-    out
 }
 
 /// The top growth site worth an Event: one that names a function. A top site of only
