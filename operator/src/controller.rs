@@ -541,7 +541,6 @@ async fn gather(
     } else {
         Grants::default()
     };
-    let policies_unknown = policies_unknown(ctx);
     let now = jiff::Timestamp::now().as_second();
     for name in names {
         let Some(pod) = selected.iter().find(|p| p.name_any() == *name) else {
@@ -573,39 +572,45 @@ async fn gather(
         facts.pods.insert(f.uid.clone(), f);
     }
     if restart {
-        let master_switch = ctx.remediation.enabled;
-        let namespace_opted_in = namespace_opted_in(ctx, ns).await?;
-        let grant = match policies_unknown {
-            Some(why) => Err(why),
-            None => grants.gate(ns),
-        }
-        .map_err(|why| {
-            if rw
-                .annotations()
-                .contains_key(resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION)
-            {
-                format!(
-                    "{why}; its {} annotation, from an operator with an admission webhook, grants nothing any more",
-                    resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION
-                )
-            } else {
-                why
-            }
-        });
-        // Asked of the API server only when it can matter (it is the last gate).
-        let operator_may_evict = if master_switch && namespace_opted_in && grant.is_ok() {
-            operator_may_evict(ctx, ns).await
-        } else {
-            Ok(())
-        };
-        facts.gate = Some(Gate {
-            master_switch,
-            namespace_opted_in,
-            grant,
-            operator_may_evict,
-        });
+        facts.gate = Some(gate(ctx, rw, ns, &grants).await?);
     }
     Ok(facts)
+}
+
+/// The gate of a `Restart` watch: the master switch, the namespace's opt-in, the grant of
+/// a RemediationPolicy, and (asked of the API server only when it can matter: it is the
+/// last gate) the operator's own eviction right in the namespace.
+async fn gate(ctx: &Context, rw: &ResourceWatch, ns: &str, grants: &Grants) -> Result<Gate> {
+    let master_switch = ctx.remediation.enabled;
+    let namespace_opted_in = namespace_opted_in(ctx, ns).await?;
+    let grant = match policies_unknown(ctx) {
+        Some(why) => Err(why),
+        None => grants.gate(ns),
+    }
+    .map_err(|why| {
+        if rw
+            .annotations()
+            .contains_key(resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION)
+        {
+            format!(
+                "{why}; its {} annotation, from an operator with an admission webhook, grants nothing any more",
+                resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION
+            )
+        } else {
+            why
+        }
+    });
+    let operator_may_evict = if master_switch && namespace_opted_in && grant.is_ok() {
+        operator_may_evict(ctx, ns).await
+    } else {
+        Ok(())
+    };
+    Ok(Gate {
+        master_switch,
+        namespace_opted_in,
+        grant,
+        operator_may_evict,
+    })
 }
 
 /// Why the policies cannot be trusted now: not listed yet, or their watch failing.
@@ -1051,25 +1056,20 @@ pub struct Settings {
     pub remediation: RemediationContext,
 }
 
-/// Builds the controller and runs it until `shutdown`.
-pub async fn run(
-    client: Client,
-    hub: Arc<Hub>,
-    metrics: Arc<Metrics>,
-    leader: watch::Receiver<bool>,
-    shutdown: watch::Receiver<bool>,
-    settings: Settings,
-) {
+/// The controller over the watch of ResourceWatches (into `store`). A watch is reconciled
+/// when its spec (generation), annotations (profile request) or labels (a
+/// RemediationPolicy's watchSelector) change, not on its status: each of the operator's
+/// own status writes came back as a reconcile that found nothing to do (70 a second at
+/// 500 watches).
+fn controller(
+    client: &Client,
+    writer: reflector::store::Writer<ResourceWatch>,
+    store: Store<ResourceWatch>,
+) -> Controller<ResourceWatch> {
     let watches: Api<ResourceWatch> = Api::all(client.clone());
-    let (pods, pods_writer) = reflector::store();
-    let (rw_store, rw_writer) = reflector::store();
-    // A watch is reconciled when its spec (generation), annotations (profile request) or
-    // labels (a RemediationPolicy's watchSelector) change, not on its status: each of the
-    // operator's own status writes came back as a reconcile that found nothing to do (70
-    // a second at 500 watches).
-    let rw_changes = watcher(watches, watcher::Config::default().any_semantic())
+    let changes = watcher(watches, watcher::Config::default().any_semantic())
         .default_backoff()
-        .reflect(rw_writer)
+        .reflect(writer)
         .applied_objects()
         .predicate_filter(
             predicates::generation
@@ -1080,40 +1080,50 @@ pub async fn run(
     // At most RECONCILE_CONCURRENCY at once: each holds a view of every pod and of its
     // nodes' reports, so hundreds of watches triggered together (a burst of pod changes)
     // multiplied the operator's memory; waiting requests for one watch merge meanwhile.
-    let controller = Controller::for_stream(rw_changes, rw_store.clone()).with_config(
+    Controller::for_stream(changes, store).with_config(
         kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
-    );
-    let mapper_store = rw_store.clone();
-    // A pod's change reaches only the watches that select it now or did before it
-    // (crate::triggers), not every watch of its namespace.
-    let pod_index = Arc::new(std::sync::Mutex::new(PodTriggers::default()));
-    let triggers = pod_index.clone();
-    let pod_triggers = reflector::reflector(
-        pods_writer,
+    )
+}
+
+/// The pod watch, into the controller's pod cache: each change yields the watches it
+/// concerns.
+fn pod_triggers(
+    client: &Client,
+    writer: reflector::store::Writer<Pod>,
+    watches: Store<ResourceWatch>,
+    index: Arc<std::sync::Mutex<PodTriggers>>,
+) -> impl futures::Stream<Item = ObjectRef<ResourceWatch>> + use<> {
+    reflector::reflector(
+        writer,
         watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).modify(slim_pod),
     )
     .default_backoff()
     .flat_map(move |event| {
         let refs = match event {
-            Ok(event) => triggers
+            Ok(event) => index
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .on_event(&event, &mapper_store.state()),
+                .on_event(&event, &watches.state()),
             Err(e) => {
                 tracing::warn!(error = %e, "pod watch");
                 Vec::new()
             }
         };
         futures::stream::iter(refs)
-    });
-    // A policy's change (or removal) reaches every watch of its namespace at once: a
-    // revoked grant must stop evictions without waiting for the next report.
-    let (policies, policies_writer) = reflector::store();
-    let policy_watches = rw_store.clone();
-    let policies_failing: Arc<std::sync::Mutex<Option<String>>> = Default::default();
-    let failing = policies_failing.clone();
-    let policy_triggers = reflector::reflector(
-        policies_writer,
+    })
+}
+
+/// The RemediationPolicy watch, into its store: a policy's change (or removal) reaches
+/// every watch of its namespace at once (a revoked grant must stop evictions without
+/// waiting for the next report). `failing` holds why the watch fails, until it delivers.
+fn policy_triggers(
+    client: &Client,
+    writer: reflector::store::Writer<RemediationPolicy>,
+    watches: Store<ResourceWatch>,
+    failing: Arc<std::sync::Mutex<Option<String>>>,
+) -> impl futures::Stream<Item = ObjectRef<ResourceWatch>> + use<> {
+    reflector::reflector(
+        writer,
         watcher(
             Api::<RemediationPolicy>::all(client.clone()),
             watcher::Config::default(),
@@ -1140,7 +1150,7 @@ pub async fn run(
                 Vec::new()
             }
         };
-        let refs: Vec<ObjectRef<ResourceWatch>> = policy_watches
+        let refs: Vec<ObjectRef<ResourceWatch>> = watches
             .state()
             .iter()
             .filter(|w| {
@@ -1152,7 +1162,33 @@ pub async fn run(
             .map(|w| ObjectRef::from_obj(w.as_ref()))
             .collect();
         futures::stream::iter(refs)
-    });
+    })
+}
+
+/// Builds the controller and runs it until `shutdown`.
+pub async fn run(
+    client: Client,
+    hub: Arc<Hub>,
+    metrics: Arc<Metrics>,
+    leader: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
+    settings: Settings,
+) {
+    let (pods, pods_writer) = reflector::store();
+    let (rw_store, rw_writer) = reflector::store();
+    let controller = controller(&client, rw_writer, rw_store.clone());
+    // A pod's change reaches only the watches that select it now or did before it
+    // (crate::triggers), not every watch of its namespace.
+    let pod_index = Arc::new(std::sync::Mutex::new(PodTriggers::default()));
+    let pod_triggers = pod_triggers(&client, pods_writer, rw_store.clone(), pod_index.clone());
+    let (policies, policies_writer) = reflector::store();
+    let policies_failing: Arc<std::sync::Mutex<Option<String>>> = Default::default();
+    let policy_triggers = policy_triggers(
+        &client,
+        policies_writer,
+        rw_store.clone(),
+        policies_failing.clone(),
+    );
     let hub_changes = WatchStream::new(hub.subscribe_changes()).map(|_| ());
     let reconcile_triggers = match hub.take_reconcile_triggers() {
         Some(rx) => ReceiverStream::new(rx)

@@ -76,7 +76,7 @@ struct Args {
     #[arg(long, default_value = "resourcewatch-evictor")]
     evictor_cluster_role: String,
     /// How long a node may go without a report before it counts as lost.
-    #[arg(long, default_value = "20s", value_parser = duration)]
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
     agent_grace: Duration,
     /// HashPipe geometry pushed to every agent.
     #[arg(long, default_value_t = 4)]
@@ -99,21 +99,17 @@ struct Args {
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u8).range(0..=100))]
     remediation_min_confidence: u8,
     /// Floor: a Restart watch's cooldown must be at least this.
-    #[arg(long, default_value = "5m", value_parser = duration)]
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
     remediation_min_cooldown: Duration,
     /// Floor: a Restart watch's window must be at least this.
-    #[arg(long, default_value = "30m", value_parser = duration)]
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
     remediation_min_window: Duration,
     /// Ceiling: a Restart watch's maxRestarts may be at most this.
     #[arg(long, default_value_t = 10)]
     remediation_max_restarts: u32,
     /// Time allowed for in-flight work after SIGTERM.
-    #[arg(long, default_value = "10s", value_parser = duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
     drain_timeout: Duration,
-}
-
-fn duration(s: &str) -> Result<Duration, String> {
-    parse_duration(s).map_err(|e| e.to_string())
 }
 
 #[derive(clap::Subcommand)]
@@ -271,53 +267,105 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // Evictions must see a PodDisruptionBudget's 429 at once, not retry it.
     config.default_retry = false;
     let eviction_client = counted_client(config, &metrics)?;
-    let pki = tls::ensure_ca(&client, &args.namespace, &args.ca_secret)
-        .await
-        .context("CA Secret")?;
-    tls::ensure_leaf_secret(
-        &client,
-        &args.namespace,
-        &args.agent_secret,
-        &pki,
-        tls::LeafKind::Agent,
-    )
-    .await
-    .context("agent certificate Secret")?;
-    tls::ensure_leaf_secret(
-        &client,
-        &args.namespace,
-        &args.metrics_client_secret,
-        &pki,
-        tls::LeafKind::MetricsClient,
-    )
-    .await
-    .context("metrics client certificate Secret")?;
-    tls::ensure_ca_bundle(
-        &client,
-        &args.namespace,
-        &args.ca_bundle_configmap,
-        &pki.ca_cert,
-    )
-    .await
-    .context("CA bundle ConfigMap")?;
-    let server_name =
-        resourcewatch_proto::operator_server_name(&args.service_name, &args.namespace);
-    let leaf = pki.server(&[
-        server_name,
-        args.service_name.clone(),
-        "localhost".into(),
-        "127.0.0.1".into(),
-    ])?;
-
+    let (pki, leaf) = certificates(&client, &args).await?;
     let (shutdown_tx, shutdown) = watch::channel(false);
-    let (leader_tx, leader) = watch::channel(false);
+    let parts = Parts {
+        client,
+        metrics,
+        shutdown,
+    };
     let hub = Arc::new(Hub::new(HubOptions {
         sketch_depth: args.sketch_depth,
         sketch_width: args.sketch_width,
         agent_grace: args.agent_grace,
         ..Default::default()
     }));
+    let (leader, election_task) = leadership(&args, &parts).await;
+    let metrics_task = serve_metrics(&args, &parts, &leaf).await?;
+    let grpc_task = serve_agents(&args, &parts, hub.clone(), leader.clone(), &pki, &leaf)?;
+    tracing::info!(grpc = %args.grpc_addr, metrics = %args.metrics_addr, remediation = args.enable_remediation, "serving");
+    let settings = controller_settings(&args, &parts, eviction_client);
+    let Parts {
+        client,
+        metrics,
+        shutdown,
+    } = parts;
+    let controller_task = metrics.spawn_task(
+        "controller",
+        controller::run(client, hub, metrics.clone(), leader, shutdown, settings),
+    );
 
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    metrics.tasks.shutting_down();
+    shutdown_tx.send_replace(true);
+    let drain = async {
+        let _ = controller_task.await;
+        let _ = grpc_task.await;
+        let _ = election_task.await;
+        let _ = metrics_task.await;
+    };
+    if tokio::time::timeout(args.drain_timeout, drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain timed out");
+    }
+    Ok(())
+}
+
+/// What every part of the operator shares.
+struct Parts {
+    client: Client,
+    metrics: Arc<Metrics>,
+    /// Turns true on SIGTERM.
+    shutdown: watch::Receiver<bool>,
+}
+
+/// The operator's CA (created once, kept in a Secret), the agents' and the metrics
+/// scraper's certificates, the CA bundle agents and scrapers trust, and this replica's
+/// serving certificate.
+async fn certificates(client: &Client, args: &Args) -> anyhow::Result<(tls::Pki, tls::Leaf)> {
+    let ns = &args.namespace;
+    let pki = tls::ensure_ca(client, ns, &args.ca_secret)
+        .await
+        .context("CA Secret")?;
+    tls::ensure_leaf_secret(client, ns, &args.agent_secret, &pki, tls::LeafKind::Agent)
+        .await
+        .context("agent certificate Secret")?;
+    tls::ensure_leaf_secret(
+        client,
+        ns,
+        &args.metrics_client_secret,
+        &pki,
+        tls::LeafKind::MetricsClient,
+    )
+    .await
+    .context("metrics client certificate Secret")?;
+    tls::ensure_ca_bundle(client, ns, &args.ca_bundle_configmap, &pki.ca_cert)
+        .await
+        .context("CA bundle ConfigMap")?;
+    let server_name = resourcewatch_proto::operator_server_name(&args.service_name, ns);
+    let leaf = pki.server(&[
+        server_name,
+        args.service_name.clone(),
+        "localhost".into(),
+        "127.0.0.1".into(),
+    ])?;
+    Ok((pki, leaf))
+}
+
+/// Runs the leader election, and keeps the leader label (which the Service selects) on
+/// this pod while it leads and off the pod the Lease was taken from.
+async fn leadership(
+    args: &Args,
+    parts: &Parts,
+) -> (
+    watch::Receiver<bool>,
+    tokio::task::JoinHandle<impl Sized + use<>>,
+) {
+    let (client, metrics) = (&parts.client, &parts.metrics);
+    let (leader_tx, leader) = watch::channel(false);
     let election = LeaderElection::new(
         client.clone(),
         &args.namespace,
@@ -354,63 +402,79 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .await;
         }
     });
-    let election_task = metrics.spawn_task(
+    let task = metrics.spawn_task(
         "leader election",
-        election.run(leader_tx, taken_tx, shutdown.clone()),
+        election.run(leader_tx, taken_tx, parts.shutdown.clone()),
     );
+    (leader, task)
+}
 
-    let mut metrics_shutdown = shutdown.clone();
+/// `/metrics`, `/healthz` and `/readyz` over HTTPS (scrapers authorised by TokenReview
+/// and SubjectAccessReview), or plain HTTP on loopback with `--insecure-metrics`.
+async fn serve_metrics(
+    args: &Args,
+    parts: &Parts,
+    leaf: &tls::Leaf,
+) -> anyhow::Result<tokio::task::JoinHandle<impl Sized + use<>>> {
+    let metrics = &parts.metrics;
+    let mut metrics_shutdown = parts.shutdown.clone();
     let until_shutdown = async move {
         let _ = metrics_shutdown.wait_for(|s| *s).await;
     };
-    let metrics_task = if args.insecure_metrics {
+    if args.insecure_metrics {
         let listener = tokio::net::TcpListener::bind(args.metrics_addr)
             .await
             .with_context(|| format!("binding {}", args.metrics_addr))?;
         let router = metrics::router(metrics.clone(), None);
-        metrics.spawn_task("metrics server", async move {
+        return Ok(metrics.spawn_task("metrics server", async move {
             axum::serve(listener, router.into_make_service())
                 .with_graceful_shutdown(until_shutdown)
                 .await
-        })
-    } else {
-        let tls = resourcewatch_https::server_config(&leaf.cert, &leaf.key, None)
-            .context("the metrics listener's certificate")?;
-        let listener = resourcewatch_https::TlsListener::bind(
-            args.metrics_addr,
-            Arc::new(resourcewatch_https::Fixed(Arc::new(tls))),
-        )
-        .await
-        .context("metrics listener")?;
-        let router = metrics::router(
-            metrics.clone(),
-            Some(resourcewatch_operator::metricsauth::MetricsAuth::new(
-                client.clone(),
-            )),
-        );
-        metrics.spawn_task("metrics server", async move {
-            axum::serve(listener, router.into_make_service())
-                .with_graceful_shutdown(until_shutdown)
-                .await
-        })
-    };
+        }));
+    }
+    let tls = resourcewatch_https::server_config(&leaf.cert, &leaf.key, None)
+        .context("the metrics listener's certificate")?;
+    let listener = resourcewatch_https::TlsListener::bind(
+        args.metrics_addr,
+        Arc::new(resourcewatch_https::Fixed(Arc::new(tls))),
+    )
+    .await
+    .context("metrics listener")?;
+    let auth = resourcewatch_operator::metricsauth::MetricsAuth::new(parts.client.clone());
+    let router = metrics::router(metrics.clone(), Some(auth));
+    Ok(metrics.spawn_task("metrics server", async move {
+        axum::serve(listener, router.into_make_service())
+            .with_graceful_shutdown(until_shutdown)
+            .await
+    }))
+}
 
+/// The agents' gRPC endpoint: mutual TLS with the operator's CA, each agent's token
+/// reviewed.
+fn serve_agents(
+    args: &Args,
+    parts: &Parts,
+    hub: Arc<Hub>,
+    leader: watch::Receiver<bool>,
+    pki: &tls::Pki,
+    leaf: &tls::Leaf,
+) -> anyhow::Result<tokio::task::JoinHandle<impl Sized + use<>>> {
     let service = AgentService {
-        hub: hub.clone(),
-        metrics: metrics.clone(),
+        hub,
+        metrics: parts.metrics.clone(),
         auth: Arc::new(TokenReviewer {
-            client: client.clone(),
+            client: parts.client.clone(),
             namespace: args.namespace.clone(),
             service_account: args.agent_service_account.clone(),
             timeout: Duration::from_secs(10),
         }),
-        leader: leader.clone(),
-        shutdown: shutdown.clone(),
+        leader,
+        shutdown: parts.shutdown.clone(),
     };
     let tls_config = ServerTlsConfig::new()
         .identity(Identity::from_pem(&leaf.cert, &leaf.key))
         .client_ca_root(Certificate::from_pem(&pki.ca_cert));
-    let mut grpc_shutdown = shutdown.clone();
+    let mut grpc_shutdown = parts.shutdown.clone();
     // One node's agent cannot make the operator decode more than MAX_MESSAGE_BYTES at a
     // time: one stream per connection, messages capped.
     let grpc = Server::builder()
@@ -427,63 +491,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .serve_with_shutdown(args.grpc_addr, async move {
             let _ = grpc_shutdown.wait_for(|s| *s).await;
         });
-    let grpc_task = metrics.spawn_task("agents' endpoint", grpc);
+    Ok(parts.metrics.spawn_task("agents' endpoint", grpc))
+}
 
-    tracing::info!(grpc = %args.grpc_addr, metrics = %args.metrics_addr, remediation = args.enable_remediation, "serving");
-
-    let reporter = Reporter {
-        controller: resourcewatch_operator::FIELD_MANAGER.into(),
-        instance: Some(args.pod_name.clone()),
-    };
-    let ledger_client = client.clone();
-    let controller_task = metrics.clone().spawn_task(
-        "controller",
-        controller::run(
-            client,
-            hub,
-            metrics.clone(),
-            leader,
-            shutdown.clone(),
-            controller::Settings {
-                reporter,
-                eviction_client,
-                remediation: RemediationContext {
-                    enabled: args.enable_remediation,
-                    floors: Floors {
-                        min_confidence: args.remediation_min_confidence,
-                        min_cooldown: args.remediation_min_cooldown,
-                        min_window: args.remediation_min_window,
-                        max_restarts: args.remediation_max_restarts,
-                    },
-                    ledgers: LedgerStore::new(
-                        ledger_client,
-                        &args.namespace,
-                        Duration::from_secs(10),
-                    ),
-                    evict_rights: Default::default(),
-                    evictor_role: args.evictor_cluster_role.clone(),
-                },
+/// The controller's Event identity, and remediation's switch, floors and ledgers.
+fn controller_settings(
+    args: &Args,
+    parts: &Parts,
+    eviction_client: Client,
+) -> controller::Settings {
+    controller::Settings {
+        reporter: Reporter {
+            controller: resourcewatch_operator::FIELD_MANAGER.into(),
+            instance: Some(args.pod_name.clone()),
+        },
+        eviction_client,
+        remediation: RemediationContext {
+            enabled: args.enable_remediation,
+            floors: Floors {
+                min_confidence: args.remediation_min_confidence,
+                min_cooldown: args.remediation_min_cooldown,
+                min_window: args.remediation_min_window,
+                max_restarts: args.remediation_max_restarts,
             },
-        ),
-    );
-
-    wait_for_signal().await;
-    tracing::info!("shutting down");
-    metrics.tasks.shutting_down();
-    shutdown_tx.send_replace(true);
-    let drain = async {
-        let _ = controller_task.await;
-        let _ = grpc_task.await;
-        let _ = election_task.await;
-        let _ = metrics_task.await;
-    };
-    if tokio::time::timeout(args.drain_timeout, drain)
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain timed out");
+            ledgers: LedgerStore::new(
+                parts.client.clone(),
+                &args.namespace,
+                Duration::from_secs(10),
+            ),
+            evict_rights: Default::default(),
+            evictor_role: args.evictor_cluster_role.clone(),
+        },
     }
-    Ok(())
 }
 
 /// A client whose every request is counted in `resourcewatch_operator_api_requests_total`
