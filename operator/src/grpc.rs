@@ -62,6 +62,40 @@ impl AgentControl for AgentService {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<OutStream>, Status> {
+        self.may_open(&request)?;
+        let (token, claimed) = self.credentials(&request)?;
+        let identity = identity::authenticate(&*self.auth, token.as_deref(), &claimed)
+            .await
+            .map_err(|e| {
+                Metrics::labelled(
+                    &self.metrics.agent_auth_failures,
+                    "reason",
+                    e.metric_label(),
+                    1,
+                );
+                tracing::warn!(node = %claimed, error = %e, "agent stream refused");
+                e.status()
+            })?;
+        let mut inbound = request.into_inner();
+        let hello = self.hello(&mut inbound, &identity).await?;
+        let session = self.hub.connect(&hello).inspect_err(|e| {
+            self.metrics.protocol_error(match e {
+                HubError::Protocol(..) => "protocol_version",
+                _ => "bad_hello",
+            })
+        })?;
+        tracing::info!(node = %session.node, agent = %hello.agent_version, "agent connected");
+        let (tx, rx) = mpsc::channel(8);
+        tokio::spawn(run_session(self.clone(), identity, session, inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+impl AgentService {
+    /// Whether this replica takes streams now (it leads and is not shutting down), and
+    /// from this peer: the transport already verified the chain to our CA, which also
+    /// issues the scrapers' certificate, and that one opens no stream.
+    fn may_open<T>(&self, request: &Request<T>) -> Result<(), Status> {
         if !*self.leader.borrow() {
             return Err(Status::unavailable(
                 "this operator replica is not the leader",
@@ -70,8 +104,6 @@ impl AgentControl for AgentService {
         if *self.shutdown.borrow() {
             return Err(Status::unavailable("the operator is shutting down"));
         }
-        // The transport already verified the chain to our CA; the CA also issues the
-        // scrapers' certificate, which opens no stream.
         let agent_cert = request.peer_certs().is_some_and(|c| {
             c.first().is_some_and(|leaf| {
                 resourcewatch_https::issued_for(leaf, resourcewatch_proto::AGENT_CERT_NAME)
@@ -84,6 +116,11 @@ impl AgentControl for AgentService {
                 resourcewatch_proto::AGENT_CERT_NAME
             )));
         }
+        Ok(())
+    }
+
+    /// The stream's bearer token and the node it claims to be.
+    fn credentials<T>(&self, request: &Request<T>) -> Result<(Option<String>, String), Status> {
         let token = request
             .metadata()
             .get(resourcewatch_proto::AUTHORIZATION_METADATA)
@@ -104,19 +141,15 @@ impl AgentControl for AgentService {
                 resourcewatch_proto::NODE_METADATA
             )));
         }
-        let identity = identity::authenticate(&*self.auth, token.as_deref(), &claimed)
-            .await
-            .map_err(|e| {
-                Metrics::labelled(
-                    &self.metrics.agent_auth_failures,
-                    "reason",
-                    e.metric_label(),
-                    1,
-                );
-                tracing::warn!(node = %claimed, error = %e, "agent stream refused");
-                e.status()
-            })?;
-        let mut inbound = request.into_inner();
+        Ok((token, claimed))
+    }
+
+    /// The stream's first message, a Hello from the node its token proved.
+    async fn hello(
+        &self,
+        inbound: &mut Streaming<pb::AgentMessage>,
+        identity: &AgentIdentity,
+    ) -> Result<pb::Hello, Status> {
         let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
             Err(_) => return Err(Status::deadline_exceeded("no Hello within 10s")),
             Ok(Err(s)) => return Err(s),
@@ -141,16 +174,7 @@ impl AgentControl for AgentService {
                 hello.node_name, identity.node
             )));
         }
-        let session = self.hub.connect(&hello).inspect_err(|e| {
-            self.metrics.protocol_error(match e {
-                HubError::Protocol(..) => "protocol_version",
-                _ => "bad_hello",
-            })
-        })?;
-        tracing::info!(node = %session.node, agent = %hello.agent_version, "agent connected");
-        let (tx, rx) = mpsc::channel(8);
-        tokio::spawn(run_session(self.clone(), identity, session, inbound, tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(hello)
     }
 }
 

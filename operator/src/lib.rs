@@ -8,7 +8,7 @@
 //! [`hub`]), Prometheus ([`metrics`]).
 
 pub use resourcewatch_operator_core::{
-    decide, model, nodes, profile, remediation, spec, status, validate,
+    cluster, decide, model, nodes, profile, remediation, spec, status, validate,
 };
 
 pub mod controller;

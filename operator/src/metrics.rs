@@ -104,84 +104,7 @@ impl Default for Metrics {
             findings,
             registry: Registry::default(),
         };
-        registry.register(
-            "reconciliations",
-            "Reconciliations by result",
-            m.reconciliations.clone(),
-        );
-        registry.register(
-            "reconcile_duration_seconds",
-            "Time per reconciliation",
-            m.reconcile_seconds.clone(),
-        );
-        registry.register(
-            "status_writes",
-            "Status writes by result (ok, error, timeout)",
-            m.status_writes.clone(),
-        );
-        registry.register(
-            "status_writes_skipped",
-            "Reconciliations that found nothing new to write",
-            m.status_skipped.clone(),
-        );
-        registry.register(
-            "events",
-            "Kubernetes Events published, by reason",
-            m.events.clone(),
-        );
-        registry.register(
-            "agents_connected",
-            "Node agents holding a stream",
-            m.agents_connected.clone(),
-        );
-        registry.register(
-            "agent_reports",
-            "Reports received from agents",
-            m.reports.clone(),
-        );
-        registry.register(
-            "config_pushes",
-            "Configuration snapshots sent to agents",
-            m.config_pushes.clone(),
-        );
-        registry.register(
-            "config_nacks",
-            "Configuration snapshots agents refused",
-            m.config_nacks.clone(),
-        );
-        registry.register(
-            "protocol_errors",
-            "Agent streams ended for a protocol error, by kind",
-            m.protocol_errors.clone(),
-        );
-        registry.register(
-            "leader",
-            "1 while this replica holds the leader Lease",
-            m.leader.clone(),
-        );
-        registry.register("profiles", "CPU profile requests (the resourcewatch.io/profile annotation) by the state each reached: Pending when taken, then Succeeded, Failed or Expired; Refused", m.profiles.clone());
-        registry.register("remediations", "Remediation decisions recorded in status, by reason (Decided, Evicted, PodDisruptionBudget, Gone, DryRun, Cooldown, MaxRestarts, NotAuthorized, NamespaceNotOptedIn, ...), each once; LedgerConflict when another watch decided first", m.remediations.clone());
-        registry.register(
-            "api_requests",
-            "Requests sent to the Kubernetes API server, by verb (get, list, watch, create, update, patch, delete) and resource (with subresource)",
-            m.api_requests.clone(),
-        );
-        registry.register(
-            "api_responses",
-            "Answers of the Kubernetes API server, by status code (code=\"error\": the connection failed; a request the operator gave up waiting for is not counted)",
-            m.api_responses.clone(),
-        );
-        registry.register("watches", "ResourceWatch objects known", m.watches.clone());
-        registry.register(
-            "agent_auth_failures",
-            "Agent streams refused because the token did not prove the claimed node, by reason",
-            m.agent_auth_failures.clone(),
-        );
-        registry.register(
-            "report_entries_dropped",
-            "Report entries dropped before use (another node's pods, duplicates, NaN, over a cap), by reason",
-            m.report_entries_dropped.clone(),
-        );
+        m.register(registry);
         Self {
             registry: root,
             ..m
@@ -190,6 +113,97 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Registers the operator's own series (`resourcewatch_operator_*`).
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "reconciliations",
+            "Reconciliations by result",
+            self.reconciliations.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time per reconciliation",
+            self.reconcile_seconds.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "Status writes by result (ok, error, timeout)",
+            self.status_writes.clone(),
+        );
+        registry.register(
+            "status_writes_skipped",
+            "Reconciliations that found nothing new to write",
+            self.status_skipped.clone(),
+        );
+        registry.register(
+            "events",
+            "Kubernetes Events published, by reason",
+            self.events.clone(),
+        );
+        registry.register(
+            "agents_connected",
+            "Node agents holding a stream",
+            self.agents_connected.clone(),
+        );
+        registry.register(
+            "agent_reports",
+            "Reports received from agents",
+            self.reports.clone(),
+        );
+        registry.register(
+            "config_pushes",
+            "Configuration snapshots sent to agents",
+            self.config_pushes.clone(),
+        );
+        registry.register(
+            "config_nacks",
+            "Configuration snapshots agents refused",
+            self.config_nacks.clone(),
+        );
+        registry.register(
+            "protocol_errors",
+            "Agent streams ended for a protocol error, by kind",
+            self.protocol_errors.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            self.leader.clone(),
+        );
+        registry.register("profiles", "CPU profile requests (the resourcewatch.io/profile annotation) by the state each reached: Pending when taken, then Succeeded, Failed or Expired; Refused", self.profiles.clone());
+        registry.register("remediations", "Remediation decisions recorded in status, by reason (Decided, Evicted, PodDisruptionBudget, Gone, DryRun, Cooldown, MaxRestarts, NotAuthorized, NamespaceNotOptedIn, ...), each once; LedgerConflict when another watch decided first", self.remediations.clone());
+        self.register_api(registry);
+    }
+
+    /// The series of the operator's requests to the API server and of agents' streams.
+    fn register_api(&self, registry: &mut Registry) {
+        registry.register(
+            "api_requests",
+            "Requests sent to the Kubernetes API server, by verb (get, list, watch, create, update, patch, delete) and resource (with subresource)",
+            self.api_requests.clone(),
+        );
+        registry.register(
+            "api_responses",
+            "Answers of the Kubernetes API server, by status code (code=\"error\": the connection failed; a request the operator gave up waiting for is not counted)",
+            self.api_responses.clone(),
+        );
+        registry.register(
+            "watches",
+            "ResourceWatch objects known",
+            self.watches.clone(),
+        );
+        registry.register(
+            "agent_auth_failures",
+            "Agent streams refused because the token did not prove the claimed node, by reason",
+            self.agent_auth_failures.clone(),
+        );
+        registry.register(
+            "report_entries_dropped",
+            "Report entries dropped before use (another node's pods, duplicates, NaN, over a cap), by reason",
+            self.report_entries_dropped.clone(),
+        );
+    }
+
     /// Spawns a long-running task whose end before shutdown fails `/healthz` and `/readyz`.
     pub fn spawn_task<F>(
         self: &Arc<Self>,
@@ -485,125 +499,156 @@ impl GaugeFamily {
     }
 }
 
-impl Collector for WatchSeries {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut matched = GaugeFamily::new(
-            "resourcewatch_matched_pods",
-            "Pods a watch's selector matches",
-        );
-        let mut expected = GaugeFamily::new(
-            "resourcewatch_expected_nodes",
-            "Nodes running pods a watch selects",
-        );
-        let mut reporting = GaugeFamily::new(
-            "resourcewatch_reporting_nodes",
-            "Nodes whose agent reported for a watch within the grace period",
-        );
-        let mut confidence = GaugeFamily::new(
-            "resourcewatch_leak_confidence_ratio",
-            "Leak confidence, 0-1, of a container a watch lists as leaking (status: 0-100)",
-        );
-        let mut growth = GaugeFamily::new(
-            "resourcewatch_leak_growth_bytes_per_second",
-            "Memory growth rate of a leaking container",
-        );
-        let mut tto = GaugeFamily::new(
-            "resourcewatch_time_to_oom_seconds",
-            "Predicted time until a leaking container reaches its memory limit (absent when no OOM is predicted)",
-        );
-        let mut tto_low = GaugeFamily::new(
-            "resourcewatch_time_to_oom_lower_bound_seconds",
-            "Lower bound of the time to OOM (what remediation acts on)",
-        );
-        let mut limit = GaugeFamily::new(
-            "resourcewatch_leak_memory_limit_bytes",
-            "The memory limit a leaking container's time to OOM is computed against",
-        );
-        let mut top_cpu = GaugeFamily::new(
-            "resourcewatch_top_cpu_cores",
-            "CPU of the watch's Top-K processes, in cores, summed per container (the processes: the watch's status.topCPU)",
-        );
-        let mut top_memory = GaugeFamily::new(
-            "resourcewatch_top_memory_bytes",
-            "Resident memory of the watch's Top-K processes, summed per container (the processes: the watch's status.topMemory)",
-        );
-        for (key, st) in self.lock().iter() {
-            let watch: SeriesLabels = vec![
-                ("namespace", key.namespace.clone()),
-                ("resourcewatch", key.name.clone()),
-            ];
-            matched
+/// The `resourcewatch_*` families of every watch.
+struct Families {
+    matched: GaugeFamily,
+    expected: GaugeFamily,
+    reporting: GaugeFamily,
+    confidence: GaugeFamily,
+    growth: GaugeFamily,
+    tto: GaugeFamily,
+    tto_low: GaugeFamily,
+    limit: GaugeFamily,
+    top_cpu: GaugeFamily,
+    top_memory: GaugeFamily,
+}
+
+impl Families {
+    fn new() -> Self {
+        Self {
+            matched: GaugeFamily::new(
+                "resourcewatch_matched_pods",
+                "Pods a watch's selector matches",
+            ),
+            expected: GaugeFamily::new(
+                "resourcewatch_expected_nodes",
+                "Nodes running pods a watch selects",
+            ),
+            reporting: GaugeFamily::new(
+                "resourcewatch_reporting_nodes",
+                "Nodes whose agent reported for a watch within the grace period",
+            ),
+            confidence: GaugeFamily::new(
+                "resourcewatch_leak_confidence_ratio",
+                "Leak confidence, 0-1, of a container a watch lists as leaking (status: 0-100)",
+            ),
+            growth: GaugeFamily::new(
+                "resourcewatch_leak_growth_bytes_per_second",
+                "Memory growth rate of a leaking container",
+            ),
+            tto: GaugeFamily::new(
+                "resourcewatch_time_to_oom_seconds",
+                "Predicted time until a leaking container reaches its memory limit (absent when no OOM is predicted)",
+            ),
+            tto_low: GaugeFamily::new(
+                "resourcewatch_time_to_oom_lower_bound_seconds",
+                "Lower bound of the time to OOM (what remediation acts on)",
+            ),
+            limit: GaugeFamily::new(
+                "resourcewatch_leak_memory_limit_bytes",
+                "The memory limit a leaking container's time to OOM is computed against",
+            ),
+            top_cpu: GaugeFamily::new(
+                "resourcewatch_top_cpu_cores",
+                "CPU of the watch's Top-K processes, in cores, summed per container (the processes: the watch's status.topCPU)",
+            ),
+            top_memory: GaugeFamily::new(
+                "resourcewatch_top_memory_bytes",
+                "Resident memory of the watch's Top-K processes, summed per container (the processes: the watch's status.topMemory)",
+            ),
+        }
+    }
+
+    /// One watch's rows.
+    fn add(&mut self, key: &WatchKey, st: &ResourceWatchStatus) {
+        let watch: SeriesLabels = vec![
+            ("namespace", key.namespace.clone()),
+            ("resourcewatch", key.name.clone()),
+        ];
+        self.matched
+            .rows
+            .push((watch.clone(), f64::from(st.matched_pods)));
+        self.expected
+            .rows
+            .push((watch.clone(), f64::from(st.expected_nodes)));
+        self.reporting
+            .rows
+            .push((watch.clone(), f64::from(st.reporting_nodes)));
+        for l in &st.leaks {
+            let mut labels = watch.clone();
+            labels.extend([
+                ("pod", l.pod.clone()),
+                ("container", l.container.clone()),
+                ("node", l.node.clone()),
+            ]);
+            self.confidence
                 .rows
-                .push((watch.clone(), f64::from(st.matched_pods)));
-            expected
+                .push((labels.clone(), f64::from(l.confidence) / 100.0));
+            self.growth
                 .rows
-                .push((watch.clone(), f64::from(st.expected_nodes)));
-            reporting
-                .rows
-                .push((watch.clone(), f64::from(st.reporting_nodes)));
-            for l in &st.leaks {
+                .push((labels.clone(), l.growth_bytes_per_second));
+            if let Some(s) = l.time_to_oom_seconds {
+                self.tto.rows.push((labels.clone(), s));
+            }
+            if let Some(s) = l.time_to_oom_lower_bound_seconds {
+                self.tto_low.rows.push((labels.clone(), s));
+            }
+            if let Some(b) = l.limit_bytes {
+                self.limit.rows.push((labels, b as f64));
+            }
+        }
+        // Per container, not per process: a process's PID and command churn with
+        // every restart and exec, and each new value would be a new series kept for
+        // the retention period. Which processes they are is in the status (and
+        // `kubectl get resourcewatch -o yaml`); PromQL's topk() ranks the containers.
+        for (family, entries, scale) in [
+            (&mut self.top_cpu, &st.top_cpu, 0.01),
+            (&mut self.top_memory, &st.top_memory, 1.0),
+        ] {
+            let mut per_container: BTreeMap<(&str, &str, &str), f64> = BTreeMap::new();
+            for e in entries {
+                *per_container
+                    .entry((&e.pod, &e.container, &e.process.node))
+                    .or_default() += e.process.value * scale;
+            }
+            for ((pod, container, node), value) in per_container {
                 let mut labels = watch.clone();
                 labels.extend([
-                    ("pod", l.pod.clone()),
-                    ("container", l.container.clone()),
-                    ("node", l.node.clone()),
+                    ("pod", pod.to_string()),
+                    ("container", container.to_string()),
+                    ("node", node.to_string()),
                 ]);
-                confidence
-                    .rows
-                    .push((labels.clone(), f64::from(l.confidence) / 100.0));
-                growth
-                    .rows
-                    .push((labels.clone(), l.growth_bytes_per_second));
-                if let Some(s) = l.time_to_oom_seconds {
-                    tto.rows.push((labels.clone(), s));
-                }
-                if let Some(s) = l.time_to_oom_lower_bound_seconds {
-                    tto_low.rows.push((labels.clone(), s));
-                }
-                if let Some(b) = l.limit_bytes {
-                    limit.rows.push((labels, b as f64));
-                }
-            }
-            // Per container, not per process: a process's PID and command churn with
-            // every restart and exec, and each new value would be a new series kept for
-            // the retention period. Which processes they are is in the status (and
-            // `kubectl get resourcewatch -o yaml`); PromQL's topk() ranks the containers.
-            for (family, entries, scale) in [
-                (&mut top_cpu, &st.top_cpu, 0.01),
-                (&mut top_memory, &st.top_memory, 1.0),
-            ] {
-                let mut per_container: BTreeMap<(&str, &str, &str), f64> = BTreeMap::new();
-                for e in entries {
-                    *per_container
-                        .entry((&e.pod, &e.container, &e.process.node))
-                        .or_default() += e.process.value * scale;
-                }
-                for ((pod, container, node), value) in per_container {
-                    let mut labels = watch.clone();
-                    labels.extend([
-                        ("pod", pod.to_string()),
-                        ("container", container.to_string()),
-                        ("node", node.to_string()),
-                    ]);
-                    family.rows.push((labels, value));
-                }
+                family.rows.push((labels, value));
             }
         }
+    }
+
+    fn encode(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for family in [
-            &matched,
-            &expected,
-            &reporting,
-            &confidence,
-            &growth,
-            &tto,
-            &tto_low,
-            &limit,
-            &top_cpu,
-            &top_memory,
+            &self.matched,
+            &self.expected,
+            &self.reporting,
+            &self.confidence,
+            &self.growth,
+            &self.tto,
+            &self.tto_low,
+            &self.limit,
+            &self.top_cpu,
+            &self.top_memory,
         ] {
-            family.encode(&mut encoder)?;
+            family.encode(encoder)?;
         }
         Ok(())
+    }
+}
+
+impl Collector for WatchSeries {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut families = Families::new();
+        for (key, st) in self.lock().iter() {
+            families.add(key, st);
+        }
+        families.encode(&mut encoder)
     }
 }
 

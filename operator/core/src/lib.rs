@@ -5,12 +5,14 @@
 //!
 //! - [`spec`]: a watch's settings, checked beyond the schema, and the admin's floors;
 //! - [`status`]: aggregation of the agents' reports into a watch's status and its Events;
-//! - [`decide`]: one reconcile, `decide(inputs) -> Plan`;
+//!   [`cluster`]: a ClusterResourceWatch's node-wide status;
+//! - [`decide`]: one reconcile, `assess` then `decide(inputs, assessment) -> Plan`;
 //! - [`remediation`]: the gates and rails of one restart decision; [`ledger`] their record;
 //! - [`profile`]: CPU profiles asked for on a watch, from request to result;
 //! - [`nodes`]: what is asked of each node and known of it; [`validate`]: reports checked
 //!   and bounded; [`model`]: condition types and reasons as enums.
 
+pub mod cluster;
 pub mod decide;
 pub mod ledger;
 pub mod model;
