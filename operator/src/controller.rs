@@ -10,7 +10,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{EvictParams, PostParams},
@@ -24,8 +24,8 @@ use kube::{
     },
 };
 use resourcewatch_crds::{
-    PROFILE_ANNOTATION, ProfileState, ProfileStatus, RemediationAction, RemediationOutcome,
-    RemediationPolicy, RemediationRecord, ResourceWatch, ResourceWatchStatus,
+    PROFILE_ANNOTATION, ProfileState, RemediationAction, RemediationOutcome, RemediationPolicy,
+    RemediationRecord, ResourceWatch, ResourceWatchStatus,
 };
 use tokio::sync::watch;
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
@@ -37,8 +37,8 @@ use crate::{
     ledger::{self, Conflict, Known, Ledger, LedgerStore, Versioned, Workload},
     metrics::Metrics,
     pods::{is_ready, is_terminal, selected_pod, slim_pod},
-    profile,
-    remediation::{Gate, Grants, PodFacts, Replicas},
+    profile, profile_store,
+    remediation::{Gate, Grants, NoEvictRight, NoGrant, PodFacts, Replicas},
     spec::{Floors, WatchSettings, selects},
     status::{EventSpec, Inputs, SelectedPod, Subject},
     status_write::apply_status,
@@ -61,7 +61,7 @@ pub struct RemediationContext {
 }
 
 /// When the API server answered, and what: Err says why the operator may not evict.
-pub type EvictRight = (std::time::Instant, std::result::Result<(), String>);
+pub type EvictRight = (std::time::Instant, std::result::Result<(), NoEvictRight>);
 
 /// Reconciliations running at once (see `run`).
 pub const RECONCILE_CONCURRENCY: u16 = 8;
@@ -140,9 +140,7 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
     let nodes: BTreeSet<String> = pods.iter().filter_map(|p| p.node.clone()).collect();
     let views = ctx.hub.view(&nodes);
     let now_s = jiff::Timestamp::now().as_second();
-    let now = jiff::Timestamp::from_second(now_s)
-        .map_err(|e| Error::Internal(e.to_string()))?
-        .to_string();
+    let now = jiff::Timestamp::from_second(now_s)?.to_string();
     let status_inputs = Inputs {
         generation: rw.meta().generation,
         settings: &settings,
@@ -270,10 +268,12 @@ async fn carry_out(
     let mut events = std::mem::take(&mut plan.events);
     match (&plan.profile.effect, plan.status.profile.as_mut(), &result) {
         (Some(profile::Effect::Store), Some(p), Some(r)) => {
-            let stored = store_profile(ctx, run.rw, ns, p, r).await;
+            let stored = profile_store::store(&ctx.client, ctx.write_timeout, run.rw, p, r).await;
             events.push(profile::stored(p, r, stored, run.now_s));
         }
-        (Some(profile::Effect::Delete), _, _) => delete_profile(ctx, run.rw, ns).await,
+        (Some(profile::Effect::Delete), _, _) => {
+            profile_store::delete(&ctx.client, ctx.write_timeout, run.rw).await
+        }
         _ => {}
     }
     if let decide::Write::Skip(wait) = plan.write {
@@ -418,97 +418,6 @@ fn profile_inputs<'a>(
     }
 }
 
-/// Writes the result's ConfigMap, replacing the watch's previous one, never an object it
-/// does not own: a ConfigMap of that name that is not controlled by this watch (by UID)
-/// is left alone and the request fails saying so. Err(why) when it was not stored.
-async fn store_profile(
-    ctx: &Context,
-    rw: &ResourceWatch,
-    ns: &str,
-    p: &ProfileStatus,
-    r: &resourcewatch_proto::ProfileResult,
-) -> std::result::Result<String, String> {
-    let cm = crate::profile_store::config_map(rw, p, r);
-    let name = cm
-        .metadata
-        .name
-        .clone()
-        .ok_or_else(|| "no ConfigMap name".to_string())?;
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    let failed = |e: String| {
-        tracing::warn!(configmap = %name, error = %e, "could not store a profile");
-        format!("the result could not be stored in ConfigMap {name}: {e}")
-    };
-    let existing = tokio::time::timeout(ctx.write_timeout, api.get_opt(&name))
-        .await
-        .map_err(|_| failed("timed out".into()))?
-        .map_err(|e| failed(e.to_string()))?;
-    let write = match existing {
-        None => {
-            tokio::time::timeout(ctx.write_timeout, api.create(&PostParams::default(), &cm)).await
-        }
-        Some(old) if owned_by(&old, rw) => {
-            // The replacement names the version read: a ConfigMap swapped meanwhile for
-            // someone else's is a conflict, not overwritten.
-            let mut cm = cm;
-            cm.metadata.resource_version = old.metadata.resource_version.clone();
-            tokio::time::timeout(
-                ctx.write_timeout,
-                api.replace(&name, &PostParams::default(), &cm),
-            )
-            .await
-        }
-        Some(_) => {
-            return Err(failed(format!(
-                "a ConfigMap {name} exists that this watch does not own; it is left as it is (rename or delete it)"
-            )));
-        }
-    };
-    match write {
-        Ok(Ok(_)) => Ok(name),
-        Ok(Err(e)) => Err(failed(e.to_string())),
-        Err(_) => Err(failed("timed out".into())),
-    }
-}
-
-/// Whether `cm` is controlled by this watch (same UID, not merely the same name).
-fn owned_by(cm: &ConfigMap, rw: &ResourceWatch) -> bool {
-    let uid = rw.uid().unwrap_or_default();
-    !uid.is_empty()
-        && cm
-            .owner_references()
-            .iter()
-            .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == "ResourceWatch")
-}
-
-/// Deletes the watch's expired result, only if the watch owns it (with the UID read as
-/// a precondition, so an object put there meanwhile is not deleted).
-async fn delete_profile(ctx: &Context, rw: &ResourceWatch, ns: &str) {
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    let name = profile::config_map_name(&rw.name_any());
-    let Ok(Ok(Some(cm))) = tokio::time::timeout(ctx.write_timeout, api.get_opt(&name)).await else {
-        return;
-    };
-    if !owned_by(&cm, rw) {
-        tracing::info!(configmap = %name, "an expired profile's ConfigMap is not the watch's: left alone");
-        return;
-    }
-    let dp = kube::api::DeleteParams {
-        preconditions: Some(kube::api::Preconditions {
-            uid: cm.uid(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    match api.delete(&name, &dp).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-        Err(e) => {
-            tracing::warn!(configmap = %name, error = %e, "could not delete an expired profile")
-        }
-    }
-}
-
 /// Counts each remediation record a written status added, by its reason: every decision
 /// (Decided, Evicted, DryRun, Cooldown, NotAuthorized, ...) once, however many reconciles
 /// repeat it.
@@ -592,10 +501,7 @@ async fn gate(ctx: &Context, rw: &ResourceWatch, ns: &str, grants: &Grants) -> R
             .annotations()
             .contains_key(resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION)
         {
-            format!(
-                "{why}; its {} annotation, from an operator with an admission webhook, grants nothing any more",
-                resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION
-            )
+            NoGrant::LegacyAnnotation(Box::new(why))
         } else {
             why
         }
@@ -614,22 +520,20 @@ async fn gate(ctx: &Context, rw: &ResourceWatch, ns: &str, grants: &Grants) -> R
 }
 
 /// Why the policies cannot be trusted now: not listed yet, or their watch failing.
-fn policies_unknown(ctx: &Context) -> Option<String> {
+fn policies_unknown(ctx: &Context) -> Option<NoGrant> {
     if let Some(e) = ctx
         .policies_failing
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
     {
-        return Some(format!(
-            "the operator's watch of RemediationPolicies is failing ({e}): no grant is trusted until it recovers"
-        ));
+        return Some(NoGrant::PoliciesFailing(e.clone()));
     }
     // Not listed yet: an empty store would grant nothing anyway, but say why.
     let listed = futures::FutureExt::now_or_never(ctx.policies.wait_until_ready());
     match listed {
         Some(Ok(())) => None,
-        _ => Some("the operator has not listed RemediationPolicies yet".into()),
+        _ => Some(NoGrant::PoliciesNotListed),
     }
 }
 
@@ -677,7 +581,7 @@ const EVICT_RIGHT_TTL: Duration = Duration::from_secs(10);
 /// Whether the API server lets this operator evict pods in `ns` (a
 /// SelfSubjectAccessReview): the ClusterRole it runs with has no eviction right; a
 /// namespace admin grants it per namespace by binding the evictor ClusterRole.
-async fn operator_may_evict(ctx: &Context, ns: &str) -> std::result::Result<(), String> {
+async fn operator_may_evict(ctx: &Context, ns: &str) -> std::result::Result<(), NoEvictRight> {
     use k8s_openapi::api::authorization::v1::{
         ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
     };
@@ -713,17 +617,13 @@ async fn operator_may_evict(ctx: &Context, ns: &str) -> std::result::Result<(), 
     .await
     {
         Ok(Ok(r)) if r.status.as_ref().is_some_and(|s| s.allowed) => Ok(()),
-        Ok(Ok(_)) => Err(format!(
-            "the operator may not evict pods in {ns}: a namespace admin binds the ClusterRole {} to its ServiceAccount there (README, Remediation)",
-            ctx.remediation.evictor_role
-        )),
+        Ok(Ok(_)) => Err(NoEvictRight::NotBound {
+            namespace: ns.to_owned(),
+            role: ctx.remediation.evictor_role.clone(),
+        }),
         // Not cached: the next reconcile asks again.
-        Ok(Err(e)) => {
-            return Err(format!(
-                "could not check the operator's eviction right: {e}"
-            ));
-        }
-        Err(_) => return Err("checking the operator's eviction right timed out".into()),
+        Ok(Err(e)) => return Err(NoEvictRight::Unchecked(e.to_string())),
+        Err(_) => return Err(NoEvictRight::TimedOut),
     };
     ctx.remediation
         .evict_rights

@@ -159,7 +159,7 @@ impl LedgerStore {
             },
             data: Some(BTreeMap::from([(
                 KEY.into(),
-                serde_json::to_string(ledger).map_err(|e| Error::Internal(e.to_string()))?,
+                serde_json::to_string(ledger)?,
             )])),
             ..Default::default()
         };

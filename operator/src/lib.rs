@@ -38,15 +38,17 @@ pub enum Error {
     #[error("a ResourceWatch without a namespace")]
     NotNamespaced,
     #[error("certificates: {0}")]
-    Tls(String),
-    #[error("internal: {0}")]
-    Internal(String),
-}
-
-impl From<rcgen::Error> for Error {
-    fn from(e: rcgen::Error) -> Self {
-        Error::Tls(e.to_string())
-    }
+    Certificate(#[from] rcgen::Error),
+    /// The CA Secret exists without a CA in it.
+    #[error("Secret {0} lacks ca.crt or ca.key; delete it to have a new CA generated")]
+    BrokenCa(String),
+    /// Other writers kept changing the object between our reads and writes.
+    #[error("could not write {0}: it kept changing under us")]
+    Contended(String),
+    #[error("the clock: {0}")]
+    Clock(#[from] jiff::Error),
+    #[error("encoding: {0}")]
+    Encode(#[from] serde_json::Error),
 }
 
 impl Error {
@@ -55,8 +57,9 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::Timeout(_) => "timeout",
             Error::NotNamespaced => "not_namespaced",
-            Error::Tls(_) => "tls",
-            Error::Internal(_) => "internal",
+            Error::Certificate(_) | Error::BrokenCa(_) => "tls",
+            Error::Contended(_) => "contended",
+            Error::Clock(_) | Error::Encode(_) => "internal",
         }
     }
 }

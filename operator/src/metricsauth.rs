@@ -85,7 +85,7 @@ impl MetricsAuth {
     }
 
     /// The API server's answer for this token; Err when it could not be asked.
-    async fn review(&self, token: &str) -> Result<Answer, String> {
+    async fn review(&self, token: &str) -> Result<Answer, ReviewError> {
         let tr = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_owned()),
@@ -99,8 +99,11 @@ impl MetricsAuth {
             Api::<TokenReview>::all(self.client.clone()).create(&pp, &tr),
         )
         .await
-        .map_err(|_| "TokenReview timed out".to_string())?
-        .map_err(|e| format!("TokenReview: {e}"))?;
+        .map_err(|_| ReviewError::Timeout("TokenReview"))?
+        .map_err(|source| ReviewError::Api {
+            review: "TokenReview",
+            source,
+        })?;
         let Some(status) = reviewed.status.filter(|s| s.authenticated == Some(true)) else {
             return Ok(Answer::Unauthenticated);
         };
@@ -124,14 +127,29 @@ impl MetricsAuth {
             Api::<SubjectAccessReview>::all(self.client.clone()).create(&pp, &sar),
         )
         .await
-        .map_err(|_| "SubjectAccessReview timed out".to_string())?
-        .map_err(|e| format!("SubjectAccessReview: {e}"))?;
+        .map_err(|_| ReviewError::Timeout("SubjectAccessReview"))?
+        .map_err(|source| ReviewError::Api {
+            review: "SubjectAccessReview",
+            source,
+        })?;
         Ok(if decided.status.is_some_and(|s| s.allowed) {
             Answer::Allowed
         } else {
             Answer::Forbidden
         })
     }
+}
+
+/// Why a scraper's token could not be reviewed.
+#[derive(Debug, thiserror::Error)]
+enum ReviewError {
+    #[error("{0} timed out")]
+    Timeout(&'static str),
+    #[error("{review}: {source}")]
+    Api {
+        review: &'static str,
+        source: kube::Error,
+    },
 }
 
 /// The middleware in front of `/metrics`.

@@ -119,9 +119,7 @@ async fn reconcile_inner(crw: &ClusterResourceWatch, ctx: &Context) -> Result<Ac
     }
     let views = ctx.hub.view(&selected);
     let pods = pod_index(&ctx.pods.state(), &selected);
-    let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
-        .map_err(|e| Error::Internal(e.to_string()))?
-        .to_string();
+    let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())?.to_string();
     let status = compute(&Inputs {
         generation: crw.meta().generation,
         settings: &settings,

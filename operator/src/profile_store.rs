@@ -1,11 +1,12 @@
 //! A CPU profile's result as the ConfigMap the controller writes (the request's lifecycle
 //! is the core's `profile`): `profile.folded` (text), `profile.svg` (text, when it fit),
-//! `profile.pb.gz` (binary), owned by the watch so that deleting the watch deletes it.
+//! `profile.pb.gz` (binary), owned by the watch so that deleting the watch deletes it;
+//! stored and deleted here, never over an object the watch does not own.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::{ByteString, api::core::v1::ConfigMap};
-use kube::{Resource, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt, api::PostParams};
 use resourcewatch_crds::{ProfileStatus, ResourceWatch};
 use resourcewatch_operator_core::profile::{config_map_name, cut};
 use resourcewatch_proto as pb;
@@ -50,6 +51,106 @@ pub fn config_map(rw: &ResourceWatch, p: &ProfileStatus, r: &pb::ProfileResult) 
         .collect(),
     );
     cm
+}
+
+/// Why a result was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the result could not be stored in ConfigMap {name}: timed out")]
+    Timeout { name: String },
+    #[error("the result could not be stored in ConfigMap {name}: {source}")]
+    Api { name: String, source: kube::Error },
+    #[error(
+        "the result could not be stored: a ConfigMap {0} exists that this watch does not own; it is left as it is (rename or delete it)"
+    )]
+    NotOwned(String),
+}
+
+/// Writes the result's ConfigMap, replacing the watch's previous one, never an object it
+/// does not own: a ConfigMap of that name that is not controlled by this watch (by UID)
+/// is left alone and the request fails saying so. Ok: the ConfigMap's name.
+pub async fn store(
+    client: &Client,
+    timeout: Duration,
+    rw: &ResourceWatch,
+    p: &ProfileStatus,
+    r: &pb::ProfileResult,
+) -> Result<String, StoreError> {
+    let cm = config_map(rw, p, r);
+    let name = config_map_name(&rw.name_any());
+    let ns = rw.namespace().unwrap_or_default();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let failed = |e: StoreError| {
+        tracing::warn!(configmap = %name, error = %e, "could not store a profile");
+        e
+    };
+    let api_error = |source| {
+        failed(StoreError::Api {
+            name: name.clone(),
+            source,
+        })
+    };
+    let timed_out = || failed(StoreError::Timeout { name: name.clone() });
+    let existing = tokio::time::timeout(timeout, api.get_opt(&name))
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(api_error)?;
+    let write = match existing {
+        None => tokio::time::timeout(timeout, api.create(&PostParams::default(), &cm)).await,
+        Some(old) if owned_by(&old, rw) => {
+            // The replacement names the version read: a ConfigMap swapped meanwhile for
+            // someone else's is a conflict, not overwritten.
+            let mut cm = cm;
+            cm.metadata.resource_version = old.metadata.resource_version.clone();
+            tokio::time::timeout(timeout, api.replace(&name, &PostParams::default(), &cm)).await
+        }
+        Some(_) => return Err(failed(StoreError::NotOwned(name.clone()))),
+    };
+    match write {
+        Ok(Ok(_)) => Ok(name.clone()),
+        Ok(Err(e)) => Err(api_error(e)),
+        Err(_) => Err(timed_out()),
+    }
+}
+
+/// Whether `cm` is controlled by this watch (same UID, not merely the same name).
+fn owned_by(cm: &ConfigMap, rw: &ResourceWatch) -> bool {
+    let uid = rw.uid().unwrap_or_default();
+    !uid.is_empty()
+        && cm
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == "ResourceWatch")
+}
+
+/// Deletes the watch's expired result, only if the watch owns it (with the UID read as
+/// a precondition, so an object put there meanwhile is not deleted). A failure is
+/// logged: the next reconcile ages the result again and retries.
+pub async fn delete(client: &Client, timeout: Duration, rw: &ResourceWatch) {
+    let ns = rw.namespace().unwrap_or_default();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let name = config_map_name(&rw.name_any());
+    let Ok(Ok(Some(cm))) = tokio::time::timeout(timeout, api.get_opt(&name)).await else {
+        return;
+    };
+    if !owned_by(&cm, rw) {
+        tracing::info!(configmap = %name, "an expired profile's ConfigMap is not the watch's: left alone");
+        return;
+    }
+    let dp = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: cm.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&name, &dp).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+        Err(e) => {
+            tracing::warn!(configmap = %name, error = %e, "could not delete an expired profile")
+        }
+    }
 }
 
 #[cfg(test)]

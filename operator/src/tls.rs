@@ -151,9 +151,7 @@ pub async fn ensure_ca(client: &Client, ns: &str, name: &str) -> Result<Pki> {
     for _ in 0..3 {
         if let Some(s) = api.get_opt(name).await? {
             let (Some(ca_cert), Some(ca_key)) = (get(&s, CA_CERT), get(&s, CA_KEY)) else {
-                return Err(Error::Tls(format!(
-                    "Secret {ns}/{name} lacks {CA_CERT} or {CA_KEY}; delete it to have a new CA generated"
-                )));
+                return Err(Error::BrokenCa(format!("{ns}/{name}")));
             };
             if get(&s, LEGACY_AUTHZ_KEY).is_none() {
                 return Ok(Pki { ca_cert, ca_key });
@@ -178,9 +176,7 @@ pub async fn ensure_ca(client: &Client, ns: &str, name: &str) -> Result<Pki> {
             Err(e) => return Err(e.into()),
         }
     }
-    Err(Error::Tls(format!(
-        "could not create or read Secret {ns}/{name}"
-    )))
+    Err(Error::Contended(format!("Secret {ns}/{name}")))
 }
 
 /// Which certificate a leaf Secret holds; written on the Secret as
@@ -270,9 +266,7 @@ pub async fn ensure_leaf_secret(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(Error::Tls(format!(
-        "could not write Secret {ns}/{name}: it kept changing under us"
-    )))
+    Err(Error::Contended(format!("Secret {ns}/{name}")))
 }
 
 /// Creates or updates the ConfigMap `name` in `ns` with `ca.crt`: it publishes the CA
@@ -311,5 +305,5 @@ pub async fn ensure_ca_bundle(client: &Client, ns: &str, name: &str, ca_pem: &st
             Err(e) => return Err(e.into()),
         }
     }
-    Err(Error::Tls(format!("could not write ConfigMap {ns}/{name}")))
+    Err(Error::Contended(format!("ConfigMap {ns}/{name}")))
 }

@@ -308,7 +308,7 @@ fn remediation_condition(s: &WatchSettings, gate: Option<&Gate>) -> resourcewatc
         Some(Gate { grant: Err(e), .. }) => c(
             ConditionStatus::False,
             ConditionReason::NoRemediationPolicy,
-            e.clone(),
+            e.to_string(),
         ),
         Some(Gate {
             operator_may_evict: Err(e),
@@ -316,7 +316,7 @@ fn remediation_condition(s: &WatchSettings, gate: Option<&Gate>) -> resourcewatc
         }) => c(
             ConditionStatus::False,
             ConditionReason::NoEvictionRights,
-            e.clone(),
+            e.to_string(),
         ),
         Some(Gate {
             grant: Ok(policies),
@@ -938,7 +938,7 @@ mod tests {
         );
         assert_eq!(done.write, Write::Now, "a stored result is written at once");
         let stored = done.status.profile.as_mut().unwrap();
-        let ev = profile::stored(stored, &result, Ok("w-profile".into()), NOW);
+        let ev = profile::stored(stored, &result, Ok::<_, String>("w-profile".into()), NOW);
         assert_eq!(stored.state, resourcewatch_crds::ProfileState::Succeeded);
         assert_eq!(ev.reason, EventReason::ProfileSucceeded);
         assert!(

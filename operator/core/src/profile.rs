@@ -52,9 +52,40 @@ pub struct Request {
     pub duration: Duration,
 }
 
+/// A `resourcewatch.io/profile` value that is not a request.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("{0:?} is not pod=NAME, container=NAME, duration=D or request=ANY")]
+    Part(String),
+    #[error("duration {value:?}: {problem}")]
+    Duration {
+        value: String,
+        problem: resourcewatch_units::UnitError,
+    },
+    #[error("no pod named: expected pod=NAME[,container=NAME][,duration=30s]")]
+    NoPod,
+    #[error("duration {} s is outside 1-{} s", .0.as_secs_f64(), MAX_DURATION.as_secs())]
+    DurationOutOfRange(Duration),
+}
+
+/// Why a request is not taken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("one profile per namespace per {} s: the last was taken {ago} s ago", MIN_GAP.as_secs())]
+    RateLimited { ago: i64 },
+    #[error("the watch does not select this pod (or it is not running)")]
+    NotSelected,
+    #[error("the pod is not scheduled to a node")]
+    NotScheduled,
+    #[error("the pod has no started container {0:?}")]
+    NoSuchContainer(String),
+    #[error("none of the pod's containers has started")]
+    NoneStarted,
+}
+
 /// `pod=NAME[,container=NAME][,duration=D][,request=ANY]`, or a bare pod name. `request`
 /// only makes a value new, to ask again for the same profile.
-pub fn parse(value: &str) -> Result<Request, String> {
+pub fn parse(value: &str) -> Result<Request, RequestError> {
     let value = value.trim();
     let mut pod = None;
     let mut container = None;
@@ -66,25 +97,21 @@ pub fn parse(value: &str) -> Result<Request, String> {
             Some(("container", v)) => container = Some(v.trim().to_owned()),
             Some(("request", _)) => {}
             Some(("duration", v)) => {
-                duration = resourcewatch_units::parse_duration(v.trim())
-                    .map_err(|e| format!("duration {v:?}: {e}"))?;
+                duration = resourcewatch_units::parse_duration(v.trim()).map_err(|e| {
+                    RequestError::Duration {
+                        value: v.to_owned(),
+                        problem: e,
+                    }
+                })?;
             }
             _ => {
-                return Err(format!(
-                    "{part:?} is not pod=NAME, container=NAME, duration=D or request=ANY"
-                ));
+                return Err(RequestError::Part(part.to_owned()));
             }
         }
     }
-    let pod = pod
-        .filter(|p| !p.is_empty())
-        .ok_or("no pod named: expected pod=NAME[,container=NAME][,duration=30s]")?;
+    let pod = pod.filter(|p| !p.is_empty()).ok_or(RequestError::NoPod)?;
     if duration < Duration::from_secs(1) || duration > MAX_DURATION {
-        return Err(format!(
-            "duration {} s is outside 1-{} s",
-            duration.as_secs_f64(),
-            MAX_DURATION.as_secs()
-        ));
+        return Err(RequestError::DurationOutOfRange(duration));
     }
     Ok(Request {
         pod,
@@ -143,11 +170,11 @@ pub fn take(t: &Take<'_>) -> Option<ProfileStatus> {
     };
     let req = match parse(t.annotation) {
         Ok(r) => r,
-        Err(e) => return Some(refused(String::new(), e)),
+        Err(e) => return Some(refused(String::new(), e.to_string())),
     };
     let node = match node_for(t, &req) {
         Ok(node) => node,
-        Err(why) => return Some(refused(req.pod, why)),
+        Err(why) => return Some(refused(req.pod, why.to_string())),
     };
     Some(ProfileStatus {
         id: t.id.clone(),
@@ -238,7 +265,7 @@ pub fn step(old: Option<&ProfileStatus>, i: &Inputs<'_>, pods: &[SelectedPod], n
             if r.error.is_empty() {
                 out.effect = Some(Effect::Store);
             } else {
-                finish(p, r, Err(String::new()), now);
+                finish(p, r, Err(""), now);
                 out.events.push(event(EventReason::ProfileFailed, p));
             }
         }
@@ -259,7 +286,7 @@ pub fn step(old: Option<&ProfileStatus>, i: &Inputs<'_>, pods: &[SelectedPod], n
 pub fn stored(
     p: &mut ProfileStatus,
     r: &pb::ProfileResult,
-    result: Result<String, String>,
+    result: Result<String, impl std::fmt::Display>,
     now: i64,
 ) -> EventSpec {
     finish(p, r, result, now);
@@ -287,29 +314,25 @@ fn event(reason: EventReason, p: &ProfileStatus) -> EventSpec {
 }
 
 /// The node of the request's pod, or why the request is refused.
-fn node_for(t: &Take<'_>, req: &Request) -> Result<String, String> {
+fn node_for(t: &Take<'_>, req: &Request) -> Result<String, Refusal> {
     if let Some(last) = t.namespace_last
         && t.now - last < MIN_GAP.as_secs() as i64
     {
-        return Err(format!(
-            "one profile per namespace per {} s: the last was taken {} s ago",
-            MIN_GAP.as_secs(),
-            t.now - last
-        ));
+        return Err(Refusal::RateLimited { ago: t.now - last });
     }
-    let Some(pod) = t.pods.iter().find(|p| p.name == req.pod) else {
-        return Err("the watch does not select this pod (or it is not running)".into());
-    };
-    let Some(node) = pod.node.clone() else {
-        return Err("the pod is not scheduled to a node".into());
-    };
+    let pod = t
+        .pods
+        .iter()
+        .find(|p| p.name == req.pod)
+        .ok_or(Refusal::NotSelected)?;
+    let node = pod.node.clone().ok_or(Refusal::NotScheduled)?;
     if let Some(c) = &req.container
         && !pod.containers.values().any(|name| name == c)
     {
-        return Err(format!("the pod has no started container {c:?}"));
+        return Err(Refusal::NoSuchContainer(c.clone()));
     }
     if pod.containers.is_empty() {
-        return Err("none of the pod's containers has started".into());
+        return Err(Refusal::NoneStarted);
     }
     Ok(node)
 }
@@ -350,7 +373,7 @@ pub fn config_map_name(watch: &str) -> String {
 pub fn finish(
     p: &mut ProfileStatus,
     r: &pb::ProfileResult,
-    stored: Result<String, String>,
+    stored: Result<String, impl std::fmt::Display>,
     now: i64,
 ) {
     p.finished_at = Some(rfc3339(now));
@@ -364,10 +387,12 @@ pub fn finish(
         }
         Err(why) => {
             p.state = ProfileState::Failed;
-            p.message = cut(
-                if r.error.is_empty() { &why } else { &r.error },
-                MAX_MESSAGE,
-            );
+            let why = if r.error.is_empty() {
+                why.to_string()
+            } else {
+                r.error.clone()
+            };
+            p.message = cut(&why, MAX_MESSAGE);
             return;
         }
     };
@@ -540,18 +565,25 @@ mod tests {
             })
         );
         assert_eq!(parse("api-1").unwrap().duration, DEFAULT_DURATION);
-        assert!(parse("").unwrap_err().contains("no pod"));
+        assert_eq!(parse(""), Err(RequestError::NoPod));
         assert!(
             parse("pod=a,duration=2m")
                 .unwrap_err()
+                .to_string()
                 .contains("outside 1-60")
         );
         assert!(
             parse("pod=a,duration=fast")
                 .unwrap_err()
+                .to_string()
                 .contains("duration")
         );
-        assert!(parse("pod=a,path=/x").unwrap_err().contains("path"));
+        assert!(
+            parse("pod=a,path=/x")
+                .unwrap_err()
+                .to_string()
+                .contains("path")
+        );
         assert!(parse("a,b").is_err(), "two bare names");
     }
 
@@ -649,7 +681,12 @@ mod tests {
         );
         assert_eq!(transition(Some(&pending), Some(&pending)), None);
         let mut done = pending.clone();
-        finish(&mut done, &result(""), Ok("w-profile".into()), NOW + 40);
+        finish(
+            &mut done,
+            &result(""),
+            Ok::<_, String>("w-profile".into()),
+            NOW + 40,
+        );
         assert_eq!(
             transition(Some(&pending), Some(&done)),
             Some(ProfileState::Succeeded)
@@ -668,7 +705,12 @@ mod tests {
     #[test]
     fn a_result_succeeds_with_its_hottest_functions_and_expires() {
         let mut p = take_at("api-1", None, None).unwrap();
-        finish(&mut p, &result(""), Ok("w-profile".into()), NOW + 40);
+        finish(
+            &mut p,
+            &result(""),
+            Ok::<_, String>("w-profile".into()),
+            NOW + 40,
+        );
         assert_eq!(p.state, ProfileState::Succeeded);
         assert_eq!(p.hottest[0].function, "burn_here");
         assert_eq!(p.hottest[0].percent, 97.0);

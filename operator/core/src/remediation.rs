@@ -68,10 +68,60 @@ pub struct Gate {
     pub namespace_opted_in: bool,
     /// Ok(names) of the namespace's RemediationPolicies whose watchSelector takes this
     /// watch; else why none does.
-    pub grant: Result<Vec<String>, String>,
+    pub grant: Result<Vec<String>, NoGrant>,
     /// Whether the API server lets the operator itself evict in this namespace (a
     /// namespace admin binds `resourcewatch-evictor` to it); else why not.
-    pub operator_may_evict: Result<(), String>,
+    pub operator_may_evict: Result<(), NoEvictRight>,
+}
+
+/// Why no RemediationPolicy grants a watch restarts.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoGrant {
+    #[error(
+        "no RemediationPolicy in {namespace} grants this watch restarts (a namespace admin creates one; the roles aggregated to `admin` may){}",
+        ignored(.invalid)
+    )]
+    NoPolicy {
+        namespace: String,
+        /// Policies ignored for an invalid selector: `name (why)`.
+        invalid: Vec<String>,
+    },
+    /// The operator's watch of RemediationPolicies fails: its store may hold a policy
+    /// deleted meanwhile.
+    #[error(
+        "the operator's watch of RemediationPolicies is failing ({0}): no grant is trusted until it recovers"
+    )]
+    PoliciesFailing(String),
+    #[error("the operator has not listed RemediationPolicies yet")]
+    PoliciesNotListed,
+    /// The watch carries the annotation an older operator's admission webhook granted.
+    #[error(
+        "{0}; its {annotation} annotation, from an operator with an admission webhook, grants nothing any more",
+        annotation = resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION
+    )]
+    LegacyAnnotation(Box<NoGrant>),
+}
+
+fn ignored(invalid: &[String]) -> String {
+    if invalid.is_empty() {
+        String::new()
+    } else {
+        format!("; ignored as invalid: {}", invalid.join(", "))
+    }
+}
+
+/// Why the operator may not evict in a namespace (a SelfSubjectAccessReview).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoEvictRight {
+    #[error(
+        "the operator may not evict pods in {namespace}: a namespace admin binds the ClusterRole {role} to its ServiceAccount there (README, Remediation)"
+    )]
+    NotBound { namespace: String, role: String },
+    /// The API server could not be asked (its error, as it said it).
+    #[error("could not check the operator's eviction right: {0}")]
+    Unchecked(String),
+    #[error("checking the operator's eviction right timed out")]
+    TimedOut,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -124,20 +174,14 @@ impl Grants {
     }
 
     /// The gate's view: the granting policies' names, or why there are none.
-    pub fn gate(&self, ns: &str) -> Result<Vec<String>, String> {
+    pub fn gate(&self, ns: &str) -> Result<Vec<String>, NoGrant> {
         if !self.policies.is_empty() {
             return Ok(self.policies.iter().map(|(n, _)| n.clone()).collect());
         }
-        let mut why = format!(
-            "no RemediationPolicy in {ns} grants this watch restarts (a namespace admin creates one; the roles aggregated to `admin` may)"
-        );
-        if !self.invalid.is_empty() {
-            why.push_str(&format!(
-                "; ignored as invalid: {}",
-                self.invalid.join(", ")
-            ));
-        }
-        Err(why)
+        Err(NoGrant::NoPolicy {
+            namespace: ns.to_owned(),
+            invalid: self.invalid.clone(),
+        })
     }
 
     /// The first policy (by name) that covers a pod with these labels.
@@ -581,7 +625,7 @@ mod tests {
             ))
         );
         let ungranted = Gate {
-            grant: Err("no RemediationPolicy here".into()),
+            grant: Err(NoGrant::PoliciesNotListed),
             ..open()
         };
         let d = decide(&s, &ungranted, &l, &p, None, "w", 0);
@@ -593,7 +637,7 @@ mod tests {
             ))
         );
         assert!(
-            matches!(d, Decision::Report { message, .. } if message.contains("no RemediationPolicy here"))
+            matches!(d, Decision::Report { message, .. } if message.contains("not listed RemediationPolicies yet"))
         );
         let uncovered = PodFacts {
             granted_by: None,
@@ -607,7 +651,7 @@ mod tests {
             ))
         );
         let powerless = Gate {
-            operator_may_evict: Err("the operator may not evict here".into()),
+            operator_may_evict: Err(NoEvictRight::TimedOut),
             ..open()
         };
         assert_eq!(
@@ -686,7 +730,7 @@ mod tests {
             Some("a-team")
         );
         let none = Grants::of(&policies[2..], &labels(&[]));
-        let why = none.gate("ns").unwrap_err();
+        let why = none.gate("ns").unwrap_err().to_string();
         assert!(
             why.contains("no RemediationPolicy in ns") && why.contains("bad ("),
             "{why}"

@@ -85,7 +85,7 @@ pub enum SpecError {
     )]
     TopK(u32),
     #[error("selector: {0}")]
-    Selector(String),
+    Selector(SelectorError),
 }
 
 /// Whether `k` is a K the API allows (`resourcewatch_proto::TOP_K_MIN..=TOP_K_MAX`).
@@ -181,38 +181,65 @@ pub fn duration(field: &'static str, value: &str) -> Result<Duration, SpecError>
     })
 }
 
+/// A label selector the API server would refuse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error("label key {0:?}: prefix must be a DNS subdomain (lowercase, digits, '-', '.')")]
+    KeyPrefix(String),
+    #[error(
+        "label key {0:?}: name must be 1-63 characters of [A-Za-z0-9_.-], starting and ending alphanumeric"
+    )]
+    KeyName(String),
+    #[error(
+        "label value {0:?} must be at most 63 characters of [A-Za-z0-9_.-], starting and ending alphanumeric"
+    )]
+    Value(String),
+    #[error("operator {0} needs at least one value")]
+    NeedsValues(String),
+    #[error("operator {0} takes no values")]
+    TakesNoValues(String),
+    /// Where in the selector: `matchLabels[key]` or `matchExpressions[i]`.
+    #[error("{at}: {problem}")]
+    At {
+        at: String,
+        problem: Box<SelectorError>,
+    },
+}
+
 /// Label keys and values as Kubernetes defines them (a DNS-1123 subdomain prefix, a name
 /// of at most 63 characters); the schema only bounds their length.
-pub fn validate_selector(sel: &LabelSelector) -> Result<(), String> {
+pub fn validate_selector(sel: &LabelSelector) -> Result<(), SelectorError> {
+    let at = |at: String| {
+        move |e: SelectorError| SelectorError::At {
+            at,
+            problem: Box::new(e),
+        }
+    };
     for (k, v) in &sel.match_labels {
         valid_key(k)?;
-        valid_value(v).map_err(|e| format!("matchLabels[{k}]: {e}"))?;
+        valid_value(v).map_err(at(format!("matchLabels[{k}]")))?;
     }
     for (i, r) in sel.match_expressions.iter().enumerate() {
-        valid_key(&r.key).map_err(|e| format!("matchExpressions[{i}]: {e}"))?;
+        let here = format!("matchExpressions[{i}]");
+        valid_key(&r.key).map_err(at(here.clone()))?;
+        let op = format!("{:?}", r.operator);
         match r.operator {
             SelectorOperator::In | SelectorOperator::NotIn if r.values.is_empty() => {
-                return Err(format!(
-                    "matchExpressions[{i}]: operator {:?} needs at least one value",
-                    r.operator
-                ));
+                return Err(at(here)(SelectorError::NeedsValues(op)));
             }
             SelectorOperator::Exists | SelectorOperator::DoesNotExist if !r.values.is_empty() => {
-                return Err(format!(
-                    "matchExpressions[{i}]: operator {:?} takes no values",
-                    r.operator
-                ));
+                return Err(at(here)(SelectorError::TakesNoValues(op)));
             }
             _ => {}
         }
         for v in &r.values {
-            valid_value(v).map_err(|e| format!("matchExpressions[{i}]: {e}"))?;
+            valid_value(v).map_err(at(here.clone()))?;
         }
     }
     Ok(())
 }
 
-fn valid_key(key: &str) -> Result<(), String> {
+fn valid_key(key: &str) -> Result<(), SelectorError> {
     let (prefix, name) = match key.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -229,26 +256,20 @@ fn valid_key(key: &str) -> Result<(), String> {
                     && !l.ends_with('-')
             });
         if !ok {
-            return Err(format!(
-                "label key {key:?}: prefix must be a DNS subdomain (lowercase, digits, '-', '.')"
-            ));
+            return Err(SelectorError::KeyPrefix(key.to_owned()));
         }
     }
     if name.is_empty() || name.len() > 63 || !is_label_name(name) {
-        return Err(format!(
-            "label key {key:?}: name must be 1-63 characters of [A-Za-z0-9_.-], starting and ending alphanumeric"
-        ));
+        return Err(SelectorError::KeyName(key.to_owned()));
     }
     Ok(())
 }
 
-fn valid_value(v: &str) -> Result<(), String> {
+fn valid_value(v: &str) -> Result<(), SelectorError> {
     if v.is_empty() || (v.len() <= 63 && is_label_name(v)) {
         Ok(())
     } else {
-        Err(format!(
-            "label value {v:?} must be at most 63 characters of [A-Za-z0-9_.-], starting and ending alphanumeric"
-        ))
+        Err(SelectorError::Value(v.to_owned()))
     }
 }
 
