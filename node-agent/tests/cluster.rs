@@ -207,7 +207,7 @@ fn tls_files(dir: &Path) {
         "resourcewatch-operator.test.svc",
         &[ExtendedKeyUsagePurpose::ServerAuth],
     );
-    // As the operator issues them (operator/src/tls.rs): the agent's serves its /metrics.
+    // As the operator issues them (operator/shell/src/tls.rs): the agent's serves its /metrics.
     let (ccert, ckey) = leaf(
         pb::AGENT_CERT_NAME,
         &[

@@ -2,7 +2,7 @@
 Names. Every object is named "<fullname>-<what>": fullname is fullnameOverride, else
 nameOverride, else "resourcewatch" (also app.kubernetes.io/part-of). The release name is
 not part of it: the CRDs are cluster-wide, so a cluster holds one installation, and the
-defaults give config/'s names, which the binaries default to (operator/src/main.rs:
+defaults give config/'s names, which the binaries default to (operator/shell/src/main.rs:
 --service-name, --ca-secret, --agent-secret, --metrics-client-secret, --ca-bundle-configmap,
 --lease-name, --agent-service-account, --evictor-cluster-role; the agent's
 --operator-service). Renamed, the chart passes each of them ("resourcewatch.renamed").
