@@ -215,7 +215,7 @@ impl Metrics {
         F::Output: Send + 'static,
     {
         /// Marks the task ended when dropped: after it returns, and also when it panics
-        /// (the unwinding drops it) — a panicked task once left /healthz at 200.
+        /// (the unwinding drops it): a panicking task must not leave /healthz at 200.
         struct Ended(Arc<Metrics>, &'static str);
         impl Drop for Ended {
             fn drop(&mut self) {

@@ -1,7 +1,9 @@
-//! The ResourceWatch controller: resolves each watch's pods to nodes, hands the hub what
-//! the nodes must track, gathers what a decision needs, and carries out the plan of
-//! [`decide::decide`]: the workload ledger, the status (server-side apply, field manager
-//! `resourcewatch-operator`), evictions, Events. Only I/O lives here.
+//! The ResourceWatch controller: a reconcile selects the watch's pods from the cache,
+//! has the core assess the status ([`decide::assess`]), gathers what a decision needs
+//! (`gather`), has the core decide ([`decide::decide`]) and carries out the plan in its
+//! order (`effects`: hub targets, the workload ledger, the profile's ConfigMap, the
+//! status by server-side apply as `resourcewatch-operator`, evictions, Events). Its
+//! inputs arrive as streams (`watches`). Only I/O lives here.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -44,6 +46,14 @@ use crate::{
     status_write::apply_status,
     triggers::PodTriggers,
 };
+
+mod effects;
+mod gather;
+mod watches;
+
+use effects::{apply_ledger, count_remediations, evict_and_record, publish, write_status};
+use gather::{Facts, gather, known_restarts};
+pub use watches::run;
 
 /// What remediation decisions depend on besides the watch.
 pub struct RemediationContext {
@@ -322,52 +332,6 @@ fn status_written(run: &Run<'_>, step: &profile::Step, status: &ResourceWatchSta
     count_remediations(ctx, old_records, &status.remediations);
 }
 
-/// Evicts one pod and records the answer in its workload's ledger (versioned: on a
-/// conflict, read again and retried) and in the status.
-async fn evict_and_record(
-    run: &Run<'_>,
-    ev: &decide::Eviction,
-    status: &mut ResourceWatchStatus,
-    versions: &mut BTreeMap<Workload, Versioned>,
-    events: &mut Vec<EventSpec>,
-) -> Result<()> {
-    let ctx = run.ctx;
-    let Some(result) = evict(ctx, &run.key.namespace, ev).await else {
-        return Ok(()); // a transient failure: the intent stays, the next reconcile retries
-    };
-    for _ in 0..3 {
-        let entry = versions.entry(ev.workload.clone()).or_default();
-        let mut book = entry.ledger.clone();
-        let mut trial = status.clone();
-        let more = decide::after_eviction(ev, &result, run.now_s, run.now, &mut trial, &mut book);
-        match ctx
-            .remediation
-            .ledgers
-            .write(&ev.workload, &book, entry.resource_version.as_deref())
-            .await?
-        {
-            Ok(rv) => {
-                *entry = Versioned {
-                    ledger: book,
-                    resource_version: Some(rv),
-                    problem: None,
-                };
-                *status = trial;
-                events.extend(more);
-                return Ok(());
-            }
-            Err(Conflict) => {
-                let known = known_restarts(run.rw, &ev.workload, run.settings, run.now_s);
-                *entry = ctx.remediation.ledgers.read(&ev.workload, known).await?;
-                if entry.problem.is_some() {
-                    return Ok(());
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 /// A node's result for the watch's Pending profile request, if one has arrived (a copy:
 /// the hub forgets it once a status naming its outcome is written).
 fn arrived_profile(
@@ -418,414 +382,6 @@ fn profile_inputs<'a>(
     }
 }
 
-/// Counts each remediation record a written status added, by its reason: every decision
-/// (Decided, Evicted, DryRun, Cooldown, NotAuthorized, ...) once, however many reconciles
-/// repeat it.
-fn count_remediations(ctx: &Context, old: &[RemediationRecord], new: &[RemediationRecord]) {
-    for r in decide::new_records(old, new) {
-        ctx.metrics.remediation(r.reason.as_str());
-    }
-}
-
-/// What a remediation decision needs from the API server.
-#[derive(Default)]
-struct Facts {
-    gate: Option<Gate>,
-    pods: BTreeMap<String, PodFacts>,
-    ledgers: BTreeMap<Workload, Versioned>,
-}
-
-async fn gather(
-    ctx: &Context,
-    rw: &ResourceWatch,
-    ns: &str,
-    selected: &[Arc<Pod>],
-    names: &[String],
-    settings: Option<&WatchSettings>,
-) -> Result<Facts> {
-    let mut facts = Facts::default();
-    let restart = settings.is_some_and(|s| s.action == RemediationAction::Restart);
-    let grants = if restart {
-        Grants::of(&policies_in(ctx, ns), rw.labels())
-    } else {
-        Grants::default()
-    };
-    let now = jiff::Timestamp::now().as_second();
-    for name in names {
-        let Some(pod) = selected.iter().find(|p| p.name_any() == *name) else {
-            continue;
-        };
-        let (workload, replicas) = workload_of(ctx, pod).await.unzip();
-        let mut f = PodFacts {
-            name: pod.name_any(),
-            uid: pod.uid().unwrap_or_default(),
-            workload: workload.map(|kind_name| Workload {
-                namespace: ns.to_owned(),
-                kind_name,
-            }),
-            deleting: pod.metadata.deletion_timestamp.is_some(),
-            granted_by: grants.covering(pod.labels()),
-            ledger_problem: None,
-            ready: is_ready(pod),
-            replicas: replicas.flatten(),
-        };
-        if let Some(w) = &f.workload {
-            if !facts.ledgers.contains_key(w) {
-                let known = known_restarts(rw, w, settings, now);
-                facts
-                    .ledgers
-                    .insert(w.clone(), ctx.remediation.ledgers.read(w, known).await?);
-            }
-            f.ledger_problem = facts.ledgers.get(w).and_then(|v| v.problem.clone());
-        }
-        facts.pods.insert(f.uid.clone(), f);
-    }
-    if restart {
-        facts.gate = Some(gate(ctx, rw, ns, &grants).await?);
-    }
-    Ok(facts)
-}
-
-/// The gate of a `Restart` watch: the master switch, the namespace's opt-in, the grant of
-/// a RemediationPolicy, and (asked of the API server only when it can matter: it is the
-/// last gate) the operator's own eviction right in the namespace.
-async fn gate(ctx: &Context, rw: &ResourceWatch, ns: &str, grants: &Grants) -> Result<Gate> {
-    let master_switch = ctx.remediation.enabled;
-    let namespace_opted_in = namespace_opted_in(ctx, ns).await?;
-    let grant = match policies_unknown(ctx) {
-        Some(why) => Err(why),
-        None => grants.gate(ns),
-    }
-    .map_err(|why| {
-        if rw
-            .annotations()
-            .contains_key(resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION)
-        {
-            NoGrant::LegacyAnnotation(Box::new(why))
-        } else {
-            why
-        }
-    });
-    let operator_may_evict = if master_switch && namespace_opted_in && grant.is_ok() {
-        operator_may_evict(ctx, ns).await
-    } else {
-        Ok(())
-    };
-    Ok(Gate {
-        master_switch,
-        namespace_opted_in,
-        grant,
-        operator_may_evict,
-    })
-}
-
-/// Why the policies cannot be trusted now: not listed yet, or their watch failing.
-fn policies_unknown(ctx: &Context) -> Option<NoGrant> {
-    if let Some(e) = ctx
-        .policies_failing
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-    {
-        return Some(NoGrant::PoliciesFailing(e.clone()));
-    }
-    // Not listed yet: an empty store would grant nothing anyway, but say why.
-    let listed = futures::FutureExt::now_or_never(ctx.policies.wait_until_ready());
-    match listed {
-        Some(Ok(())) => None,
-        _ => Some(NoGrant::PoliciesNotListed),
-    }
-}
-
-/// The namespace's RemediationPolicies, from the controller's own watch of them.
-fn policies_in(
-    ctx: &Context,
-    ns: &str,
-) -> Vec<(String, resourcewatch_crds::RemediationPolicySpec)> {
-    ctx.policies
-        .state()
-        .iter()
-        .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
-        .map(|p| (p.name_any(), p.spec.clone()))
-        .collect()
-}
-
-/// The newest restart of `w` this watch's status records, for a ledger found missing.
-fn known_restarts(
-    rw: &ResourceWatch,
-    w: &Workload,
-    settings: Option<&WatchSettings>,
-    now: i64,
-) -> Known {
-    let last_restart_in_status = rw
-        .status
-        .iter()
-        .flat_map(|s| s.remediations.iter())
-        .filter(|r| r.action == RemediationOutcome::Restarted)
-        .filter(|r| r.workload.as_deref() == Some(w.kind_name.as_str()))
-        .filter_map(|r| r.time.parse::<jiff::Timestamp>().ok())
-        .map(|t| t.as_second())
-        .max();
-    Known {
-        last_restart_in_status,
-        counts_for: settings.map_or(ledger::KEEP_SECONDS, |s| {
-            s.window.max(s.cooldown).as_secs() as i64
-        }),
-        now,
-    }
-}
-
-/// How long the API server's answer on the operator's own eviction right is reused.
-const EVICT_RIGHT_TTL: Duration = Duration::from_secs(10);
-
-/// Whether the API server lets this operator evict pods in `ns` (a
-/// SelfSubjectAccessReview): the ClusterRole it runs with has no eviction right; a
-/// namespace admin grants it per namespace by binding the evictor ClusterRole.
-async fn operator_may_evict(ctx: &Context, ns: &str) -> std::result::Result<(), NoEvictRight> {
-    use k8s_openapi::api::authorization::v1::{
-        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-    };
-    if let Some((at, answer)) = ctx
-        .remediation
-        .evict_rights
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(ns)
-        && at.elapsed() < EVICT_RIGHT_TTL
-    {
-        return answer.clone();
-    }
-    let review = SelfSubjectAccessReview {
-        spec: SelfSubjectAccessReviewSpec {
-            resource_attributes: Some(ResourceAttributes {
-                namespace: Some(ns.to_owned()),
-                verb: Some("create".into()),
-                group: Some(String::new()),
-                resource: Some("pods".into()),
-                subresource: Some("eviction".into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let api: Api<SelfSubjectAccessReview> = Api::all(ctx.client.clone());
-    let answer = match tokio::time::timeout(
-        ctx.write_timeout,
-        api.create(&PostParams::default(), &review),
-    )
-    .await
-    {
-        Ok(Ok(r)) if r.status.as_ref().is_some_and(|s| s.allowed) => Ok(()),
-        Ok(Ok(_)) => Err(NoEvictRight::NotBound {
-            namespace: ns.to_owned(),
-            role: ctx.remediation.evictor_role.clone(),
-        }),
-        // Not cached: the next reconcile asks again.
-        Ok(Err(e)) => return Err(NoEvictRight::Unchecked(e.to_string())),
-        Err(_) => return Err(NoEvictRight::TimedOut),
-    };
-    ctx.remediation
-        .evict_rights
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(ns.to_owned(), (std::time::Instant::now(), answer.clone()));
-    answer
-}
-
-async fn namespace_opted_in(ctx: &Context, ns: &str) -> Result<bool> {
-    let api: Api<Namespace> = Api::all(ctx.client.clone());
-    let got = tokio::time::timeout(ctx.write_timeout, api.get_opt(ns))
-        .await
-        .map_err(|_| Error::Timeout("namespace read"))??;
-    Ok(got.is_some_and(|n| {
-        n.labels()
-            .get(resourcewatch_crds::NAMESPACE_OPT_IN_LABEL)
-            .map(String::as_str)
-            == Some(resourcewatch_crds::NAMESPACE_OPT_IN_VALUE)
-    }))
-}
-
-async fn apply_ledger(
-    ctx: &Context,
-    change: &LedgerChange,
-    versions: &mut BTreeMap<Workload, Versioned>,
-) -> Result<std::result::Result<(), Conflict>> {
-    let w = match change {
-        LedgerChange::Record { workload, .. } | LedgerChange::Clear { workload, .. } => workload,
-    };
-    let entry = versions.entry(w.clone()).or_default();
-    if entry.problem.is_some() {
-        // Never written over: an unreadable record is an admin's to repair, and a
-        // missing one must stay missing until its restarts have aged out.
-        return Ok(Ok(()));
-    }
-    let mut book: Ledger = entry.ledger.clone();
-    match change {
-        LedgerChange::Record { intent, .. } => book.pending = Some(intent.clone()),
-        LedgerChange::Clear { pod_uid, .. } => {
-            if book.pending.as_ref().is_some_and(|p| p.pod_uid == *pod_uid) {
-                book.pending = None;
-            }
-        }
-    }
-    match ctx
-        .remediation
-        .ledgers
-        .write(w, &book, entry.resource_version.as_deref())
-        .await?
-    {
-        Ok(rv) => {
-            *entry = Versioned {
-                ledger: book,
-                resource_version: Some(rv),
-                problem: None,
-            };
-            Ok(Ok(()))
-        }
-        Err(c) => Ok(Err(c)),
-    }
-}
-
-/// Evicts through the Eviction API (PodDisruptionBudgets hold; the pod's own termination
-/// grace period applies). None: a transient failure, to retry.
-async fn evict(ctx: &Context, ns: &str, ev: &decide::Eviction) -> Option<EvictResult> {
-    let pods: Api<Pod> = Api::namespaced(ctx.eviction_client.clone(), ns);
-    match tokio::time::timeout(
-        ctx.write_timeout,
-        pods.evict(&ev.pod, &EvictParams::default()),
-    )
-    .await
-    {
-        Ok(r) => eviction_outcome(r).unwrap_or_else(|e| {
-            tracing::warn!(pod = %ev.pod, error = %e, "eviction failed; retrying");
-            None
-        }),
-        Err(_) => {
-            tracing::warn!(pod = %ev.pod, "eviction timed out; retrying");
-            None
-        }
-    }
-}
-
-/// What an eviction's answer means. The same on every version: the Eviction subresource
-/// answers 201, a 429 Status (reason `TooManyRequests`, cause `DisruptionBudget`) when a
-/// PodDisruptionBudget refuses, whether PDBs are policy/v1beta1 (1.20) or policy/v1
-/// (1.21+), and 404 for a pod already gone. Anything else is retried (Err).
-fn eviction_outcome(
-    r: std::result::Result<kube::core::Status, kube::Error>,
-) -> std::result::Result<Option<EvictResult>, kube::Error> {
-    match r {
-        Ok(_) => Ok(Some(EvictResult::Evicted)),
-        Err(kube::Error::Api(e)) if e.code == 429 => Ok(Some(EvictResult::Refused(e.message))),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Some(EvictResult::Gone)),
-        Err(e) => Err(e),
-    }
-}
-
-/// The controller that would replace `pod`, as `Kind/name`, with its replicas as its
-/// status counts them: a ReplicaSet's Deployment, a StatefulSet, a DaemonSet, a ReplicaSet
-/// or ReplicationController; None for bare pods and Jobs. Looked up in the API for every
-/// kind: a pod's ownerReferences are written by whoever creates the pod, so one naming a
-/// StatefulSet that does not exist (or another object of that name) must not make a bare
-/// pod evictable. The owner must exist with the UID the reference names.
-async fn workload_of(ctx: &Context, pod: &Pod) -> Option<(String, Option<Replicas>)> {
-    use k8s_openapi::api::{
-        apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet},
-        core::v1::ReplicationController,
-    };
-    let owner = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true))?;
-    let ns = pod.namespace()?;
-    let replicas = |desired: Option<i32>, ready: Option<i32>| {
-        let count = |n: Option<i32>| u32::try_from(n.unwrap_or(0)).unwrap_or(0);
-        Some(Replicas {
-            desired: count(desired),
-            ready: count(ready),
-        })
-    };
-    match owner.kind.as_str() {
-        "ReplicaSet" => {
-            let rs = verified_owner::<ReplicaSet>(ctx, &ns, owner).await?;
-            // A Deployment's ReplicaSet: the Deployment is the workload, when it exists.
-            if let Some(d) = rs
-                .owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true) && o.kind == "Deployment")
-                && let Some(deployment) = verified_owner::<Deployment>(ctx, &ns, d).await
-            {
-                let status = deployment.status.unwrap_or_default();
-                let desired = deployment.spec.and_then(|s| s.replicas);
-                return Some((
-                    format!("Deployment/{}", d.name),
-                    replicas(desired, status.ready_replicas),
-                ));
-            }
-            let ready = rs.status.and_then(|s| s.ready_replicas);
-            let desired = rs.spec.and_then(|s| s.replicas);
-            Some((
-                format!("ReplicaSet/{}", owner.name),
-                replicas(desired, ready),
-            ))
-        }
-        "StatefulSet" => verified_owner::<StatefulSet>(ctx, &ns, owner)
-            .await
-            .map(|s| {
-                let ready = s.status.and_then(|s| s.ready_replicas);
-                let desired = s.spec.and_then(|s| s.replicas);
-                (
-                    format!("StatefulSet/{}", owner.name),
-                    replicas(desired, ready),
-                )
-            }),
-        "DaemonSet" => verified_owner::<DaemonSet>(ctx, &ns, owner).await.map(|d| {
-            let status = d.status.unwrap_or_default();
-            let counts = replicas(
-                Some(status.desired_number_scheduled),
-                status.number_ready.into(),
-            );
-            (format!("DaemonSet/{}", owner.name), counts)
-        }),
-        "ReplicationController" => verified_owner::<ReplicationController>(ctx, &ns, owner)
-            .await
-            .map(|r| {
-                let ready = r.status.and_then(|s| s.ready_replicas);
-                let desired = r.spec.and_then(|s| s.replicas);
-                (
-                    format!("ReplicationController/{}", owner.name),
-                    replicas(desired, ready),
-                )
-            }),
-        _ => None,
-    }
-}
-
-/// The object an ownerReference names, if it exists with that UID (and API group).
-async fn verified_owner<K>(
-    ctx: &Context,
-    ns: &str,
-    owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
-) -> Option<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    if owner.api_version != K::api_version(&K::DynamicType::default()) {
-        return None;
-    }
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-    let got = tokio::time::timeout(ctx.write_timeout, api.get_opt(&owner.name))
-        .await
-        .ok()?
-        .ok()??;
-    (got.meta().uid.as_deref() == Some(owner.uid.as_str())).then_some(got)
-}
-
 pub fn error_policy(rw: Arc<ResourceWatch>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(
         watch = %format!("{}/{}", rw.namespace().unwrap_or_default(), rw.name_any()),
@@ -862,91 +418,6 @@ fn forget_deleted(ctx: &Context) {
     }
 }
 
-async fn write_status(
-    ctx: &Context,
-    ns: &str,
-    name: &str,
-    status: &ResourceWatchStatus,
-) -> Result<()> {
-    let api: Api<ResourceWatch> = Api::namespaced(ctx.client.clone(), ns);
-    apply_status(&api, name, status, &ctx.metrics, ctx.write_timeout).await
-}
-
-/// The objects an Event names: `regarding` (what it is on: the watch, or one of its pods)
-/// and `related`. None when it is on a pod that is gone.
-fn references(
-    rw: &ResourceWatch,
-    pods: &[Arc<Pod>],
-    e: &EventSpec,
-) -> Option<(ObjectReference, Option<ObjectReference>)> {
-    let mut watch = rw.object_ref(&());
-    let subject = e.about.as_ref().map(|s| match s {
-        Subject::Container { pod, container } => {
-            let mut r = pods
-                .iter()
-                .find(|p| p.name_any() == *pod)
-                .map(|p| p.object_ref(&()))
-                .unwrap_or_else(|| ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    namespace: rw.namespace(),
-                    name: Some(pod.clone()),
-                    ..Default::default()
-                });
-            // How the kubelet names a container in its own Events.
-            if !container.is_empty() {
-                r.field_path = Some(format!("spec.containers{{{container}}}"));
-            }
-            r
-        }
-        Subject::Node(name) => ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-    });
-    match &e.pod {
-        None => {
-            watch.field_path = e.watch_field.map(Into::into);
-            Some((watch, subject))
-        }
-        Some(name) => {
-            let pod = pods.iter().find(|p| p.name_any() == *name)?;
-            let mut regarding = pod.object_ref(&());
-            // The container within the pod, when the Event is about one of them.
-            regarding.field_path = subject
-                .filter(|s| s.name.as_deref() == Some(name.as_str()))
-                .and_then(|s| s.field_path);
-            Some((regarding, Some(watch)))
-        }
-    }
-}
-
-async fn publish(ctx: &Context, rw: &ResourceWatch, pods: &[Arc<Pod>], e: &EventSpec) {
-    let Some((reference, related)) = references(rw, pods, e) else {
-        return;
-    };
-    let ev = KubeEvent {
-        type_: if e.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: e.reason.as_str().into(),
-        note: Some(e.note.chars().take(1000).collect()),
-        action: e.action.as_str().into(),
-        secondary: related,
-    };
-    match tokio::time::timeout(ctx.write_timeout, ctx.recorder.publish(&ev, &reference)).await {
-        Ok(Ok(())) => ctx.metrics.event(e.reason.as_str()),
-        Ok(Err(err)) => {
-            tracing::warn!(reason = %e.reason, error = %err, "could not publish an Event")
-        }
-        Err(_) => tracing::warn!(reason = %e.reason, "publishing an Event timed out"),
-    }
-}
-
 /// What the controller is given besides its inputs.
 pub struct Settings {
     pub reporter: Reporter,
@@ -956,201 +427,16 @@ pub struct Settings {
     pub remediation: RemediationContext,
 }
 
-/// The controller over the watch of ResourceWatches (into `store`). A watch is reconciled
-/// when its spec (generation), annotations (profile request) or labels (a
-/// RemediationPolicy's watchSelector) change, not on its status: each of the operator's
-/// own status writes came back as a reconcile that found nothing to do (70 a second at
-/// 500 watches).
-fn controller(
-    client: &Client,
-    writer: reflector::store::Writer<ResourceWatch>,
-    store: Store<ResourceWatch>,
-) -> Controller<ResourceWatch> {
-    let watches: Api<ResourceWatch> = Api::all(client.clone());
-    let changes = watcher(watches, watcher::Config::default().any_semantic())
-        .default_backoff()
-        .reflect(writer)
-        .applied_objects()
-        .predicate_filter(
-            predicates::generation
-                .combine(predicates::annotations)
-                .combine(predicates::labels),
-            PredicateConfig::default(),
-        );
-    // At most RECONCILE_CONCURRENCY at once: each holds a view of every pod and of its
-    // nodes' reports, so hundreds of watches triggered together (a burst of pod changes)
-    // multiplied the operator's memory; waiting requests for one watch merge meanwhile.
-    Controller::for_stream(changes, store).with_config(
-        kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
-    )
-}
-
-/// The pod watch, into the controller's pod cache: each change yields the watches it
-/// concerns.
-fn pod_triggers(
-    client: &Client,
-    writer: reflector::store::Writer<Pod>,
-    watches: Store<ResourceWatch>,
-    index: Arc<std::sync::Mutex<PodTriggers>>,
-) -> impl futures::Stream<Item = ObjectRef<ResourceWatch>> + use<> {
-    reflector::reflector(
-        writer,
-        watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).modify(slim_pod),
-    )
-    .default_backoff()
-    .flat_map(move |event| {
-        let refs = match event {
-            Ok(event) => index
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .on_event(&event, &watches.state()),
-            Err(e) => {
-                tracing::warn!(error = %e, "pod watch");
-                Vec::new()
-            }
-        };
-        futures::stream::iter(refs)
-    })
-}
-
-/// The RemediationPolicy watch, into its store: a policy's change (or removal) reaches
-/// every watch of its namespace at once (a revoked grant must stop evictions without
-/// waiting for the next report). `failing` holds why the watch fails, until it delivers.
-fn policy_triggers(
-    client: &Client,
-    writer: reflector::store::Writer<RemediationPolicy>,
-    watches: Store<ResourceWatch>,
-    failing: Arc<std::sync::Mutex<Option<String>>>,
-) -> impl futures::Stream<Item = ObjectRef<ResourceWatch>> + use<> {
-    reflector::reflector(
-        writer,
-        watcher(
-            Api::<RemediationPolicy>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .flat_map(move |event| {
-        // While the watch fails (an object it cannot read, the API server gone), the store
-        // may hold a policy deleted meanwhile: no grant is trusted until it recovers.
-        let mut failing = failing.lock().unwrap_or_else(|e| e.into_inner());
-        let ns: Vec<String> = match &event {
-            Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => {
-                *failing = None;
-                p.metadata.namespace.iter().cloned().collect()
-            }
-            Ok(watcher::Event::InitDone) => {
-                *failing = None;
-                Vec::new()
-            }
-            Ok(_) => Vec::new(),
-            Err(e) => {
-                tracing::warn!(error = %e, "RemediationPolicy watch");
-                *failing = Some(e.to_string());
-                Vec::new()
-            }
-        };
-        let refs: Vec<ObjectRef<ResourceWatch>> = watches
-            .state()
-            .iter()
-            .filter(|w| {
-                w.metadata
-                    .namespace
-                    .as_ref()
-                    .is_some_and(|n| ns.contains(n))
-            })
-            .map(|w| ObjectRef::from_obj(w.as_ref()))
-            .collect();
-        futures::stream::iter(refs)
-    })
-}
-
-/// Builds the controller and runs it until `shutdown`.
-pub async fn run(
-    client: Client,
-    hub: Arc<Hub>,
-    metrics: Arc<Metrics>,
-    leader: watch::Receiver<bool>,
-    shutdown: watch::Receiver<bool>,
-    settings: Settings,
-) {
-    let (pods, pods_writer) = reflector::store();
-    let (rw_store, rw_writer) = reflector::store();
-    let controller = controller(&client, rw_writer, rw_store.clone());
-    // A pod's change reaches only the watches that select it now or did before it
-    // (crate::triggers), not every watch of its namespace.
-    let pod_index = Arc::new(std::sync::Mutex::new(PodTriggers::default()));
-    let pod_triggers = pod_triggers(&client, pods_writer, rw_store.clone(), pod_index.clone());
-    let (policies, policies_writer) = reflector::store();
-    let policies_failing: Arc<std::sync::Mutex<Option<String>>> = Default::default();
-    let policy_triggers = policy_triggers(
-        &client,
-        policies_writer,
-        rw_store.clone(),
-        policies_failing.clone(),
-    );
-    let hub_changes = WatchStream::new(hub.subscribe_changes()).map(|_| ());
-    let reconcile_triggers = match hub.take_reconcile_triggers() {
-        Some(rx) => ReceiverStream::new(rx)
-            .map(|k| ObjectRef::new(&k.name).within(&k.namespace))
-            .boxed(),
-        None => futures::stream::empty().boxed(),
-    };
-    let leader_changes = WatchStream::new(leader.clone()).map(|_| ());
-    let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), settings.reporter),
-        client,
-        hub,
-        metrics: metrics.clone(),
-        pods,
-        watches: rw_store,
-        policies,
-        policies_failing,
-        profile_requests: Default::default(),
-        leader,
-        write_timeout: Duration::from_secs(10),
-        forgotten_at: Default::default(),
-        pod_index,
-        eviction_client: settings.eviction_client,
-        remediation: settings.remediation,
-    });
-    let node_view = crate::nodeview::run(
-        ctx.client.clone(),
-        ctx.hub.clone(),
-        ctx.pods.clone(),
-        metrics.clone(),
-        ctx.leader.clone(),
-        shutdown.clone(),
-    );
-    let mut shutdown_signal = shutdown.clone();
-    metrics
-        .ready
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let watches = controller
-        .reconcile_all_on(futures::stream::select(hub_changes, leader_changes))
-        .reconcile_on(futures::stream::select(
-            reconcile_triggers,
-            futures::stream::select(pod_triggers, policy_triggers),
-        ))
-        .graceful_shutdown_on(async move {
-            let _ = shutdown_signal.wait_for(|s| *s).await;
-        })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "controller");
-            }
-        });
-    tokio::join!(watches, node_view);
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests {
     //! Reconciliation against a tower-test API server: each scenario states the requests
     //! the reconciler must make, in order, and what the server answers.
 
-    use super::*;
+    use super::{
+        effects::{eviction_outcome, references},
+        *,
+    };
     use crate::{
         hub::{TargetPod, WatchTargets},
         model::{EventAction, EventReason},
@@ -1180,11 +466,11 @@ mod tests {
         #[test]
         fn a_slimmed_pod_reads_the_same_and_sheds_the_rest() {
             for json in [
-                include_str!("../tests/fixtures/k8s-1.20/pod-running.json"),
-                include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"),
-                include_str!("../tests/fixtures/k8s-1.37/pod-running.json"),
-                include_str!("../tests/fixtures/k8s-1.37/pod-init-running.json"),
-                include_str!("../tests/fixtures/k8s-1.37/pod-sidecar.json"),
+                include_str!("../../tests/fixtures/k8s-1.20/pod-running.json"),
+                include_str!("../../tests/fixtures/k8s-1.20/pod-init-running.json"),
+                include_str!("../../tests/fixtures/k8s-1.37/pod-running.json"),
+                include_str!("../../tests/fixtures/k8s-1.37/pod-init-running.json"),
+                include_str!("../../tests/fixtures/k8s-1.37/pod-sidecar.json"),
             ] {
                 let full = pod(json);
                 let mut slim = full.clone();
@@ -1236,12 +522,12 @@ mod tests {
         fn containers_of_running_and_initialising_pods() {
             for (running, init) in [
                 (
-                    include_str!("../tests/fixtures/k8s-1.20/pod-running.json"),
-                    include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"),
+                    include_str!("../../tests/fixtures/k8s-1.20/pod-running.json"),
+                    include_str!("../../tests/fixtures/k8s-1.20/pod-init-running.json"),
                 ),
                 (
-                    include_str!("../tests/fixtures/k8s-1.37/pod-running.json"),
-                    include_str!("../tests/fixtures/k8s-1.37/pod-init-running.json"),
+                    include_str!("../../tests/fixtures/k8s-1.37/pod-running.json"),
+                    include_str!("../../tests/fixtures/k8s-1.37/pod-init-running.json"),
                 ),
             ] {
                 let running = pod(running);
@@ -1261,7 +547,9 @@ mod tests {
         fn restartable_sidecars_are_tracked() {
             // Recorded on 1.37.2: the sidecar (an init container with restartPolicy
             // Always) runs beside the app; the completed migration is not tracked.
-            let p = pod(include_str!("../tests/fixtures/k8s-1.37/pod-sidecar.json"));
+            let p = pod(include_str!(
+                "../../tests/fixtures/k8s-1.37/pod-sidecar.json"
+            ));
             assert_eq!(names(&p), ["app", "log-shipper"]);
             let sidecar = p.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[1].clone();
             assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
@@ -1284,8 +572,8 @@ mod tests {
         #[test]
         fn a_pdb_refusal_reads_the_same_on_1_20_and_1_37() {
             for body in [
-                include_str!("../tests/fixtures/k8s-1.20/eviction-429.json"),
-                include_str!("../tests/fixtures/k8s-1.37/eviction-429.json"),
+                include_str!("../../tests/fixtures/k8s-1.20/eviction-429.json"),
+                include_str!("../../tests/fixtures/k8s-1.37/eviction-429.json"),
             ] {
                 let status: kube::core::Status = serde_json::from_str(body).expect("Status");
                 let outcome = eviction_outcome(Err(kube::Error::Api(Box::new(status))));
@@ -1333,8 +621,8 @@ mod tests {
         #[test]
         fn events_k8s_io_v1_events_of_1_20_and_1_37_parse() {
             for json in [
-                include_str!("../tests/fixtures/k8s-1.20/event-kubelet.json"),
-                include_str!("../tests/fixtures/k8s-1.37/event-kubelet.json"),
+                include_str!("../../tests/fixtures/k8s-1.20/event-kubelet.json"),
+                include_str!("../../tests/fixtures/k8s-1.37/event-kubelet.json"),
             ] {
                 let e: k8s_openapi::api::events::v1::Event =
                     serde_json::from_str(json).expect("an events.k8s.io/v1 Event");
