@@ -28,6 +28,8 @@ pub struct WatchSettings {
     pub leaks_enabled: bool,
     pub min_confidence: u8,
     pub horizon: Duration,
+    /// A leak is listed once it has grown at leak level this long.
+    pub min_growing: Duration,
     pub action: RemediationAction,
     pub min_time_to_oom: Duration,
     pub cooldown: Duration,
@@ -117,6 +119,10 @@ impl WatchSettings {
             leaks_enabled: spec.leak_detection.enabled,
             min_confidence: spec.leak_detection.min_confidence.min(100),
             horizon: duration("leakDetection.horizon", &spec.leak_detection.horizon)?,
+            min_growing: duration(
+                "leakDetection.minGrowingTime",
+                &spec.leak_detection.min_growing_time,
+            )?,
             action: r.action,
             min_time_to_oom: duration("remediation.minTimeToOOM", &r.min_time_to_oom)?,
             cooldown: duration("remediation.cooldown", &r.cooldown)?,

@@ -253,7 +253,9 @@ impl Figures {
             let Some(pod) = by_uid.get(l.pod_uid.as_str()) else {
                 continue;
             };
-            if l.confidence < settings.min_confidence as u32 {
+            if l.confidence < settings.min_confidence as u32
+                || l.growing_seconds < settings.min_growing.as_secs_f64()
+            {
                 continue;
             }
             let entry = leak_entry(
@@ -1014,6 +1016,7 @@ pub fn process(pid: u32, command: &str, cpu: f64, rss: u64) -> pb::Process {
 mod tests {
     use super::*;
     use resourcewatch_crds::ResourceWatchSpec;
+    use std::time::Duration;
 
     fn settings(json: serde_json::Value) -> Result<WatchSettings, SpecError> {
         let spec: ResourceWatchSpec = serde_json::from_value(json).expect("spec");
@@ -1231,6 +1234,29 @@ mod tests {
         );
         let (_, again) = write_at(&s, &pods, &nodes, Some(&st), "t1");
         assert!(again.is_empty(), "no repeat: {again:?}");
+    }
+
+    #[test]
+    fn a_leak_is_listed_once_it_has_grown_the_minimum_time() {
+        let s = settings(serde_json::json!({"leakDetection": {"minGrowingTime": "2m"}}));
+        assert_eq!(s.as_ref().unwrap().min_growing, Duration::from_secs(120));
+        let pods = [pod("a", "n1")];
+        let leak = |growing_seconds| pb::Leak {
+            pod_uid: "a".into(),
+            container_id: "cid-a".into(),
+            confidence: 95,
+            growing_seconds,
+            ..Default::default()
+        };
+        let young = [node("n1", vec![], vec![leak(45.0)])];
+        let (st, ev) = write_at(&s, &pods, &young, None, "t0");
+        assert!(st.leaks.is_empty() && ev.iter().all(|e| e.reason != "LeakDetected"));
+        let held = [node("n1", vec![], vec![leak(120.0)])];
+        let (st, ev) = write_at(&s, &pods, &held, Some(&st), "t1");
+        assert_eq!(st.leaks.len(), 1);
+        assert!(ev.iter().any(|e| e.reason == "LeakDetected"));
+        let bad = settings(serde_json::json!({"leakDetection": {"minGrowingTime": "soon"}}));
+        assert!(bad.unwrap_err().to_string().contains("minGrowingTime"));
     }
 
     #[test]
