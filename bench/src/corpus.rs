@@ -16,7 +16,7 @@ use std::{
 use resourcewatch_agent::{
     leak::{
         Params, SeriesKey,
-        corpus::{CASES, Case, Outcome, Step, Trace, TraceSample, Truth, goal_secs, replay},
+        corpus::{CASES, Case, Outcome, Step, Trace, TraceSample, Truth, gated, goal_secs, replay},
         memory_limit,
     },
     pipelines::{PipelineOptions, Pipelines},
@@ -406,6 +406,7 @@ fn observe(
                 .time_to_oom_secs
                 .zip(row.time_to_oom_low_secs)
                 .map(|(secs, low_secs)| resourcewatch_agent::leak::Eta { secs, low_secs }),
+            growing_secs: row.growing_secs,
         })
         .fold(None::<Step>, |best, s| match best {
             Some(b) if !s.outranks(&b) => Some(b),
@@ -415,6 +416,7 @@ fn observe(
         t,
         confidence: 0,
         eta: None,
+        growing_secs: 0.0,
     }));
 }
 
@@ -438,7 +440,7 @@ fn stop_all(running: &mut [Running], root: &Path) {
 
 /// The traces of `dir` replayed through the current detectors (no kernel, no workload):
 /// the same table, for tuning.
-pub fn replay_dir(dir: &Path, only: Option<String>, print_steps: bool) {
+pub fn replay_dir(dir: &Path, only: Option<String>, print_steps: bool, warmup: bool) {
     let results: Vec<(Trace, Vec<Step>)> = CASES
         .iter()
         .filter(|c| only.as_deref().is_none_or(|o| c.name.contains(o)))
@@ -455,7 +457,66 @@ pub fn replay_dir(dir: &Path, only: Option<String>, print_steps: bool) {
             (t, steps)
         })
         .collect();
-    print_table(&results);
+    if warmup {
+        print_warmup_table(&results);
+    } else {
+        print_table(&results);
+    }
+}
+
+/// The values of `leakDetection.minGrowingTime` the warm-up table compares.
+const MIN_GROWING: [f64; 6] = [0.0, 30.0, 60.0, 90.0, 120.0, 300.0];
+
+/// What `leakDetection.minGrowingTime` costs and buys on these traces: for each value,
+/// the leaks found within their goal, how much later they are kept listed than with 0 s,
+/// the least warning left before a kill, and how long the not-leaks (warm-ups, caches,
+/// arenas, collections) are listed as leaking, from their process's start.
+fn print_warmup_table(results: &[(Trace, Vec<Step>)]) {
+    println!(
+        "| minGrowingTime | leaks kept listed within goal | later than 0 s (median, max) | least warning before a kill | leaks never kept | not-leaks ever listed | not-leak seconds listed (total) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let base: Vec<Option<f64>> = results
+        .iter()
+        .map(|(t, s)| Outcome::from_steps(s, t).held_from)
+        .collect();
+    for min in MIN_GROWING {
+        let (mut within, mut leaks, mut never, mut listed_cases, mut listed_secs) = (0, 0, 0, 0, 0);
+        let mut later: Vec<f64> = Vec::new();
+        let mut least_warning: Option<f64> = None;
+        for ((trace, steps), base) in results.iter().zip(&base) {
+            let steps = gated(steps, min);
+            let o = Outcome::from_steps(&steps, trace);
+            if trace.truth == Some(Truth::Leak) {
+                leaks += 1;
+                match o.held_from {
+                    Some(t) => {
+                        within += usize::from(t <= goal_secs(trace));
+                        if let Some(b) = base {
+                            later.push(t - b);
+                        }
+                        if let Some(k) = trace.oom_at {
+                            least_warning =
+                                Some(least_warning.map_or(k - t, |w: f64| w.min(k - t)));
+                        }
+                    }
+                    None => never += 1,
+                }
+            } else {
+                let n = steps.iter().filter(|s| s.confidence >= 60).count();
+                listed_cases += usize::from(n > 0);
+                listed_secs += n;
+            }
+        }
+        later.sort_by(f64::total_cmp);
+        let median = later.get(later.len() / 2).copied();
+        println!(
+            "| {min:.0} s | {within} / {leaks} | {}, {} | {} | {never} | {listed_cases} | {listed_secs} |",
+            fmt_secs(median),
+            fmt_secs(later.last().copied()),
+            fmt_secs(least_warning),
+        );
+    }
 }
 
 fn print_steps_of(trace: &Trace, steps: &[Step]) {

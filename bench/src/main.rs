@@ -103,6 +103,10 @@ enum Cmd {
         /// time to OOM and its lower bound) of each case before the table.
         #[arg(long, requires = "replay")]
         steps: bool,
+        /// With --replay: instead of the table, what each `leakDetection.minGrowingTime`
+        /// costs in detection time and buys in warm-ups not listed.
+        #[arg(long, requires = "replay")]
+        warmup: bool,
     },
     /// Time-to-OOM accuracy: a process leaking at `rate` in a memory cgroup limited to
     /// `limit`; the prediction made at half-way is compared with the real OOM kill.
@@ -273,9 +277,10 @@ fn main() {
             record,
             replay: Some(dir),
             steps,
+            warmup,
         } => {
             let _ = (duration, record);
-            corpus::replay_dir(&dir, only, steps)
+            corpus::replay_dir(&dir, only, steps, warmup)
         }
         Cmd::Corpus {
             duration,
@@ -283,6 +288,7 @@ fn main() {
             record,
             replay: None,
             steps: _,
+            warmup: _,
         } => corpus::corpus(duration, only, record),
         Cmd::Epochs {
             epochs,

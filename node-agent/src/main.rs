@@ -155,6 +155,10 @@ struct TopArgs {
     /// List leaks from this confidence (0-100) up.
     #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u8).range(0..=100))]
     leak_min_confidence: u8,
+    /// List leaks only once their growth has held this long (e.g. 2m: a start-up filling
+    /// caches and heaps is not listed; node-agent/LEAKS.md measures the delay it costs).
+    #[arg(long, default_value = "0s", value_parser = top::parse_duration)]
+    leak_min_growing: std::time::Duration,
     /// HashPipe stages (1-8).
     #[arg(long, default_value_t = 4)]
     sketch_depth: u32,
@@ -305,6 +309,7 @@ fn run_top(a: TopArgs) -> ExitCode {
         target_cgroups: a.target_cgroups,
         alloc_pids: a.alloc_pids,
         leak_min_confidence: a.leak_min_confidence,
+        leak_min_growing: a.leak_min_growing,
     };
     match top::run(opts) {
         Ok(()) => ExitCode::SUCCESS,

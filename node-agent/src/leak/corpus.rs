@@ -607,6 +607,24 @@ pub struct Step {
     pub t: f64,
     pub confidence: u8,
     pub eta: Option<detect::Eta>,
+    /// How long that series' growth has held at leak level (the verdict's `growing_secs`).
+    pub growing_secs: f64,
+}
+
+/// The steps as a watch with `leakDetection.minGrowingTime: min_growing_secs` sees them:
+/// a verdict whose growth has not held that long is not listed (its confidence is capped
+/// below 60).
+pub fn gated(steps: &[Step], min_growing_secs: f64) -> Vec<Step> {
+    steps
+        .iter()
+        .map(|s| {
+            let mut s = *s;
+            if s.growing_secs < min_growing_secs {
+                s.confidence = s.confidence.min(59);
+            }
+            s
+        })
+        .collect()
 }
 
 impl Step {
@@ -711,6 +729,7 @@ pub fn replay(trace: &Trace, params: detect::Params) -> Vec<Step> {
                     t: now,
                     confidence: v.confidence,
                     eta: v.eta,
+                    growing_secs: v.growing_secs,
                 };
                 if best.is_none_or(|b| step.outranks(&b)) {
                     best = Some(step);
@@ -721,6 +740,7 @@ pub fn replay(trace: &Trace, params: detect::Params) -> Vec<Step> {
             t: now,
             confidence: 0,
             eta: None,
+            growing_secs: 0.0,
         }));
         now += 1.0;
     }

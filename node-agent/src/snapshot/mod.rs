@@ -267,6 +267,8 @@ pub struct FrameBuilder {
     pub leaks: LeakTracker,
     /// Leaks below this confidence are not listed.
     pub leak_min_confidence: u8,
+    /// Nor leaks whose growth has held less than this (`--leak-min-growing`).
+    pub leak_min_growing_secs: f64,
     layout: Option<CgroupLayout>,
     page: u64,
     last_leak_rows: Vec<LeakRow>,
@@ -308,6 +310,7 @@ impl FrameBuilder {
             prev_target_cpu: HashMap::new(),
             leaks: LeakTracker::default(),
             leak_min_confidence: 40,
+            leak_min_growing_secs: 0.0,
             layout,
             page: procfs::page_size(),
             last_leak_rows: Vec::new(),
@@ -479,7 +482,9 @@ impl FrameBuilder {
             else {
                 continue;
             };
-            if v.confidence < self.leak_min_confidence {
+            if v.confidence < self.leak_min_confidence
+                || v.growing_secs < self.leak_min_growing_secs
+            {
                 continue;
             }
             // Say "none" rather than extrapolate a trend the detectors don't believe (a

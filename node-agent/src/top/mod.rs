@@ -33,6 +33,8 @@ pub struct TopOptions {
     pub alloc_pids: Vec<u32>,
     /// Leaks below this confidence are not listed.
     pub leak_min_confidence: u8,
+    /// Nor leaks whose growth has held less than this.
+    pub leak_min_growing: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +104,7 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
         .filter_map(|(spec, id)| cgroup_path(&layout, spec).map(|p| (*id, p)))
         .collect();
     builder.leak_min_confidence = opts.leak_min_confidence;
+    builder.leak_min_growing_secs = opts.leak_min_growing.as_secs_f64();
     let interactive = !opts.json && std::io::stdout().is_terminal();
     let mut screen = if interactive {
         Some(Screen::enter(opts.k)?)
