@@ -1,7 +1,13 @@
 //! What the operator asks of each node's agent and what it knows of each node: the data
-//! the hub (the shell's agent endpoint) holds and the core's status and profile logic read.
+//! the hub (the shell's agent endpoint) holds and the core's status and profile logic
+//! read, and [`desired`], how every watch and node scope on a node merge into its agent's
+//! configuration.
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use resourcewatch_proto as pb;
 
@@ -83,4 +89,93 @@ pub struct NodeView {
     /// Shared with the hub, not copied: a watch over 1,000 nodes views 1,000 reports at
     /// each reconcile.
     pub last_report: Option<Arc<pb::Report>>,
+}
+
+/// The configuration `node` must run, from every watch with a pod there and every node
+/// scope that selects it: the union of its targeted pods, the largest K, the shortest
+/// cadence, the most sensitive leak settings, the profiles ordered there. `idle`: what a
+/// node nothing targets runs. `None`: nothing targets it.
+pub fn desired<'a>(
+    node: &str,
+    watches: impl Iterator<Item = &'a WatchTargets> + Clone,
+    scopes: impl Iterator<Item = &'a NodeScope>,
+    idle: &pb::NodeConfig,
+) -> Option<pb::NodeConfig> {
+    let mut out: Option<pb::NodeConfig> = None;
+    let mut pods: BTreeMap<&str, pb::TargetPod> = BTreeMap::new();
+    for w in watches.clone() {
+        for p in w.pods.iter().filter(|p| p.node == node) {
+            let c = widen(&mut out, w.top_k, w.interval, idle);
+            let leak = c.leak.get_or_insert_with(Default::default);
+            if w.leaks_enabled {
+                leak.min_confidence = if leak.enabled {
+                    leak.min_confidence.min(w.min_confidence as u32)
+                } else {
+                    w.min_confidence as u32
+                };
+                leak.horizon_secs = leak.horizon_secs.max(w.horizon.as_secs());
+                leak.enabled = true;
+            }
+            pods.insert(&p.uid, target_pod(p));
+        }
+    }
+    // A node scope: a larger K and a shorter cadence on the nodes it selects.
+    for scope in scopes.filter(|s| s.nodes.contains(node)) {
+        widen(&mut out, scope.top_k, scope.interval, idle);
+    }
+    let c = out.as_mut()?;
+    for o in watches.filter_map(|w| w.profile.as_ref()) {
+        // A profile of a pod that left the node fails at its deadline.
+        if o.node == node && c.profiles.len() < pb::MAX_PROFILES_PER_NODE {
+            c.profiles.push(pb::ProfileRequest {
+                id: o.id.clone(),
+                pod_uid: o.pod_uid.clone(),
+                container_ids: o.container_ids.clone(),
+                duration_ms: o.duration.as_millis() as u32,
+                frequency_hz: o.frequency_hz,
+            });
+        }
+    }
+    c.targets = pods.into_values().collect();
+    out
+}
+
+fn target_pod(p: &TargetPod) -> pb::TargetPod {
+    pb::TargetPod {
+        uid: p.uid.clone(),
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        containers: p
+            .containers
+            .iter()
+            .map(|(name, id)| pb::TargetContainer {
+                name: name.clone(),
+                container_id: id.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// The node's configuration so far, made from the idle one when this is the first watch
+/// or scope there, with at least `top_k` and at most `interval`'s cadence.
+fn widen<'a>(
+    out: &'a mut Option<pb::NodeConfig>,
+    top_k: u32,
+    interval: Duration,
+    idle: &pb::NodeConfig,
+) -> &'a mut pb::NodeConfig {
+    let c = out.get_or_insert_with(|| pb::NodeConfig {
+        top_k,
+        report_interval_ms: report_interval_ms(interval),
+        ..idle.clone()
+    });
+    c.top_k = c.top_k.max(top_k);
+    c.report_interval_ms = c.report_interval_ms.min(report_interval_ms(interval));
+    c
+}
+
+/// Agents report twice per status interval, so a status write never shows data older
+/// than half an interval plus the write itself.
+pub fn report_interval_ms(status_interval: Duration) -> u64 {
+    (status_interval.as_millis() as u64 / 2).max(2_000)
 }

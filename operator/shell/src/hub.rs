@@ -15,6 +15,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use resourcewatch_operator_core::nodes;
 pub use resourcewatch_operator_core::nodes::{
     NodeScope, NodeView, ProfileOrder, TargetPod, WatchKey, WatchTargets,
 };
@@ -223,86 +224,15 @@ impl Hub {
         self.lock().watches.keys().cloned().collect()
     }
 
-    /// The configuration `node` must run, from every watch with a pod there and every
-    /// node view that selects it: the union of its targeted pods, the largest K, the
-    /// shortest cadence, the most sensitive leak settings. `None`: nothing targets it.
+    /// The configuration `node` must run (see [`nodes::desired`]).
     fn desired_for(&self, inner: &Inner, node: &str) -> Option<pb::NodeConfig> {
-        let mut out: Option<pb::NodeConfig> = None;
-        let mut pods: BTreeMap<&str, pb::TargetPod> = BTreeMap::new();
-        let keys = inner.by_node.get(node);
-        let watches = || {
-            keys.into_iter()
-                .flatten()
-                .filter_map(|k| inner.watches.get(k))
-        };
-        for w in watches() {
-            for p in w.pods.iter().filter(|p| p.node == node) {
-                let c = self.widen(&mut out, w.top_k, w.interval);
-                let leak = c.leak.get_or_insert_with(Default::default);
-                if w.leaks_enabled {
-                    leak.min_confidence = if leak.enabled {
-                        leak.min_confidence.min(w.min_confidence as u32)
-                    } else {
-                        w.min_confidence as u32
-                    };
-                    leak.horizon_secs = leak.horizon_secs.max(w.horizon.as_secs());
-                    leak.enabled = true;
-                }
-                pods.insert(
-                    &p.uid,
-                    pb::TargetPod {
-                        uid: p.uid.clone(),
-                        namespace: p.namespace.clone(),
-                        name: p.name.clone(),
-                        containers: p
-                            .containers
-                            .iter()
-                            .map(|(name, id)| pb::TargetContainer {
-                                name: name.clone(),
-                                container_id: id.clone(),
-                            })
-                            .collect(),
-                    },
-                );
-            }
-        }
-        // The node view: a larger K and a shorter cadence on the nodes it selects.
-        for scope in inner.scopes.values().filter(|s| s.nodes.contains(node)) {
-            self.widen(&mut out, scope.top_k, scope.interval);
-        }
-        let c = out.as_mut()?;
-        for o in watches().filter_map(|w| w.profile.as_ref()) {
-            // A profile of a pod that left the node fails at its deadline.
-            if o.node == node && c.profiles.len() < resourcewatch_proto::MAX_PROFILES_PER_NODE {
-                c.profiles.push(pb::ProfileRequest {
-                    id: o.id.clone(),
-                    pod_uid: o.pod_uid.clone(),
-                    container_ids: o.container_ids.clone(),
-                    duration_ms: o.duration.as_millis() as u32,
-                    frequency_hz: o.frequency_hz,
-                });
-            }
-        }
-        c.targets = pods.into_values().collect();
-        out
-    }
-
-    /// The node's configuration so far, made from the idle one when this is the first
-    /// watch or view there, with at least `top_k` and at most `interval`'s cadence.
-    fn widen<'a>(
-        &self,
-        out: &'a mut Option<pb::NodeConfig>,
-        top_k: u32,
-        interval: Duration,
-    ) -> &'a mut pb::NodeConfig {
-        let c = out.get_or_insert_with(|| pb::NodeConfig {
-            top_k,
-            report_interval_ms: report_interval_ms(interval),
-            ..self.idle_config()
-        });
-        c.top_k = c.top_k.max(top_k);
-        c.report_interval_ms = c.report_interval_ms.min(report_interval_ms(interval));
-        c
+        let watches = inner
+            .by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| inner.watches.get(k));
+        nodes::desired(node, watches, inner.scopes.values(), &self.idle_config())
     }
 
     /// The configuration of a node no watch targets: its agent still reports the node's
@@ -771,12 +701,6 @@ fn same_body(a: &pb::NodeConfig, b: &pb::NodeConfig) -> bool {
         version: 0,
         ..b.clone()
     }
-}
-
-/// Agents report twice per status interval, so a status write never shows data older
-/// than half an interval plus the write itself.
-fn report_interval_ms(status_interval: Duration) -> u64 {
-    (status_interval.as_millis() as u64 / 2).max(2_000)
 }
 
 #[cfg(test)]
