@@ -363,7 +363,13 @@ fn bpf_of(pid: u32) -> (u64, u64) {
     (ns, runs)
 }
 
-fn agent(k: usize, interval: Duration, duration: Duration, targets: &[PathBuf]) -> Cost {
+fn agent(
+    k: usize,
+    interval: Duration,
+    duration: Duration,
+    targets: &[PathBuf],
+    changed_rows: bool,
+) -> Cost {
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e));
     let bin = exe.with_file_name("resourcewatch-agent");
     let ms = format!("{}ms", interval.as_millis());
@@ -371,6 +377,9 @@ fn agent(k: usize, interval: Duration, duration: Duration, targets: &[PathBuf]) 
     cmd.args(["top", "--json", "-k", &k.to_string(), "--interval", &ms]);
     for d in targets {
         cmd.arg("--target-cgroup").arg(d);
+    }
+    if changed_rows {
+        cmd.arg("--changed-rows");
     }
     let mut child = cmd
         .stdout(Stdio::null())
@@ -401,7 +410,14 @@ fn agent(k: usize, interval: Duration, duration: Duration, targets: &[PathBuf]) 
     }
 }
 
-pub fn compare(mix: Mix, k: usize, interval: Duration, duration: Duration, untargeted: bool) {
+pub fn compare(
+    mix: Mix,
+    k: usize,
+    interval: Duration,
+    duration: Duration,
+    untargeted: bool,
+    changed_rows: bool,
+) {
     let Mix {
         procs,
         busy,
@@ -438,9 +454,11 @@ pub fn compare(mix: Mix, k: usize, interval: Duration, duration: Duration, untar
         }
     });
 
-    let agent_run = agent(k, interval, duration, &cg.dirs);
+    let agent_run = agent(k, interval, duration, &cg.dirs, false);
+    // The same agent printing only the tracked processes' rows that changed.
+    let changed = changed_rows.then(|| agent(k, interval, duration, &cg.dirs, true));
     // The same agent with no exact tracking: the sketches alone.
-    let sketch_only = untargeted.then(|| agent(k, interval, duration, &[]));
+    let sketch_only = untargeted.then(|| agent(k, interval, duration, &[], false));
     let agent = agent_run;
 
     println!(
@@ -481,6 +499,18 @@ pub fn compare(mix: Mix, k: usize, interval: Duration, duration: Duration, untar
             agent.bpf_s * 1e9 / agent.bpf_runs.max(1) as f64
         ),
     );
+    if let Some(c) = &changed {
+        row(
+            "resourcewatch-agent top --changed-rows",
+            c,
+            format!(
+                "{:.3} s ({} runs, {:.0} ns each)",
+                c.bpf_s,
+                c.bpf_runs,
+                c.bpf_s * 1e9 / c.bpf_runs.max(1) as f64
+            ),
+        );
+    }
     if let Some(c) = &sketch_only {
         row(
             "resourcewatch-agent top, no exact targets",

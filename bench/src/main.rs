@@ -179,6 +179,10 @@ enum Cmd {
         /// Also run the agent without exact tracking (the sketches alone).
         #[arg(long)]
         untargeted: bool,
+        /// Also run the agent printing only the tracked rows that changed
+        /// (`top --json --changed-rows`).
+        #[arg(long)]
+        changed_rows: bool,
     },
     /// User-space cost of reading a JVM's retained heap (leak/jvm.rs): starts a JVM
     /// (`java` on PATH), then times `reads` reads of its hsperfdata file.
@@ -257,6 +261,7 @@ fn main() {
             interval,
             duration,
             untargeted,
+            changed_rows,
         } => compare::compare(
             compare::Mix {
                 procs,
@@ -268,6 +273,7 @@ fn main() {
             interval,
             duration,
             untargeted,
+            changed_rows,
         ),
         Cmd::JvmHeap { reads } => jvm_heap(reads),
         Cmd::Leaks { duration } => leaks(duration),

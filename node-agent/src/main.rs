@@ -141,6 +141,11 @@ struct TopArgs {
     /// Print one JSON object per interval instead of the live view.
     #[arg(long)]
     json: bool,
+    /// With --json: print an exactly tracked process's row only when its figures changed
+    /// since it was last printed (no row: unchanged, no CPU this interval); exits are
+    /// always printed. Thousands of sleeping processes then cost no output.
+    #[arg(long, requires = "json")]
+    changed_rows: bool,
     /// Track this PID exactly, beside the sketch (repeatable).
     #[arg(long = "target-pid", value_name = "PID")]
     target_pids: Vec<u32>,
@@ -299,6 +304,7 @@ fn run_top(a: TopArgs) -> ExitCode {
         interval: a.interval,
         count: a.count,
         json: a.json,
+        changed_rows: a.changed_rows,
         pipelines: PipelineOptions {
             cpu,
             mem,
