@@ -59,6 +59,12 @@ enum Cmd {
         seed: u64,
         #[command(flatten)]
         skew: Skew,
+        /// Memory that moves after the agent loads: each long-lived process allocates
+        /// and frees in 1 MiB mmaps between 20 % and 100 % of its size, on a cycle of this
+        /// length with a phase of its own (the memory ranks change every few seconds).
+        /// Without it, each process touches its memory at start and holds it.
+        #[arg(long, value_parser = parse_duration)]
+        memory_cycle: Option<Duration>,
     },
     /// Kernel cost per event and the perf-bench ratio.
     Cost {
@@ -221,6 +227,7 @@ fn main() {
             width,
             seed,
             skew,
+            memory_cycle,
         } => precision(
             procs,
             churn,
@@ -228,7 +235,7 @@ fn main() {
             interval,
             Geometry::new(depth, width).unwrap_or_else(|e| fail(&e)),
             seed,
-            skew,
+            Shape { skew, memory_cycle },
         ),
         Cmd::Cost {
             runs,
@@ -399,6 +406,34 @@ fn touch_anon(bytes: usize) {
     std::mem::forget(resourcewatch_workloads::Chunk::new(bytes as u64));
 }
 
+/// `duty_cycle` with memory that moves: after each busy part the process allocates or
+/// frees 1 MiB mmaps towards `rss x (0.6 + 0.4 sin(2 pi (t / cycle + phase)))`.
+fn moving_memory(duty: f64, period: Duration, rss: usize, cycle: Duration, phase: f64) -> ! {
+    const CHUNK: usize = 1 << 20;
+    let busy = period.mul_f64(duty).as_nanos() as u64;
+    let start = Instant::now();
+    let mut held: Vec<resourcewatch_workloads::Chunk> = Vec::new();
+    let mut next = start;
+    loop {
+        let t0 = thread_cpu_ns();
+        while thread_cpu_ns() - t0 < busy {
+            std::hint::spin_loop();
+        }
+        let x = start.elapsed().as_secs_f64() / cycle.as_secs_f64() + phase;
+        let want = rss as f64 * (0.6 + 0.4 * (std::f64::consts::TAU * x).sin());
+        let chunks = (want / CHUNK as f64).round() as usize;
+        while held.len() < chunks {
+            match resourcewatch_workloads::Chunk::new(CHUNK as u64) {
+                Some(c) => held.push(c),
+                None => break,
+            }
+        }
+        held.truncate(chunks);
+        next += period;
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+}
+
 /// Spends `duty` of each period on the CPU. The busy part is measured in the thread's own
 /// CPU time, so being preempted does not shorten it: each process gets the share asked
 /// for as long as the machine is not saturated.
@@ -466,7 +501,15 @@ impl Default for Skew {
     }
 }
 
-fn spawn_workload(procs: usize, churn: u32, seed: u64, skew: Skew) -> Workload {
+/// The precision workload's shape: its skews, and whether its memory moves.
+#[derive(Clone, Copy)]
+struct Shape {
+    skew: Skew,
+    memory_cycle: Option<Duration>,
+}
+
+fn spawn_workload(procs: usize, churn: u32, seed: u64, shape: Shape) -> Workload {
+    let skew = shape.skew;
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut perm: Vec<usize> = (0..procs).collect();
     for i in (1..procs).rev() {
@@ -480,10 +523,14 @@ fn spawn_workload(procs: usize, churn: u32, seed: u64, skew: Skew) -> Workload {
         // least 200 µs of work each time: thousands of processes waking every 20 ms for
         // a few µs each would be a scheduler benchmark, not a node.
         let period = Duration::from_secs_f64((200e-6 / duty.max(1e-9)).clamp(0.02, 1.0));
-        pids.push(fork(move || {
-            touch_anon(rss);
-            duty_cycle(duty, period);
-        }));
+        let phase = (rng.next() % 1000) as f64 / 1000.0;
+        pids.push(match shape.memory_cycle {
+            None => fork(move || {
+                touch_anon(rss);
+                duty_cycle(duty, period);
+            }),
+            Some(cycle) => fork(move || moving_memory(duty, period, rss, cycle, phase)),
+        });
     }
     if churn > 0 {
         let gap = Duration::from_secs(1) / churn;
@@ -555,12 +602,12 @@ fn precision(
     interval: Duration,
     geo: Geometry,
     seed: u64,
-    skew: Skew,
+    shape: Shape,
 ) {
     const KS: [usize; 6] = [1, 5, 10, 20, 30, 100];
     let ks: Vec<usize> = KS.into_iter().filter(|&k| k <= procs).collect();
     eprintln!("starting {procs} processes + {churn}/s churn; warming up");
-    let _w = spawn_workload(procs, churn, seed, skew);
+    let _w = spawn_workload(procs, churn, seed, shape);
     std::thread::sleep(Duration::from_secs(5));
     let pipes = Pipelines::load(PipelineOptions {
         cpu: geo,
@@ -1013,7 +1060,15 @@ fn status_kb(pid: u32, key: &str) -> u64 {
 }
 
 fn agent(interval: Duration, duration: Duration, with_workload: bool) {
-    let _w = with_workload.then(|| spawn_workload(200, 20, 1, Skew::default()));
+    let _w = with_workload.then(|| spawn_workload(
+        200,
+        20,
+        1,
+        Shape {
+            skew: Skew::default(),
+            memory_cycle: None,
+        },
+    ));
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e));
     let agent = exe.with_file_name("resourcewatch-agent");
     let ms = format!("{}ms", interval.as_millis());
