@@ -1060,15 +1060,17 @@ fn status_kb(pid: u32, key: &str) -> u64 {
 }
 
 fn agent(interval: Duration, duration: Duration, with_workload: bool) {
-    let _w = with_workload.then(|| spawn_workload(
-        200,
-        20,
-        1,
-        Shape {
-            skew: Skew::default(),
-            memory_cycle: None,
-        },
-    ));
+    let _w = with_workload.then(|| {
+        spawn_workload(
+            200,
+            20,
+            1,
+            Shape {
+                skew: Skew::default(),
+                memory_cycle: None,
+            },
+        )
+    });
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e));
     let agent = exe.with_file_name("resourcewatch-agent");
     let ms = format!("{}ms", interval.as_millis());

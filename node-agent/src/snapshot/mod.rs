@@ -2,10 +2,8 @@
 //! allocation totals, each process attributed to its cgroup, container and pod. This is
 //! what `top` prints and what the agent reports to the operator.
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Arc,
-};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::{collections::HashMap, sync::Arc};
 
 use serde::Serialize;
 
@@ -145,7 +143,7 @@ pub struct Attributor {
     /// Shared with the rows that name the process: a frame of thousands of tracked
     /// processes copies a pointer per row, not four strings.
     /// pid -> (first seen, read at, what was read).
-    cache: HashMap<u32, (u64, u64, Arc<Attribution>)>,
+    cache: FxHashMap<u32, (u64, u64, Arc<Attribution>)>,
     /// The first frame's time.
     started_ns: Option<u64>,
     /// Processes seen exiting since the last frame: dropped once that frame is built (its
@@ -153,6 +151,44 @@ pub struct Attributor {
     /// reuses would otherwise be shown under the dead process's name and pod.
     exited: Vec<u32>,
     last_pruned_ns: u64,
+}
+
+/// `top --json --changed-rows`: the figures each tracked process was last printed with. A
+/// consumer that keeps the last row of each PID has every figure of every frame: a row
+/// left out is the one it holds (its cumulative CPU unchanged, so none used this
+/// interval). A process left out costs no attribution and no row.
+#[derive(Default)]
+pub struct ChangedRows {
+    printed: FxHashMap<u32, [u64; 6]>,
+    next: FxHashMap<u32, [u64; 6]>,
+}
+
+impl ChangedRows {
+    /// Whether `t`'s row is printed in this frame: it changed since it was last printed,
+    /// it is new, or it exited (always printed, then forgotten).
+    pub fn changed(&mut self, t: &TargetProcess) -> bool {
+        let figures = [
+            t.cpu_ns,
+            t.rss_bytes,
+            t.anon_bytes,
+            t.file_bytes,
+            t.shmem_bytes,
+            t.swap_bytes,
+        ];
+        let same = self.printed.get(&t.tgid) == Some(&figures);
+        if !t.exited {
+            self.next.insert(t.tgid, figures);
+        }
+        t.exited || !same
+    }
+
+    /// After a frame: what it printed (or held) is the reference; processes no longer
+    /// tracked are forgotten.
+    pub fn end_frame(&mut self) {
+        // Swapped, not replaced: both keep their capacity from frame to frame.
+        std::mem::swap(&mut self.printed, &mut self.next);
+        self.next.clear();
+    }
 }
 
 /// Cached entries are re-read after this long: a process may exec or move cgroups. Both
@@ -178,7 +214,7 @@ impl Attributor {
     pub fn new(layout: Option<CgroupLayout>) -> Self {
         Self {
             layout,
-            cache: HashMap::new(),
+            cache: FxHashMap::default(),
             started_ns: None,
             exited: Vec::new(),
             last_pruned_ns: 0,
@@ -263,12 +299,14 @@ impl Attributor {
 pub struct FrameBuilder {
     pub k: usize,
     pub attributor: Attributor,
-    prev_target_cpu: HashMap<u32, u64>,
+    prev_target_cpu: FxHashMap<u32, u64>,
     pub leaks: LeakTracker,
     /// Leaks below this confidence are not listed.
     pub leak_min_confidence: u8,
     /// Nor leaks whose growth has held less than this (`--leak-min-growing`).
     pub leak_min_growing_secs: f64,
+    /// Some: only the tracked processes' rows that changed (`--changed-rows`).
+    pub changed_rows: Option<ChangedRows>,
     layout: Option<CgroupLayout>,
     page: u64,
     last_leak_rows: Vec<LeakRow>,
@@ -307,10 +345,11 @@ impl FrameBuilder {
         Self {
             k,
             attributor: Attributor::new(layout.clone()),
-            prev_target_cpu: HashMap::new(),
+            prev_target_cpu: FxHashMap::default(),
             leaks: LeakTracker::default(),
             leak_min_confidence: 40,
             leak_min_growing_secs: 0.0,
+            changed_rows: None,
             layout,
             page: procfs::page_size(),
             last_leak_rows: Vec::new(),
@@ -522,7 +561,7 @@ impl FrameBuilder {
     /// point of its heap series.
     fn observe_jvms(&mut self, now: u64) {
         let proc_root = std::path::Path::new("/proc");
-        let mut live = HashSet::new();
+        let mut live = std::collections::HashSet::new();
         for key in self.leaks.keys() {
             let SeriesKey::Process { tgid } = key else {
                 continue;
@@ -581,11 +620,19 @@ impl FrameBuilder {
             Ok(t) => {
                 // Forget processes no longer tracked (untargeted, or gone): if one is
                 // targeted again, the kernel counts from 0 again.
-                let live: HashSet<u32> = t.iter().map(|p| p.tgid).collect();
+                let live: FxHashSet<u32> = t.iter().map(|p| p.tgid).collect();
                 self.prev_target_cpu.retain(|tgid, _| live.contains(tgid));
-                t.into_iter()
-                    .map(|t| self.target_row(t, interval_ns, now))
-                    .collect()
+                let mut rows = Vec::with_capacity(t.len());
+                for t in t {
+                    // An unchanged process's cumulative CPU is the one already held.
+                    if self.changed_rows.as_mut().is_none_or(|c| c.changed(&t)) {
+                        rows.push(self.target_row(t, interval_ns, now));
+                    }
+                }
+                if let Some(c) = &mut self.changed_rows {
+                    c.end_frame();
+                }
+                rows
             }
             Err(e) => {
                 tracing::warn!("reading exact targets failed: {e}");
@@ -654,6 +701,44 @@ fn round2(v: f64) -> f64 {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn tracked(tgid: u32, cpu_ns: u64, rss_bytes: u64, exited: bool) -> TargetProcess {
+        TargetProcess {
+            tgid,
+            cpu_ns,
+            rss_bytes,
+            anon_bytes: rss_bytes,
+            file_bytes: 0,
+            shmem_bytes: 0,
+            swap_bytes: 0,
+            exited,
+        }
+    }
+
+    #[test]
+    fn changed_rows_leave_out_what_a_consumer_already_holds() {
+        let mut c = ChangedRows::default();
+        let mut frame = |ps: &[TargetProcess]| -> Vec<u32> {
+            let out = ps.iter().filter(|p| c.changed(p)).map(|p| p.tgid).collect();
+            c.end_frame();
+            out
+        };
+        let (a, b) = (tracked(1, 10, 100, false), tracked(2, 10, 100, false));
+        assert_eq!(frame(&[a, b]), [1, 2], "everything is new");
+        // 1 ran, 2 slept: only 1's row.
+        assert_eq!(frame(&[tracked(1, 20, 100, false), b]), [1]);
+        // 2 grew; 1 exited: always printed, then forgotten.
+        assert_eq!(
+            frame(&[tracked(1, 20, 100, true), tracked(2, 10, 200, false)]),
+            [1, 2]
+        );
+        // Untracked for a frame, 2 is forgotten: back, it is printed again.
+        assert_eq!(frame(&[tracked(3, 5, 5, false)]), [3]);
+        assert_eq!(
+            frame(&[tracked(2, 10, 200, false), tracked(3, 5, 5, false)]),
+            [2]
+        );
+    }
 
     #[test]
     fn a_row_prints_its_attribution_flattened_and_escaped() {

@@ -27,7 +27,8 @@ pub struct TopOptions {
     pub interval: Duration,
     pub count: Option<u64>,
     pub json: bool,
-    /// With `json`: a tracked process's row only when it changed (see [`ChangedRows`]).
+    /// With `json`: a tracked process's row only when it changed (see
+    /// [`crate::snapshot::ChangedRows`]).
     pub changed_rows: bool,
     pub pipelines: PipelineOptions,
     pub target_pids: Vec<u32>,
@@ -106,6 +107,9 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
         .filter_map(|(spec, id)| cgroup_path(&layout, spec).map(|p| (*id, p)))
         .collect();
     builder.leak_min_confidence = opts.leak_min_confidence;
+    if opts.changed_rows {
+        builder.changed_rows = Some(Default::default());
+    }
     builder.leak_min_growing_secs = opts.leak_min_growing.as_secs_f64();
     let interactive = !opts.json && std::io::stdout().is_terminal();
     let mut screen = if interactive {
@@ -118,7 +122,6 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
     // schedule so intervals don't drift by the time spent rendering.
     let start = Instant::now();
     let mut n: u64 = 0;
-    let mut changed = opts.changed_rows.then(ChangedRows::default);
     pipes.close_cpu_epoch();
     loop {
         n += 1;
@@ -132,10 +135,7 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
         }
         let epoch = pipes.close_cpu_epoch();
         pipes.drain_samples(|s| builder.observe_sample(s));
-        let mut frame = builder.build(&mut pipes, &epoch);
-        if let Some(c) = &mut changed {
-            c.keep_changed(&mut frame);
-        }
+        let frame = builder.build(&mut pipes, &epoch);
         if opts.json {
             // One buffer per frame: stdout's own is line-buffered and scans every one of
             // serde's small writes for a newline (a frame of 5,000 tracked processes is
@@ -154,38 +154,6 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
         }
     }
     Ok(())
-}
-
-/// `--changed-rows`: the figures each tracked process was last printed with. A consumer
-/// that keeps the last row of each PID has every figure of every frame: a row left out
-/// is the one it holds (its cumulative CPU unchanged, so none used this interval).
-#[derive(Default)]
-pub struct ChangedRows {
-    printed: std::collections::HashMap<u32, [u64; 6]>,
-}
-
-impl ChangedRows {
-    /// Leaves in `frame` the rows that differ from what was printed last (and exits);
-    /// processes no longer tracked are forgotten.
-    pub fn keep_changed(&mut self, frame: &mut Frame) {
-        let mut next = std::collections::HashMap::with_capacity(frame.targets.len());
-        frame.targets.retain(|r| {
-            let figures = [
-                r.cpu_ns,
-                r.rss_bytes,
-                r.anon_bytes,
-                r.file_bytes,
-                r.shmem_bytes,
-                r.swap_bytes,
-            ];
-            let same = self.printed.get(&r.pid) == Some(&figures);
-            if !r.exited {
-                next.insert(r.pid, figures);
-            }
-            r.exited || !same
-        });
-        self.printed = next;
-    }
 }
 
 /// A `--target-cgroup` spec as a path inside the hierarchy (None for a bare id).
@@ -380,64 +348,4 @@ pub fn render(f: &Frame, k: usize) -> String {
         }
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::snapshot::{Attribution, TargetRow};
-
-    fn row(pid: u32, cpu_ns: u64, rss_bytes: u64, exited: bool) -> TargetRow {
-        TargetRow {
-            pid,
-            cpu_ns,
-            cpu_percent: 0.0,
-            rss_bytes,
-            anon_bytes: rss_bytes,
-            file_bytes: 0,
-            shmem_bytes: 0,
-            swap_bytes: 0,
-            exited,
-            who: Arc::new(Attribution::default()),
-        }
-    }
-
-    fn frame(targets: Vec<TargetRow>) -> Frame {
-        Frame {
-            ts_ns: 0,
-            interval_ns: 1,
-            cpu: Vec::new(),
-            memory: Vec::new(),
-            targets,
-            allocations: Vec::new(),
-            leaks: Vec::new(),
-            kernel: Default::default(),
-        }
-    }
-
-    fn pids(f: &Frame) -> Vec<u32> {
-        f.targets.iter().map(|r| r.pid).collect()
-    }
-
-    #[test]
-    fn changed_rows_leave_out_what_a_consumer_already_holds() {
-        let mut c = ChangedRows::default();
-        let mut f = frame(vec![row(1, 10, 100, false), row(2, 10, 100, false)]);
-        c.keep_changed(&mut f);
-        assert_eq!(pids(&f), [1, 2], "everything is new");
-        // 1 ran, 2 slept: only 1's row.
-        let mut f = frame(vec![row(1, 20, 100, false), row(2, 10, 100, false)]);
-        c.keep_changed(&mut f);
-        assert_eq!(pids(&f), [1]);
-        // 2 grew; 1 exited (always printed), then is forgotten.
-        let mut f = frame(vec![row(1, 20, 100, true), row(2, 10, 200, false)]);
-        c.keep_changed(&mut f);
-        assert_eq!(pids(&f), [1, 2]);
-        // A process no longer tracked is forgotten: back, it is printed again.
-        let mut f = frame(vec![row(3, 5, 5, false)]);
-        c.keep_changed(&mut f);
-        let mut f = frame(vec![row(2, 10, 200, false), row(3, 5, 5, false)]);
-        c.keep_changed(&mut f);
-        assert_eq!(pids(&f), [2]);
-    }
 }
