@@ -68,7 +68,7 @@ static __attribute__((noinline)) void credit_unseen_slice(struct rw_control *ctl
 		return;
 	cpu_sketch_add(epoch & 1, tgid, slice);
 	if (task_is_target(ctl->targets, tgid, prev))
-		target_add_cpu(tgid, slice);
+		target_add_cpu(prev, tgid, slice);
 }
 
 SEC("tp_btf/sched_switch")
@@ -100,7 +100,7 @@ int BPF_PROG(rw_sched_switch, bool preempt, struct task_struct *prev, struct tas
 		/* User space adds the running part of a target's slice when it reads, without
 		 * storing it. */
 		if (oc->target && slice)
-			target_add_cpu(tgid, slice);
+			target_add_cpu(prev, tgid, slice);
 	} else if (prev->tgid) {
 		credit_unseen_slice(ctl, oc, prev, epoch, now);
 	}

@@ -39,6 +39,7 @@ pub mod maps {
     pub const TARGET_PIDS: &str = "rw_target_pids";
     pub const TARGET_CGROUPS: &str = "rw_target_cgroups";
     pub const TARGET_PROCS: &str = "rw_target_procs";
+    pub const TARGET_SLOTS: &str = "rw_target_slots";
     pub const PROC_MEM: &str = "rw_proc_mem";
     pub const SAMPLES: &str = "rw_samples";
     pub const STATS: &str = "rw_stats";

@@ -70,8 +70,18 @@ struct {
 	__type(value, __u8);
 } rw_target_cgroups SEC(".maps");
 
+/* Every process of every targeted container (1.1 MiB); see struct rw_target_slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << RW_TARGET_SLOTS_SHIFT);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct rw_target_slot);
+} rw_target_slots SEC(".maps");
+
 /*
- * Every process of every targeted container: 16,384 (about 2 MiB charged). At 2,048, a
+ * Where a targeted process goes when its probe window in rw_target_slots is full: 16,384
+ * entries (about 2 MiB charged), so even a table full of collisions loses nothing. At 2,048, a
  * node with 200 targeted containers and 5,000 processes in them (resourcewatch-bench
  * compare) lost the exact figures of 3,000 of them, and each of their events paid a failed
  * insert into the full map: 700 ns per sched_switch against 150 ns without targets.

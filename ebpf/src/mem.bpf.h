@@ -184,7 +184,7 @@ int BPF_PROG(rw_process_exit, struct task_struct *task)
 	__u32 tgid = task->tgid;
 	mem_sketch_set(tgid, 0); /* 0 removes the key wherever it is */
 
-	struct rw_target_proc *tp = bpf_map_lookup_elem(&rw_target_procs, &tgid);
+	struct rw_target_proc *tp = target_lookup(tgid);
 	if (tp)
 		tp->exited = 1;
 

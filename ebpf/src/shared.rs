@@ -43,6 +43,9 @@ pub mod stat {
     pub const SWITCH_IN_UNSEEN: u32 = 5;
     /// A stack, or its counter, could not be stored (a stack or counter map full).
     pub const STACKS_LOST: u32 = 6;
+    /// A tracked process's probe window in `rw_target_slots` was full: it lives in the
+    /// `rw_target_procs` spill map.
+    pub const TARGETS_SPILLED: u32 = 7;
     pub const COUNT: u32 = 8;
 }
 
@@ -116,6 +119,25 @@ pub struct RwTargetProc {
     pub updated_ns: u64,
     pub exited: u32,
     pub _pad0: u32,
+}
+
+/// log2 of the slots of `rw_target_slots`, and how many a process may probe.
+pub const TARGET_SLOTS_SHIFT: u32 = 14;
+pub const TARGET_SLOTS: usize = 1 << TARGET_SLOTS_SHIFT;
+pub const TARGET_PROBES: usize = 8;
+
+/// The first slot a process may occupy in `rw_target_slots` (`target_home` in C).
+pub fn target_home(tgid: u32) -> usize {
+    (tgid.wrapping_mul(HASH_BASE) >> (32 - TARGET_SLOTS_SHIFT)) as usize
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwTargetSlot {
+    /// 0: free.
+    pub tgid: u32,
+    pub _pad0: u32,
+    pub v: RwTargetProc,
 }
 
 #[repr(C)]
@@ -234,6 +256,7 @@ unsafe impl aya::Pod for RwConfig {}
 unsafe impl aya::Pod for RwControl {}
 unsafe impl aya::Pod for RwOncpu {}
 unsafe impl aya::Pod for RwTargetProc {}
+unsafe impl aya::Pod for RwTargetSlot {}
 unsafe impl aya::Pod for RwProcMem {}
 unsafe impl aya::Pod for RwMemSample {}
 unsafe impl aya::Pod for RwAllocKey {}
@@ -273,6 +296,7 @@ mod tests {
             "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns, ring_coalesce_ns, site_pids, site_pid },
             "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, start_runtime, clock_offset, calib_epoch, credited_ns, _pad1 },
             "rw_target_proc" => RwTargetProc { cpu_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, updated_ns, exited, _pad0 },
+            "rw_target_slot" => RwTargetSlot { tgid, _pad0, v },
             "rw_proc_mem" => RwProcMem { last_emit_pages, last_emit_ns, ring_head, ring_count, ring_mib, ring_ds },
             "rw_mem_sample" => RwMemSample { ts_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, tgid, kind, comm },
             "rw_alloc_key" => RwAllocKey { tgid, _pad0, ptr },
@@ -328,6 +352,9 @@ mod tests {
             ("RW_STAT_SAMPLES_LOST", u64::from(stat::SAMPLES_LOST)),
             ("RW_STAT_PROC_MEM_FULL", u64::from(stat::PROC_MEM_FULL)),
             ("RW_STAT_TARGETS_FULL", u64::from(stat::TARGETS_FULL)),
+            ("RW_STAT_TARGETS_SPILLED", u64::from(stat::TARGETS_SPILLED)),
+            ("RW_TARGET_SLOTS_SHIFT", u64::from(TARGET_SLOTS_SHIFT)),
+            ("RW_TARGET_PROBES", TARGET_PROBES as u64),
             ("RW_STAT_ALLOC_PTRS_FULL", u64::from(stat::ALLOC_PTRS_FULL)),
             (
                 "RW_STAT_SWITCH_IN_UNSEEN",

@@ -261,6 +261,13 @@ impl<T> MmapArray<T> {
         unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(i), value) }
     }
 
+    /// Element `i` in the mapping, for field-wise atomic or volatile access.
+    pub(crate) fn ptr(&self, i: usize) -> *mut T {
+        assert!(i < self.len);
+        // SAFETY: in bounds of the mapping (checked above).
+        unsafe { self.ptr.as_ptr().add(i) }
+    }
+
     /// A torn-free copy of element `i` (the kernel may be writing it).
     pub(crate) fn read(&self, i: usize) -> T {
         assert!(i < self.len);

@@ -564,6 +564,78 @@ fn thousands_of_processes_in_targeted_cgroups_are_all_tracked() {
     );
 }
 
+/// Churn in a targeted container: 20,000 short-lived processes, more than the 16,384 slots
+/// of the exact-tracking table. Every exit is reported and frees its slot, so the table
+/// never fills and the spill map stays (almost) unused.
+#[test]
+fn exited_targets_are_reported_and_free_their_slots_under_churn() {
+    let Some(_k) = kernel_or_skip("exited_targets_are_reported_and_free_their_slots_under_churn")
+    else {
+        return;
+    };
+    const N: u32 = 20_000;
+    let layout = CgroupLayout::detect().expect("cgroups");
+    let cg = TestCgroup::new(&layout);
+    let mut pipes = load(PipelineOptions::default());
+    let rel = format!("/rw-test-{}", std::process::id());
+    let id = layout.cgroup_id(&rel).expect("cgroup id");
+    pipes.set_targets(&[], &[id]).expect("targets");
+    let before = pipes.kernel_stats();
+    // Forks N children that exit at once, after it is in the cgroup (its children are too).
+    let spawner = Child::spawn(|| {
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..N {
+            // SAFETY: the grandchild only _exits.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                unsafe { libc::_exit(0) };
+            }
+            if pid > 0 {
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+            }
+        }
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    cg.add(spawner.pid);
+    let mut exits = 0u64;
+    let mut live_max = 0usize;
+    wait_until(
+        "every short-lived process reported exited",
+        Duration::from_secs(120),
+        || {
+            let rows = pipes.targets().expect("targets");
+            exits += rows.iter().filter(|t| t.exited).count() as u64;
+            live_max = live_max.max(rows.iter().filter(|t| !t.exited).count());
+            std::thread::sleep(Duration::from_millis(30));
+            exits >= u64::from(N)
+        },
+    );
+    // Two reads with no exit in between: only the spawner is left.
+    let _ = pipes.targets().expect("targets");
+    let rows = pipes.targets().expect("targets");
+    assert_eq!(
+        rows.iter().map(|t| t.tgid).collect::<Vec<_>>(),
+        vec![spawner.pid],
+        "exited processes keep their rows"
+    );
+    let after = pipes.kernel_stats();
+    assert_eq!(
+        after.targets_full, before.targets_full,
+        "a target was refused"
+    );
+    assert!(
+        after.targets_spilled - before.targets_spilled < u64::from(N / 100),
+        "{} of {N} processes spilled out of the slot table: slots are not freed",
+        after.targets_spilled - before.targets_spilled
+    );
+    assert!(
+        live_max < 2_000,
+        "{live_max} rows alive at once: exits are not reported"
+    );
+}
+
 #[test]
 fn a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters() {
     let Some(_k) = kernel_or_skip(

@@ -270,6 +270,11 @@ fn encode_kernel(e: &mut DescriptorEncoder, t: &TickSnapshot) -> Result<(), std:
             "Per-CPU epoch syncs that failed (that CPU's running part credited late)",
             k.cpu_sync_failures,
         ),
+        (
+            "resourcewatch_agent_kernel_targets_spilled",
+            "Tracked processes whose probe window in the slot table was full (kept in the spill map; read by syscalls, slower)",
+            k.targets_spilled,
+        ),
     ] {
         counter(e, name, help, &c(v))?;
     }

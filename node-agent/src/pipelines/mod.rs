@@ -103,6 +103,9 @@ pub struct KernelStats {
     pub samples_lost: u64,
     pub proc_mem_full: u64,
     pub targets_full: u64,
+    /// Tracked processes whose probe window in the slot table was full (kept, in the
+    /// spill map; a steady rise means the table is too small for the node).
+    pub targets_spilled: u64,
     pub alloc_ptrs_full: u64,
     /// Tasks switched out whose switch-in was never reported (running at attach, or a
     /// tracepoint the kernel skipped); their slice is credited from the scheduler's own
@@ -121,6 +124,9 @@ pub struct Pipelines {
     mem_sketch: MmapArray<u64>,
     oncpu: MmapArray<RwOncpu>,
     control: MmapArray<u64>,
+    target_slots: MmapArray<shared::RwTargetSlot>,
+    /// Slots of exited processes, reported once and freed at the next read (see targets).
+    exited_slots: Vec<(usize, u32)>,
     samples: RingBuf<MapData>,
     /// Growth-site stack samples, walked by `unwinder` into `site_walked` as they come.
     stack_samples: RingBuf<MapData>,
@@ -150,6 +156,7 @@ impl Pipelines {
         let cpu_sketch = MmapArray::<u64>::new(&bpf, maps::CPU_SKETCH, 2 * opts.cpu.slots())?;
         let mem_sketch = MmapArray::<u64>::new(&bpf, maps::MEM_SKETCH, opts.mem.slots())?;
         let oncpu = MmapArray::<RwOncpu>::new(&bpf, maps::ONCPU, ncpus as usize)?;
+        let target_slots = MmapArray::new(&bpf, maps::TARGET_SLOTS, shared::TARGET_SLOTS)?;
         let samples = RingBuf::try_from(
             bpf.take_map(maps::SAMPLES)
                 .ok_or(PipelineError::MissingMap(maps::SAMPLES))?,
@@ -166,6 +173,8 @@ impl Pipelines {
             mem_sketch,
             oncpu,
             control,
+            target_slots,
+            exited_slots: Vec::new(),
             samples,
             stack_samples,
             unwinder: crate::stacks::unwind::Unwinder::new(),
@@ -268,6 +277,7 @@ impl Pipelines {
             samples_lost: get(shared::stat::SAMPLES_LOST),
             proc_mem_full: get(shared::stat::PROC_MEM_FULL),
             targets_full: get(shared::stat::TARGETS_FULL),
+            targets_spilled: get(shared::stat::TARGETS_SPILLED),
             alloc_ptrs_full: get(shared::stat::ALLOC_PTRS_FULL),
             switch_ins_unseen: get(shared::stat::SWITCH_IN_UNSEEN),
             stacks_lost: get(shared::stat::STACKS_LOST),

@@ -1,11 +1,12 @@
 //! Exact, lossless tracking of the watched pods' processes. Kernel side:
 //! `ebpf/src/targets.bpf.h` (`rw_target_pids`, `rw_target_cgroups`: who is tracked;
-//! `rw_target_procs`: their CPU and memory, never evicted).
+//! `rw_target_slots`: their CPU and memory, never evicted, read through mmap;
+//! `rw_target_procs`: where a process goes when its slots' probe window is full).
 
 use std::{
     collections::{HashMap, HashSet},
     os::fd::AsFd,
-    sync::atomic::Ordering,
+    sync::atomic::{AtomicU32, Ordering},
 };
 
 use aya::{
@@ -14,12 +15,12 @@ use aya::{
 };
 use resourcewatch_ebpf::{
     maps,
-    shared::{self, RwTargetProc},
+    shared::{self, RwTargetProc, RwTargetSlot},
 };
 
 use super::Pipelines;
 use crate::{
-    bpf::{PipelineError, lookup_batch, map_err},
+    bpf::{MmapArray, PipelineError, lookup_batch, map_err, read_stat},
     procfs,
 };
 
@@ -56,7 +57,8 @@ impl Pipelines {
             .store(bits as u64, Ordering::SeqCst);
         // Processes already running in a target get their RSS now, not at their next change.
         let wanted_cgroups: HashSet<u64> = cgroups.iter().copied().collect();
-        let mut procs: BpfHashMap<_, u32, RwTargetProc> = BpfHashMap::try_from(
+        let slots = Slots(&self.target_slots);
+        let mut spill: BpfHashMap<_, u32, RwTargetProc> = BpfHashMap::try_from(
             self.bpf
                 .map_mut(maps::TARGET_PROCS)
                 .ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?,
@@ -83,34 +85,49 @@ impl Pipelines {
                 e.updated_ns = procfs::monotonic_ns();
                 e
             };
-            match procs.get(&pid, 0) {
-                // An rss_stat event already wrote fresher values.
+            // An entry an rss_stat event already wrote holds fresher values than /proc.
+            // One created by a context switch (CPU only) gets the RSS and keeps its CPU:
+            // without this an idle process read 0 bytes until its RSS changed.
+            if let Some(i) = slots.find(pid) {
+                if slots.counters(i).updated_ns == 0 {
+                    slots.seed_memory(i, &seeded(RwTargetProc::default()));
+                }
+                continue;
+            }
+            match spill.get(&pid, 0) {
                 Ok(e) if e.updated_ns != 0 => {}
-                // Created by a context switch (CPU only, no RSS yet): add the RSS, keep
-                // the CPU. A slice credited between this read and the write is lost
-                // (microseconds, once); without this an idle process read 0 bytes until
-                // its RSS changed, and a CPU burner almost always did.
+                // The spill map is written whole: a slice credited between this read and
+                // the write is lost (microseconds, once).
                 Ok(e) => {
-                    let _ = procs.insert(pid, seeded(e), 2 /* BPF_EXIST */);
+                    let _ = spill.insert(pid, seeded(e), 2 /* BPF_EXIST */);
                 }
-                Err(_) => {
-                    let _ = procs.insert(
-                        pid,
-                        seeded(RwTargetProc::default()),
-                        1, /* BPF_NOEXIST */
-                    );
-                }
+                Err(_) => match slots.claim(pid) {
+                    Some(i) => slots.seed_memory(i, &seeded(RwTargetProc::default())),
+                    None => {
+                        let _ = spill.insert(
+                            pid,
+                            seeded(RwTargetProc::default()),
+                            1, /* BPF_NOEXIST */
+                        );
+                    }
+                },
             }
         }
         // Only processes that left every target are forgotten: the others keep their
         // counters across a reconfiguration (wiping them read as 0 % CPU for one interval).
-        let stale: Vec<u32> = procs
+        for i in 0..shared::TARGET_SLOTS {
+            let tgid = slots.key(i).load(Ordering::Acquire);
+            if tgid != 0 && !in_target.contains(&tgid) {
+                slots.free(i, tgid);
+            }
+        }
+        let stale: Vec<u32> = spill
             .keys()
             .filter_map(Result::ok)
             .filter(|t| !in_target.contains(t))
             .collect();
         for tgid in stale {
-            let _ = procs.remove(&tgid);
+            let _ = spill.remove(&tgid);
         }
         Ok(())
     }
@@ -129,37 +146,149 @@ impl Pipelines {
                 *running.entry(oc.tgid).or_default() += now - oc.start_ns;
             }
         }
-        let page = self.page;
-        let batch = match self.bpf.map(maps::TARGET_PROCS) {
-            Some(Map::HashMap(d)) => lookup_batch::<u32, RwTargetProc>(d.fd().as_fd()).ok(),
-            _ => None,
-        };
-        let mut procs: BpfHashMap<_, u32, RwTargetProc> = BpfHashMap::try_from(
+        let slots = Slots(&self.target_slots);
+        // Freed one read after the exit was reported: the exiting task's last context switch
+        // (after the exit tracepoint) has credited its final slice by then, so nothing is
+        // still writing the slot when it is zeroed for the next process.
+        for (i, tgid) in self.exited_slots.drain(..) {
+            slots.free(i, tgid);
+        }
+        let mut entries: Vec<(u32, RwTargetProc, Option<usize>)> = (0..shared::TARGET_SLOTS)
+            .filter_map(|i| {
+                let tgid = slots.key(i).load(Ordering::Acquire);
+                (tgid != 0).then(|| (tgid, slots.counters(i), Some(i)))
+            })
+            .collect();
+        // The spill map is walked only once a process has spilled into it.
+        if read_stat(&self.bpf, shared::stat::TARGETS_SPILLED) > 0 {
+            let batch = match self.bpf.map(maps::TARGET_PROCS) {
+                Some(Map::HashMap(d)) => lookup_batch::<u32, RwTargetProc>(d.fd().as_fd()).ok(),
+                _ => None,
+            };
+            let spill: BpfHashMap<_, u32, RwTargetProc> = BpfHashMap::try_from(
+                self.bpf
+                    .map(maps::TARGET_PROCS)
+                    .ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?,
+            )
+            .map_err(map_err(maps::TARGET_PROCS))?;
+            // A kernel without batch lookups (before 5.6): entry by entry.
+            let spilled = batch.unwrap_or_else(|| spill.iter().filter_map(Result::ok).collect());
+            entries.extend(spilled.into_iter().map(|(t, v)| (t, v, None)));
+        }
+        let out = merge_entries(entries, &running, self.page, &mut self.exited_slots);
+        let mut spill: BpfHashMap<_, u32, RwTargetProc> = BpfHashMap::try_from(
             self.bpf
                 .map_mut(maps::TARGET_PROCS)
                 .ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?,
         )
         .map_err(map_err(maps::TARGET_PROCS))?;
-        // A kernel without batch lookups (before 5.6): entry by entry.
-        let entries = batch.unwrap_or_else(|| procs.iter().filter_map(Result::ok).collect());
-        let mut out = Vec::with_capacity(entries.len());
-        for (tgid, v) in entries {
-            out.push(TargetProcess {
-                tgid,
-                cpu_ns: v.cpu_ns + running.get(&tgid).copied().unwrap_or(0),
-                rss_bytes: (v.file_pages + v.anon_pages + v.shmem_pages) * page,
-                anon_bytes: v.anon_pages * page,
-                file_bytes: v.file_pages * page,
-                shmem_bytes: v.shmem_pages * page,
-                swap_bytes: v.swap_pages * page,
-                exited: v.exited != 0,
-            });
-        }
         for t in out.iter().filter(|t| t.exited) {
-            let _ = procs.remove(&t.tgid);
+            let _ = spill.remove(&t.tgid);
         }
-        out.sort_by_key(|t| t.tgid);
         Ok(out)
+    }
+}
+
+/// One row per process, sorted by tgid. A process normally has one entry; it has two when
+/// two CPUs raced to claim it or a slot before its own was freed and reclaimed (CPU adds
+/// up; memory is the newer write). Exited processes' slots go to `exited` for freeing.
+fn merge_entries(
+    mut entries: Vec<(u32, RwTargetProc, Option<usize>)>,
+    running: &HashMap<u32, u64>,
+    page: u64,
+    exited: &mut Vec<(usize, u32)>,
+) -> Vec<TargetProcess> {
+    entries.sort_by_key(|e| (e.0, std::cmp::Reverse(e.1.updated_ns)));
+    let mut out: Vec<TargetProcess> = Vec::with_capacity(entries.len());
+    for (tgid, v, slot) in &entries {
+        if v.exited != 0
+            && let Some(i) = slot
+        {
+            exited.push((*i, *tgid));
+        }
+        if let Some(last) = out.last_mut().filter(|t| t.tgid == *tgid) {
+            last.cpu_ns += v.cpu_ns;
+            last.exited |= v.exited != 0;
+            continue;
+        }
+        out.push(TargetProcess {
+            tgid: *tgid,
+            cpu_ns: v.cpu_ns + running.get(tgid).copied().unwrap_or(0),
+            rss_bytes: (v.file_pages + v.anon_pages + v.shmem_pages) * page,
+            anon_bytes: v.anon_pages * page,
+            file_bytes: v.file_pages * page,
+            shmem_bytes: v.shmem_pages * page,
+            swap_bytes: v.swap_pages * page,
+            exited: v.exited != 0,
+        });
+    }
+    out
+}
+
+/// `rw_target_slots` through its mapping: an open-addressed table keyed by tgid (see
+/// struct rw_target_slot in the shared header). The kernel claims free slots by
+/// compare-and-swap; only this side frees them.
+struct Slots<'a>(&'a MmapArray<RwTargetSlot>);
+
+impl Slots<'_> {
+    fn key(&self, i: usize) -> &AtomicU32 {
+        // SAFETY: `tgid` is the first, 4-byte aligned field of an element of a live
+        // mapping that outlives self; the kernel writes it only with atomic instructions.
+        unsafe { AtomicU32::from_ptr(&raw mut (*self.0.ptr(i)).tgid) }
+    }
+
+    fn counters(&self, i: usize) -> RwTargetProc {
+        // SAFETY: in bounds of a live mapping; plain data, so any bytes are a valid value.
+        unsafe { std::ptr::read_volatile(&raw const (*self.0.ptr(i)).v) }
+    }
+
+    fn window(tgid: u32) -> impl Iterator<Item = usize> {
+        let home = shared::target_home(tgid);
+        (0..shared::TARGET_PROBES).map(move |p| (home + p) & (shared::TARGET_SLOTS - 1))
+    }
+
+    fn find(&self, tgid: u32) -> Option<usize> {
+        Self::window(tgid).find(|&i| self.key(i).load(Ordering::Acquire) == tgid)
+    }
+
+    /// The process's slot, claimed if it has none; None if its window is full.
+    fn claim(&self, tgid: u32) -> Option<usize> {
+        self.find(tgid).or_else(|| {
+            Self::window(tgid).find(|&i| {
+                match self
+                    .key(i)
+                    .compare_exchange(0, tgid, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => true,
+                    Err(other) => other == tgid,
+                }
+            })
+        })
+    }
+
+    /// Frees slot `i` if `tgid` still holds it: counters first, so a claim starts at zero.
+    fn free(&self, i: usize, tgid: u32) {
+        if self.key(i).load(Ordering::Acquire) != tgid {
+            return;
+        }
+        // SAFETY: in bounds of a live, writable mapping.
+        unsafe { std::ptr::write_volatile(&raw mut (*self.0.ptr(i)).v, RwTargetProc::default()) };
+        self.key(i).store(0, Ordering::Release);
+    }
+
+    /// Writes the memory figures of slot `i`, leaving its CPU counter (the kernel adds to
+    /// it concurrently) alone.
+    fn seed_memory(&self, i: usize, e: &RwTargetProc) {
+        let v = self.0.ptr(i);
+        // SAFETY: in bounds of a live, writable mapping; field-wise volatile stores.
+        unsafe {
+            std::ptr::write_volatile(&raw mut (*v).v.cgroup_id, e.cgroup_id);
+            std::ptr::write_volatile(&raw mut (*v).v.file_pages, e.file_pages);
+            std::ptr::write_volatile(&raw mut (*v).v.anon_pages, e.anon_pages);
+            std::ptr::write_volatile(&raw mut (*v).v.shmem_pages, e.shmem_pages);
+            std::ptr::write_volatile(&raw mut (*v).v.swap_pages, e.swap_pages);
+            std::ptr::write_volatile(&raw mut (*v).v.updated_ns, e.updated_ns);
+        }
     }
 }
 
