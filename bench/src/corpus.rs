@@ -16,7 +16,10 @@ use std::{
 use resourcewatch_agent::{
     leak::{
         Params, SeriesKey,
-        corpus::{CASES, Case, Outcome, Step, Trace, TraceSample, Truth, gated, goal_secs, replay},
+        corpus::{
+            CASES, Case, HELDOUT, Outcome, Step, Trace, TraceSample, Truth, gated, goal_secs,
+            replay, replay_every,
+        },
         memory_limit,
     },
     pipelines::{PipelineOptions, Pipelines},
@@ -48,7 +51,13 @@ impl Programs {
         let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("../node-agent/corpus/programs");
         let dir = std::env::temp_dir().join(format!("rw-corpus-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&e));
-        let uses = |p: &str| needed.iter().any(|c| c.argv[0] == p);
+        let uses = |p: &str| {
+            needed.iter().any(|c| {
+                c.argv[0] == p
+                    || c.argv[0].starts_with(&format!("{p}:"))
+                    || (c.argv[0] == "sh" && c.argv.iter().any(|a| a.contains(p)))
+            })
+        };
         if uses("java") {
             run_ok(
                 Command::new("javac")
@@ -58,7 +67,7 @@ impl Programs {
                 "javac",
             );
         }
-        if uses("go") {
+        if uses("go") || uses("gomem") {
             run_ok(
                 Command::new("go")
                     .args(["build", "-o"])
@@ -116,6 +125,21 @@ impl Programs {
                 c.args(["-XX:+UseG1GC", "-Xms16m", "-Xmx1g", "-cp"])
                     .arg(&self.dir)
                     .arg("Mem");
+                c
+            }
+            // Held-out cases: the JVM with other flags (collector, heap size).
+            java if java.starts_with("java:") => {
+                let mut c = Command::new("java");
+                c.args(java["java:".len()..].split_whitespace())
+                    .arg("-cp")
+                    .arg(&self.dir)
+                    .arg("Mem");
+                c
+            }
+            // Several processes in one container: a shell line over the programs.
+            "sh" => {
+                let mut c = Command::new("sh");
+                c.env("SRC", &self.sources).env("BIN", &self.dir);
                 c
             }
             "go" => Command::new(self.dir.join("gomem")),
@@ -197,8 +221,13 @@ fn fmt_secs(s: Option<f64>) -> String {
     s.map_or("-".into(), |s| format!("{s:.0} s"))
 }
 
-pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>) {
-    let cases: Vec<&'static Case> = CASES
+/// The tuning corpus, or the held-out one.
+fn case_set(heldout: bool) -> &'static [Case] {
+    if heldout { HELDOUT } else { CASES }
+}
+
+pub fn corpus(duration: Duration, only: Option<String>, record: Option<PathBuf>, heldout: bool) {
+    let cases: Vec<&'static Case> = case_set(heldout)
         .iter()
         .filter(|c| only.as_deref().is_none_or(|o| c.name.contains(o)))
         .collect();
@@ -440,8 +469,12 @@ fn stop_all(running: &mut [Running], root: &Path) {
 
 /// The traces of `dir` replayed through the current detectors (no kernel, no workload):
 /// the same table, for tuning.
-pub fn replay_dir(dir: &Path, only: Option<String>, print_steps: bool, warmup: bool) {
-    let results: Vec<(Trace, Vec<Step>)> = CASES
+pub fn replay_dir(dir: &Path, only: Option<String>, print_steps: bool, view: View, heldout: bool) {
+    let every = match view {
+        View::Production { every_secs } => every_secs,
+        _ => 1.0,
+    };
+    let results: Vec<(Trace, Vec<Step>)> = case_set(heldout)
         .iter()
         .filter(|c| only.as_deref().is_none_or(|o| c.name.contains(o)))
         .map(|c| {
@@ -450,17 +483,185 @@ pub fn replay_dir(dir: &Path, only: Option<String>, print_steps: bool, warmup: b
                 .unwrap_or_else(|e| fail(&format!("{}: {e}", path.display())));
             let t =
                 Trace::parse(&text).unwrap_or_else(|e| fail(&format!("{}: {e}", path.display())));
-            let steps = replay(&t, Params::default());
+            let steps = if every == 1.0 {
+                replay(&t, Params::default())
+            } else {
+                replay_every(&t, Params::default(), every)
+            };
             if print_steps {
                 print_steps_of(&t, &steps);
             }
             (t, steps)
         })
         .collect();
-    if warmup {
-        print_warmup_table(&results);
-    } else {
-        print_table(&results);
+    match view {
+        View::Table => print_table(&results),
+        View::Warmup => print_warmup_table(&results),
+        View::Production { every_secs } => print_production(&results, every_secs),
+    }
+}
+
+/// What a replay prints.
+#[derive(Clone, Copy, Debug)]
+pub enum View {
+    /// Every case against its goal, evaluated every second (node-agent/LEAKS.md).
+    Table,
+    /// What each `leakDetection.minGrowingTime` costs and buys.
+    Warmup,
+    /// As a cluster sees it: evaluated once per agent report, every alert counted from the
+    /// process's start.
+    Production { every_secs: f64 },
+}
+
+/// Production figures, one row per case, with the watch's defaults (minConfidence 60,
+/// minGrowingTime 0 s, and 60 s as a second column): when a leak is first reported at 60
+/// or more and when it stays reported, the warning left before its OOM kill, whether the
+/// lower bound reported then was below the real time left, whether every lower bound
+/// reported before the kill was (per kill, not per prediction), and for not-leaks how many
+/// reports said "leak" from the process's start.
+fn print_production(results: &[(Trace, Vec<Step>)], every: f64) {
+    println!(
+        "reports every {every:.0} s, minConfidence 60, from each process's start
+"
+    );
+    println!(
+        "| case | truth | first report >= 60 | kept from | goal | warning before the kill | lower bound at first report / real left | every lower bound <= real | reports >= 60 (minGrowingTime 0 s / 60 s) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut sum = ProductionSummary::default();
+    for (trace, steps) in results {
+        let o = Outcome::from_steps(steps, trace);
+        let alarms = |s: &[Step]| s.iter().filter(|s| s.confidence >= 60).count();
+        let leak = trace.truth == Some(Truth::Leak);
+        let first = o.first_60;
+        let warning = first.zip(trace.oom_at).map(|(f, k)| k - f);
+        let first_low = steps
+            .iter()
+            .find(|s| s.confidence >= 60 && trace.oom_at.is_some_and(|k| s.t < k))
+            .and_then(|s| s.eta.map(|e| (s.t, e.low_secs)));
+        let bound = match (first_low, trace.oom_at) {
+            (Some((t, low)), Some(k)) => format!("{low:.0} s / {:.0} s", k - t),
+            (None, Some(_)) if first.is_some() => "no prediction".into(),
+            _ => "-".into(),
+        };
+        let every_ok = trace.oom_at.map(|k| {
+            let n = o.predictions.len();
+            let ok = o.predictions.iter().filter(|p| p.2 <= k - p.0).count();
+            (ok, n)
+        });
+        if leak {
+            sum.leaks += 1;
+            if let Some(h) = o.held_from {
+                sum.within += usize::from(h <= goal_secs(trace));
+                sum.detect.push(h - trace.leak_from);
+            } else {
+                sum.missed += 1;
+            }
+            if trace.oom_at.is_some() {
+                sum.kills += 1;
+                match warning {
+                    Some(w) => sum.warnings.push(w),
+                    None => sum.unwarned += 1,
+                }
+                if let Some((ok, n)) = every_ok
+                    && n > 0
+                    && ok == n
+                {
+                    sum.covered += 1;
+                }
+                if let (Some((t, low)), Some(k)) = (first_low, trace.oom_at)
+                    && low <= k - t
+                {
+                    sum.first_covered += 1;
+                }
+            }
+        } else {
+            sum.calm += 1;
+            let n = alarms(steps);
+            sum.alarmed += usize::from(n > 0);
+            sum.alarms += n;
+            sum.alarms_gated += alarms(&gated(steps, 60.0));
+        }
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            trace.name,
+            trace.truth.map_or("?", Truth::as_str),
+            fmt_secs(first),
+            fmt_secs(o.held_from),
+            if leak {
+                format!("<= {:.0} s", goal_secs(trace))
+            } else {
+                "0 reports".into()
+            },
+            warning.map_or(
+                if trace.oom_at.is_some() {
+                    "none".into()
+                } else {
+                    "-".into()
+                },
+                |w| format!("{w:.0} s")
+            ),
+            bound,
+            every_ok.map_or("-".into(), |(ok, n)| format!("{ok}/{n}")),
+            if leak {
+                "-".into()
+            } else {
+                format!("{} / {}", alarms(steps), alarms(&gated(steps, 60.0)))
+            },
+        );
+    }
+    sum.print(every);
+}
+
+#[derive(Default)]
+struct ProductionSummary {
+    leaks: usize,
+    within: usize,
+    missed: usize,
+    detect: Vec<f64>,
+    kills: usize,
+    unwarned: usize,
+    warnings: Vec<f64>,
+    covered: usize,
+    first_covered: usize,
+    calm: usize,
+    alarmed: usize,
+    alarms: usize,
+    alarms_gated: usize,
+}
+
+impl ProductionSummary {
+    fn print(mut self, every: f64) {
+        self.detect.sort_by(f64::total_cmp);
+        self.warnings.sort_by(f64::total_cmp);
+        let median = |v: &[f64]| v.get(v.len() / 2).copied();
+        println!(
+            "\nleaks: {} of {} kept reported within their goal, {} never kept; detection (kept, from the leak's start): median {}, max {}",
+            self.within,
+            self.leaks,
+            self.missed,
+            fmt_secs(median(&self.detect)),
+            fmt_secs(self.detect.last().copied()),
+        );
+        println!(
+            "OOM kills: {}; warned before {} (least warning {}, median {}); lower bound at the first report <= real time left in {} of {}; every lower bound reported <= real in {} of {}",
+            self.kills,
+            self.kills - self.unwarned,
+            fmt_secs(self.warnings.first().copied()),
+            fmt_secs(median(&self.warnings)),
+            self.first_covered,
+            self.kills,
+            self.covered,
+            self.kills,
+        );
+        println!(
+            "not-leaks: {} of {} reported as leaking at some point from their start; {} reports >= 60 in all ({:.0} s at one report per {every:.0} s); with minGrowingTime 60 s: {} reports",
+            self.alarmed,
+            self.calm,
+            self.alarms,
+            self.alarms as f64 * every,
+            self.alarms_gated,
+        );
     }
 }
 

@@ -113,6 +113,18 @@ enum Cmd {
         /// costs in detection time and buys in warm-ups not listed.
         #[arg(long, requires = "replay")]
         warmup: bool,
+        /// With --replay: evaluate once per agent report of this many seconds (a watch
+        /// with `interval` 2x that), every alert counted from each process's start.
+        #[arg(
+            long,
+            requires = "replay",
+            conflicts_with = "warmup",
+            value_name = "SECONDS"
+        )]
+        production: Option<f64>,
+        /// The held-out cases (`leak::corpus::HELDOUT`), never used to tune the detector.
+        #[arg(long)]
+        heldout: bool,
     },
     /// Time-to-OOM accuracy: a process leaking at `rate` in a memory cgroup limited to
     /// `limit`; the prediction made at half-way is compared with the real OOM kill.
@@ -291,9 +303,16 @@ fn main() {
             replay: Some(dir),
             steps,
             warmup,
+            production,
+            heldout,
         } => {
             let _ = (duration, record);
-            corpus::replay_dir(&dir, only, steps, warmup)
+            let view = match (warmup, production) {
+                (true, _) => corpus::View::Warmup,
+                (false, Some(every_secs)) => corpus::View::Production { every_secs },
+                (false, None) => corpus::View::Table,
+            };
+            corpus::replay_dir(&dir, only, steps, view, heldout)
         }
         Cmd::Corpus {
             duration,
@@ -302,7 +321,9 @@ fn main() {
             replay: None,
             steps: _,
             warmup: _,
-        } => corpus::corpus(duration, only, record),
+            production: _,
+            heldout,
+        } => corpus::corpus(duration, only, record, heldout),
         Cmd::Epochs {
             epochs,
             epoch,
