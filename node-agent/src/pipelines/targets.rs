@@ -149,7 +149,9 @@ impl Pipelines {
         let slots = Slots(&self.target_slots);
         // Freed one read after the exit was reported: the exiting task's last context switch
         // (after the exit tracepoint) has credited its final slice by then, so nothing is
-        // still writing the slot when it is zeroed for the next process.
+        // still writing the slot when it is zeroed for the next process. (A new process
+        // given the same PID within that read loses what it was credited until then: PIDs
+        // are reused only after the kernel's whole PID space has gone round.)
         for (i, tgid) in self.exited_slots.drain(..) {
             slots.free(i, tgid);
         }
@@ -199,16 +201,22 @@ fn merge_entries(
     exited: &mut Vec<(usize, u32)>,
 ) -> Vec<TargetProcess> {
     entries.sort_by_key(|e| (e.0, std::cmp::Reverse(e.1.updated_ns)));
+    // The exit handler marks the first slot it finds; every slot of an exited process is
+    // freed (a second one would otherwise stay as a row of a dead process).
+    let dead: HashSet<u32> = entries
+        .iter()
+        .filter(|e| e.1.exited != 0)
+        .map(|e| e.0)
+        .collect();
     let mut out: Vec<TargetProcess> = Vec::with_capacity(entries.len());
     for (tgid, v, slot) in &entries {
-        if v.exited != 0
+        if dead.contains(tgid)
             && let Some(i) = slot
         {
             exited.push((*i, *tgid));
         }
         if let Some(last) = out.last_mut().filter(|t| t.tgid == *tgid) {
             last.cpu_ns += v.cpu_ns;
-            last.exited |= v.exited != 0;
             continue;
         }
         out.push(TargetProcess {
@@ -219,7 +227,7 @@ fn merge_entries(
             file_bytes: v.file_pages * page,
             shmem_bytes: v.shmem_pages * page,
             swap_bytes: v.swap_pages * page,
-            exited: v.exited != 0,
+            exited: dead.contains(tgid),
         });
     }
     out
@@ -309,4 +317,42 @@ fn replace_set<K: aya::Pod + Eq + std::hash::Hash>(
         map.insert(k, 1, 0).map_err(map_err(name))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc(cpu_ns: u64, anon_pages: u64, updated_ns: u64, exited: bool) -> RwTargetProc {
+        RwTargetProc {
+            cpu_ns,
+            anon_pages,
+            updated_ns,
+            exited: u32::from(exited),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_process_in_two_slots_is_one_row_and_an_exit_frees_both() {
+        let running = HashMap::from([(7, 5)]);
+        let entries = vec![
+            (9, proc(1, 1, 1, false), Some(3)),
+            (7, proc(100, 10, 20, false), Some(1)),
+            (7, proc(50, 99, 10, true), Some(2)),
+            (8, proc(4, 2, 1, false), None),
+        ];
+        let mut exited = Vec::new();
+        let rows = merge_entries(entries, &running, 4096, &mut exited);
+        assert_eq!(
+            rows.iter().map(|r| r.tgid).collect::<Vec<_>>(),
+            vec![7, 8, 9]
+        );
+        // CPU adds up (plus the running slice once); memory is the newer write.
+        assert_eq!(rows[0].cpu_ns, 155);
+        assert_eq!(rows[0].anon_bytes, 10 * 4096);
+        assert!(rows[0].exited && !rows[1].exited && !rows[2].exited);
+        exited.sort_unstable();
+        assert_eq!(exited, vec![(1, 7), (2, 7)]);
+    }
 }
