@@ -11,9 +11,11 @@ use resourcewatch_agent::leak::{
     corpus::{CASES, Case, HELDOUT, Outcome, Trace, Truth, replay, replay_every},
 };
 
-/// Every recorded run (`corpus/traces/run*/`), each holding every case.
-fn traces() -> Vec<Trace> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/traces");
+/// The run directories under `corpus/<under>/`, in order.
+fn runs_in(under: &str) -> Vec<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(under);
     let mut runs: Vec<_> = std::fs::read_dir(&root)
         .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
         .flatten()
@@ -21,6 +23,12 @@ fn traces() -> Vec<Trace> {
         .filter(|p| p.is_dir())
         .collect();
     runs.sort();
+    runs
+}
+
+/// Every recorded run (`corpus/traces/run*/`), each holding every case.
+fn traces() -> Vec<Trace> {
+    let runs = runs_in("traces");
     assert!(
         runs.len() >= 2,
         "two recorded runs at least, found {runs:?}"
@@ -57,15 +65,8 @@ fn run(dir: &Path) -> Vec<Trace> {
 /// data.
 #[test]
 fn every_held_out_case_has_a_recorded_trace_that_replays() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/heldout");
-    let mut runs: Vec<_> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect();
-    runs.sort();
-    assert!(!runs.is_empty(), "no held-out run in {}", root.display());
+    let runs = runs_in("heldout");
+    assert!(!runs.is_empty(), "no held-out run in corpus/heldout");
     for c in HELDOUT {
         assert!(
             CASES.iter().all(|t| t.name != c.name),

@@ -444,6 +444,14 @@ impl TestCgroup {
         std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
             .expect("move into the cgroup");
     }
+
+    /// Makes this cgroup the pipelines' only exact target; its id.
+    fn target(&self, layout: &CgroupLayout, pipes: &mut Pipelines) -> u64 {
+        let rel = format!("/rw-test-{}", std::process::id());
+        let id = layout.cgroup_id(&rel).expect("cgroup id");
+        pipes.set_targets(&[], &[id]).expect("targets");
+        id
+    }
 }
 
 impl Drop for TestCgroup {
@@ -482,9 +490,7 @@ fn exact_targets_cover_every_process_of_a_cgroup() {
         duty_cycle(0.5);
     });
     cg.add(kid.pid);
-    let rel = format!("/rw-test-{}", std::process::id());
-    let id = layout.cgroup_id(&rel).expect("cgroup id");
-    pipes.set_targets(&[], &[id]).expect("targets");
+    cg.target(&layout, &mut pipes);
     // SAFETY: releasing the child.
     unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
 
@@ -535,9 +541,7 @@ fn thousands_of_processes_in_targeted_cgroups_are_all_tracked() {
     let layout = CgroupLayout::detect().expect("cgroups");
     let cg = TestCgroup::new(&layout);
     let mut pipes = load(PipelineOptions::default());
-    let rel = format!("/rw-test-{}", std::process::id());
-    let id = layout.cgroup_id(&rel).expect("cgroup id");
-    pipes.set_targets(&[], &[id]).expect("targets");
+    cg.target(&layout, &mut pipes);
     let full_before = pipes.kernel_stats().targets_full;
     let kids: Vec<Child> = (0..N)
         .map(|_| {
@@ -577,9 +581,7 @@ fn exited_targets_are_reported_and_free_their_slots_under_churn() {
     let layout = CgroupLayout::detect().expect("cgroups");
     let cg = TestCgroup::new(&layout);
     let mut pipes = load(PipelineOptions::default());
-    let rel = format!("/rw-test-{}", std::process::id());
-    let id = layout.cgroup_id(&rel).expect("cgroup id");
-    pipes.set_targets(&[], &[id]).expect("targets");
+    cg.target(&layout, &mut pipes);
     let before = pipes.kernel_stats();
     // Forks N children that exit at once, after it is in the cgroup (its children are too).
     let spawner = Child::spawn(|| {
@@ -658,9 +660,7 @@ fn a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters() 
         procfs::resident_pages(kid.pid).unwrap_or(0) * procfs::page_size() >= 46 << 20
     });
     cg.add(kid.pid);
-    let rel = format!("/rw-test-{}", std::process::id());
-    let id = layout.cgroup_id(&rel).expect("cgroup id");
-    pipes.set_targets(&[], &[id]).expect("targets");
+    let id = cg.target(&layout, &mut pipes);
     let find = |pipes: &mut Pipelines| {
         pipes
             .targets()
