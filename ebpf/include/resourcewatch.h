@@ -131,7 +131,7 @@ struct rw_target_proc {
 #define RW_TARGET_PROBES 8
 
 struct rw_target_slot {
-	__u32 tgid;  /* 0: free; claimed by compare-and-swap, freed by user space */
+	__u32 tgid;  /* 0: free; claimed by compare-and-swap; ~0u: retired by user space, freed later */
 	__u32 _pad0;
 	struct rw_target_proc v;
 };

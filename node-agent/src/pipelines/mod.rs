@@ -125,8 +125,10 @@ pub struct Pipelines {
     oncpu: MmapArray<RwOncpu>,
     control: MmapArray<u64>,
     target_slots: MmapArray<shared::RwTargetSlot>,
-    /// Slots of exited processes, reported once and freed at the next read (see targets).
+    /// Slots of exited processes, reported once and retired at the next read (see targets).
     exited_slots: Vec<(usize, u32)>,
+    /// Retired slots and when, zeroed and freed once their grace has passed (see targets).
+    retired_slots: Vec<(usize, std::time::Instant)>,
     samples: RingBuf<MapData>,
     /// Growth-site stack samples, walked by `unwinder` into `site_walked` as they come.
     stack_samples: RingBuf<MapData>,
@@ -175,6 +177,7 @@ impl Pipelines {
             control,
             target_slots,
             exited_slots: Vec::new(),
+            retired_slots: Vec::new(),
             samples,
             stack_samples,
             unwinder: crate::stacks::unwind::Unwinder::new(),

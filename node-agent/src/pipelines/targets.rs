@@ -7,6 +7,7 @@ use std::{
     collections::{HashMap, HashSet},
     os::fd::AsFd,
     sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
 };
 
 use aya::{
@@ -64,6 +65,9 @@ impl Pipelines {
                 .ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?,
         )
         .map_err(map_err(maps::TARGET_PROCS))?;
+        // Slots held before the scan: only those may be forgotten below. A process started
+        // in a target during the scan has claimed its slot since, and is not in the scan.
+        let held: Vec<(usize, u32)> = slots.occupied().collect();
         let mut in_target: HashSet<u32> = HashSet::new();
         for pid in procfs::pids() {
             let cgroup_id = procfs::cgroup_text(pid)
@@ -115,10 +119,9 @@ impl Pipelines {
         }
         // Only processes that left every target are forgotten: the others keep their
         // counters across a reconfiguration (wiping them read as 0 % CPU for one interval).
-        for i in 0..shared::TARGET_SLOTS {
-            let tgid = slots.key(i).load(Ordering::Acquire);
-            if tgid != 0 && !in_target.contains(&tgid) {
-                slots.free(i, tgid);
+        for (i, tgid) in held {
+            if !in_target.contains(&tgid) && slots.retire(i, tgid) {
+                self.retired_slots.push((i, Instant::now()));
             }
         }
         let stale: Vec<u32> = spill
@@ -147,19 +150,29 @@ impl Pipelines {
             }
         }
         let slots = Slots(&self.target_slots);
-        // Freed one read after the exit was reported: the exiting task's last context switch
-        // (after the exit tracepoint) has credited its final slice by then, so nothing is
-        // still writing the slot when it is zeroed for the next process. (A new process
-        // given the same PID within that read loses what it was credited until then: PIDs
-        // are reused only after the kernel's whole PID space has gone round.)
+        // A slot is freed in two steps. Retired: its key leaves every lookup, so no program
+        // finds it again. Released, RETIRE_GRACE later: zeroed and free to claim. A program
+        // that found the slot just before it was retired (they run for microseconds) has
+        // written by then, so nothing it adds lands on the slot's next process.
+        self.retired_slots.retain(|&(i, at)| {
+            let due = at.elapsed() >= RETIRE_GRACE;
+            if due {
+                slots.release(i);
+            }
+            !due
+        });
+        // Retired one read after the exit was reported: the exiting task's last context
+        // switch (after the exit tracepoint) has credited its final slice by then. (A new
+        // process given the same PID within that read loses what it was credited until
+        // then: PIDs are reused only after the kernel's whole PID space has gone round.)
         for (i, tgid) in self.exited_slots.drain(..) {
-            slots.free(i, tgid);
+            if slots.retire(i, tgid) {
+                self.retired_slots.push((i, Instant::now()));
+            }
         }
-        let mut entries: Vec<(u32, RwTargetProc, Option<usize>)> = (0..shared::TARGET_SLOTS)
-            .filter_map(|i| {
-                let tgid = slots.key(i).load(Ordering::Acquire);
-                (tgid != 0).then(|| (tgid, slots.counters(i), Some(i)))
-            })
+        let mut entries: Vec<(u32, RwTargetProc, Option<usize>)> = slots
+            .occupied()
+            .map(|(i, tgid)| (tgid, slots.counters(i), Some(i)))
             .collect();
         // The spill map is walked only once a process has spilled into it.
         if read_stat(&self.bpf, shared::stat::TARGETS_SPILLED) > 0 {
@@ -233,6 +246,13 @@ fn merge_entries(
     out
 }
 
+/// The key of a retired slot: out of every lookup, not yet free (see `targets`).
+const RETIRED: u32 = u32::MAX;
+
+/// How long a retired slot waits before it is zeroed and freed: far longer than any
+/// program run that may still hold a pointer to it.
+const RETIRE_GRACE: Duration = Duration::from_millis(10);
+
 /// `rw_target_slots` through its mapping: an open-addressed table keyed by tgid (see
 /// struct rw_target_slot in the shared header). The kernel claims free slots by
 /// compare-and-swap; only this side frees them.
@@ -274,11 +294,25 @@ impl Slots<'_> {
         })
     }
 
-    /// Frees slot `i` if `tgid` still holds it: counters first, so a claim starts at zero.
-    fn free(&self, i: usize, tgid: u32) {
-        if self.key(i).load(Ordering::Acquire) != tgid {
-            return;
-        }
+    /// Slots held by a process (not free, not retired), with its tgid.
+    fn occupied(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        (0..shared::TARGET_SLOTS).filter_map(|i| {
+            let tgid = self.key(i).load(Ordering::Acquire);
+            (tgid != 0 && tgid != RETIRED).then_some((i, tgid))
+        })
+    }
+
+    /// Takes slot `i` out of every lookup if `tgid` still holds it (a tgid is below 2^22,
+    /// so no process matches RETIRED, and only 0 is free); whether it did.
+    fn retire(&self, i: usize, tgid: u32) -> bool {
+        self.key(i)
+            .compare_exchange(tgid, RETIRED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Frees a retired slot: counters first, so a claim starts at zero.
+    fn release(&self, i: usize) {
+        debug_assert_eq!(self.key(i).load(Ordering::Acquire), RETIRED);
         // SAFETY: in bounds of a live, writable mapping.
         unsafe { std::ptr::write_volatile(&raw mut (*self.0.ptr(i)).v, RwTargetProc::default()) };
         self.key(i).store(0, Ordering::Release);
