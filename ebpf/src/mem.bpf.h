@@ -184,9 +184,14 @@ int BPF_PROG(rw_process_exit, struct task_struct *task)
 	__u32 tgid = task->tgid;
 	mem_sketch_set(tgid, 0); /* 0 removes the key wherever it is */
 
-	struct rw_target_proc *tp = target_lookup(tgid);
-	if (tp)
-		tp->exited = 1;
+	/* Only while targets are set (set_targets with none forgets every tracked process):
+	 * every process on the node exits through here. */
+	struct rw_control *ctl = control();
+	if (ctl && ctl->targets) {
+		struct rw_target_proc *tp = target_lookup(tgid);
+		if (tp)
+			tp->exited = 1;
+	}
 
 	if (bpf_map_delete_elem(&rw_proc_mem, &tgid) == 0) {
 		struct rss r = {};

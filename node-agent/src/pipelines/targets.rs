@@ -190,15 +190,24 @@ impl Pipelines {
             let spilled = batch.unwrap_or_else(|| spill.iter().filter_map(Result::ok).collect());
             entries.extend(spilled.into_iter().map(|(t, v)| (t, v, None)));
         }
+        // Exited processes that live in the spill map leave it now (one syscall each, so
+        // only for those: a slot's process is retired above without any).
+        let spilled_exits: Vec<u32> = entries
+            .iter()
+            .filter(|e| e.2.is_none() && e.1.exited != 0)
+            .map(|e| e.0)
+            .collect();
         let out = merge_entries(entries, &running, self.page, &mut self.exited_slots);
-        let mut spill: BpfHashMap<_, u32, RwTargetProc> = BpfHashMap::try_from(
-            self.bpf
-                .map_mut(maps::TARGET_PROCS)
-                .ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?,
-        )
-        .map_err(map_err(maps::TARGET_PROCS))?;
-        for t in out.iter().filter(|t| t.exited) {
-            let _ = spill.remove(&t.tgid);
+        if !spilled_exits.is_empty() {
+            let mut spill: BpfHashMap<_, u32, RwTargetProc> = BpfHashMap::try_from(
+                self.bpf
+                    .map_mut(maps::TARGET_PROCS)
+                    .ok_or(PipelineError::MissingMap(maps::TARGET_PROCS))?,
+            )
+            .map_err(map_err(maps::TARGET_PROCS))?;
+            for tgid in spilled_exits {
+                let _ = spill.remove(&tgid);
+            }
         }
         Ok(out)
     }
