@@ -583,9 +583,15 @@ fn exited_targets_are_reported_and_free_their_slots_under_churn() {
     let mut pipes = load(PipelineOptions::default());
     cg.target(&layout, &mut pipes);
     let before = pipes.kernel_stats();
-    // Forks N children that exit at once, after it is in the cgroup (its children are too).
-    let spawner = Child::spawn(|| {
-        std::thread::sleep(Duration::from_millis(300));
+    let mut p = [0i32; 2];
+    // SAFETY: a pipe the spawner waits on until it is in the cgroup.
+    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+    let (gate, release) = (p[0], p[1]);
+    // Forks N children that exit at once, once it is in the cgroup (its children are too).
+    let spawner = Child::spawn(move || {
+        let mut b = [0u8; 1];
+        // SAFETY: blocking read on our pipe end.
+        unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
         for _ in 0..N {
             // SAFETY: the grandchild only _exits.
             let pid = unsafe { libc::fork() };
@@ -601,6 +607,8 @@ fn exited_targets_are_reported_and_free_their_slots_under_churn() {
         }
     });
     cg.add(spawner.pid);
+    // SAFETY: releasing the spawner.
+    unsafe { libc::write(release, b"x".as_ptr().cast(), 1) };
     let mut exits = 0u64;
     let mut live_max = 0usize;
     wait_until(
@@ -610,7 +618,6 @@ fn exited_targets_are_reported_and_free_their_slots_under_churn() {
             let rows = pipes.targets().expect("targets");
             exits += rows.iter().filter(|t| t.exited).count() as u64;
             live_max = live_max.max(rows.iter().filter(|t| !t.exited).count());
-            std::thread::sleep(Duration::from_millis(30));
             exits >= u64::from(N)
         },
     );
