@@ -71,6 +71,12 @@ struct sched_entity {
 	u64 prev_sum_exec_runtime; /* sum_exec_runtime when the task was last picked */
 };
 
+/* x86-64: the user fs base, which glibc and musl point at the thread's own pthread
+ * struct (so it is pthread_self()); set by clone(CLONE_SETTLS) or arch_prctl. */
+struct thread_struct {
+	unsigned long fsbase;
+};
+
 struct task_struct {
 	struct sched_entity se;
 	int pid;
@@ -79,6 +85,7 @@ struct task_struct {
 	struct css_set *cgroups;
 	struct signal_struct *signal;
 	struct mm_struct *mm;
+	struct thread_struct thread;
 };
 
 #pragma clang attribute pop

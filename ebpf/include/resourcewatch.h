@@ -219,6 +219,44 @@ struct rw_stack_key {
  */
 #define RW_STACK_COPY 16384
 
+/*
+ * CPython frames kept per stack sample (python.bpf.h walks the interpreter's own frame
+ * list, as py-spy and Pyroscope's pyperf do): each is the address of the frame's code
+ * object, with RW_PY_ENTRY set on the outermost frame that one C call of the evaluation
+ * loop (_PyEval_EvalFrameDefault) runs, so user space can put each run of Python frames
+ * where its C frame is in the native stack.
+ */
+#define RW_PY_DEPTH 64
+#define RW_PY_ENTRY 1
+/* Threads of a Python process looked at for the sampled one. */
+#define RW_PY_THREADS 32
+/* How a version marks where one C call of the evaluation loop starts: a bool in the
+ * frame (3.11's is_entry), or a shim frame the C stack owns (3.12+: owner == 3). */
+#define RW_PY_ENTRY_FLAG 1
+#define RW_PY_ENTRY_SHIM 2
+#define RW_PY_OWNED_BY_CSTACK 3
+/* rw_py_proc.cframe_frame when the thread state points at the frame itself (3.13+). */
+#define RW_PY_NO_CFRAME 0xffffffff
+
+/*
+ * A CPython process whose frames are walked per stack sample (rw_py_procs, by tgid):
+ * where its _PyRuntime is, and the offsets of the fields the walk reads, one set per
+ * minor version (node-agent/src/stacks/python.rs, checked against CPython's headers).
+ */
+struct rw_py_proc {
+	__u64 runtime;
+	__u32 interp_head;      /* _PyRuntimeState.interpreters.head */
+	__u32 threads_head;     /* PyInterpreterState.threads.head */
+	__u32 tstate_next;      /* PyThreadState.next */
+	__u32 tstate_thread_id; /* PyThreadState.thread_id: pthread_self(), the fs base */
+	__u32 tstate_frame;     /* PyThreadState.cframe (3.11, 3.12) or .current_frame */
+	__u32 cframe_frame;     /* _PyCFrame.current_frame, or RW_PY_NO_CFRAME */
+	__u32 frame_code;       /* _PyInterpreterFrame.f_code (.f_executable in 3.13) */
+	__u32 frame_previous;   /* _PyInterpreterFrame.previous */
+	__u32 frame_entry;      /* .is_entry (3.11) or .owner (3.12+) */
+	__u32 entry_kind;       /* RW_PY_ENTRY_FLAG or RW_PY_ENTRY_SHIM */
+};
+
 /* Kinds of rw_stack_sample. */
 #define RW_STACK_SAMPLE_PROFILE 1
 #define RW_STACK_SAMPLE_SITE 2
@@ -227,8 +265,8 @@ struct rw_stack_key {
  * One stack sample of a captured process, for unwinding in user space: the registers a
  * CFI walk starts from, the frame-pointer walk's stack ids (as in rw_stack_key), the
  * figure (1 CPU sample, or bytes of growth), `caller` as in rw_stack_key (for binaries
- * with neither tables nor frame pointers in their leaves) and `stack_len` bytes copied
- * from `sp` up.
+ * with neither tables nor frame pointers in their leaves), the `py_len` CPython frames of
+ * the sampled thread (0 for other processes) and `stack_len` bytes copied from `sp` up.
  */
 struct rw_stack_sample {
 	__u64 value;
@@ -241,7 +279,8 @@ struct rw_stack_sample {
 	__s32 user_stack;
 	__s32 kernel_stack;
 	__u32 stack_len;
-	__u32 _pad0;
+	__u32 py_len;
+	__u64 py_frames[RW_PY_DEPTH];
 	__u8 stack[RW_STACK_COPY];
 };
 

@@ -54,6 +54,7 @@ pub mod maps {
     pub const SITE_BYTES: &str = "rw_site_bytes";
     pub const SITE_PIDS: &str = "rw_site_pids";
     pub const STACK_SAMPLES: &str = "rw_stack_samples";
+    pub const PY_PROCS: &str = "rw_py_procs";
 }
 
 /// Name of the read-only configuration global (`struct rw_config`).

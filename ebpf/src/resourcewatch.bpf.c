@@ -32,6 +32,7 @@ char LICENSE[] SEC("license") = "GPL";
 #include "maps.bpf.h"
 #include "hashpipe.bpf.h"
 #include "targets.bpf.h"
+#include "python.bpf.h"
 #include "stacks.bpf.h"
 #include "cpu.bpf.h"
 #include "mem.bpf.h"

@@ -23,6 +23,18 @@ pub const HASH_STEP: u32 = 0x6A09_E668;
 pub const STACK_DEPTH: usize = 64;
 /// Bytes of user stack copied per stack sample (`RW_STACK_COPY`).
 pub const STACK_COPY: usize = 16384;
+/// CPython frames kept per stack sample (`RW_PY_DEPTH`): code-object addresses, innermost
+/// first, with [`PY_ENTRY`] on the outermost frame of each C call of the evaluation loop.
+pub const PY_DEPTH: usize = 64;
+pub const PY_ENTRY: u64 = 1;
+/// Threads of a Python process the kernel looks at for the sampled one.
+pub const PY_THREADS: u32 = 32;
+/// [`RwPyProc::entry_kind`]: 3.11's `is_entry` flag, or 3.12+'s C-stack shim frames.
+pub const PY_ENTRY_FLAG: u32 = 1;
+pub const PY_ENTRY_SHIM: u32 = 2;
+pub const PY_OWNED_BY_CSTACK: u32 = 3;
+/// [`RwPyProc::cframe_frame`] when the thread state points at the frame itself (3.13+).
+pub const PY_NO_CFRAME: u32 = u32::MAX;
 /// Kinds of [`RwStackSample`].
 pub const STACK_SAMPLE_PROFILE: u32 = 1;
 pub const STACK_SAMPLE_SITE: u32 = 2;
@@ -218,7 +230,8 @@ pub struct RwStackSample {
     pub user_stack: i32,
     pub kernel_stack: i32,
     pub stack_len: u32,
-    pub _pad0: u32,
+    pub py_len: u32,
+    pub py_frames: [u64; PY_DEPTH],
     pub stack: [u8; STACK_COPY],
 }
 
@@ -235,10 +248,29 @@ impl Default for RwStackSample {
             user_stack: -1,
             kernel_stack: -1,
             stack_len: 0,
-            _pad0: 0,
+            py_len: 0,
+            py_frames: [0; PY_DEPTH],
             stack: [0; STACK_COPY],
         }
     }
+}
+
+/// A CPython process whose frames the kernel walks per stack sample (`struct rw_py_proc`):
+/// the address of its `_PyRuntime` and the offsets of what the walk reads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwPyProc {
+    pub runtime: u64,
+    pub interp_head: u32,
+    pub threads_head: u32,
+    pub tstate_next: u32,
+    pub tstate_thread_id: u32,
+    pub tstate_frame: u32,
+    pub cframe_frame: u32,
+    pub frame_code: u32,
+    pub frame_previous: u32,
+    pub frame_entry: u32,
+    pub entry_kind: u32,
 }
 
 /// A growth-site capture's state (`struct rw_site_state`): the high-water mark in pages
@@ -264,6 +296,7 @@ unsafe impl aya::Pod for RwAllocPending {}
 unsafe impl aya::Pod for RwAllocStats {}
 unsafe impl aya::Pod for RwStackKey {}
 unsafe impl aya::Pod for RwSiteState {}
+unsafe impl aya::Pod for RwPyProc {}
 
 #[cfg(test)]
 mod tests {
@@ -304,10 +337,14 @@ mod tests {
             "rw_alloc_stats" => RwAllocStats { outstanding_bytes, allocs, frees, unknown_frees },
             "rw_stack_key" => RwStackKey { caller, tgid, user_stack, kernel_stack, _pad0 },
             "rw_stack_sample" => RwStackSample {
-                value, ip, sp, bp, caller, tgid, kind, user_stack, kernel_stack, stack_len, _pad0,
-                stack,
+                value, ip, sp, bp, caller, tgid, kind, user_stack, kernel_stack, stack_len, py_len,
+                py_frames, stack,
             },
             "rw_site_state" => RwSiteState { high, pending },
+            "rw_py_proc" => RwPyProc {
+                runtime, interp_head, threads_head, tstate_next, tstate_thread_id, tstate_frame,
+                cframe_frame, frame_code, frame_previous, frame_entry, entry_kind,
+            },
         };
         let c: BTreeMap<String, (usize, usize)> = probe()
             .lines()
@@ -368,6 +405,13 @@ mod tests {
             ("RW_STACK_SAMPLE_PROFILE", u64::from(STACK_SAMPLE_PROFILE)),
             ("RW_STACK_SAMPLE_SITE", u64::from(STACK_SAMPLE_SITE)),
             ("RW_SITE_SAMPLE_BYTES", SITE_SAMPLE_BYTES),
+            ("RW_PY_DEPTH", PY_DEPTH as u64),
+            ("RW_PY_ENTRY", PY_ENTRY),
+            ("RW_PY_THREADS", u64::from(PY_THREADS)),
+            ("RW_PY_ENTRY_FLAG", u64::from(PY_ENTRY_FLAG)),
+            ("RW_PY_ENTRY_SHIM", u64::from(PY_ENTRY_SHIM)),
+            ("RW_PY_OWNED_BY_CSTACK", u64::from(PY_OWNED_BY_CSTACK)),
+            ("RW_PY_NO_CFRAME", u64::from(PY_NO_CFRAME)),
         ]
         .into_iter()
         .collect();

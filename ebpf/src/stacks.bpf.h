@@ -164,7 +164,7 @@ static __always_inline int send_stack_sample(__u32 kind, __u32 tgid, __u64 value
 	s->kind = kind;
 	s->user_stack = user_stack;
 	s->kernel_stack = kernel_stack;
-	s->_pad0 = 0;
+	s->py_len = 0;
 	s->ip = 0;
 	s->sp = 0;
 	s->bp = 0;
@@ -216,6 +216,7 @@ static __always_inline int send_stack_sample(__u32 kind, __u32 tgid, __u64 value
 		return -1;
 	}
 	s->stack_len = len;
+	s->py_len = python_frames(task, tgid, s->py_frames);
 	bpf_ringbuf_submit(s, 0);
 	return 0;
 }

@@ -628,15 +628,16 @@ fn a_node_leak_growth_site_names_the_javascript_function() {
     );
 }
 
-/// CPython 3.12 and newer on this machine (pyenv's, or on PATH): the versions with perf
-/// trampolines. None found is a skip with the reason (a failure in CI).
-fn pythons_with_perf_trampolines(test: &str) -> Vec<PathBuf> {
+/// CPython interpreters of minor versions `minors` on this machine: Debian's
+/// (/usr/bin), pyenv's and any other on PATH, one per minor version and place. None found
+/// is a skip with the reason (a failure in CI).
+fn pythons(test: &str, minors: std::ops::RangeInclusive<u32>) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = Vec::new();
     let pyenv = std::env::var_os("PYENV_ROOT")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
         .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
-    for minor in 12..=14 {
+    for minor in minors.clone() {
         let bin = format!("python3.{minor}");
         let on_path = std::env::var_os("PATH").and_then(|p| {
             std::env::split_paths(&p)
@@ -655,14 +656,206 @@ fn pythons_with_perf_trampolines(test: &str) -> Vec<PathBuf> {
                     .map(|e| e.path().join("bin").join(&bin))
                     .find(|f| f.is_file())
             });
-        if let Some(p) = on_path.or(in_pyenv) {
-            found.push(p);
+        let system = Path::new("/usr/bin").join(&bin);
+        for p in [on_path, in_pyenv, system.is_file().then_some(system)]
+            .into_iter()
+            .flatten()
+        {
+            if !found.contains(&p) {
+                found.push(p);
+            }
         }
     }
     if found.is_empty() {
-        common::skip(test, "no CPython 3.12 or newer (pyenv's or on PATH)");
+        common::skip(
+            test,
+            &format!(
+                "no CPython 3.{}-3.{} (pyenv's, Debian's or on PATH)",
+                minors.start(),
+                minors.end()
+            ),
+        );
     }
     found
+}
+
+/// CPython 3.12 and newer: the versions with perf trampolines.
+fn pythons_with_perf_trampolines(test: &str) -> Vec<PathBuf> {
+    pythons(test, 12..=14)
+}
+
+/// CPython 3.11 and newer, the versions whose frames the kernel walks. Debian's 3.11 (the
+/// machine's own) must be among them.
+fn pythons_with_walked_frames(test: &str) -> Vec<PathBuf> {
+    let found = pythons(test, 11..=13);
+    if !found.iter().any(|p| p.ends_with("python3.11")) {
+        common::skip(test, "no CPython 3.11 (Debian's python3.11)");
+    }
+    found
+}
+
+/// The position of the first user frame starting with `prefix`.
+fn position(frames: &[String], prefix: &str) -> Option<usize> {
+    frames.iter().position(|f| f.starts_with(prefix))
+}
+
+/// CPython 3.11+ without any flag: the kernel walks the interpreter's frames at each
+/// sample (ebpf/src/python.bpf.h) and the Python functions go in where their evaluation
+/// loop is, so the hot Python function is named under its Python caller and above the
+/// loop's C frame.
+#[test]
+fn a_python_profile_names_the_python_functions_from_the_interpreter_frames() {
+    const TEST: &str = "a_python_profile_names_the_python_functions_from_the_interpreter_frames";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    for python in pythons_with_walked_frames(TEST) {
+        let child = Command::new(&python)
+            .arg(fixture("burn.py"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start python");
+        let p = Running(child);
+        std::thread::sleep(Duration::from_millis(300));
+        let (named, samples) = profile_pid(p.pid());
+        let share = share_naming(&named, samples, "py::burn_in_python:");
+        let top = user(&named[0]);
+        assert!(
+            share >= 0.8,
+            "{}: {:.0} % of {samples} samples name burn_in_python: {:?}",
+            python.display(),
+            share * 100.0,
+            &named[..named.len().min(3)]
+        );
+        let (module, outer, burn) = (
+            position(top, "py::<module>:"),
+            position(top, "py::outer_python:"),
+            position(top, "py::burn_in_python:"),
+        );
+        assert!(
+            matches!((module, outer, burn), (Some(m), Some(o), Some(b)) if m < o && o < b)
+                && top.iter().filter(|f| f.starts_with("py::")).count() == 3
+                && has_in_order(top, &["_start", "PyEval_EvalCode"])
+                && top[burn.unwrap_or(0)..]
+                    .iter()
+                    .any(|f| f == "_PyEval_EvalFrameDefault"),
+            "{}: hottest stack: {top:?}",
+            python.display()
+        );
+        eprintln!(
+            "{}: {:.0} % name burn_in_python; hottest: {top:?}",
+            python.display(),
+            share * 100.0
+        );
+    }
+}
+
+/// Two threads of one CPython process: each sample names the Python functions of the
+/// thread that was sampled (the thread state whose thread id is the task's pthread),
+/// also while one of them runs C code with the GIL released.
+#[test]
+fn each_python_thread_is_named_by_its_own_frames() {
+    const TEST: &str = "each_python_thread_is_named_by_its_own_frames";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    for python in pythons_with_walked_frames(TEST) {
+        let child = Command::new(&python)
+            .arg(fixture("threads.py"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start python");
+        let p = Running(child);
+        std::thread::sleep(Duration::from_millis(500));
+        let (named, samples) = profile_pid(p.pid());
+        let both: Vec<&Stack> = named
+            .iter()
+            .filter(|s| {
+                let f = user(s);
+                position(f, "py::hash_in_thread:").is_some()
+                    && position(f, "py::burn_in_main:").is_some()
+            })
+            .collect();
+        assert!(
+            both.is_empty(),
+            "{}: frames of two threads in one stack: {both:?}",
+            python.display()
+        );
+        let hash = share_naming(&named, samples, "py::hash_in_thread:");
+        let burn = share_naming(&named, samples, "py::burn_in_main:");
+        assert!(
+            hash >= 0.2 && burn >= 0.2,
+            "{}: of {samples} samples {:.0} % name hash_in_thread, {:.0} % burn_in_main: {:?}",
+            python.display(),
+            hash * 100.0,
+            burn * 100.0,
+            &named[..named.len().min(4)]
+        );
+        eprintln!(
+            "{}: hash_in_thread {:.0} %, burn_in_main {:.0} % of {samples}",
+            python.display(),
+            hash * 100.0,
+            burn * 100.0
+        );
+    }
+}
+
+/// A CPython 3.11+ leak's growth site names the Python function that keeps the memory,
+/// under its Python caller, with no flag on the interpreter.
+#[test]
+fn a_python_leak_growth_site_names_the_python_function_from_the_interpreter_frames() {
+    const TEST: &str =
+        "a_python_leak_growth_site_names_the_python_function_from_the_interpreter_frames";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    for python in pythons_with_walked_frames(TEST) {
+        let child = Command::new(&python)
+            .arg(fixture("leak.py"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start python");
+        let p = Running(child);
+        std::thread::sleep(Duration::from_millis(300));
+        let (named, total) = python_growth_sites(p.pid());
+        let top = user(&named[0]);
+        let (grow, leak) = (
+            position(top, "py::grow_python:"),
+            position(top, "py::leak_in_python:"),
+        );
+        assert!(
+            matches!((grow, leak), (Some(g), Some(l)) if g < l),
+            "{}: the heaviest site does not name leak_in_python under grow_python: {top:?}",
+            python.display()
+        );
+        assert!(
+            named[0].value * 2 >= total,
+            "{}: the heaviest site holds {} of {total} bytes: {named:?}",
+            python.display(),
+            named[0].value
+        );
+        eprintln!(
+            "{}: top site ({} of {total} bytes): {top:?}",
+            python.display(),
+            named[0].value
+        );
+    }
+}
+
+/// Growth sites of `pid` captured for 4 s, named, heaviest first, and the bytes charged.
+fn python_growth_sites(pid: u32) -> (Vec<Stack>, u64) {
+    let mut pipes = Pipelines::load(PipelineOptions::default()).expect("pipelines");
+    pipes.capture_growth_sites(pid).expect("capture");
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(500));
+        pipes.read_growth_samples().expect("walk the stack samples");
+    }
+    let raw = pipes.drain_growth_sites().expect("drain");
+    pipes.stop_growth_sites(pid);
+    let named = stacks::name(&raw, &Symbolizer::new(), procfs::comm);
+    let total: u64 = named.iter().map(|s| s.value).sum();
+    assert!(total > 16 << 20, "{total} bytes charged: {named:?}");
+    (named, total)
 }
 
 /// CPython 3.12+ with `-X perf`: each Python function runs through a trampoline the
@@ -729,7 +922,6 @@ fn a_python_leak_growth_site_names_the_python_function() {
         return;
     };
     for python in pythons_with_perf_trampolines(TEST) {
-        let mut pipes = Pipelines::load(PipelineOptions::default()).expect("pipelines");
         let child = Command::new(&python)
             .args(["-X", "perf"])
             .arg(fixture("leak.py"))
@@ -738,17 +930,8 @@ fn a_python_leak_growth_site_names_the_python_function() {
             .expect("start python");
         let p = Running(child);
         wait_for_perf_map(p.pid(), "leak_in_python");
-        pipes.capture_growth_sites(p.pid()).expect("capture");
-        for _ in 0..8 {
-            std::thread::sleep(Duration::from_millis(500));
-            pipes.read_growth_samples().expect("walk the stack samples");
-        }
-        let raw = pipes.drain_growth_sites().expect("drain");
-        pipes.stop_growth_sites(p.pid());
-        let named = stacks::name(&raw, &Symbolizer::new(), procfs::comm);
+        let (named, total) = python_growth_sites(p.pid());
         let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p.pid()));
-        let total: u64 = named.iter().map(|s| s.value).sum();
-        assert!(total > 16 << 20, "{total} bytes charged: {named:?}");
         let top = &named[0];
         let frames = user(top);
         let at = frames

@@ -133,6 +133,8 @@ pub struct Pipelines {
     /// Growth-site stack samples, walked by `unwinder` into `site_walked` as they come.
     stack_samples: RingBuf<MapData>,
     unwinder: crate::stacks::unwind::Unwinder,
+    /// CPython processes listed for the kernel's frame walk (growth sites of Python).
+    python: crate::stacks::python::Registry,
     site_walked: crate::stacks::Walked,
     opts: PipelineOptions,
     layout: CgroupLayout,
@@ -169,6 +171,7 @@ impl Pipelines {
                 .ok_or(PipelineError::MissingMap(maps::STACK_SAMPLES))?,
         )
         .map_err(map_err(maps::STACK_SAMPLES))?;
+        let python = crate::stacks::python::Registry::take(&mut bpf)?;
 
         let mut this = Self {
             cpu_sketch,
@@ -181,6 +184,7 @@ impl Pipelines {
             samples,
             stack_samples,
             unwinder: crate::stacks::unwind::Unwinder::new(),
+            python,
             site_walked: HashMap::new(),
             opts,
             layout,

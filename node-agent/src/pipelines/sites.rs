@@ -48,6 +48,8 @@ impl Pipelines {
             pending: 0,
         };
         pids.insert(tgid, state, 0).map_err(map_err(name))?;
+        // Listed for the kernel's Python frame walk before its first sample, if CPython.
+        self.python.runtime(tgid);
         self.control_word(free)
             .store(u64::from(tgid), Ordering::SeqCst);
         self.count_site_captures();
@@ -74,6 +76,7 @@ impl Pipelines {
         if pids.keys().next().is_none() {
             // No capture left: what the unwinder cached (tables, mappings) goes with it.
             self.unwinder = crate::stacks::unwind::Unwinder::new();
+            self.python.clear();
         }
     }
 
@@ -108,6 +111,7 @@ impl Pipelines {
             &self.bpf,
             maps::SITE_STACKS,
             &mut self.unwinder,
+            &mut self.python,
             &mut self.site_walked,
         )
     }

@@ -4,6 +4,7 @@
 
 pub mod output;
 pub mod perfmap;
+pub mod python;
 pub mod symbolize;
 pub mod unwind;
 
@@ -100,12 +101,14 @@ pub type Walked = HashMap<(u32, Vec<u64>, Vec<u64>, u64), u64>;
 /// Reads every stack sample waiting in `ring` (stacks.bpf.h's copies of user stacks),
 /// walks each with `unwinder`, and adds it to `into` (merged with equal stacks). Each walk
 /// is stitched to the sample's frame-pointer walk, read with its kernel stack from the
-/// stack-trace map `stacks`: call this before [`drain`] empties that map.
+/// stack-trace map `stacks`: call this before [`drain`] empties that map. The CPython
+/// frames the kernel read go in where their evaluation loop is (`python`).
 pub(crate) fn read_samples(
     ring: &mut RingBuf<MapData>,
     bpf: &Ebpf,
     stacks: &'static str,
     unwinder: &mut unwind::Unwinder,
+    python: &mut python::Registry,
     into: &mut Walked,
 ) -> Result<(), PipelineError> {
     let traces: StackTraceMap<_> =
@@ -123,7 +126,15 @@ pub(crate) fn read_samples(
         drop(item);
         let len = (s.stack_len as usize).min(s.stack.len());
         let walk = unwinder.walk(s.tgid, s.ip, s.sp, s.bp, &s.stack[..len]);
-        let user = unwind::stitch(&walk, &frames(s.user_stack));
+        let mut user = unwind::stitch(&walk, &frames(s.user_stack));
+        // Every sampled process is looked at once: a CPython one is listed for the
+        // kernel's frame walk from then on (its first samples have native frames only).
+        if let Some(rt) = python.runtime(s.tgid)
+            && s.py_len > 0
+        {
+            let n = (s.py_len as usize).min(s.py_frames.len());
+            user = python::merge(&user, &s.py_frames[..n], &rt.eval);
+        }
         // A walk that reached the root has every caller; the return address found on top
         // of the stack is only for walks that stopped early.
         let caller = if walk.complete { 0 } else { s.caller };
@@ -191,6 +202,12 @@ fn user_frames(r: &RawStack, sym: &Symbolizer) -> Vec<String> {
     };
     let mut names = sym.user(r.tgid, &[leaf], false);
     names.extend(sym.user(r.tgid, rest, true));
+    if r.user.iter().any(|&a| python::is_python(a)) {
+        // The kernel's walk named the Python functions: the `-X perf` trampolines of the
+        // same calls (3.12+) would name each one twice.
+        let mut keep = r.user.iter().map(|&a| python::is_python(a));
+        names.retain(|n| keep.next().unwrap_or(true) || !n.starts_with("py::"));
+    }
     if r.caller != 0 && sym.in_file(r.tgid, r.caller) {
         let caller = sym.user(r.tgid, &[r.caller], true).remove(0);
         // The walk found it already (the leaf kept a frame): nothing was skipped.

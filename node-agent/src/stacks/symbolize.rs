@@ -43,6 +43,8 @@ pub struct Symbolizer {
     jit_names: std::sync::Mutex<std::collections::HashSet<String>>,
     /// PLT ranges per file read (`plt_ranges`).
     plt: std::sync::Mutex<HashMap<PathBuf, Vec<std::ops::Range<u64>>>>,
+    /// Names of the CPython code objects of Python frames (`python::merge`).
+    python: std::sync::Mutex<super::python::Names>,
 }
 
 impl Default for Symbolizer {
@@ -64,6 +66,7 @@ impl Symbolizer {
             perf_maps: Default::default(),
             jit_names: Default::default(),
             plt: Default::default(),
+            python: Default::default(),
         }
     }
 
@@ -81,6 +84,17 @@ impl Symbolizer {
             .iter()
             .map(|&a| if return_addrs { a.saturating_sub(1) } else { a })
             .collect();
+        if addrs.iter().any(|&a| super::python::is_python(a)) {
+            let mut python = self.python.lock().unwrap_or_else(|e| e.into_inner());
+            let mut jit = self.jit_names.lock().unwrap_or_else(|e| e.into_inner());
+            for (i, &a) in addrs.iter().enumerate() {
+                if super::python::is_python(a) {
+                    names[i] = python.name(pid, a);
+                    // Counted with the JIT frames: a growth site keeps the code that asked.
+                    jit.insert(names[i].clone());
+                }
+            }
+        }
         let opts = NormalizeOpts {
             map_files: false,
             ..Default::default()
@@ -96,6 +110,9 @@ impl Symbolizer {
         let mut by_file: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
         let mut outside_files = Vec::new();
         for (i, &(offset, meta)) in out.outputs.iter().enumerate() {
+            if super::python::is_python(addrs[i]) {
+                continue;
+            }
             match out.meta.get(meta) {
                 Some(UserMeta::Elf(_)) => by_file.entry(meta).or_default().push((i, offset)),
                 Some(UserMeta::Unknown(_)) => outside_files.push(i),

@@ -199,24 +199,11 @@ impl Process {
     }
 }
 
-/// `N` bytes of process `pid`'s memory at `addr`. process_vm_readv rather than
-/// /proc/PID/mem: it needs the ptrace access check only (CAP_SYS_PTRACE for another user's
-/// process), where /proc/PID/mem is also a file of mode 0600 owned by that user.
+/// `N` bytes of process `pid`'s memory at `addr`.
 #[cfg(target_arch = "x86_64")]
 fn read_memory<const N: usize>(pid: u32, addr: u64) -> Option<[u8; N]> {
     let mut buf = [0u8; N];
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: N,
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: N,
-    };
-    // SAFETY: one local iovec over `buf`, which outlives the call; the remote one is only
-    // read by the kernel, in the other process, with its permission checks.
-    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-    (n == N as isize).then_some(buf)
+    crate::procfs::read_process_memory(pid, addr, &mut buf).then_some(buf)
 }
 
 /// A walk of one sample: frames innermost first (the leaf's address, then return
