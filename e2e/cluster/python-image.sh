@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The e2e's Python image: CPython 3.12 or newer (pyenv's, which this machine kind carries;
-# Debian bookworm has 3.11, which has no perf trampolines) and the stack fixtures.
+# The e2e's Python image: CPython 3.12 or newer (pyenv's, which this machine kind carries)
+# at /usr/local/bin/python3, Debian bookworm's own CPython 3.11 at /usr/bin/python3.11
+# (whose frames the agent reads from the interpreter, with no flag), and the stack fixtures.
 # Usage: e2e/cluster/python-image.sh NAME:TAG OUT.tar
 set -euo pipefail
 die() { echo "python-image.sh: ERROR: $*" >&2; exit 1; }
@@ -17,7 +18,16 @@ done
 minor=$(basename "$py" | sed 's/^python//')
 lib="$(dirname "$(dirname "$py")")/lib/python$minor"
 fx="$root/node-agent/tests/fixtures/stacks"
-exec "$here/image.sh" --with-libs --path /usr/local/bin/python3 \
+# Debian's 3.11: the binary (libpython linked in), its libraries, and the modules `-S`
+# start-up imports, at the paths its prefix (/usr) looks for them.
+deb=/usr/bin/python3.11
+[[ -x $deb ]] || die "no $deb (make deps installs python3.11)"
+debian=(--add "$deb:$deb")
+for l in $(ldd "$deb" | grep -oE '/[^ ]+'); do debian+=(--add "$(readlink -f "$l"):$l"); done
+for m in os.py encodings/__init__.py encodings/aliases.py encodings/utf_8.py; do
+  debian+=(--add "/usr/lib/python3.11/$m:/usr/lib/python3.11/$m")
+done
+exec "$here/image.sh" --with-libs --path /usr/local/bin/python3 "${debian[@]}" \
   --add "$lib/os.py:/usr/local/lib/python$minor/os.py" \
   --add "$lib/encodings/__init__.py:/usr/local/lib/python$minor/encodings/__init__.py" \
   --add "$lib/encodings/aliases.py:/usr/local/lib/python$minor/encodings/aliases.py" \

@@ -184,8 +184,8 @@ pub const WORKLOADS_IMAGE: &str = "localhost/resourcewatch/workloads:0.1.0";
 pub const NODE_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/node-workloads:0.1.0";
 /// The C stack fixture (node-agent/tests/fixtures/stacks/leak.c) with its glibc.
 pub const C_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/c-workloads:0.1.0";
-/// CPython 3.12+ at /usr/local/bin/python3 with the stack fixtures /leak.py and /burn.py
-/// (e2e/cluster/python-image.sh).
+/// CPython 3.12+ at /usr/local/bin/python3, Debian's 3.11 at /usr/bin/python3.11, and the
+/// stack fixtures /leak.py and /burn.py (e2e/cluster/python-image.sh).
 pub const PYTHON_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/python-workloads:0.1.0";
 
 /// A bare pod running the workload simulator (`leak-sim ARGS`) with the memory limit
@@ -251,21 +251,23 @@ pub async fn node_workload_pod(
     .await
 }
 
-/// A bare pod running CPython 3.12+ (the python-workloads image) with `args`, as
-/// [`node_workload_pod`] runs Node.js: another user, /tmp an emptyDir (the perf map).
+/// A bare pod running `argv` in the python-workloads image (`argv[0]` an interpreter:
+/// `/usr/local/bin/python3`, 3.12+, or `/usr/bin/python3.11`), as [`node_workload_pod`]
+/// runs Node.js: another user, /tmp an emptyDir (the perf map).
 pub async fn python_workload_pod(
     client: &Client,
     ns: &str,
     name: &str,
-    args: &[&str],
+    argv: &[&str],
     limit: &str,
 ) -> Pod {
+    let (command, args) = argv.split_first().expect("an interpreter to run");
     runtime_workload_pod(
         client,
         ns,
         name,
         PYTHON_WORKLOADS_IMAGE,
-        "/usr/local/bin/python3",
+        command,
         args,
         limit,
     )

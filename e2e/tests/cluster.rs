@@ -577,7 +577,7 @@ async fn leak_site_of(prefix: &str, leaker: Leaker<'_>, function: &str) -> Vec<S
         }
         Leaker::Python(args) => {
             cluster::python_workload_pod(&client, n, "leaker", args, "1Gi").await;
-            format!("python3 {}", args.join(" "))
+            args.join(" ")
         }
     };
     let listed = status_where(&rws, "w", "the leak listed", 120, |s| {
@@ -693,13 +693,13 @@ async fn a_c_leaks_growth_site_without_frame_pointers_names_the_function_and_its
     );
 }
 
-/// CPython 3.12+ with `-X perf` (node-agent/tests/fixtures/stacks/leak.py), as a non-root
-/// user with /tmp an emptyDir: the Python function that keeps the bytes is named from the
-/// perf map its trampolines write, under its Python caller.
+/// Debian's CPython 3.11, no flag (node-agent/tests/fixtures/stacks/leak.py), as a
+/// non-root user: the Python function that keeps the bytes is named from the interpreter's
+/// frames, which the agent's kernel side reads at each sample, under its Python caller.
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_python_leaks_growth_site_names_the_python_function() {
-    let args = ["-S", "-X", "perf", "/leak.py"];
+    let args = ["/usr/bin/python3.11", "-S", "/leak.py"];
     let frames = leak_site_of("rw-e2e-sites-py", Leaker::Python(&args), "leak_in_python").await;
     let up = callers(&frames, "leak_in_python");
     assert!(
@@ -1001,7 +1001,7 @@ async fn profiled_of(
         }
         Leaker::Python(args) => {
             cluster::python_workload_pod(&client, &n, "burner", args, "64Mi").await;
-            format!("python3 {}", args.join(" "))
+            args.join(" ")
         }
     };
     wait_running(&client, &n, &["burner"]).await;
@@ -1268,14 +1268,23 @@ async fn a_c_profile_without_frame_pointers_names_the_hot_function_and_its_calle
     ns.delete().await;
 }
 
-/// CPython 3.12+ with `-X perf`: the Python function burning the CPU is on >= 80 % of the
-/// samples, under its Python caller (the leaf is the interpreter's C code: "self" time
-/// stays honest).
+/// CPython 3.12+ with `-X perf` (its perf map, in the pod's /tmp) and Debian's 3.11 with
+/// no flag (its frames, read by the kernel): the Python function burning the CPU is on
+/// >= 80 % of the samples, under its Python caller (the leaf is the interpreter's C code:
+/// "self" time stays honest).
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_python_profile_names_the_python_function_and_its_caller() {
-    let args = ["-S", "-X", "perf", "/burn.py"];
-    let (_client, ns, _rws, _p, cm) = profiled_of("rw-e2e-profile-py", Leaker::Python(&args)).await;
+    for argv in [
+        &["/usr/local/bin/python3", "-S", "-X", "perf", "/burn.py"][..],
+        &["/usr/bin/python3.11", "-S", "/burn.py"][..],
+    ] {
+        python_profile_names_burn_in_python(argv).await;
+    }
+}
+
+async fn python_profile_names_burn_in_python(args: &[&str]) {
+    let (_client, ns, _rws, _p, cm) = profiled_of("rw-e2e-profile-py", Leaker::Python(args)).await;
     let folded = folded(&cm);
     let (with, all) = folded_samples_through(&folded, &["outer_python", "burn_in_python"]);
     assert!(with * 10 >= all * 8, "{with} of {all}: {folded}");
