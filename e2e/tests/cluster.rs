@@ -1275,16 +1275,23 @@ async fn a_c_profile_without_frame_pointers_names_the_hot_function_and_its_calle
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_python_profile_names_the_python_function_and_its_caller() {
-    for argv in [
-        &["/usr/local/bin/python3", "-S", "-X", "perf", "/burn.py"][..],
-        &["/usr/bin/python3.11", "-S", "/burn.py"][..],
+    // Two namespaces: one profile per namespace per minute.
+    for (prefix, argv) in [
+        (
+            "rw-e2e-profile-py",
+            &["/usr/local/bin/python3", "-S", "-X", "perf", "/burn.py"][..],
+        ),
+        (
+            "rw-e2e-profile-py311",
+            &["/usr/bin/python3.11", "-S", "/burn.py"][..],
+        ),
     ] {
-        python_profile_names_burn_in_python(argv).await;
+        python_profile_names_burn_in_python(prefix, argv).await;
     }
 }
 
-async fn python_profile_names_burn_in_python(args: &[&str]) {
-    let (_client, ns, _rws, _p, cm) = profiled_of("rw-e2e-profile-py", Leaker::Python(args)).await;
+async fn python_profile_names_burn_in_python(prefix: &str, args: &[&str]) {
+    let (_client, ns, _rws, _p, cm) = profiled_of(prefix, Leaker::Python(args)).await;
     let folded = folded(&cm);
     let (with, all) = folded_samples_through(&folded, &["outer_python", "burn_in_python"]);
     assert!(with * 10 >= all * 8, "{with} of {all}: {folded}");

@@ -260,6 +260,7 @@ struct rw_py_proc {
 /* Kinds of rw_stack_sample. */
 #define RW_STACK_SAMPLE_PROFILE 1
 #define RW_STACK_SAMPLE_SITE 2
+#define RW_STACK_SAMPLE_JVM_ALLOC 3
 
 /*
  * One stack sample of a captured process, for unwinding in user space: the registers a
@@ -285,10 +286,12 @@ struct rw_stack_sample {
 };
 
 /* A growth-site capture's state per process (rw_site_pids): the highest resident pages
- * seen, and the bytes of growth not yet charged to a stack sample. */
+ * seen, the bytes of growth not yet charged to a stack sample, and for a JVM the bytes of
+ * heap allocation not yet charged (its allocation probes, stacks.bpf.h). */
 struct rw_site_state {
 	__u64 high;
 	__u64 pending;
+	__u64 alloc_pending;
 };
 
 /* Bytes of growth per stack sample of a growth-site capture (a sample is charged with

@@ -28,6 +28,7 @@ pub mod programs {
     pub const FREE_ENTER: &str = "rw_free_enter";
     pub const MUNMAP_ENTER: &str = "rw_munmap_enter";
     pub const PROFILE: &str = "rw_profile";
+    pub const JVM_ALLOC: &str = "rw_jvm_alloc";
 }
 
 /// Names of the maps in [`OBJECT`].

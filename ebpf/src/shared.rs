@@ -38,6 +38,7 @@ pub const PY_NO_CFRAME: u32 = u32::MAX;
 /// Kinds of [`RwStackSample`].
 pub const STACK_SAMPLE_PROFILE: u32 = 1;
 pub const STACK_SAMPLE_SITE: u32 = 2;
+pub const STACK_SAMPLE_JVM_ALLOC: u32 = 3;
 /// Bytes of growth per growth-site stack sample (`RW_SITE_SAMPLE_BYTES`).
 pub const SITE_SAMPLE_BYTES: u64 = 256 * 1024;
 /// Processes whose growth sites can be captured at once (`rw_control.site_pid`).
@@ -280,6 +281,7 @@ pub struct RwPyProc {
 pub struct RwSiteState {
     pub high: u64,
     pub pending: u64,
+    pub alloc_pending: u64,
 }
 
 // SAFETY: all of these are repr(C) plain-old-data with explicit padding fields, so every
@@ -340,7 +342,7 @@ mod tests {
                 value, ip, sp, bp, caller, tgid, kind, user_stack, kernel_stack, stack_len, py_len,
                 py_frames, stack,
             },
-            "rw_site_state" => RwSiteState { high, pending },
+            "rw_site_state" => RwSiteState { high, pending, alloc_pending },
             "rw_py_proc" => RwPyProc {
                 runtime, interp_head, threads_head, tstate_next, tstate_thread_id, tstate_frame,
                 cframe_frame, frame_code, frame_previous, frame_entry, entry_kind,
@@ -404,6 +406,10 @@ mod tests {
             ("RW_STACK_COPY", STACK_COPY as u64),
             ("RW_STACK_SAMPLE_PROFILE", u64::from(STACK_SAMPLE_PROFILE)),
             ("RW_STACK_SAMPLE_SITE", u64::from(STACK_SAMPLE_SITE)),
+            (
+                "RW_STACK_SAMPLE_JVM_ALLOC",
+                u64::from(STACK_SAMPLE_JVM_ALLOC),
+            ),
             ("RW_SITE_SAMPLE_BYTES", SITE_SAMPLE_BYTES),
             ("RW_PY_DEPTH", PY_DEPTH as u64),
             ("RW_PY_ENTRY", PY_ENTRY),

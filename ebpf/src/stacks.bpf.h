@@ -222,6 +222,33 @@ static __always_inline int send_stack_sample(__u32 kind, __u32 tgid, __u64 value
 }
 
 /*
+ * Adds `add` bytes to `*pending` and, once RW_SITE_SAMPLE_BYTES have gathered, charges
+ * them all to the current user stack: one stack per RW_SITE_SAMPLE_BYTES, since a copy of
+ * the stack per fault (or per allocation) would cost more than what it explains.
+ */
+static __always_inline void charge_site(void *ctx, __u64 *pending, __u32 tgid, __u64 add,
+					__u32 kind)
+{
+	__u64 bytes = __sync_fetch_and_add(pending, add) + add;
+	if (bytes < RW_SITE_SAMPLE_BYTES)
+		return;
+	/* Taken by this event; a racing thread's add lands in the next sample. */
+	__sync_fetch_and_sub(pending, bytes);
+	__s32 user_stack = bpf_get_stackid(ctx, &rw_site_stacks, BPF_F_USER_STACK);
+	if (user_stack < 0)
+		stat_inc(RW_STAT_STACKS_LOST);
+	if (send_stack_sample(kind, tgid, bytes, user_stack, -1) == 0)
+		return;
+	struct rw_stack_key key = {
+		.tgid = tgid,
+		.user_stack = user_stack,
+		.kernel_stack = -1,
+	};
+	key.caller = top_return_address();
+	stack_count_add(&rw_site_bytes, &key, bytes);
+}
+
+/*
  * Called from rw_rss_stat for a process listed in rw_site_pids: when its resident total
  * goes above the highest seen so far, the growth is charged to the user stack of the task
  * that caused it, if that task belongs to the process (a fault, a brk or an mmap of its
@@ -253,26 +280,28 @@ static __always_inline void record_growth_site(void *ctx, __u32 tgid, __u64 tota
 	st->high = total;
 	if ((bpf_get_current_pid_tgid() >> 32) != tgid)
 		return;
-	/* One stack per RW_SITE_SAMPLE_BYTES of growth, charged with all of it: a copy of the
-	 * stack per fault would cost more than the growth it explains. */
-	__u64 bytes = __sync_fetch_and_add(&st->pending, (total - prev) << rw_config.page_shift) +
-		      ((total - prev) << rw_config.page_shift);
-	if (bytes < RW_SITE_SAMPLE_BYTES)
-		return;
-	/* Taken by this event; a racing thread's add lands in the next sample. */
-	__sync_fetch_and_sub(&st->pending, bytes);
-	__s32 user_stack = bpf_get_stackid(ctx, &rw_site_stacks, BPF_F_USER_STACK);
-	if (user_stack < 0)
-		stat_inc(RW_STAT_STACKS_LOST);
-	if (send_stack_sample(RW_STACK_SAMPLE_SITE, tgid, bytes, user_stack, -1) == 0)
-		return;
-	struct rw_stack_key key = {
-		.tgid = tgid,
-		.user_stack = user_stack,
-		.kernel_stack = -1,
-	};
-	key.caller = top_return_address();
-	stack_count_add(&rw_site_bytes, &key, bytes);
+	charge_site(ctx, &st->pending, tgid, (total - prev) << rw_config.page_shift,
+		    RW_STACK_SAMPLE_SITE);
+}
+
+/*
+ * A JVM's heap allocations, while its growth sites are captured: attached by user space to
+ * HotSpot's AllocTracer::send_allocation_in_new_tlab (a thread took a new TLAB of this
+ * many bytes) and ::send_allocation_outside_tlab (one object too large for a TLAB), which
+ * HotSpot calls whether JFR is on or not; async-profiler's allocation mode hooks the same
+ * two. Both take the bytes as their third argument. Sampled by bytes like resident growth,
+ * with a counter of its own: a garbage-collected heap grows where the collector copies
+ * live objects, which says nothing of where they were made; its allocations do.
+ */
+SEC("uprobe")
+int BPF_KPROBE(rw_jvm_alloc, void *klass, void *obj, __u64 bytes)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct rw_site_state *st = bpf_map_lookup_elem(&rw_site_pids, &tgid);
+	if (!st || !bytes)
+		return 0;
+	charge_site(ctx, &st->alloc_pending, tgid, bytes, RW_STACK_SAMPLE_JVM_ALLOC);
+	return 0;
 }
 
 /* ---- CPU profile ----------------------------------------------------------------------- */

@@ -28,6 +28,12 @@ struct Cli {
         default_value = "text"
     )]
     log_format: resourcewatch_proto::logging::Format,
+    /// Never ask a JVM for its perf map. By default a JVM whose stacks are captured (a
+    /// profile, a leak's growth sites) is asked every 5 s through HotSpot's attach
+    /// mechanism to write /tmp/perf-<pid>.map (what `jcmd PID Compiler.perfmap` does), so
+    /// that its compiled Java methods are named.
+    #[arg(long, global = true, env = "RESOURCEWATCH_NO_JVM_PERF_MAPS")]
+    no_jvm_perf_maps: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -205,6 +211,7 @@ fn main() -> ExitCode {
         eprintln!("resourcewatch-agent: {e}");
         return ExitCode::from(64);
     }
+    resourcewatch_agent::stacks::jvm::set_enabled(!cli.no_jvm_perf_maps);
     match cli.command {
         Command::Probe { json } => probe(json),
         Command::Top(args) => run_top(args),

@@ -74,8 +74,8 @@ pub struct Profiler {
     /// Stack samples to unwind in user space (taken out of `bpf`; dropped before it).
     samples: RingBuf<MapData>,
     unwinder: stacks::unwind::Unwinder,
-    /// CPython processes listed for the kernel's frame walk.
-    python: stacks::python::Registry,
+    /// CPython processes listed for the kernel's frame walk, JVMs asked for perf maps.
+    runtimes: stacks::Runtimes,
     bpf: Ebpf,
     ncpus: u32,
 }
@@ -133,11 +133,11 @@ impl Profiler {
                 .ok_or(PipelineError::MissingMap(maps::STACK_SAMPLES))?,
         )
         .map_err(crate::bpf::map_err(maps::STACK_SAMPLES))?;
-        let python = stacks::python::Registry::take(&mut bpf)?;
+        let runtimes = stacks::Runtimes::take(&mut bpf)?;
         Ok(Self {
             samples,
             unwinder: stacks::unwind::Unwinder::new(),
-            python,
+            runtimes,
             bpf,
             ncpus,
         })
@@ -207,7 +207,7 @@ impl Profiler {
         let table_bytes = self.unwinder.table_bytes();
         // What the walks cached (tables, mappings) is not kept from one profile to the next.
         self.unwinder = stacks::unwind::Unwinder::new();
-        self.python.clear();
+        self.runtimes.clear();
         stacks.extend(stacks::drain(
             &mut self.bpf,
             maps::PROFILE_COUNTS,
@@ -232,7 +232,7 @@ impl Profiler {
             &self.bpf,
             maps::PROFILE_STACKS,
             &mut self.unwinder,
-            &mut self.python,
+            &mut self.runtimes,
             walked,
         )?;
         Ok(t.elapsed())
@@ -256,10 +256,10 @@ impl Profiler {
             return Err(ProfileError::TooMany("cgroups"));
         }
         replace_keys(&mut self.bpf, maps::PROFILE_PIDS, &target.pids)?;
-        // A CPython process named is listed for the frame walk before its first sample
-        // (one in a profiled cgroup is, at its first sample).
+        // A CPython process named is listed for the frame walk before its first sample,
+        // a JVM asked for its perf map (one in a profiled cgroup is, at its first sample).
         for &pid in &target.pids {
-            self.python.runtime(pid);
+            self.runtimes.seen(pid);
         }
         replace_keys(&mut self.bpf, maps::PROFILE_CGROUPS, &target.cgroups)?;
         Ok(())

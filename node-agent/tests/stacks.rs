@@ -817,7 +817,7 @@ fn a_python_leak_growth_site_names_the_python_function_from_the_interpreter_fram
             .expect("start python");
         let p = Running(child);
         std::thread::sleep(Duration::from_millis(300));
-        let (named, total) = python_growth_sites(p.pid());
+        let (named, total) = growth_sites(p.pid());
         let top = user(&named[0]);
         let (grow, leak) = (
             position(top, "py::grow_python:"),
@@ -843,7 +843,7 @@ fn a_python_leak_growth_site_names_the_python_function_from_the_interpreter_fram
 }
 
 /// Growth sites of `pid` captured for 4 s, named, heaviest first, and the bytes charged.
-fn python_growth_sites(pid: u32) -> (Vec<Stack>, u64) {
+fn growth_sites(pid: u32) -> (Vec<Stack>, u64) {
     let mut pipes = Pipelines::load(PipelineOptions::default()).expect("pipelines");
     pipes.capture_growth_sites(pid).expect("capture");
     for _ in 0..8 {
@@ -930,7 +930,7 @@ fn a_python_leak_growth_site_names_the_python_function() {
             .expect("start python");
         let p = Running(child);
         wait_for_perf_map(p.pid(), "leak_in_python");
-        let (named, total) = python_growth_sites(p.pid());
+        let (named, total) = growth_sites(p.pid());
         let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p.pid()));
         let top = &named[0];
         let frames = user(top);
@@ -1060,5 +1060,158 @@ fn a_java_profile_with_a_perf_map_names_the_java_method() {
     assert!(
         frames[..at].iter().any(|f| f.contains("Burn.outerJava")),
         "the caller Burn.outerJava is not above Burn.burnInJava: {top:?}"
+    );
+}
+
+/// `java` of javac's own JDK and a directory holding the compiled `source` fixture; None
+/// (a skip) without a JDK.
+fn java_fixture(test: &str, source: &str) -> Option<(PathBuf, PathBuf)> {
+    let javac = runtime(test, "javac")?;
+    let jdk_bin = javac
+        .canonicalize()
+        .expect("javac's path")
+        .parent()
+        .expect("javac's directory")
+        .to_owned();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stacks/java");
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let built = Command::new(javac)
+        .arg("-d")
+        .arg(&dir)
+        .arg(fixture(source))
+        .output()
+        .expect("run javac");
+    assert!(
+        built.status.success(),
+        "javac: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some((jdk_bin.join("java"), dir))
+}
+
+/// OpenJDK 17 with `-XX:+PreserveFramePointer` and nothing else: the agent asks the JVM
+/// for its perf map itself (HotSpot's attach mechanism, stacks/jvm.rs), so the hot Java
+/// method is named under its Java caller with no jcmd run by anyone, and the attach
+/// trigger file is gone afterwards.
+#[test]
+fn a_java_profile_names_the_java_method_with_no_jcmd() {
+    const TEST: &str = "a_java_profile_names_the_java_method_with_no_jcmd";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    let Some((java, dir)) = java_fixture(TEST, "Burn.java") else {
+        return;
+    };
+    let child = Command::new(java)
+        .args([
+            "-XX:+PreserveFramePointer",
+            "-XX:CompileCommand=quiet",
+            "-XX:CompileCommand=dontinline,Burn::burnInJava",
+            "-cp",
+        ])
+        .arg(&dir)
+        .arg("Burn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start java");
+    let mut p = Running(child);
+    let map = format!("/tmp/perf-{}.map", p.pid());
+    let _ = std::fs::remove_file(&map);
+    // Compiled by C2 within a few seconds; the agent asks when the profile starts.
+    std::thread::sleep(Duration::from_secs(4));
+    let (named, samples) = profile_pid(p.pid());
+    assert!(std::path::Path::new(&map).is_file(), "no {map} written");
+    assert!(
+        !std::path::Path::new(&format!("/tmp/.attach_pid{}", p.pid())).exists(),
+        "the attach trigger file was left behind"
+    );
+    let _ = std::fs::remove_file(&map);
+    let share = share_naming(&named, samples, "Burn.burnInJava");
+    assert!(
+        share >= 0.8,
+        "Burn.burnInJava in {share:.2} of samples: {named:?}"
+    );
+    let top = user(&named[0]);
+    assert!(
+        has_in_order(top, &["Burn.outerJava()", "Burn.burnInJava(int)"]),
+        "hottest: {top:?}"
+    );
+    // SIGQUIT started the attach listener: no thread dump on the JVM's stdout.
+    let _ = p.0.kill();
+    let mut out = String::new();
+    use std::io::Read;
+    let _ = p.0.stdout.take().expect("stdout").read_to_string(&mut out);
+    assert!(
+        !out.contains("Full thread dump"),
+        "the JVM printed a thread dump: {out}"
+    );
+    eprintln!("{:.0} % name burnInJava; hottest: {top:?}", share * 100.0);
+}
+
+/// An OpenJDK 17 leak (tests/fixtures/stacks/Leak.java, G1): the agent samples the heap's
+/// allocations (HotSpot's allocation tracer, by bytes) and asks for the perf map itself, so
+/// the Java method that makes what is kept is named, under its Java caller. The growth the
+/// collector's threads cause (copying live objects) names no Java method; the cluster's
+/// site ranking leaves it out for a JVM (snapshot/sites.rs). `leakInJava` is kept from being
+/// inlined: a method the JIT inlines is named after its caller (README "Stacks").
+#[test]
+fn a_java_leak_growth_site_names_the_java_method() {
+    const TEST: &str = "a_java_leak_growth_site_names_the_java_method";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    let Some((java, dir)) = java_fixture(TEST, "Leak.java") else {
+        return;
+    };
+    let child = Command::new(java)
+        .args([
+            "-XX:+PreserveFramePointer",
+            "-XX:CompileCommand=quiet",
+            "-XX:CompileCommand=dontinline,Leak::leakInJava",
+            "-cp",
+        ])
+        .arg(&dir)
+        .arg("Leak")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start java");
+    let p = Running(child);
+    // Compiled by C1 after a few hundred calls (100 a second).
+    std::thread::sleep(Duration::from_secs(4));
+    let (named, _) = growth_sites(p.pid());
+    let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p.pid()));
+    let allocations: Vec<&Stack> = named
+        .iter()
+        .filter(|s| {
+            s.frames
+                .last()
+                .is_some_and(|f| f.starts_with("AllocTracer::send_allocation"))
+        })
+        .collect();
+    let bytes: u64 = allocations.iter().map(|s| s.value).sum();
+    assert!(
+        bytes > 8 << 20,
+        "{bytes} bytes of allocations sampled: {named:?}"
+    );
+    let through = |function: &str| -> u64 {
+        allocations
+            .iter()
+            .filter(|s| user(s).iter().any(|f| f.contains(function)))
+            .map(|s| s.value)
+            .sum()
+    };
+    let leak = through("Leak.leakInJava");
+    assert!(
+        leak * 2 >= bytes,
+        "Leak.leakInJava in {leak} of {bytes} allocated bytes: {allocations:?}"
+    );
+    let top = user(allocations[0]);
+    assert!(
+        has_in_order(top, &["Leak.growJava()", "Leak.leakInJava()"]),
+        "heaviest allocation site: {top:?}"
+    );
+    eprintln!(
+        "leakInJava in {leak} of {bytes} sampled allocation bytes; heaviest: {:?}",
+        top.iter().rev().take(8).collect::<Vec<_>>()
     );
 }

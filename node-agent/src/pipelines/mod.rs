@@ -133,14 +133,16 @@ pub struct Pipelines {
     /// Growth-site stack samples, walked by `unwinder` into `site_walked` as they come.
     stack_samples: RingBuf<MapData>,
     unwinder: crate::stacks::unwind::Unwinder,
-    /// CPython processes listed for the kernel's frame walk (growth sites of Python).
-    python: crate::stacks::python::Registry,
+    /// CPython processes listed for the kernel's frame walk, JVMs asked for perf maps.
+    runtimes: crate::stacks::Runtimes,
     site_walked: crate::stacks::Walked,
     opts: PipelineOptions,
     layout: CgroupLayout,
     ncpus: u32,
     page: u64,
     alloc_pids: HashSet<u32>,
+    /// The JVM allocation probes attached per captured JVM (see sites).
+    jvm_alloc_links: HashMap<u32, Vec<aya::programs::uprobe::UProbeLinkId>>,
     /// rw_cpu_sync, run on each CPU in turn (never attached).
     cpu_sync: ProgramFd,
     sync_failures: AtomicU64,
@@ -171,7 +173,7 @@ impl Pipelines {
                 .ok_or(PipelineError::MissingMap(maps::STACK_SAMPLES))?,
         )
         .map_err(map_err(maps::STACK_SAMPLES))?;
-        let python = crate::stacks::python::Registry::take(&mut bpf)?;
+        let runtimes = crate::stacks::Runtimes::take(&mut bpf)?;
 
         let mut this = Self {
             cpu_sketch,
@@ -184,13 +186,14 @@ impl Pipelines {
             samples,
             stack_samples,
             unwinder: crate::stacks::unwind::Unwinder::new(),
-            python,
+            runtimes,
             site_walked: HashMap::new(),
             opts,
             layout,
             ncpus,
             page: procfs::page_size(),
             alloc_pids: HashSet::new(),
+            jvm_alloc_links: HashMap::new(),
             cpu_sync,
             sync_failures: AtomicU64::new(0),
             bpf,

@@ -6,8 +6,17 @@
 
 use std::sync::atomic::Ordering;
 
-use aya::maps::HashMap as BpfHashMap;
-use resourcewatch_ebpf::{maps, shared};
+use std::num::NonZeroU32;
+
+use aya::{
+    maps::HashMap as BpfHashMap,
+    programs::{
+        UProbe,
+        uprobe::{UProbeAttachLocation, UProbeScope},
+    },
+};
+use object::{Object, ObjectSegment, ObjectSymbol};
+use resourcewatch_ebpf::{maps, programs as progs, shared};
 
 use super::Pipelines;
 use crate::{
@@ -46,18 +55,73 @@ impl Pipelines {
         let state = shared::RwSiteState {
             high: pages,
             pending: 0,
+            alloc_pending: 0,
         };
         pids.insert(tgid, state, 0).map_err(map_err(name))?;
-        // Listed for the kernel's Python frame walk before its first sample, if CPython.
-        self.python.runtime(tgid);
+        // Listed for the kernel's Python frame walk before its first sample if CPython,
+        // asked for its perf map if a JVM, whose heap allocations are sampled too.
+        self.runtimes.seen(tgid);
+        if let Err(e) = self.sample_jvm_allocations(tgid) {
+            tracing::debug!("sampling the heap allocations of JVM {tgid}: {e}");
+        }
         self.control_word(free)
             .store(u64::from(tgid), Ordering::SeqCst);
         self.count_site_captures();
         Ok(())
     }
 
+    /// Attaches `rw_jvm_alloc` (stacks.bpf.h) to HotSpot's allocation tracer in the
+    /// libjvm.so `tgid` maps, for that process only; nothing when it maps none.
+    fn sample_jvm_allocations(&mut self, tgid: u32) -> Result<(), PipelineError> {
+        if self.jvm_alloc_links.contains_key(&tgid) {
+            return Ok(());
+        }
+        let Some((libjvm, offsets)) = jvm_allocation_tracer(tgid) else {
+            return Ok(());
+        };
+        let name = progs::JVM_ALLOC;
+        let err = |source| PipelineError::Uprobe {
+            pid: tgid,
+            symbol: "AllocTracer::send_allocation_*",
+            source: Box::new(source),
+        };
+        let prog: &mut UProbe = self
+            .bpf
+            .program_mut(name)
+            .ok_or(PipelineError::MissingProgram(name))?
+            .try_into()
+            .map_err(err)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(err)?;
+        }
+        let scope =
+            UProbeScope::OneProcess(NonZeroU32::new(tgid).ok_or(PipelineError::NoProcess(tgid))?);
+        let mut links = Vec::new();
+        for off in offsets {
+            match prog.attach(UProbeAttachLocation::AbsoluteOffset(off), &libjvm, scope) {
+                Ok(l) => links.push(l),
+                Err(e) => {
+                    for l in links {
+                        let _ = prog.detach(l);
+                    }
+                    return Err(err(e));
+                }
+            }
+        }
+        self.jvm_alloc_links.insert(tgid, links);
+        Ok(())
+    }
+
     /// Stops capturing `tgid`'s growth sites (what was captured stays until read).
     pub fn stop_growth_sites(&mut self, tgid: u32) {
+        if let Some(links) = self.jvm_alloc_links.remove(&tgid)
+            && let Some(prog) = self.bpf.program_mut(progs::JVM_ALLOC)
+            && let Ok(prog) = <&mut UProbe>::try_from(prog)
+        {
+            for l in links {
+                let _ = prog.detach(l);
+            }
+        }
         for i in 0..shared::MAX_SITE_CAPTURES {
             let w = self.control_word(shared::control::SITE_PID + i);
             if w.load(Ordering::SeqCst) == u64::from(tgid) {
@@ -76,7 +140,7 @@ impl Pipelines {
         if pids.keys().next().is_none() {
             // No capture left: what the unwinder cached (tables, mappings) goes with it.
             self.unwinder = crate::stacks::unwind::Unwinder::new();
-            self.python.clear();
+            self.runtimes.clear();
         }
     }
 
@@ -111,7 +175,7 @@ impl Pipelines {
             &self.bpf,
             maps::SITE_STACKS,
             &mut self.unwinder,
-            &mut self.python,
+            &mut self.runtimes,
             &mut self.site_walked,
         )
     }
@@ -127,4 +191,37 @@ impl Pipelines {
         )?);
         Ok(raw)
     }
+}
+
+/// The libjvm.so `pid` maps (through its root) and the file offsets of HotSpot's
+/// `AllocTracer::send_allocation_in_new_tlab` and `::send_allocation_outside_tlab`, found
+/// in its symbol table by name (their mangled signatures change between releases).
+fn jvm_allocation_tracer(pid: u32) -> Option<(String, Vec<u64>)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let path = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libjvm.so"))?;
+    let file = format!("/proc/{pid}/root{path}");
+    let data = std::fs::File::open(&file).ok()?;
+    let cache = object::ReadCache::new(data);
+    let elf = object::File::parse(&cache).ok()?;
+    let mut offsets = Vec::new();
+    for want in [
+        "AllocTracer27send_allocation_in_new_tlab",
+        "AllocTracer28send_allocation_outside_tlab",
+    ] {
+        let sym = elf
+            .symbols()
+            .chain(elf.dynamic_symbols())
+            .find(|s| s.name().is_ok_and(|n| n.contains(want)) && s.address() != 0)?;
+        let addr = sym.address();
+        let off = elf.segments().find_map(|seg| {
+            let (file_off, size) = seg.file_range();
+            (seg.address() <= addr && addr < seg.address() + size)
+                .then(|| addr - seg.address() + file_off)
+        })?;
+        offsets.push(off);
+    }
+    Some((file, offsets))
 }

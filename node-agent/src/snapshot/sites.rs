@@ -204,7 +204,8 @@ fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -
             value,
         })
         .collect();
-    let named = crate::stacks::name(&stacks, sym, |_| None);
+    let mut named = crate::stacks::name(&stacks, sym, |_| None);
+    drop_jvm_collector_growth(&mut named);
     let total: u64 = named.iter().map(|s| s.value).sum::<u64>().max(1);
     let mut merged: HashMap<Vec<String>, u64> = HashMap::new();
     for s in named {
@@ -224,6 +225,36 @@ fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -
             percent: (bytes as f64 * 1000.0 / total as f64).round() / 10.0,
         })
         .collect()
+}
+
+/// Where HotSpot's collector threads start: resident growth under them is the collector
+/// copying live objects into new regions (G1, Parallel, Serial), and the copy does not say
+/// where those objects were made.
+const JVM_COLLECTOR_ROOTS: [&str; 4] = [
+    "GangWorker::run()",
+    "WorkerThread::run()",
+    "VMThread::run()",
+    "ConcurrentGCThread::run()",
+];
+
+/// For a JVM whose heap allocations were sampled (stacks.bpf.h's `rw_jvm_alloc`: sites
+/// whose leaf is HotSpot's `AllocTracer::send_allocation_*`), the growth its collector's
+/// threads caused is left out: the sites are then where the heap's allocations come from,
+/// which for a leak is where what is kept was made. Without allocation samples (no
+/// libjvm.so symbols) nothing is left out.
+fn drop_jvm_collector_growth(named: &mut Vec<crate::stacks::Stack>) {
+    let sampled = named.iter().any(|s| {
+        s.frames
+            .last()
+            .is_some_and(|f| f.starts_with("AllocTracer::send_allocation"))
+    });
+    if sampled {
+        named.retain(|s| {
+            !s.frames
+                .iter()
+                .any(|f| JVM_COLLECTOR_ROOTS.contains(&f.as_str()))
+        });
+    }
 }
 
 /// A site's frames (leaf first) without the JIT runtime's or interpreter's own native
@@ -249,6 +280,40 @@ fn skip_runtime_frames(frames: Vec<String>, is_jit: impl Fn(&str) -> bool) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jvms_collector_growth_is_left_out_only_when_its_allocations_were_sampled() {
+        let stack = |frames: &[&str], value| crate::stacks::Stack {
+            tgid: 1,
+            frames: frames.iter().map(|s| s.to_string()).collect(),
+            kernel_frames: 0,
+            value,
+        };
+        let gc = stack(
+            &[
+                "clone3",
+                "GangWorker::run()",
+                "GangWorker::loop()",
+                "memcpy",
+            ],
+            30,
+        );
+        let alloc = stack(
+            &[
+                "main",
+                "void Leak.leakInJava()",
+                "AllocTracer::send_allocation_outside_tlab(Klass*)",
+            ],
+            10,
+        );
+        let native = stack(&["main", "Java_Native_grow", "malloc"], 5);
+        let mut named = vec![gc.clone(), alloc.clone(), native.clone()];
+        drop_jvm_collector_growth(&mut named);
+        assert_eq!(named, [alloc, native.clone()]);
+        let mut named = vec![gc.clone(), native.clone()];
+        drop_jvm_collector_growth(&mut named);
+        assert_eq!(named, [gc, native]);
+    }
 
     #[test]
     fn runtime_frames_between_the_leaf_and_the_outermost_jit_frame_are_left_out() {

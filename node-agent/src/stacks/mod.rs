@@ -2,6 +2,7 @@
 //! sites. Reading them out of the maps, naming their frames, and the formats people
 //! already use (folded stacks, pprof, an SVG flame graph).
 
+pub mod jvm;
 pub mod output;
 pub mod perfmap;
 pub mod python;
@@ -95,6 +96,36 @@ fn trace<T: std::borrow::Borrow<aya::maps::MapData>>(
         .unwrap_or_default()
 }
 
+/// What the stack pipelines learn of the processes they sample: CPython processes listed
+/// for the kernel's frame walk, JVMs asked for perf maps.
+pub struct Runtimes {
+    python: python::Registry,
+    jvm: jvm::PerfMapRequests,
+}
+
+impl Runtimes {
+    /// Holds the `rw_py_procs` map of a loaded object.
+    pub fn take(bpf: &mut Ebpf) -> Result<Self, PipelineError> {
+        Ok(Self {
+            python: python::Registry::take(bpf)?,
+            jvm: jvm::PerfMapRequests::default(),
+        })
+    }
+
+    /// Process `pid` is sampled, or about to be: looked at once (and a JVM asked again
+    /// every few seconds); its CPython runtime, if it is one.
+    pub fn seen(&mut self, pid: u32) -> Option<std::sync::Arc<python::Runtime>> {
+        self.jvm.seen(pid);
+        self.python.runtime(pid)
+    }
+
+    /// Forgets every process (a capture ended: PIDs may be reused before the next).
+    pub fn clear(&mut self) {
+        self.python.clear();
+        self.jvm.clear();
+    }
+}
+
 /// Walked stack samples merged: (process, user frames, kernel frames, caller) -> figure.
 pub type Walked = HashMap<(u32, Vec<u64>, Vec<u64>, u64), u64>;
 
@@ -102,13 +133,13 @@ pub type Walked = HashMap<(u32, Vec<u64>, Vec<u64>, u64), u64>;
 /// walks each with `unwinder`, and adds it to `into` (merged with equal stacks). Each walk
 /// is stitched to the sample's frame-pointer walk, read with its kernel stack from the
 /// stack-trace map `stacks`: call this before [`drain`] empties that map. The CPython
-/// frames the kernel read go in where their evaluation loop is (`python`).
+/// frames the kernel read go in where their evaluation loop is (`runtimes`).
 pub(crate) fn read_samples(
     ring: &mut RingBuf<MapData>,
     bpf: &Ebpf,
     stacks: &'static str,
     unwinder: &mut unwind::Unwinder,
-    python: &mut python::Registry,
+    runtimes: &mut Runtimes,
     into: &mut Walked,
 ) -> Result<(), PipelineError> {
     let traces: StackTraceMap<_> =
@@ -128,8 +159,9 @@ pub(crate) fn read_samples(
         let walk = unwinder.walk(s.tgid, s.ip, s.sp, s.bp, &s.stack[..len]);
         let mut user = unwind::stitch(&walk, &frames(s.user_stack));
         // Every sampled process is looked at once: a CPython one is listed for the
-        // kernel's frame walk from then on (its first samples have native frames only).
-        if let Some(rt) = python.runtime(s.tgid)
+        // kernel's frame walk from then on (its first samples have native frames only),
+        // a JVM asked for its perf map.
+        if let Some(rt) = runtimes.seen(s.tgid)
             && s.py_len > 0
         {
             let n = (s.py_len as usize).min(s.py_frames.len());
