@@ -180,3 +180,6 @@ images: deps ## Build the operator, agent and workload images (static binaries; 
 	@# carries: the interpreter at /usr/local/bin/python3 (stdlib landmark /usr/local/lib/python3.x/os.py),
 	@# libpython at its own path, the few modules `-S` start-up imports, the fixtures.
 	e2e/cluster/python-image.sh localhost/resourcewatch/python-workloads:$(IMAGE_TAG) target/images/python-workloads.tar
+	@# This machine's OpenJDK 17 runtime and the Java stack fixtures (no JDK tools in it: the
+	@# agent asks the JVM for its perf map).
+	e2e/cluster/java-image.sh localhost/resourcewatch/java-workloads:$(IMAGE_TAG) target/images/java-workloads.tar

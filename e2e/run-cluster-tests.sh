@@ -66,7 +66,7 @@ trap cleanup EXIT
 
 make -s images
 if [[ "${RW_E2E_SKIP_IMPORT:-0}" != 1 ]]; then
-  for i in operator agent workloads node-workloads c-workloads python-workloads; do rw_ctr -n k8s.io images import "target/images/$i.tar" >/dev/null; done
+  for i in operator agent workloads node-workloads c-workloads python-workloads java-workloads; do rw_ctr -n k8s.io images import "target/images/$i.tar" >/dev/null; done
 fi
 lap "images built and imported"
 

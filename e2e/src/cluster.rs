@@ -187,6 +187,11 @@ pub const C_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/c-workloads:0.1.0";
 /// CPython 3.12+ at /usr/local/bin/python3, Debian's 3.11 at /usr/bin/python3.11, and the
 /// stack fixtures /leak.py and /burn.py (e2e/cluster/python-image.sh).
 pub const PYTHON_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/python-workloads:0.1.0";
+/// This machine's OpenJDK 17 runtime at its own path, with the stack fixtures' classes
+/// Burn and Leak at / (e2e/cluster/java-image.sh).
+pub const JAVA_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/java-workloads:0.1.0";
+/// Where the Java image's `java` is (this machine's JDK path).
+pub const JAVA_IN_IMAGE: &str = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java";
 
 /// A bare pod running the workload simulator (`leak-sim ARGS`) with the memory limit
 /// `limit`, labelled `app=APP`, created in `ns`. A test helper: it panics (the test
@@ -268,6 +273,28 @@ pub async fn python_workload_pod(
         name,
         PYTHON_WORKLOADS_IMAGE,
         command,
+        args,
+        limit,
+    )
+    .await
+}
+
+/// A bare pod running OpenJDK 17 (the java-workloads image) with `args`, as
+/// [`node_workload_pod`] runs Node.js: another user, /tmp an emptyDir (where the JVM's
+/// attach socket and perf map go).
+pub async fn java_workload_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    args: &[&str],
+    limit: &str,
+) -> Pod {
+    runtime_workload_pod(
+        client,
+        ns,
+        name,
+        JAVA_WORKLOADS_IMAGE,
+        JAVA_IN_IMAGE,
         args,
         limit,
     )

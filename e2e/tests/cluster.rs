@@ -539,10 +539,17 @@ fn frame_is(frame: &str, function: &str) -> bool {
         .and_then(|f| f.split(' ').next());
     // CPython's perf trampolines: `py::leak_in_python:/leak.py`.
     let py = frame.strip_prefix("py::").and_then(|f| f.split(':').next());
+    // A JVM's perf map: `void Leak.leakInJava()` (`_` for the space in folded stacks).
+    let java = frame
+        .split_once('(')
+        .filter(|_| !frame.contains("::"))
+        .and_then(|(name, _)| name.rsplit_once('.'))
+        .map(|(_, method)| method);
     frame == function
         || frame.ends_with(&format!("::{function}"))
         || js == Some(function)
         || py == Some(function)
+        || java == Some(function)
 }
 
 /// What a leak-site test runs: a C workloads image command, or Node.js or CPython with
@@ -551,6 +558,7 @@ enum Leaker<'a> {
     C(&'a str),
     Node(&'a [&'a str]),
     Python(&'a [&'a str]),
+    Java(&'a [&'a str]),
 }
 
 /// A stack fixture (`command` in the C workloads image) leaking 6.4 MB/s into 1Gi (about
@@ -578,6 +586,10 @@ async fn leak_site_of(prefix: &str, leaker: Leaker<'_>, function: &str) -> Vec<S
         Leaker::Python(args) => {
             cluster::python_workload_pod(&client, n, "leaker", args, "1Gi").await;
             args.join(" ")
+        }
+        Leaker::Java(args) => {
+            cluster::java_workload_pod(&client, n, "leaker", args, "1Gi").await;
+            format!("java {}", args.join(" "))
         }
     };
     let listed = status_where(&rws, "w", "the leak listed", 120, |s| {
@@ -705,6 +717,31 @@ async fn a_python_leaks_growth_site_names_the_python_function() {
     assert!(
         up.iter().any(|f| frame_is(f, "grow_python")),
         "grow_python is not among leak_in_python's callers: {frames:?}"
+    );
+}
+
+/// OpenJDK 17 (node-agent/tests/fixtures/stacks/Leak.java) with `-XX:+PreserveFramePointer`
+/// and no JDK tool run, as a non-root user with /tmp an emptyDir: the agent samples the
+/// heap's allocations and asks the JVM for its perf map, so the Java method that makes what
+/// is kept is the top site, under its Java caller (the collector's copying left out).
+/// `leakInJava` is kept from being inlined (an inlined method is named after its caller).
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_java_leaks_growth_site_names_the_java_method() {
+    let args = [
+        "-XX:+PreserveFramePointer",
+        "-XX:CompileCommand=quiet",
+        "-XX:CompileCommand=dontinline,Leak::leakInJava",
+        "-Xmx900m",
+        "-cp",
+        "/",
+        "Leak",
+    ];
+    let frames = leak_site_of("rw-e2e-sites-java", Leaker::Java(&args), "leakInJava").await;
+    let up = callers(&frames, "leakInJava");
+    assert!(
+        up.iter().any(|f| frame_is(f, "growJava")),
+        "growJava is not among leakInJava's callers: {frames:?}"
     );
 }
 
@@ -1003,6 +1040,10 @@ async fn profiled_of(
             cluster::python_workload_pod(&client, &n, "burner", args, "64Mi").await;
             args.join(" ")
         }
+        Leaker::Java(args) => {
+            cluster::java_workload_pod(&client, &n, "burner", args, "256Mi").await;
+            format!("java {}", args.join(" "))
+        }
     };
     wait_running(&client, &n, &["burner"]).await;
     status_where(&rws, "w", "the burner in topCPU", 60, |s| {
@@ -1294,6 +1335,27 @@ async fn python_profile_names_burn_in_python(prefix: &str, args: &[&str]) {
     let (_client, ns, _rws, _p, cm) = profiled_of(prefix, Leaker::Python(args)).await;
     let folded = folded(&cm);
     let (with, all) = folded_samples_through(&folded, &["outer_python", "burn_in_python"]);
+    assert!(with * 10 >= all * 8, "{with} of {all}: {folded}");
+    ns.delete().await;
+}
+
+/// OpenJDK 17 with `-XX:+PreserveFramePointer` and no JDK tool run: the agent asks the
+/// JVM for its perf map, and the Java method burning the CPU is on >= 80 % of the samples,
+/// under its Java caller.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_java_profile_names_the_java_method_and_its_caller() {
+    let args = [
+        "-XX:+PreserveFramePointer",
+        "-XX:CompileCommand=quiet",
+        "-XX:CompileCommand=dontinline,Burn::burnInJava",
+        "-cp",
+        "/",
+        "Burn",
+    ];
+    let (_client, ns, _rws, _p, cm) = profiled_of("rw-e2e-profile-java", Leaker::Java(&args)).await;
+    let folded = folded(&cm);
+    let (with, all) = folded_samples_through(&folded, &["outerJava", "burnInJava"]);
     assert!(with * 10 >= all * 8, "{with} of {all}: {folded}");
     ns.delete().await;
 }
