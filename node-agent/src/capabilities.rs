@@ -12,6 +12,8 @@ const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 const CAP_SYS_PTRACE: u32 = 19;
 const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_DAC_OVERRIDE: u32 = 1;
+const CAP_KILL: u32 = 5;
 
 /// Which requirement a check is: code asks by id, never by matching a check's name.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
@@ -28,6 +30,7 @@ pub enum CheckId {
     Uprobes,
     Ptrace,
     ReadOwnerOnlyFiles,
+    AttachJvms,
 }
 
 /// One requirement and whether it holds.
@@ -136,6 +139,14 @@ pub fn probe() -> CapabilityReport {
         has(CAP_DAC_READ_SEARCH),
         "can read files only their owner may read (CPython's perf map, mode 0600)",
         "without it another user's files of mode 0600 are unreadable: CPython's Python functions in that user's stacks are [unknown]",
+    ));
+    checks.push(Check::of(
+        CheckId::AttachJvms,
+        "CAP_KILL and CAP_DAC_OVERRIDE",
+        false,
+        has(CAP_KILL) && has(CAP_DAC_OVERRIDE),
+        "can ask another user's JVM for its perf map (SIGQUIT, its 0600 attach socket)",
+        "without them another user's JVM is not asked for its perf map: its compiled Java methods are [unknown] unless something runs `jcmd PID Compiler.perfmap`",
     ));
 
     CapabilityReport {

@@ -1180,6 +1180,13 @@ fn a_java_leak_growth_site_names_the_java_method() {
     std::thread::sleep(Duration::from_secs(4));
     let (named, _) = growth_sites(p.pid());
     let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p.pid()));
+    for s in named.iter().take(6) {
+        eprintln!(
+            "{} {:?}",
+            s.value,
+            s.frames.iter().rev().collect::<Vec<_>>()
+        );
+    }
     let allocations: Vec<&Stack> = named
         .iter()
         .filter(|s| {

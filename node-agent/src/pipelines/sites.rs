@@ -61,8 +61,13 @@ impl Pipelines {
         // Listed for the kernel's Python frame walk before its first sample if CPython,
         // asked for its perf map if a JVM, whose heap allocations are sampled too.
         self.runtimes.seen(tgid);
-        if let Err(e) = self.sample_jvm_allocations(tgid) {
-            tracing::debug!("sampling the heap allocations of JVM {tgid}: {e}");
+        match self.sample_jvm_allocations(tgid) {
+            Ok(true) => tracing::info!(pid = tgid, "sampling the heap allocations of a JVM"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                pid = tgid,
+                "cannot sample the heap allocations of a JVM: {e}"
+            ),
         }
         self.control_word(free)
             .store(u64::from(tgid), Ordering::SeqCst);
@@ -71,13 +76,14 @@ impl Pipelines {
     }
 
     /// Attaches `rw_jvm_alloc` (stacks.bpf.h) to HotSpot's allocation tracer in the
-    /// libjvm.so `tgid` maps, for that process only; nothing when it maps none.
-    fn sample_jvm_allocations(&mut self, tgid: u32) -> Result<(), PipelineError> {
+    /// libjvm.so `tgid` maps, for that process only; false when it maps none (or was
+    /// attached to already).
+    fn sample_jvm_allocations(&mut self, tgid: u32) -> Result<bool, PipelineError> {
         if self.jvm_alloc_links.contains_key(&tgid) {
-            return Ok(());
+            return Ok(false);
         }
         let Some((libjvm, offsets)) = jvm_allocation_tracer(tgid) else {
-            return Ok(());
+            return Ok(false);
         };
         let name = progs::JVM_ALLOC;
         let err = |source| PipelineError::Uprobe {
@@ -109,7 +115,7 @@ impl Pipelines {
             }
         }
         self.jvm_alloc_links.insert(tgid, links);
-        Ok(())
+        Ok(true)
     }
 
     /// Stops capturing `tgid`'s growth sites (what was captured stays until read).

@@ -205,7 +205,7 @@ fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -
         })
         .collect();
     let mut named = crate::stacks::name(&stacks, sym, |_| None);
-    drop_jvm_collector_growth(&mut named);
+    drop_jvm_collector_growth(&mut named, |f| sym.is_jit(f));
     let total: u64 = named.iter().map(|s| s.value).sum::<u64>().max(1);
     let mut merged: HashMap<Vec<String>, u64> = HashMap::new();
     for s in named {
@@ -227,33 +227,22 @@ fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -
         .collect()
 }
 
-/// Where HotSpot's collector threads start: resident growth under them is the collector
-/// copying live objects into new regions (G1, Parallel, Serial), and the copy does not say
-/// where those objects were made.
-const JVM_COLLECTOR_ROOTS: [&str; 4] = [
-    "GangWorker::run()",
-    "WorkerThread::run()",
-    "VMThread::run()",
-    "ConcurrentGCThread::run()",
-];
-
 /// For a JVM whose heap allocations were sampled (stacks.bpf.h's `rw_jvm_alloc`: sites
-/// whose leaf is HotSpot's `AllocTracer::send_allocation_*`), the growth its collector's
-/// threads caused is left out: the sites are then where the heap's allocations come from,
-/// which for a leak is where what is kept was made. Without allocation samples (no
+/// whose leaf is HotSpot's `AllocTracer::send_allocation_*`), resident growth under no Java
+/// frame is left out: the collector copying live objects into new regions (G1, Parallel,
+/// Serial: the copy does not say where those objects were made), the JIT compilers' and
+/// the VM thread's own memory. The sites are then where the heap's allocations come from,
+/// which for a leak is where what is kept was made, and the growth Java code caused
+/// outside the heap (JNI, direct buffers, class loading). Without allocation samples (no
 /// libjvm.so symbols) nothing is left out.
-fn drop_jvm_collector_growth(named: &mut Vec<crate::stacks::Stack>) {
-    let sampled = named.iter().any(|s| {
+fn drop_jvm_collector_growth(named: &mut Vec<crate::stacks::Stack>, is_jit: impl Fn(&str) -> bool) {
+    let allocation = |s: &crate::stacks::Stack| {
         s.frames
             .last()
             .is_some_and(|f| f.starts_with("AllocTracer::send_allocation"))
-    });
-    if sampled {
-        named.retain(|s| {
-            !s.frames
-                .iter()
-                .any(|f| JVM_COLLECTOR_ROOTS.contains(&f.as_str()))
-        });
+    };
+    if named.iter().any(allocation) {
+        named.retain(|s| allocation(s) || s.frames.iter().any(|f| is_jit(f)));
     }
 }
 
@@ -282,20 +271,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_jvms_collector_growth_is_left_out_only_when_its_allocations_were_sampled() {
+    fn a_jvms_growth_under_no_java_frame_is_left_out_only_when_its_allocations_were_sampled() {
         let stack = |frames: &[&str], value| crate::stacks::Stack {
             tgid: 1,
             frames: frames.iter().map(|s| s.to_string()).collect(),
             kernel_frames: 0,
             value,
         };
+        let jit = |f: &str| f.starts_with("void ");
         let gc = stack(
-            &[
-                "clone3",
-                "GangWorker::run()",
-                "GangWorker::loop()",
-                "memcpy",
-            ],
+            &["clone3", "VMThread::run()", "Generation::promote", "memcpy"],
             30,
         );
         let alloc = stack(
@@ -306,13 +291,28 @@ mod tests {
             ],
             10,
         );
-        let native = stack(&["main", "Java_Native_grow", "malloc"], 5);
-        let mut named = vec![gc.clone(), alloc.clone(), native.clone()];
-        drop_jvm_collector_growth(&mut named);
-        assert_eq!(named, [alloc, native.clone()]);
-        let mut named = vec![gc.clone(), native.clone()];
-        drop_jvm_collector_growth(&mut named);
-        assert_eq!(named, [gc, native]);
+        let unwalked_alloc = stack(
+            &[
+                "[unknown]",
+                "AllocTracer::send_allocation_in_new_tlab(Klass*)",
+            ],
+            4,
+        );
+        let jni = stack(
+            &["main", "void Native.grow()", "Java_Native_grow", "malloc"],
+            5,
+        );
+        let mut named = vec![
+            gc.clone(),
+            alloc.clone(),
+            unwalked_alloc.clone(),
+            jni.clone(),
+        ];
+        drop_jvm_collector_growth(&mut named, jit);
+        assert_eq!(named, [alloc, unwalked_alloc, jni.clone()]);
+        let mut named = vec![gc.clone(), jni.clone()];
+        drop_jvm_collector_growth(&mut named, jit);
+        assert_eq!(named, [gc, jni]);
     }
 
     #[test]
