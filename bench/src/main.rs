@@ -1485,6 +1485,11 @@ fn unwind_cost(cmds: &[String], seconds: u64, frequency: u64, rounds: usize) {
         .unwrap_or_else(|e| fail(&format!("loading the profiler: {e}")));
     let mut fp = resourcewatch_agent::profile::Profiler::load_frame_pointers_only(16384)
         .unwrap_or_else(|e| fail(&format!("loading the profiler: {e}")));
+    // The same as `tables` but for CPython's frames, which it leaves unwalked: what the
+    // kernel's walk of them (ebpf/src/python.bpf.h) adds is the difference.
+    let mut no_py = resourcewatch_agent::profile::Profiler::load(16384)
+        .unwrap_or_else(|e| fail(&format!("loading the profiler: {e}")));
+    no_py.without_python_frames();
     println!(
         "{seconds} s profiles at {frequency} Hz, {rounds} rounds per mode, alternating; kernel ns per sample = the profiling program's run_time_ns over the target's samples (its early returns on other CPUs included, the same in both modes)"
     );
@@ -1501,11 +1506,12 @@ fn unwind_cost(cmds: &[String], seconds: u64, frequency: u64, rounds: usize) {
         std::thread::sleep(Duration::from_secs(2));
         let pid = child.id();
         for round in 0..rounds {
-            for with_tables in [round % 2 == 0, round % 2 != 0] {
-                let (profiler, mode) = if with_tables {
-                    (&mut tables, "copy + tables")
-                } else {
-                    (&mut fp, "frame pointers only")
+            let order = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+            for m in order {
+                let (profiler, mode) = match m {
+                    0 => (&mut tables, "copy + tables (+ Python frames)"),
+                    1 => (&mut no_py, "copy + tables, Python frames off"),
+                    _ => (&mut fp, "frame pointers only"),
                 };
                 let (samples, walked, kns, uus, frames, mib) =
                     unwind_run(profiler, pid, seconds, frequency);

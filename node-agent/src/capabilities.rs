@@ -239,6 +239,12 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Whether this process may create uprobes: CAP_SYS_ADMIN, since Linux took uprobe perf
+/// events back from CAP_PERFMON (a uprobe writes into another process's code).
+pub fn can_create_uprobes() -> bool {
+    effective_caps().is_some_and(|c| c & (1 << CAP_SYS_ADMIN) != 0)
+}
+
 fn effective_caps() -> Option<u64> {
     let s = fs::read_to_string("/proc/self/status").ok()?;
     let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?.trim();

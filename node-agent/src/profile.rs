@@ -238,6 +238,13 @@ impl Profiler {
         Ok(t.elapsed())
     }
 
+    /// Leaves CPython's frames unwalked (the native walk only): for measuring what the
+    /// kernel's walk of them costs per sample.
+    pub fn without_python_frames(&mut self) {
+        self.runtimes.clear();
+        self.runtimes.python.enabled = false;
+    }
+
     /// The loaded profiling program.
     fn program(&mut self) -> Result<&mut PerfEvent, PipelineError> {
         let program = progs::PROFILE;

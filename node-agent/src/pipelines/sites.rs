@@ -64,10 +64,19 @@ impl Pipelines {
         match self.sample_jvm_allocations(tgid) {
             Ok(true) => tracing::info!(pid = tgid, "sampling the heap allocations of a JVM"),
             Ok(false) => {}
-            Err(e) => tracing::warn!(
-                pid = tgid,
-                "cannot sample the heap allocations of a JVM: {e}"
-            ),
+            Err(e) => {
+                // The whole chain: the kernel's errno is at its end.
+                let mut why = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    why.push_str(&format!(": {s}"));
+                    source = s.source();
+                }
+                tracing::warn!(
+                    pid = tgid,
+                    "cannot sample the heap allocations of a JVM: {why}"
+                );
+            }
         }
         self.control_word(free)
             .store(u64::from(tgid), Ordering::SeqCst);
@@ -79,7 +88,9 @@ impl Pipelines {
     /// libjvm.so `tgid` maps, for that process only; false when it maps none (or was
     /// attached to already).
     fn sample_jvm_allocations(&mut self, tgid: u32) -> Result<bool, PipelineError> {
-        if self.jvm_alloc_links.contains_key(&tgid) {
+        // Uprobes need CAP_SYS_ADMIN, which the DaemonSet grants only when asked
+        // (`agent.uprobes` in the chart): without it a JVM's sites are its resident growth.
+        if self.jvm_alloc_links.contains_key(&tgid) || !crate::capabilities::can_create_uprobes() {
             return Ok(false);
         }
         let Some((libjvm, offsets)) = jvm_allocation_tracer(tgid) else {

@@ -57,6 +57,8 @@ struct Capture {
     container_id: Option<String>,
     raw: HashMap<(Vec<u64>, u64), u64>,
     sites: Vec<GrowthSite>,
+    /// The process runs HotSpot (maps libjvm.so): see `drop_jvm_collector_growth`.
+    jvm: bool,
 }
 
 #[derive(Default)]
@@ -107,11 +109,11 @@ impl SiteTracker {
                 pipes.stop_growth_sites(pid);
                 c.active = false;
                 c.ended_ns = now;
-                c.sites = name_sites(&self.sym, pid, &c.raw);
+                c.sites = name_sites(&self.sym, pid, &c.raw, c.jvm);
                 c.named_ns = now;
                 self.sym_used = true;
             } else if c.active && now.saturating_sub(c.named_ns) >= NAME_EVERY_NS {
-                c.sites = name_sites(&self.sym, pid, &c.raw);
+                c.sites = name_sites(&self.sym, pid, &c.raw, c.jvm);
                 c.named_ns = now;
                 self.sym_used = true;
             }
@@ -176,6 +178,8 @@ impl SiteTracker {
                             container_id: row.who.container_id.clone(),
                             raw: HashMap::new(),
                             sites: Vec::new(),
+                            jvm: std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                                .is_ok_and(|m| m.contains("/libjvm.so")),
                         },
                     );
                 }
@@ -193,7 +197,12 @@ impl SiteTracker {
     }
 }
 
-fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -> Vec<GrowthSite> {
+fn name_sites(
+    sym: &Symbolizer,
+    pid: u32,
+    raw: &HashMap<(Vec<u64>, u64), u64>,
+    jvm: bool,
+) -> Vec<GrowthSite> {
     let stacks: Vec<RawStack> = raw
         .iter()
         .map(|((user, caller), &value)| RawStack {
@@ -205,7 +214,9 @@ fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -
         })
         .collect();
     let mut named = crate::stacks::name(&stacks, sym, |_| None);
-    drop_jvm_collector_growth(&mut named, |f| sym.is_jit(f));
+    if jvm {
+        drop_jvm_collector_growth(&mut named, |f| sym.is_jit(f));
+    }
     let total: u64 = named.iter().map(|s| s.value).sum::<u64>().max(1);
     let mut merged: HashMap<Vec<String>, u64> = HashMap::new();
     for s in named {
@@ -227,22 +238,24 @@ fn name_sites(sym: &Symbolizer, pid: u32, raw: &HashMap<(Vec<u64>, u64), u64>) -
         .collect()
 }
 
-/// For a JVM whose heap allocations were sampled (stacks.bpf.h's `rw_jvm_alloc`: sites
-/// whose leaf is HotSpot's `AllocTracer::send_allocation_*`), resident growth under no Java
-/// frame is left out: the collector copying live objects into new regions (G1, Parallel,
-/// Serial: the copy does not say where those objects were made), the JIT compilers' and
-/// the VM thread's own memory. The sites are then where the heap's allocations come from,
-/// which for a leak is where what is kept was made, and the growth Java code caused
-/// outside the heap (JNI, direct buffers, class loading). Without allocation samples (no
-/// libjvm.so symbols) nothing is left out.
+/// For a JVM, resident growth under no Java frame is left out: the collector copying live
+/// objects into new regions (G1, Parallel, Serial: the copy does not say where those
+/// objects were made), the JIT compilers' and the VM thread's own memory. What stays is
+/// where Java code made the process grow: its heap allocations where they were sampled
+/// (stacks.bpf.h's `rw_jvm_alloc`: sites whose leaf is HotSpot's
+/// `AllocTracer::send_allocation_*`, needs CAP_SYS_ADMIN), its first touches of new heap
+/// pages, and what it grew outside the heap (JNI, direct buffers, class loading). When
+/// that leaves nothing (a G1 heap past its first cycles grows only under the collector,
+/// and no allocation was sampled), every site stays.
 fn drop_jvm_collector_growth(named: &mut Vec<crate::stacks::Stack>, is_jit: impl Fn(&str) -> bool) {
-    let allocation = |s: &crate::stacks::Stack| {
+    let java = |s: &crate::stacks::Stack| {
         s.frames
             .last()
             .is_some_and(|f| f.starts_with("AllocTracer::send_allocation"))
+            || s.frames.iter().any(|f| is_jit(f))
     };
-    if named.iter().any(allocation) {
-        named.retain(|s| allocation(s) || s.frames.iter().any(|f| is_jit(f)));
+    if named.iter().any(java) {
+        named.retain(java);
     }
 }
 
@@ -271,7 +284,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_jvms_growth_under_no_java_frame_is_left_out_only_when_its_allocations_were_sampled() {
+    fn a_jvms_growth_under_no_java_frame_is_left_out_unless_nothing_else_is_left() {
         let stack = |frames: &[&str], value| crate::stacks::Stack {
             tgid: 1,
             frames: frames.iter().map(|s| s.to_string()).collect(),
@@ -298,21 +311,21 @@ mod tests {
             ],
             4,
         );
-        let jni = stack(
-            &["main", "void Native.grow()", "Java_Native_grow", "malloc"],
-            5,
-        );
+        let touch = stack(&["main", "void Leak.leakInJava()", "memset"], 5);
         let mut named = vec![
             gc.clone(),
             alloc.clone(),
             unwalked_alloc.clone(),
-            jni.clone(),
+            touch.clone(),
         ];
         drop_jvm_collector_growth(&mut named, jit);
-        assert_eq!(named, [alloc, unwalked_alloc, jni.clone()]);
-        let mut named = vec![gc.clone(), jni.clone()];
+        assert_eq!(named, [alloc, unwalked_alloc, touch.clone()]);
+        let mut named = vec![gc.clone(), touch.clone()];
         drop_jvm_collector_growth(&mut named, jit);
-        assert_eq!(named, [gc, jni]);
+        assert_eq!(named, [touch]);
+        let mut named = vec![gc.clone()];
+        drop_jvm_collector_growth(&mut named, jit);
+        assert_eq!(named, [gc]);
     }
 
     #[test]

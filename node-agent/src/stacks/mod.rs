@@ -99,7 +99,7 @@ fn trace<T: std::borrow::Borrow<aya::maps::MapData>>(
 /// What the stack pipelines learn of the processes they sample: CPython processes listed
 /// for the kernel's frame walk, JVMs asked for perf maps.
 pub struct Runtimes {
-    python: python::Registry,
+    pub python: python::Registry,
     jvm: jvm::PerfMapRequests,
 }
 
