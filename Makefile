@@ -174,7 +174,7 @@ images: deps ## Build the operator, agent and workload images (static binaries; 
 	@# corpus's Node.js program (make corpus-deps installs node when missing).
 	@.ci/install-deps --node
 	e2e/cluster/image.sh --with-libs --path /usr/bin/node --add node-agent/corpus/programs/mem.js:/mem.js \
-	  --add node-agent/tests/fixtures/stacks/leak.js:/leak.js \
+	  --add node-agent/tests/fixtures/stacks/leak.js:/leak.js --add node-agent/tests/fixtures/stacks/burn.js:/burn.js \
 	  localhost/resourcewatch/node-workloads:$(IMAGE_TAG) target/images/node-workloads.tar "$$(readlink -f "$$(command -v node)")"
 	@# CPython 3.12 (perf trampolines, `-X perf`) from pyenv, which this machine kind
 	@# carries: the interpreter at /usr/local/bin/python3 (stdlib landmark /usr/local/lib/python3.x/os.py),

@@ -179,7 +179,7 @@ pub async fn install_crd(client: &Client) -> anyhow::Result<()> {
 /// The workload simulator's image (`make images`; imported, never pulled).
 pub const WORKLOADS_IMAGE: &str = "localhost/resourcewatch/workloads:0.1.0";
 /// This machine's Node.js with the corpus's `mem.js` (node-agent/corpus/programs) and the
-/// stack fixture `leak.js` (node-agent/tests/fixtures/stacks): a real language runtime in
+/// stack fixtures `leak.js` and `burn.js` (node-agent/tests/fixtures/stacks): a real language runtime in
 /// a pod (`make images`).
 pub const NODE_WORKLOADS_IMAGE: &str = "localhost/resourcewatch/node-workloads:0.1.0";
 /// The C stack fixture (node-agent/tests/fixtures/stacks/leak.c) with its glibc.

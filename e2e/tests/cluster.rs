@@ -1339,6 +1339,24 @@ async fn python_profile_names_burn_in_python(prefix: &str, args: &[&str]) {
     ns.delete().await;
 }
 
+/// Node.js with `--perf-basic-prof` (node-agent/tests/fixtures/stacks/burn.js): the
+/// JavaScript function burning the CPU is on >= 80 % of the samples, under its caller,
+/// named from the perf map V8 writes in the pod's /tmp.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_node_profile_names_the_javascript_function_and_its_caller() {
+    let args = [
+        "--perf-basic-prof",
+        "--interpreted-frames-native-stack",
+        "/burn.js",
+    ];
+    let (_client, ns, _rws, _p, cm) = profiled_of("rw-e2e-profile-node", Leaker::Node(&args)).await;
+    let folded = folded(&cm);
+    let (with, all) = folded_samples_through(&folded, &["outerJs", "burnInJavaScript"]);
+    assert!(with * 10 >= all * 8, "{with} of {all}: {folded}");
+    ns.delete().await;
+}
+
 /// OpenJDK 17 with `-XX:+PreserveFramePointer` and no JDK tool run: the agent asks the
 /// JVM for its perf map, and the Java method burning the CPU is on >= 80 % of the samples,
 /// under its Java caller.
