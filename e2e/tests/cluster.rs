@@ -531,12 +531,14 @@ async fn a_leak_from_the_container_start_is_reported_before_its_oom_kill() {
 
 /// Whether a named frame is `function`: C's plain name, Go's `main.f`, Rust's `crate::f`,
 /// a JavaScript function from V8's perf map (`JS:*f /leak.js:6:26`, the mark says how it
-/// was compiled).
+/// was compiled), a Python function (`py::f:/leak.py`), a Java method (`void Leak.f()`).
 fn frame_is(frame: &str, function: &str) -> bool {
     let js = frame
         .strip_prefix("JS:")
         .map(|f| f.trim_start_matches(['*', '^', '~', '+', '-']))
-        .and_then(|f| f.split(' ').next());
+        // `JS:*f /burn.js:3:26`, or `JS:*f_/burn.js:3:26` in folded stacks (spaces are `_`).
+        .and_then(|f| f.split(' ').next())
+        .map(|f| f.split_once("_/").map_or(f, |(name, _)| name));
     // CPython's perf trampolines: `py::leak_in_python:/leak.py`.
     let py = frame.strip_prefix("py::").and_then(|f| f.split(':').next());
     // A JVM's perf map: `void Leak.leakInJava()` (`_` for the space in folded stacks).
