@@ -229,7 +229,7 @@ struct rw_stack_key {
 #define RW_PY_DEPTH 64
 #define RW_PY_ENTRY 1
 /* Threads of a Python process looked at for the sampled one. */
-#define RW_PY_THREADS 32
+#define RW_PY_THREADS 128
 /* How a version marks where one C call of the evaluation loop starts: a bool in the
  * frame (3.11's is_entry), or a shim frame the C stack owns (3.12+: owner == 3). */
 #define RW_PY_ENTRY_FLAG 1
@@ -245,7 +245,7 @@ struct rw_stack_key {
  */
 struct rw_py_proc {
 	__u64 runtime;
-	__u32 interp_head;      /* _PyRuntimeState.interpreters.head */
+	__u32 interp_main;      /* _PyRuntimeState.interpreters.main */
 	__u32 threads_head;     /* PyInterpreterState.threads.head */
 	__u32 tstate_next;      /* PyThreadState.next */
 	__u32 tstate_thread_id; /* PyThreadState.thread_id: pthread_self(), the fs base */

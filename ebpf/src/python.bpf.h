@@ -10,7 +10,8 @@
  * rw_py_procs (node-agent/src/stacks/python.rs); part of resourcewatch.bpf.c, included
  * before stacks.bpf.h, which calls python_frames() for each sample it sends.
  *
- * The walk: _PyRuntime -> the main interpreter -> its thread states, the one whose
+ * The walk: _PyRuntime -> the main interpreter -> its thread states (newest first, up to
+ * RW_PY_THREADS), the one whose
  * thread_id (pthread_self()) is the sampled task's fs base -> its current frame -> the
  * `previous` chain. Every read is a bpf_probe_read_user that fails, and ends the walk, on
  * a page that is not resident or an address that is not mapped: a process that changed
@@ -22,7 +23,7 @@
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
+	__uint(max_entries, 1024);
 	__type(key, __u32);
 	__type(value, struct rw_py_proc);
 } rw_py_procs SEC(".maps");
@@ -110,13 +111,17 @@ static long py_step(__u64 index, void *unused)
 static __always_inline __u32 python_frames(struct task_struct *task, __u32 tgid, __u64 *out)
 {
 #if defined(__TARGET_ARCH_x86)
+	/* bpf_loop is Linux 5.17's: on an older kernel this is dead code the verifier drops
+	 * (the relocation reads 0), and stacks keep their native frames. */
+	if (!bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop))
+		return 0;
 	struct rw_py_proc *py = bpf_map_lookup_elem(&rw_py_procs, &tgid);
 	struct rw_py_walk *w = py_walk_state();
 	if (!py || !w)
 		return 0;
 	w->py = *py;
 	w->fsbase = BPF_CORE_READ(task, thread.fsbase);
-	__u64 interp = py_read_ptr(py->runtime + py->interp_head);
+	__u64 interp = py_read_ptr(py->runtime + py->interp_main);
 	if (!interp || !w->fsbase)
 		return 0;
 	w->tstate = py_read_ptr(interp + py->threads_head);

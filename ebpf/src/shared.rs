@@ -28,7 +28,7 @@ pub const STACK_COPY: usize = 16384;
 pub const PY_DEPTH: usize = 64;
 pub const PY_ENTRY: u64 = 1;
 /// Threads of a Python process the kernel looks at for the sampled one.
-pub const PY_THREADS: u32 = 32;
+pub const PY_THREADS: u32 = 128;
 /// [`RwPyProc::entry_kind`]: 3.11's `is_entry` flag, or 3.12+'s C-stack shim frames.
 pub const PY_ENTRY_FLAG: u32 = 1;
 pub const PY_ENTRY_SHIM: u32 = 2;
@@ -262,7 +262,7 @@ impl Default for RwStackSample {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RwPyProc {
     pub runtime: u64,
-    pub interp_head: u32,
+    pub interp_main: u32,
     pub threads_head: u32,
     pub tstate_next: u32,
     pub tstate_thread_id: u32,
@@ -344,7 +344,7 @@ mod tests {
             },
             "rw_site_state" => RwSiteState { high, pending, alloc_pending },
             "rw_py_proc" => RwPyProc {
-                runtime, interp_head, threads_head, tstate_next, tstate_thread_id, tstate_frame,
+                runtime, interp_main, threads_head, tstate_next, tstate_thread_id, tstate_frame,
                 cframe_frame, frame_code, frame_previous, frame_entry, entry_kind,
             },
         };

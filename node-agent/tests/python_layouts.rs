@@ -61,7 +61,7 @@ fn offsets_from_headers(include: &Path, l: &Layout) -> Vec<u64> {
 #include "internal/pycore_frame.h"
 int main(void) {{
   unsigned long v[] = {{
-    offsetof(_PyRuntimeState, interpreters.head),
+    offsetof(_PyRuntimeState, interpreters.main),
     offsetof(PyInterpreterState, threads.head),
     offsetof(PyThreadState, next),
     offsetof(PyThreadState, thread_id),
@@ -112,7 +112,7 @@ int main(void) {{
 
 fn ours(l: &Layout) -> Vec<u64> {
     vec![
-        l.interp_head.into(),
+        l.interp_main.into(),
         l.threads_head.into(),
         l.tstate_next.into(),
         l.tstate_thread_id.into(),

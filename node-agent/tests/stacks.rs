@@ -1117,13 +1117,24 @@ fn a_java_profile_names_the_java_method_with_no_jcmd() {
     let mut p = Running(child);
     let map = format!("/tmp/perf-{}.map", p.pid());
     let _ = std::fs::remove_file(&map);
+    // A trigger planted as a symlink to another file (what a container could do in its
+    // /tmp to have the agent write the node's files): replaced, its target untouched.
+    let victim = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stacks/attach-victim");
+    std::fs::write(&victim, "untouched").expect("victim file");
+    let trigger = format!("/tmp/.attach_pid{}", p.pid());
+    std::os::unix::fs::symlink(&victim, &trigger).expect("plant the symlink");
     // Compiled by C2 within a few seconds; the agent asks when the profile starts.
     std::thread::sleep(Duration::from_secs(4));
     let (named, samples) = profile_pid(p.pid());
     assert!(std::path::Path::new(&map).is_file(), "no {map} written");
     assert!(
-        !std::path::Path::new(&format!("/tmp/.attach_pid{}", p.pid())).exists(),
+        std::fs::symlink_metadata(&trigger).is_err(),
         "the attach trigger file was left behind"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "untouched",
+        "the agent wrote through a planted symlink"
     );
     let _ = std::fs::remove_file(&map);
     let share = share_naming(&named, samples, "Burn.burnInJava");

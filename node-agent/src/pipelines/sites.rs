@@ -96,6 +96,7 @@ impl Pipelines {
         let Some((libjvm, offsets)) = jvm_allocation_tracer(tgid) else {
             return Ok(false);
         };
+        let libjvm = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&libjvm));
         let name = progs::JVM_ALLOC;
         let err = |source| PipelineError::Uprobe {
             pid: tgid,
@@ -210,18 +211,19 @@ impl Pipelines {
     }
 }
 
-/// The libjvm.so `pid` maps (through its root) and the file offsets of HotSpot's
+/// The libjvm.so `pid` maps, opened inside its root (a container's symlink cannot point
+/// at the node's files), and the file offsets of HotSpot's
 /// `AllocTracer::send_allocation_in_new_tlab` and `::send_allocation_outside_tlab`, found
-/// in its symbol table by name (their mangled signatures change between releases).
-fn jvm_allocation_tracer(pid: u32) -> Option<(String, Vec<u64>)> {
+/// in its symbol table by name (their mangled signatures change between releases). The
+/// uprobes are attached through `/proc/self/fd/N` of that open file.
+fn jvm_allocation_tracer(pid: u32) -> Option<(std::fs::File, Vec<u64>)> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
     let path = maps
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
         .find(|p| p.ends_with("/libjvm.so"))?;
-    let file = format!("/proc/{pid}/root{path}");
-    let data = std::fs::File::open(&file).ok()?;
-    let cache = object::ReadCache::new(data);
+    let file = procfs::open_regular_in_root(pid, path)?;
+    let cache = object::ReadCache::new(file.try_clone().ok()?);
     let elf = object::File::parse(&cache).ok()?;
     let mut offsets = Vec::new();
     for want in [

@@ -20,12 +20,15 @@
 
 use std::{
     collections::HashMap,
+    ffi::CString,
     io::{Read, Write},
-    os::unix::net::UnixStream,
-    path::PathBuf,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::net::UnixStream,
+    },
     sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU8, Ordering},
+        Mutex, OnceLock,
+        atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -55,42 +58,181 @@ pub enum AttachError {
     NoQuitHandler,
     #[error("no attach listener after SIGQUIT (-XX:+DisableAttachMechanism?)")]
     NoListener,
+    #[error("the process exited or its PID was reused")]
+    Gone,
     #[error("the JVM answered {0:?}")]
     Refused(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
+/// The JVM's /tmp and the names of its attach files there, resolved inside its root: a
+/// container's symlink (an emptyDir /tmp is writable by all) cannot point the agent,
+/// which runs as root with CAP_DAC_OVERRIDE, at the node's own files.
+struct AttachDir {
+    tmp: OwnedFd,
+    socket: CString,
+    trigger: CString,
+}
+
+impl AttachDir {
+    fn open(pid: u32, nspid: u32) -> Result<Self, AttachError> {
+        let tmp = crate::procfs::open_in_root(pid, "tmp", libc::O_PATH | libc::O_DIRECTORY)?;
+        let name = |s: String| {
+            CString::new(s).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+        };
+        Ok(Self {
+            tmp,
+            socket: name(format!(".java_pid{nspid}"))?,
+            trigger: name(format!(".attach_pid{nspid}"))?,
+        })
+    }
+
+    /// Connects to the JVM's attach socket, if one listens; None when there is no socket
+    /// or nothing listens on it (a stale one from an earlier JVM).
+    fn connect(&self) -> Result<Option<UnixStream>, AttachError> {
+        // The socket itself, not a symlink: an O_PATH descriptor, connected to through
+        // /proc/self/fd, so the path is never looked up again.
+        // SAFETY: a valid directory descriptor and a NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                self.tmp.as_raw_fd(),
+                self.socket.as_ptr(),
+                libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::ENOENT) {
+                Ok(None)
+            } else {
+                Err(e.into())
+            };
+        }
+        // SAFETY: the kernel just returned this descriptor to us alone.
+        let path_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor and a stat buffer we own.
+        if unsafe { libc::fstat(path_fd.as_raw_fd(), &mut st) } != 0
+            || st.st_mode & libc::S_IFMT != libc::S_IFSOCK
+        {
+            return Ok(None);
+        }
+        // SAFETY: socket(2) with constant arguments.
+        let sock = unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if sock < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: the kernel just returned this descriptor to us alone.
+        let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+        let path = format!("/proc/self/fd/{}", path_fd.as_raw_fd());
+        // SAFETY: sockaddr_un is plain data; the path fits (checked) and stays NUL-ended.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        if path.len() >= addr.sun_path.len() {
+            return Ok(None);
+        }
+        for (d, s) in addr.sun_path.iter_mut().zip(path.bytes()) {
+            *d = s as libc::c_char;
+        }
+        // Non-blocking: a JVM that is stopped, with its listen queue full, answers EAGAIN
+        // instead of holding this thread.
+        // SAFETY: a valid socket and an address of the size passed.
+        let rc = unsafe {
+            libc::connect(
+                sock.as_raw_fd(),
+                &addr as *const libc::sockaddr_un as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ECONNREFUSED | libc::EAGAIN | libc::ENOENT) => Ok(None),
+                _ => Err(e.into()),
+            };
+        }
+        let stream = UnixStream::from(sock);
+        stream.set_nonblocking(false)?;
+        stream.set_read_timeout(Some(ANSWER_WAIT))?;
+        stream.set_write_timeout(Some(ANSWER_WAIT))?;
+        Ok(Some(stream))
+    }
+
+    /// Creates the trigger file (root-owned, which HotSpot accepts), never through a
+    /// symlink; one left behind is replaced.
+    fn create_trigger(&self) -> Result<(), AttachError> {
+        for _ in 0..2 {
+            // SAFETY: a valid directory descriptor and a NUL-terminated name.
+            let fd = unsafe {
+                libc::openat(
+                    self.tmp.as_raw_fd(),
+                    self.trigger.as_ptr(),
+                    libc::O_WRONLY
+                        | libc::O_CREAT
+                        | libc::O_EXCL
+                        | libc::O_NOFOLLOW
+                        | libc::O_CLOEXEC,
+                    0o600,
+                )
+            };
+            if fd >= 0 {
+                // SAFETY: ours alone; closed at once.
+                drop(unsafe { OwnedFd::from_raw_fd(fd) });
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EEXIST) {
+                return Err(e.into());
+            }
+            self.remove_trigger();
+        }
+        Err(std::io::Error::from_raw_os_error(libc::EEXIST).into())
+    }
+
+    fn remove_trigger(&self) {
+        // SAFETY: a valid directory descriptor and a NUL-terminated name; unlinkat does not
+        // follow a symlink, it removes it.
+        unsafe { libc::unlinkat(self.tmp.as_raw_fd(), self.trigger.as_ptr(), 0) };
+    }
+}
+
 /// Asks JVM `pid` to write its perf map now; blocks for up to `LISTENER_WAIT` +
-/// `ANSWER_WAIT`.
-pub fn request_perf_map(pid: u32) -> Result<(), AttachError> {
+/// `ANSWER_WAIT`. `start` is the process's start time (PIDs are reused): the signal goes
+/// through a pidfd opened while that process still had the PID.
+pub fn request_perf_map(pid: u32, start: u64) -> Result<(), AttachError> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     if !maps.contains("/libjvm.so") {
         return Err(AttachError::NotJvm);
     }
     let nspid = ns_pid(pid).unwrap_or(pid);
-    let tmp = PathBuf::from(format!("/proc/{pid}/root/tmp"));
-    let socket = tmp.join(format!(".java_pid{nspid}"));
-    if !socket.exists() {
-        if !catches_sigquit(pid) {
-            return Err(AttachError::NoQuitHandler);
+    let dir = AttachDir::open(pid, nspid)?;
+    let stream = match dir.connect()? {
+        Some(s) => s,
+        None => {
+            if !catches_sigquit(pid) {
+                return Err(AttachError::NoQuitHandler);
+            }
+            dir.create_trigger()?;
+            let signalled = send_sigquit(pid, start);
+            let deadline = Instant::now() + LISTENER_WAIT;
+            let mut stream = None;
+            while signalled.is_ok() && stream.is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+                stream = dir.connect().ok().flatten();
+            }
+            dir.remove_trigger();
+            signalled?;
+            stream.ok_or(AttachError::NoListener)?
         }
-        let trigger = tmp.join(format!(".attach_pid{nspid}"));
-        std::fs::write(&trigger, b"")?;
-        // SAFETY: kill(2) with a PID and a signal; no memory is shared.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGQUIT) };
-        let start = Instant::now();
-        while !socket.exists() && start.elapsed() < LISTENER_WAIT {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = std::fs::remove_file(&trigger);
-        if !socket.exists() {
-            return Err(AttachError::NoListener);
-        }
-    }
-    let mut s = UnixStream::connect(&socket)?;
-    s.set_read_timeout(Some(ANSWER_WAIT))?;
-    s.set_write_timeout(Some(ANSWER_WAIT))?;
+    };
+    let mut s = stream;
     s.write_all(b"1\0jcmd\0Compiler.perfmap\0\0\0")?;
     let mut answer = String::new();
     s.take(4096).read_to_string(&mut answer)?;
@@ -101,6 +243,35 @@ pub fn request_perf_map(pid: u32) -> Result<(), AttachError> {
             answer.trim().chars().take(200).collect(),
         ))
     }
+}
+
+/// SIGQUIT to `pid` if it is still the process that started at `start`: through a pidfd,
+/// checked after it is opened, so a PID reused in between is never signalled.
+fn send_sigquit(pid: u32, start: u64) -> Result<(), AttachError> {
+    // SAFETY: pidfd_open(2) with a PID and no flags.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(AttachError::Gone);
+    }
+    // SAFETY: the kernel just returned this descriptor to us alone.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    if crate::procfs::start_ticks(pid) != Some(start) {
+        return Err(AttachError::Gone);
+    }
+    // SAFETY: pidfd_send_signal(2) on our pidfd, no siginfo, no flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGQUIT,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
 }
 
 /// The PID `pid` has in its own namespace (the last of `NSpid`).
@@ -130,22 +301,30 @@ fn catches_sigquit(pid: u32) -> bool {
         .is_some_and(|mask| mask & (1 << (libc::SIGQUIT - 1)) != 0)
 }
 
-/// What is known of a process: not a JVM, a JVM that cannot be attached to, or one asked
-/// at `last` (with a request running while `busy`).
+/// What is known of a process (by PID and start time): not a JVM, a JVM that cannot be
+/// attached to (never signalled again), or one last asked at `last`, with a request
+/// running while `busy`.
+#[derive(Clone, Copy)]
 enum Jvm {
     No,
     Given,
-    Asked {
-        last: Option<Instant>,
-        busy: Arc<AtomicU8>,
-    },
+    Asked { last: Option<Instant>, busy: bool },
+}
+
+/// Every process looked at, for the whole agent: the site pipeline and each profile share
+/// it, so a JVM that cannot be attached to gets one SIGQUIT in its life, and no JVM has
+/// two requests at once.
+fn known() -> &'static Mutex<HashMap<(u32, u64), Jvm>> {
+    static KNOWN: OnceLock<Mutex<HashMap<(u32, u64), Jvm>>> = OnceLock::new();
+    KNOWN.get_or_init(Default::default)
 }
 
 /// Asks the JVMs whose samples arrive for perf maps, each at most every `EVERY`, each
 /// request on its own thread (the JVM may take seconds to answer).
 #[derive(Default)]
 pub struct PerfMapRequests {
-    known: HashMap<u32, Jvm>,
+    /// PIDs this capture has seen, and their start time (one /proc read per PID).
+    seen: HashMap<u32, Option<u64>>,
 }
 
 impl PerfMapRequests {
@@ -154,66 +333,78 @@ impl PerfMapRequests {
         if !ENABLED.load(Ordering::Relaxed) {
             return;
         }
-        if self.known.len() >= MAX_PROCESSES && !self.known.contains_key(&pid) {
-            self.known.clear();
+        if self.seen.len() >= MAX_PROCESSES && !self.seen.contains_key(&pid) {
+            self.seen.clear();
         }
-        let entry = self.known.entry(pid).or_insert_with(|| {
-            let jvm = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-                .is_ok_and(|m| m.contains("/libjvm.so"));
-            if jvm {
-                Jvm::Asked {
-                    last: None,
-                    busy: Arc::default(),
-                }
-            } else {
-                Jvm::No
-            }
-        });
-        let Jvm::Asked { last, busy } = entry else {
+        let Some(start) = *self
+            .seen
+            .entry(pid)
+            .or_insert_with(|| crate::procfs::start_ticks(pid))
+        else {
             return;
         };
-        // 1: a request runs; 2: the last one could not attach (never asked again).
-        match busy.load(Ordering::Acquire) {
-            2 => {
-                *entry = Jvm::Given;
-                return;
+        let key = (pid, start);
+        {
+            let mut known = known().lock().unwrap_or_else(|e| e.into_inner());
+            if known.len() >= MAX_PROCESSES && !known.contains_key(&key) {
+                known.clear();
             }
-            1 => return,
-            _ => {}
+            let state = known.entry(key).or_insert_with(|| {
+                let jvm = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                    .is_ok_and(|m| m.contains("/libjvm.so"));
+                if jvm {
+                    Jvm::Asked {
+                        last: None,
+                        busy: false,
+                    }
+                } else {
+                    Jvm::No
+                }
+            });
+            match state {
+                Jvm::Asked { last, busy }
+                    if !*busy && !last.is_some_and(|t| t.elapsed() < EVERY) =>
+                {
+                    *last = Some(Instant::now());
+                    *busy = true;
+                }
+                _ => return,
+            }
         }
-        if last.is_some_and(|t| t.elapsed() < EVERY) {
-            return;
-        }
-        *last = Some(Instant::now());
-        busy.store(1, Ordering::Release);
-        let busy = busy.clone();
         let spawned = std::thread::Builder::new()
             .name("jvm-perf-map".into())
             .spawn(move || {
-                let outcome = request_perf_map(pid);
-                let next = match &outcome {
-                    Err(AttachError::NoQuitHandler | AttachError::NoListener) => 2,
-                    _ => 0,
-                };
-                if let Err(e) = outcome {
+                let outcome = request_perf_map(pid, start);
+                if let Err(e) = &outcome {
                     tracing::debug!("asking JVM {pid} for its perf map: {e}");
                 }
-                busy.store(next, Ordering::Release);
+                let next = match outcome {
+                    Err(AttachError::NoQuitHandler | AttachError::NoListener) => Jvm::Given,
+                    Err(AttachError::NotJvm | AttachError::Gone) => Jvm::No,
+                    _ => Jvm::Asked {
+                        last: Some(Instant::now()),
+                        busy: false,
+                    },
+                };
+                known()
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, next);
             });
         if spawned.is_err() {
-            entry_idle(self.known.get(&pid));
+            known().lock().unwrap_or_else(|e| e.into_inner()).insert(
+                key,
+                Jvm::Asked {
+                    last: Some(Instant::now()),
+                    busy: false,
+                },
+            );
         }
     }
 
-    /// Forgets every process (a capture ended: PIDs may be reused before the next).
+    /// Forgets the PIDs this capture saw (what is known of each process stays).
     pub fn clear(&mut self) {
-        self.known.clear();
-    }
-}
-
-fn entry_idle(entry: Option<&Jvm>) {
-    if let Some(Jvm::Asked { busy, .. }) = entry {
-        busy.store(0, Ordering::Release);
+        self.seen.clear();
     }
 }
 
@@ -223,13 +414,26 @@ mod tests {
 
     #[test]
     fn a_process_that_is_not_a_jvm_is_never_signalled() {
+        let me = std::process::id();
+        let start = crate::procfs::start_ticks(me).expect("own start time");
         assert!(matches!(
-            request_perf_map(std::process::id()),
+            request_perf_map(me, start),
             Err(AttachError::NotJvm)
         ));
         let mut r = PerfMapRequests::default();
-        r.seen(std::process::id());
-        assert!(matches!(r.known.get(&std::process::id()), Some(Jvm::No)));
+        r.seen(me);
+        let known = known().lock().expect("the registry lock");
+        assert!(matches!(known.get(&(me, start)), Some(Jvm::No)));
+    }
+
+    #[test]
+    fn a_reused_pid_is_never_signalled() {
+        let me = std::process::id();
+        let start = crate::procfs::start_ticks(me).expect("own start time");
+        assert!(matches!(
+            send_sigquit(me, start + 1),
+            Err(AttachError::Gone)
+        ));
     }
 
     #[test]

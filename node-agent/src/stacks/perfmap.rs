@@ -21,10 +21,8 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    ffi::CString,
     fs::File,
     io::{Read, Seek, SeekFrom},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
@@ -249,32 +247,21 @@ fn namespace_pid(pid: u32) -> Option<u32> {
 /// stay in the container, the last component may not be a symlink at all.
 fn open(pid: u32) -> Option<File> {
     let ns_pid = namespace_pid(pid)?;
-    let root = File::open(format!("/proc/{pid}/root")).ok()?;
-    let path = CString::new(format!("tmp/perf-{ns_pid}.map")).ok()?;
-    // SAFETY: open_how is plain data (non_exhaustive, so built from zeroes).
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK) as u64;
-    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: valid descriptor, NUL-terminated path, and `how` of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ENOENT) {
-            // ENOSYS before Linux 5.6, ELOOP for a symlink, EACCES without CAP_SYS_PTRACE.
-            tracing::debug!(pid, error = %e, "perf map not opened");
+    let path = format!("tmp/perf-{ns_pid}.map");
+    match crate::procfs::open_in_root(
+        pid,
+        &path,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+    ) {
+        Ok(fd) => Some(File::from(fd)),
+        Err(e) => {
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                // ENOSYS before Linux 5.6, ELOOP for a symlink, EACCES without CAP_SYS_PTRACE.
+                tracing::debug!(pid, error = %e, "perf map not opened");
+            }
+            None
         }
-        return None;
     }
-    // SAFETY: the kernel just returned this descriptor to us alone.
-    Some(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
 }
 
 #[cfg(test)]

@@ -36,23 +36,23 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use object::{Object, ObjectSegment, ObjectSymbol};
 use resourcewatch_ebpf::shared::{self, RwPyProc};
 
-use super::symbolize::in_mount_namespace;
-
 /// Set on a native-stack entry that is a Python frame (the rest is its code object's
 /// address): user addresses end below 2^47, so no real frame has it.
 pub const TAG: u64 = 1 << 62;
 /// Processes [`Registry`] and [`Names`] remember (cleared whole when passed).
 const MAX_PROCESSES: usize = 1024;
-/// Code-object names [`Names`] keeps (cleared whole when passed).
-const MAX_NAMES: usize = 65_536;
+/// Code-object names [`Names`] keeps (cleared whole when passed): with names of at most
+/// 2 x `MAX_NAME_CHARS` characters, a few MiB at most.
+const MAX_NAMES: usize = 16_384;
 /// Characters read of a function or file name.
-const MAX_NAME_CHARS: u64 = 512;
+const MAX_NAME_CHARS: u64 = 256;
 
 /// Where a CPython minor version keeps what the frame walk and the naming read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub version: (u8, u8),
-    pub interp_head: u32,
+    /// `_PyRuntimeState.interpreters.main`: the main interpreter (`.head` is the newest).
+    pub interp_main: u32,
     pub threads_head: u32,
     pub tstate_next: u32,
     pub tstate_thread_id: u32,
@@ -78,7 +78,7 @@ pub struct Layout {
 pub const LAYOUTS: [Layout; 3] = [
     Layout {
         version: (3, 11),
-        interp_head: 40,
+        interp_main: 48,
         threads_head: 16,
         tstate_next: 8,
         tstate_thread_id: 152,
@@ -95,7 +95,7 @@ pub const LAYOUTS: [Layout; 3] = [
     },
     Layout {
         version: (3, 12),
-        interp_head: 40,
+        interp_main: 48,
         threads_head: 72,
         tstate_next: 8,
         tstate_thread_id: 136,
@@ -112,7 +112,7 @@ pub const LAYOUTS: [Layout; 3] = [
     },
     Layout {
         version: (3, 13),
-        interp_head: 632,
+        interp_main: 640,
         threads_head: 7344,
         tstate_next: 8,
         tstate_thread_id: 152,
@@ -150,7 +150,7 @@ impl Runtime {
         let l = self.layout;
         RwPyProc {
             runtime: self.runtime,
-            interp_head: l.interp_head,
+            interp_main: l.interp_main,
             threads_head: l.threads_head,
             tstate_next: l.tstate_next,
             tstate_thread_id: l.tstate_thread_id,
@@ -180,7 +180,7 @@ pub fn detect(pid: u32) -> Option<Runtime> {
         };
         if !Path::new(path)
             .file_name()
-            .is_some_and(|n| n.to_string_lossy().contains("python"))
+            .is_some_and(|n| is_python_file(&n.to_string_lossy()))
         {
             continue;
         }
@@ -200,12 +200,25 @@ pub fn detect(pid: u32) -> Option<Runtime> {
     }
     files
         .iter()
-        .find_map(|(path, mappings)| runtime_in(pid, &in_mount_namespace(pid, path), mappings))
+        .find_map(|(path, mappings)| runtime_in(pid, path, mappings))
 }
 
-/// The runtime defined by file `path`, mapped by `pid` at `mappings` (start, file offset).
+/// Whether a mapped file's name is a CPython interpreter or library of the default build
+/// (`python3.11`, `libpython3.12.so.1.0`), not a free-threaded one (`python3.13t`,
+/// `libpython3.13t.so`: another object and interpreter layout).
+fn is_python_file(name: &str) -> bool {
+    let Some(at) = name.find("python") else {
+        return false;
+    };
+    let version = &name[at + "python".len()..];
+    let digits = version.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+    !digits.starts_with('t')
+}
+
+/// The runtime defined by file `path` (in `pid`'s root), mapped by `pid` at `mappings`
+/// (start, file offset).
 fn runtime_in(pid: u32, path: &Path, mappings: &[(u64, u64)]) -> Option<Runtime> {
-    let file = std::fs::File::open(path).ok()?;
+    let file = crate::procfs::open_regular_in_root(pid, &path.to_string_lossy())?;
     let cache = object::ReadCache::new(file);
     let elf = object::File::parse(&cache).ok()?;
     let page = crate::procfs::page_size();
@@ -288,7 +301,9 @@ impl Registry {
         if let (Some(rt), Some(map)) = (&found, &mut self.map)
             && let Err(e) = map.insert(pid, rt.kernel_entry(), 0)
         {
-            tracing::debug!("listing CPython process {pid} for frame walks: {e}");
+            // Full (more CPython processes captured at once than the map holds): this
+            // one's stacks keep their native frames.
+            tracing::info!("CPython process {pid} not listed for frame walks: {e}");
         }
         self.known.insert(pid, found.clone());
         found
@@ -478,6 +493,16 @@ mod tests {
             [0x5000, TAG | 0xa0, 0x300]
         );
         assert!(is_python(TAG | 0xa0) && !is_python(0x7fff_0000_0000));
+    }
+
+    #[test]
+    fn free_threaded_builds_are_not_taken_for_the_default_one() {
+        for name in ["python3.11", "python3", "libpython3.12.so.1.0", "python"] {
+            assert!(is_python_file(name), "{name}");
+        }
+        for name in ["python3.13t", "libpython3.13t.so.1.0", "libc.so.6", "node"] {
+            assert!(!is_python_file(name), "{name}");
+        }
     }
 
     #[test]

@@ -147,6 +147,14 @@ impl Symbolizer {
                     |n| n.to_string_lossy().into_owned()
                 )
             );
+            // blazesym opens the file by path, blocking: never a FIFO put where a mapped file
+            // was (it would hold the agent's loop forever).
+            if !std::fs::metadata(&file).is_ok_and(|m| m.is_file()) {
+                for &(i, _) in &items {
+                    names[i] = module.clone();
+                }
+                continue;
+            }
             let offsets: Vec<u64> = items.iter().map(|&(_, o)| o).collect();
             let plt = self
                 .plt

@@ -22,6 +22,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use std::os::unix::fs::OpenOptionsExt;
+
 use object::{Object, ObjectSection, ObjectSegment};
 
 /// Unwind-table bytes kept for all files together.
@@ -55,7 +57,14 @@ struct Tables {
 
 impl Tables {
     fn read(path: &Path) -> Option<Self> {
-        let file = File::open(path).ok()?;
+        // Without blocking, and only a regular file: a FIFO put where a mapped file was
+        // would hold an open (and the agent's loop) forever.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .ok()
+            .filter(|f: &File| f.metadata().is_ok_and(|m| m.is_file()))?;
         let cache = object::ReadCache::new(file);
         let elf = object::File::parse(&cache).ok()?;
         let mut sections = Vec::new();
