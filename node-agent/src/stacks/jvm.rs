@@ -211,7 +211,7 @@ pub fn request_perf_map(pid: u32, start: u64) -> Result<(), AttachError> {
     if !maps.contains("/libjvm.so") {
         return Err(AttachError::NotJvm);
     }
-    let nspid = ns_pid(pid).unwrap_or(pid);
+    let nspid = super::perfmap::namespace_pid(pid).unwrap_or(pid);
     let dir = AttachDir::open(pid, nspid)?;
     let stream = match dir.connect()? {
         Some(s) => s,
@@ -272,18 +272,6 @@ fn send_sigquit(pid: u32, start: u64) -> Result<(), AttachError> {
         return Err(std::io::Error::last_os_error().into());
     }
     Ok(())
-}
-
-/// The PID `pid` has in its own namespace (the last of `NSpid`).
-fn ns_pid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
 }
 
 /// Whether `pid` has a handler for SIGQUIT (bit 2 of `SigCgt`).
@@ -439,6 +427,6 @@ mod tests {
     #[test]
     fn this_process_catches_no_sigquit_and_its_namespace_pid_is_read() {
         assert!(!catches_sigquit(std::process::id()));
-        assert!(ns_pid(std::process::id()).is_some());
+        assert!(super::super::perfmap::namespace_pid(std::process::id()).is_some());
     }
 }

@@ -232,7 +232,7 @@ fn read(mut file: File, len: u64) -> Option<Vec<u8>> {
 }
 
 /// `pid`'s PID in its own PID namespace: the last field of `NSpid:` in its status.
-fn namespace_pid(pid: u32) -> Option<u32> {
+pub(crate) fn namespace_pid(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
