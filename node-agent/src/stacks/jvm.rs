@@ -311,7 +311,8 @@ fn known() -> &'static Mutex<HashMap<(u32, u64), Jvm>> {
 /// request on its own thread (the JVM may take seconds to answer).
 #[derive(Default)]
 pub struct PerfMapRequests {
-    /// PIDs this capture has seen, and their start time (one /proc read per PID).
+    /// PIDs this capture has seen: a JVM's start time, None for any other process (its
+    /// maps and stat read once per PID).
     seen: HashMap<u32, Option<u64>>,
 }
 
@@ -324,11 +325,13 @@ impl PerfMapRequests {
         if self.seen.len() >= MAX_PROCESSES && !self.seen.contains_key(&pid) {
             self.seen.clear();
         }
-        let Some(start) = *self
-            .seen
-            .entry(pid)
-            .or_insert_with(|| crate::procfs::start_ticks(pid))
-        else {
+        // Per sample this is one lookup: only a JVM goes on to the shared registry, and a
+        // process's maps are read once, outside its lock.
+        let Some(start) = *self.seen.entry(pid).or_insert_with(|| {
+            let jvm = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                .is_ok_and(|m| m.contains("/libjvm.so"));
+            jvm.then(|| crate::procfs::start_ticks(pid)).flatten()
+        }) else {
             return;
         };
         let key = (pid, start);
@@ -337,17 +340,9 @@ impl PerfMapRequests {
             if known.len() >= MAX_PROCESSES && !known.contains_key(&key) {
                 known.clear();
             }
-            let state = known.entry(key).or_insert_with(|| {
-                let jvm = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-                    .is_ok_and(|m| m.contains("/libjvm.so"));
-                if jvm {
-                    Jvm::Asked {
-                        last: None,
-                        busy: false,
-                    }
-                } else {
-                    Jvm::No
-                }
+            let state = known.entry(key).or_insert(Jvm::Asked {
+                last: None,
+                busy: false,
             });
             match state {
                 Jvm::Asked { last, busy }
@@ -410,8 +405,9 @@ mod tests {
         ));
         let mut r = PerfMapRequests::default();
         r.seen(me);
+        assert_eq!(r.seen.get(&me), Some(&None));
         let known = known().lock().expect("the registry lock");
-        assert!(matches!(known.get(&(me, start)), Some(Jvm::No)));
+        assert!(!known.contains_key(&(me, start)));
     }
 
     #[test]
