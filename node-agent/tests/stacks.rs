@@ -694,6 +694,20 @@ fn pythons_with_walked_frames(test: &str) -> Vec<PathBuf> {
     found
 }
 
+/// `python ARGS FIXTURE`, past its start-up: 500 ms, in which CPython 3.11-3.13 import
+/// what the fixtures need and start their threads (a warm-up, not a bound anything is
+/// measured against: the profile or capture that follows is what is checked).
+fn start_python(python: &Path, args: &[&str], script: &str) -> Running {
+    let child = Command::new(python)
+        .args(args)
+        .arg(fixture(script))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start python");
+    std::thread::sleep(Duration::from_millis(500));
+    Running(child)
+}
+
 /// The position of the first user frame starting with `prefix`.
 fn position(frames: &[String], prefix: &str) -> Option<usize> {
     frames.iter().position(|f| f.starts_with(prefix))
@@ -710,13 +724,7 @@ fn a_python_profile_names_the_python_functions_from_the_interpreter_frames() {
         return;
     };
     for python in pythons_with_walked_frames(TEST) {
-        let child = Command::new(&python)
-            .arg(fixture("burn.py"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start python");
-        let p = Running(child);
-        std::thread::sleep(Duration::from_millis(300));
+        let p = start_python(&python, &[], "burn.py");
         let (named, samples) = profile_pid(p.pid());
         let share = share_naming(&named, samples, "py::burn_in_python:");
         let top = user(&named[0]);
@@ -760,13 +768,7 @@ fn each_python_thread_is_named_by_its_own_frames() {
         return;
     };
     for python in pythons_with_walked_frames(TEST) {
-        let child = Command::new(&python)
-            .arg(fixture("threads.py"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start python");
-        let p = Running(child);
-        std::thread::sleep(Duration::from_millis(500));
+        let p = start_python(&python, &[], "threads.py");
         let (named, samples) = profile_pid(p.pid());
         let both: Vec<&Stack> = named
             .iter()
@@ -810,13 +812,7 @@ fn a_python_leak_growth_site_names_the_python_function_from_the_interpreter_fram
         return;
     };
     for python in pythons_with_walked_frames(TEST) {
-        let child = Command::new(&python)
-            .arg(fixture("leak.py"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start python");
-        let p = Running(child);
-        std::thread::sleep(Duration::from_millis(300));
+        let p = start_python(&python, &[], "leak.py");
         let (named, total) = growth_sites(p.pid());
         let top = user(&named[0]);
         let (grow, leak) = (
@@ -869,13 +865,7 @@ fn a_python_profile_with_perf_trampolines_names_the_python_function() {
         return;
     };
     for python in pythons_with_perf_trampolines(TEST) {
-        let child = Command::new(&python)
-            .args(["-X", "perf"])
-            .arg(fixture("burn.py"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start python");
-        let p = Running(child);
+        let p = start_python(&python, &["-X", "perf"], "burn.py");
         wait_for_perf_map(p.pid(), "burn_in_python");
         let (named, samples) = profile_pid(p.pid());
         let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p.pid()));
@@ -922,13 +912,7 @@ fn a_python_leak_growth_site_names_the_python_function() {
         return;
     };
     for python in pythons_with_perf_trampolines(TEST) {
-        let child = Command::new(&python)
-            .args(["-X", "perf"])
-            .arg(fixture("leak.py"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start python");
-        let p = Running(child);
+        let p = start_python(&python, &["-X", "perf"], "leak.py");
         wait_for_perf_map(p.pid(), "leak_in_python");
         let (named, total) = growth_sites(p.pid());
         let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p.pid()));
