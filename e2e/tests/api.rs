@@ -79,6 +79,48 @@ async fn node_agent_tls(client: &Client, ns: &str, node: &str) -> AgentTls {
         )
 }
 
+/// An eviction names the pod decided on by its UID: a pod replaced under the same name in
+/// the window (a StatefulSet's) is left alone, and the decided pod counts as gone.
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn an_eviction_never_reaches_a_pod_replaced_under_the_same_name() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::DeleteParams;
+    use resourcewatch_operator::{controller::evict_pod, decide::EvictResult};
+    let (client, ns) = setup("rw-uid").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let decided = cluster::fake_running_pod(&client, &ns.name, "db-0", &labels("db"), "node-a", "c1")
+        .await
+        .expect("pod");
+    let old_uid = decided.uid().expect("uid");
+    pods.delete("db-0", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete");
+    wait_for("db-0 gone", Duration::from_secs(30), || async {
+        Ok(pods.get_opt("db-0").await?.is_none().then_some(()))
+    })
+    .await
+    .expect("the decided pod is deleted");
+    let replacement =
+        cluster::fake_running_pod(&client, &ns.name, "db-0", &labels("db"), "node-a", "c2")
+            .await
+            .expect("replacement");
+    let new_uid = replacement.uid().expect("uid");
+    assert_ne!(old_uid, new_uid);
+    let t = Duration::from_secs(10);
+    let outcome = evict_pod(client.clone(), &ns.name, "db-0", &old_uid, t).await;
+    assert_eq!(outcome, Some(EvictResult::Gone), "the decided pod is gone");
+    let after = pods.get("db-0").await.expect("the replacement is still there");
+    assert_eq!(after.uid().as_deref(), Some(new_uid.as_str()));
+    assert!(
+        after.metadata.deletion_timestamp.is_none(),
+        "the replacement was evicted"
+    );
+    // The decided pod itself is evicted.
+    let outcome = evict_pod(client.clone(), &ns.name, "db-0", &new_uid, t).await;
+    assert_eq!(outcome, Some(EvictResult::Evicted));
+}
+
 #[tokio::test]
 #[ignore = "needs a cluster: make e2e-api"]
 async fn bad_specs_are_refused_by_the_api_server_with_a_readable_message() {

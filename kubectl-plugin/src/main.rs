@@ -327,15 +327,20 @@ async fn profile(
         );
     }
     std::fs::create_dir_all(output).with_context(|| format!("{}", output.display()))?;
-    let mut written = Vec::new();
-    for (k, v) in cm.data.unwrap_or_default() {
-        let path = output.join(&k);
-        std::fs::write(&path, v).with_context(|| format!("{}", path.display()))?;
-        written.push(path);
+    let binary = cm
+        .binary_data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect();
+    let (files, ignored) = kubectl_resourcewatch::profile_files(&cm.data.unwrap_or_default(), &binary);
+    for k in ignored {
+        eprintln!("warning: ConfigMap {ns}/{cm_name} has a key {k:?} that is not a profile file: not written");
     }
-    for (k, v) in cm.binary_data.unwrap_or_default() {
-        let path = output.join(&k);
-        std::fs::write(&path, v.0).with_context(|| format!("{}", path.display()))?;
+    let mut written = Vec::new();
+    for (k, v) in files {
+        let path = output.join(k);
+        std::fs::write(&path, v).with_context(|| format!("{}", path.display()))?;
         written.push(path);
     }
     println!(

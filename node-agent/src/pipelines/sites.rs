@@ -217,14 +217,15 @@ impl Pipelines {
 /// in its symbol table by name (their mangled signatures change between releases). The
 /// uprobes are attached through `/proc/self/fd/N` of that open file.
 fn jvm_allocation_tracer(pid: u32) -> Option<(std::fs::File, Vec<u64>)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let maps = crate::stacks::maps::read(pid)?;
     let path = maps
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
         .find(|p| p.ends_with("/libjvm.so"))?;
     let file = procfs::open_regular_in_root(pid, path)?;
-    let cache = object::ReadCache::new(file.try_clone().ok()?);
-    let elf = object::File::parse(&cache).ok()?;
+    let elf_file =
+        crate::stacks::elf::ElfFile::new(file.try_clone().ok()?, crate::stacks::elf::FILE_BUDGET)?;
+    let elf = object::File::parse(&elf_file).ok()?;
     let mut offsets = Vec::new();
     for want in [
         "AllocTracer27send_allocation_in_new_tlab",

@@ -178,8 +178,7 @@ impl SiteTracker {
                             container_id: row.who.container_id.clone(),
                             raw: HashMap::new(),
                             sites: Vec::new(),
-                            jvm: std::fs::read_to_string(format!("/proc/{pid}/maps"))
-                                .is_ok_and(|m| m.contains("/libjvm.so")),
+                            jvm: crate::stacks::maps::maps_jvm(pid),
                         },
                     );
                 }

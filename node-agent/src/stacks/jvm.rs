@@ -42,6 +42,14 @@ const LISTENER_WAIT: Duration = Duration::from_secs(5);
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
 /// Processes remembered (cleared whole when passed).
 const MAX_PROCESSES: usize = 1024;
+/// Requests at once, for the whole agent (each holds a thread and three descriptors); a
+/// JVM met while all are busy is asked on a later sample.
+const MAX_IN_FLIGHT: usize = 4;
+/// The most bytes of an answer read (a success is "0\n" and a line or two).
+const MAX_ANSWER: usize = 4096;
+
+/// Requests running now.
+static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
@@ -160,8 +168,6 @@ impl AttachDir {
         }
         let stream = UnixStream::from(sock);
         stream.set_nonblocking(false)?;
-        stream.set_read_timeout(Some(ANSWER_WAIT))?;
-        stream.set_write_timeout(Some(ANSWER_WAIT))?;
         Ok(Some(stream))
     }
 
@@ -207,8 +213,11 @@ impl AttachDir {
 /// `ANSWER_WAIT`. `start` is the process's start time (PIDs are reused): the signal goes
 /// through a pidfd opened while that process still had the PID.
 pub fn request_perf_map(pid: u32, start: u64) -> Result<(), AttachError> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    if !maps.contains("/libjvm.so") {
+    // The whole request, from here to the end of the answer: a process that only looks
+    // like a JVM (anything can map a file named libjvm.so) and answers a byte at a time
+    // holds one of `MAX_IN_FLIGHT` threads for this long at most.
+    let deadline = Instant::now() + LISTENER_WAIT + ANSWER_WAIT;
+    if !super::maps::maps_jvm(pid) {
         return Err(AttachError::NotJvm);
     }
     let nspid = super::perfmap::namespace_pid(pid).unwrap_or(pid);
@@ -232,10 +241,7 @@ pub fn request_perf_map(pid: u32, start: u64) -> Result<(), AttachError> {
             stream.ok_or(AttachError::NoListener)?
         }
     };
-    let mut s = stream;
-    s.write_all(b"1\0jcmd\0Compiler.perfmap\0\0\0")?;
-    let mut answer = String::new();
-    s.take(4096).read_to_string(&mut answer)?;
+    let answer = exchange(stream, b"1\0jcmd\0Compiler.perfmap\0\0\0", deadline)?;
     if answer.starts_with('0') {
         Ok(())
     } else {
@@ -243,6 +249,46 @@ pub fn request_perf_map(pid: u32, start: u64) -> Result<(), AttachError> {
             answer.trim().chars().take(200).collect(),
         ))
     }
+}
+
+/// Sends `request` and reads the answer (at most `MAX_ANSWER` bytes, until the peer
+/// closes) before `deadline`, whatever the peer does: each read and write waits only for
+/// what is left of the time.
+fn exchange(mut s: UnixStream, request: &[u8], deadline: Instant) -> Result<String, AttachError> {
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::TimedOut))
+    };
+    let mut sent = 0;
+    while sent < request.len() {
+        s.set_write_timeout(Some(left()?))?;
+        match s.write(&request[sent..]) {
+            Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        s.set_read_timeout(Some(left()?))?;
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                answer.extend_from_slice(&buf[..n]);
+                if answer.len() >= MAX_ANSWER {
+                    answer.truncate(MAX_ANSWER);
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(String::from_utf8_lossy(&answer).into_owned())
 }
 
 /// SIGQUIT to `pid` if it is still the process that started at `start`: through a pidfd,
@@ -328,9 +374,9 @@ impl PerfMapRequests {
         // Per sample this is one lookup: only a JVM goes on to the shared registry, and a
         // process's maps are read once, outside its lock.
         let Some(start) = *self.seen.entry(pid).or_insert_with(|| {
-            let jvm = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-                .is_ok_and(|m| m.contains("/libjvm.so"));
-            jvm.then(|| crate::procfs::start_ticks(pid)).flatten()
+            super::maps::maps_jvm(pid)
+                .then(|| crate::procfs::start_ticks(pid))
+                .flatten()
         }) else {
             return;
         };
@@ -348,6 +394,14 @@ impl PerfMapRequests {
                 Jvm::Asked { last, busy }
                     if !*busy && !last.is_some_and(|t| t.elapsed() < EVERY) =>
                 {
+                    if IN_FLIGHT
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                            (n < MAX_IN_FLIGHT).then_some(n + 1)
+                        })
+                        .is_err()
+                    {
+                        return;
+                    }
                     *last = Some(Instant::now());
                     *busy = true;
                 }
@@ -358,6 +412,7 @@ impl PerfMapRequests {
             .name("jvm-perf-map".into())
             .spawn(move || {
                 let outcome = request_perf_map(pid, start);
+                IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
                 if let Err(e) = &outcome {
                     tracing::debug!("asking JVM {pid} for its perf map: {e}");
                 }
@@ -375,6 +430,7 @@ impl PerfMapRequests {
                     .insert(key, next);
             });
         if spawned.is_err() {
+            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
             known().lock().unwrap_or_else(|e| e.into_inner()).insert(
                 key,
                 Jvm::Asked {
@@ -394,6 +450,48 @@ impl PerfMapRequests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer that answers a byte at a time, each just before the per-read timeout the
+    /// old code used, holds a request no longer than its deadline.
+    #[test]
+    fn a_slow_attach_peer_is_cut_at_the_deadline() {
+        let (ours, mut theirs) = UnixStream::pair().expect("pair");
+        let peer = std::thread::spawn(move || {
+            let mut req = [0u8; 64];
+            let _ = theirs.read(&mut req);
+            while theirs.write_all(b"0").is_ok() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let start = Instant::now();
+        let out = exchange(
+            ours,
+            b"1\0jcmd\0x\0\0\0",
+            start + Duration::from_millis(800),
+        );
+        let took = start.elapsed();
+        assert!(
+            matches!(&out, Err(AttachError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut || e.kind() == std::io::ErrorKind::WouldBlock),
+            "{out:?}"
+        );
+        assert!(took < Duration::from_secs(2), "held for {took:?}");
+        peer.join().expect("peer");
+    }
+
+    /// An answer that never ends is read up to its bound, then the request ends.
+    #[test]
+    fn an_endless_answer_is_cut_at_its_bound() {
+        let (ours, mut theirs) = UnixStream::pair().expect("pair");
+        let peer = std::thread::spawn(move || {
+            let mut req = [0u8; 64];
+            let _ = theirs.read(&mut req);
+            let chunk = [b'x'; 1024];
+            while theirs.write_all(&chunk).is_ok() {}
+        });
+        let out = exchange(ours, b"1\0", Instant::now() + Duration::from_secs(5)).expect("answer");
+        assert_eq!(out.len(), MAX_ANSWER);
+        peer.join().expect("peer");
+    }
 
     #[test]
     fn a_process_that_is_not_a_jvm_is_never_signalled() {

@@ -2,7 +2,9 @@
 //! sites. Reading them out of the maps, naming their frames, and the formats people
 //! already use (folded stacks, pprof, an SVG flame graph).
 
+pub mod elf;
 pub mod jvm;
+pub mod maps;
 pub mod output;
 pub mod perfmap;
 pub mod python;
@@ -156,7 +158,18 @@ pub(crate) fn read_samples(
         let s: RwStackSample = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
         drop(item);
         let len = (s.stack_len as usize).min(s.stack.len());
-        let walk = unwinder.walk(s.tgid, s.ip, s.sp, s.bp, &s.stack[..len]);
+        // framehop and gimli parse tables a workload wrote: should one of them panic on
+        // them, that process's sample keeps its leaf only, and the agent goes on.
+        let walk = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            unwinder.walk(s.tgid, s.ip, s.sp, s.bp, &s.stack[..len])
+        }))
+        .unwrap_or_else(|_| {
+            *unwinder = unwind::Unwinder::new();
+            unwind::Walk {
+                frames: vec![s.ip],
+                complete: false,
+            }
+        });
         let mut user = unwind::stitch(&walk, &frames(s.user_stack));
         // Every sampled process is looked at once: a CPython one is listed for the
         // kernel's frame walk from then on (its first samples have native frames only),
@@ -203,7 +216,11 @@ pub fn name(
         if let Some(c) = comm(r.tgid) {
             frames.push(c);
         }
-        frames.extend(user_frames(r, sym).into_iter().rev());
+        // The demanglers and parsers read names a workload chose: a panic in one costs
+        // that stack its user frames, not the agent.
+        let user = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| user_frames(r, sym)))
+            .unwrap_or_else(|_| vec![symbolize::UNKNOWN.to_owned(); r.user.len()]);
+        frames.extend(user.into_iter().rev());
         let kernel = if r.kernel.is_empty() {
             Vec::new()
         } else {

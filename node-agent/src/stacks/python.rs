@@ -166,7 +166,7 @@ impl Runtime {
 
 /// Finds whether process `pid` runs a CPython interpreter of a known layout.
 pub fn detect(pid: u32) -> Option<Runtime> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let maps = super::maps::read(pid)?;
     let mut files: Vec<(PathBuf, Vec<(u64, u64)>)> = Vec::new();
     for line in maps.lines() {
         let mut it = line.split_whitespace();
@@ -218,9 +218,8 @@ fn is_python_file(name: &str) -> bool {
 /// The runtime defined by file `path` (in `pid`'s root), mapped by `pid` at `mappings`
 /// (start, file offset).
 fn runtime_in(pid: u32, path: &Path, mappings: &[(u64, u64)]) -> Option<Runtime> {
-    let file = crate::procfs::open_regular_in_root(pid, &path.to_string_lossy())?;
-    let cache = object::ReadCache::new(file);
-    let elf = object::File::parse(&cache).ok()?;
+    let file = super::elf::ElfFile::open(pid, &path.to_string_lossy())?;
+    let elf = object::File::parse(&file).ok()?;
     let page = crate::procfs::page_size();
     // The load bias: a mapping of file offset `off` at `start` holds the segment whose
     // page-rounded file offset is `off`.

@@ -1,31 +1,37 @@
-//! Addresses to function names, with blazesym (the libbpf project's symboliser) rather
-//! than an ELF/DWARF reader of our own.
+//! Addresses to function names.
 //!
-//! User addresses are normalised first (which file of the process, at which offset: PIE
-//! and ASLR undone from `/proc/PID/maps`), then looked up in that file read through
-//! `/proc/PID/root`, so a container's binaries are found in its own mount namespace. That
-//! is also why blazesym's own process mode is not used: it reads files either by the path
-//! in the maps (the host's view: wrong in a container) or through `/proc/PID/map_files`
-//! (CAP_SYS_ADMIN, which the agent does not have). Symbols come from `.symtab`/`.dynsym`
-//! and DWARF when present. An address outside any file is JIT-compiled code when the
-//! process's runtime writes a perf map (see `perfmap`), named from it. What cannot be
-//! resolved is said, never guessed: `[unknown]` outside any file and any perf map (JIT
-//! code of a runtime writing none, a garbage frame of a binary without frame pointers),
-//! `[libfoo.so]` in a file without a symbol for the address.
+//! User addresses are placed from `/proc/PID/maps` (which file of the process, at which
+//! offset: PIE and ASLR undone; the maps read with a bound, `maps`), then looked up in the
+//! function symbols (`.symtab`, `.dynsym`) of that file, opened inside the process's root
+//! so a container's binaries are found in its own mount namespace and a symlink cannot
+//! lead out of it. The files are workload-chosen input, so they are read by `elf`, with
+//! bounds, and never mapped; blazesym, which mmaps them, names kernel addresses only
+//! (`/proc/kallsyms`, the kernel's own). An address outside any file is JIT-compiled code
+//! when the process's runtime writes a perf map (see `perfmap`), named from it. What
+//! cannot be resolved is said, never guessed: `[unknown]` outside any file and any perf
+//! map (JIT code of a runtime writing none, a garbage frame of a binary without frame
+//! pointers), `[libfoo.so]` in a file without a symbol for the address (or one that
+//! breaks a bound).
 
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, sync::Arc};
 
 use blazesym::{
-    MaybeDefault, Pid,
-    normalize::{NormalizeOpts, Normalizer, UserMeta},
+    MaybeDefault,
     symbolize::{
         Input, Symbolized, Symbolizer as Blaze,
-        source::{Elf, Kernel, Source},
+        source::{Kernel, Source},
     },
 };
+
+use super::elf::{ElfFile, Symbols};
+
+/// Symbol bytes kept for all files together (cleared whole when a new file would pass
+/// it, as the unwinder's tables are).
+pub const MAX_SYMBOL_BYTES: usize = 32 << 20;
+/// How long a process's maps read are used for.
+const MAPS_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+/// Processes whose maps are kept (cleared whole when passed).
+const MAX_MAPS_KEPT: usize = 16;
 
 /// Name shown for an address outside any file of the process.
 pub const UNKNOWN: &str = "[unknown]";
@@ -33,18 +39,25 @@ pub const UNKNOWN: &str = "[unknown]";
 /// /proc/kallsyms shows zero addresses).
 pub const KERNEL: &str = "[kernel]";
 
-/// A symboliser kept across calls: blazesym caches each file's parsed symbols, and
-/// `perf_maps` each process's JIT code names.
+/// A symboliser kept across calls: it caches each file's symbols, and `perf_maps` each
+/// process's JIT code names.
 pub struct Symbolizer {
-    normalizer: Normalizer,
     blaze: Blaze,
+    symbols: std::sync::Mutex<SymbolCache>,
+    /// Maps read lately, by PID.
+    maps: std::sync::Mutex<HashMap<u32, (std::time::Instant, Arc<str>)>>,
     perf_maps: std::sync::Mutex<super::perfmap::PerfMaps>,
     /// The names given from a perf map so far: which frames are JIT-compiled code.
     jit_names: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// PLT ranges per file read (`plt_ranges`).
-    plt: std::sync::Mutex<HashMap<PathBuf, Vec<std::ops::Range<u64>>>>,
     /// Names of the CPython code objects of Python frames (`python::merge`).
     python: std::sync::Mutex<super::python::Names>,
+}
+
+/// The symbols read, by (device, inode) of the mapped file.
+#[derive(Default)]
+struct SymbolCache {
+    files: HashMap<(u64, u64), Option<Arc<Symbols>>>,
+    bytes: usize,
 }
 
 impl Default for Symbolizer {
@@ -56,16 +69,14 @@ impl Default for Symbolizer {
 impl Symbolizer {
     pub fn new() -> Self {
         Self {
-            // Build ids are not needed to symbolise on this node, and reading them opens
-            // each file by the path in the maps, which a container's files are not at.
-            normalizer: Normalizer::builder().enable_build_ids(false).build(),
             blaze: Blaze::builder()
                 .enable_code_info(false)
                 .enable_inlined_fns(false)
                 .build(),
             perf_maps: Default::default(),
             jit_names: Default::default(),
-            plt: Default::default(),
+            symbols: Default::default(),
+            maps: Default::default(),
             python: Default::default(),
         }
     }
@@ -95,28 +106,24 @@ impl Symbolizer {
                 }
             }
         }
-        let opts = NormalizeOpts {
-            map_files: false,
-            ..Default::default()
-        };
-        let Ok(out) = self
-            .normalizer
-            .normalize_user_addrs_opts(Pid::from(pid), &lookup, &opts)
-        else {
-            // The process is gone, or its maps are not readable.
+        let Some(maps) = self.maps(pid) else {
+            // The process is gone, or its maps are not readable (or over their bound).
             return names;
         };
+        let mappings = super::maps::executable(&maps);
         // File offsets grouped by file, so each file is looked up once.
         let mut by_file: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
         let mut outside_files = Vec::new();
-        for (i, &(offset, meta)) in out.outputs.iter().enumerate() {
+        for (i, &addr) in lookup.iter().enumerate() {
             if super::python::is_python(addrs[i]) {
                 continue;
             }
-            match out.meta.get(meta) {
-                Some(UserMeta::Elf(_)) => by_file.entry(meta).or_default().push((i, offset)),
-                Some(UserMeta::Unknown(_)) => outside_files.push(i),
-                _ => {}
+            match mappings.iter().position(|m| m.range.contains(&addr)) {
+                Some(at) => match mappings[at].file_offset(addr) {
+                    Some(offset) => by_file.entry(at).or_default().push((i, offset)),
+                    None => continue,
+                },
+                None => outside_files.push(i),
             }
         }
         if !outside_files.is_empty() {
@@ -135,49 +142,64 @@ impl Symbolizer {
                 }
             }
         }
-        for (meta, items) in by_file {
-            let Some(UserMeta::Elf(elf)) = out.meta.get(meta) else {
-                continue;
-            };
-            let file = in_mount_namespace(pid, &elf.path);
+        for (at, items) in by_file {
+            let m = &mappings[at];
             let module = format!(
                 "[{}]",
-                elf.path.file_name().map_or_else(
-                    || elf.path.display().to_string(),
-                    |n| n.to_string_lossy().into_owned()
-                )
+                m.path
+                    .rsplit('/')
+                    .next()
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or(m.path)
             );
-            // blazesym opens the file by path, blocking: never a FIFO put where a mapped file
-            // was (it would hold the agent's loop forever).
-            if !std::fs::metadata(&file).is_ok_and(|m| m.is_file()) {
-                for &(i, _) in &items {
-                    names[i] = module.clone();
-                }
-                continue;
-            }
-            let offsets: Vec<u64> = items.iter().map(|&(_, o)| o).collect();
-            let plt = self
-                .plt
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(file.clone())
-                .or_insert_with(|| plt_ranges(&file))
-                .clone();
-            let src = Source::Elf(Elf::new(file));
-            let resolved = self
-                .blaze
-                .symbolize(&src, Input::FileOffset(&offsets))
-                .unwrap_or_default();
-            for (k, &(i, offset)) in items.iter().enumerate() {
-                names[i] = match resolved.get(k) {
-                    Some(Symbolized::Sym(sym)) if !plt.iter().any(|r| r.contains(&offset)) => {
-                        sym.name.to_string()
-                    }
-                    _ => module.clone(),
-                };
+            let symbols = self.symbols_of(pid, m);
+            for &(i, offset) in &items {
+                names[i] = symbols
+                    .as_ref()
+                    .and_then(|s| s.name_at(offset))
+                    .unwrap_or_else(|| module.clone());
             }
         }
         names
+    }
+
+    /// The maps of `pid`, read again only after `MAPS_FOR` (one stack asks several times,
+    /// and a hostile process's maps may be megabytes).
+    fn maps(&self, pid: u32) -> Option<Arc<str>> {
+        let mut cache = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, maps)) = cache.get(&pid)
+            && at.elapsed() < MAPS_FOR
+        {
+            return Some(maps.clone());
+        }
+        let maps: Arc<str> = super::maps::read(pid)?.into();
+        if cache.len() >= MAX_MAPS_KEPT {
+            cache.clear();
+        }
+        cache.insert(pid, (std::time::Instant::now(), maps.clone()));
+        Some(maps)
+    }
+
+    /// The symbols of the file of mapping `m` of `pid`, read once per (device, inode) and
+    /// kept while all files' symbols together stay under `MAX_SYMBOL_BYTES`.
+    fn symbols_of(&self, pid: u32, m: &super::maps::Mapping<'_>) -> Option<Arc<Symbols>> {
+        let key = (m.dev, m.inode);
+        let mut cache = self.symbols.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = cache.files.get(&key) {
+            return s.clone();
+        }
+        let symbols = ElfFile::open(pid, m.path)
+            .and_then(|f| Symbols::read(&f))
+            .map(Arc::new);
+        let bytes = symbols.as_ref().map_or(0, |s| s.bytes());
+        if cache.bytes + bytes > MAX_SYMBOL_BYTES {
+            // Cleared whole: the files of the processes being named now come back.
+            cache.files.clear();
+            cache.bytes = 0;
+        }
+        cache.bytes += bytes;
+        cache.files.insert(key, symbols.clone());
+        symbols
     }
 
     /// Whether `name` was given to a frame from a runtime's perf map (JIT-compiled code).
@@ -188,20 +210,15 @@ impl Symbolizer {
             .contains(name)
     }
 
-    /// Whether `addr` is in a file-backed mapping of `pid` (a plausible code address).
+    /// Whether return address `addr` is in an executable file mapping of `pid` (a
+    /// plausible code address).
     pub fn in_file(&self, pid: u32, addr: u64) -> bool {
-        let opts = NormalizeOpts {
-            map_files: false,
-            ..Default::default()
-        };
-        self.normalizer
-            .normalize_user_addrs_opts(Pid::from(pid), &[addr.saturating_sub(1)], &opts)
-            .ok()
-            .and_then(|out| {
-                let (_, meta) = *out.outputs.first()?;
-                Some(matches!(out.meta.get(meta), Some(UserMeta::Elf(_))))
-            })
-            .unwrap_or(false)
+        let addr = addr.saturating_sub(1);
+        self.maps(pid).is_some_and(|maps| {
+            super::maps::executable(&maps)
+                .iter()
+                .any(|m| m.range.contains(&addr))
+        })
     }
 
     /// Names of kernel addresses (the first is the sampled instruction, the others return
@@ -231,33 +248,6 @@ impl Symbolizer {
     }
 }
 
-/// A path of `pid`'s mount namespace as this process can open it.
-/// File-offset ranges of an ELF file's PLT sections (`.plt`, `.plt.sec`, `.plt.got`):
-/// stubs with no symbol of their own, which blazesym would name after the nearest sizeless
-/// symbol below them (`_init`: 9 % of a CPython profile's leaves read so). Empty when the
-/// file cannot be read.
-fn plt_ranges(path: &Path) -> Vec<std::ops::Range<u64>> {
-    use object::{Object, ObjectSection};
-    let Ok(file) = std::fs::File::open(path) else {
-        return Vec::new();
-    };
-    let cache = object::ReadCache::new(file);
-    let Ok(elf) = object::File::parse(&cache) else {
-        return Vec::new();
-    };
-    elf.sections()
-        .filter(|s| matches!(s.name(), Ok(".plt" | ".plt.sec" | ".plt.got")))
-        .filter_map(|s| s.file_range())
-        .map(|(off, size)| off..off + size)
-        .collect()
-}
-
-pub(crate) fn in_mount_namespace(pid: u32, path: &Path) -> PathBuf {
-    let mut p = PathBuf::from(format!("/proc/{pid}/root"));
-    p.push(path.strip_prefix("/").unwrap_or(path));
-    p
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,28 +270,9 @@ mod tests {
     }
 
     #[test]
-    fn plt_stubs_are_found_in_this_test_binary() {
-        let exe = std::env::current_exe().expect("current exe");
-        let plt = plt_ranges(&exe);
-        assert!(
-            !plt.is_empty() && plt.iter().all(|r| r.start < r.end),
-            "{plt:?}"
-        );
-        assert!(plt_ranges(Path::new("/nonexistent")).is_empty());
-    }
-
-    #[test]
     fn a_gone_process_gives_unknown_frames() {
         let s = Symbolizer::new();
         // PID_MAX_LIMIT is 2^22: this PID cannot exist.
         assert_eq!(s.user(1 << 23, &[0x401000], false), vec![UNKNOWN]);
-    }
-
-    #[test]
-    fn paths_are_read_through_the_process_root() {
-        assert_eq!(
-            in_mount_namespace(7, Path::new("/usr/lib/libc.so.6")),
-            PathBuf::from("/proc/7/root/usr/lib/libc.so.6")
-        );
     }
 }

@@ -15,16 +15,12 @@
 
 use std::{
     collections::HashMap,
-    fs::File,
     ops::{Deref, Range},
-    path::Path,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use std::os::unix::fs::OpenOptionsExt;
-
-use object::{Object, ObjectSection, ObjectSegment};
+use object::{Object, ObjectSection};
 
 /// Unwind-table bytes kept for all files together.
 pub const MAX_TABLE_BYTES: usize = 64 << 20;
@@ -56,17 +52,10 @@ struct Tables {
 }
 
 impl Tables {
-    fn read(path: &Path) -> Option<Self> {
-        // Without blocking, and only a regular file: a FIFO put where a mapped file was
-        // would hold an open (and the agent's loop) forever.
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-            .ok()
-            .filter(|f: &File| f.metadata().is_ok_and(|m| m.is_file()))?;
-        let cache = object::ReadCache::new(file);
-        let elf = object::File::parse(&cache).ok()?;
+    /// The tables of `path` in `pid`'s root, read within the bounds of `super::elf`.
+    fn read(pid: u32, path: &str) -> Option<Self> {
+        let file = super::elf::ElfFile::open(pid, path)?;
+        let elf = object::File::parse(&file).ok()?;
         let mut sections = Vec::new();
         let mut bytes = 0;
         // .eh_frame with its index when there is one; Go writes only .debug_frame
@@ -77,13 +66,10 @@ impl Tables {
             &[b".debug_frame"]
         };
         for &name in names {
-            let Some(s) = elf
-                .section_by_name_bytes(name)
-                .filter(|s| s.kind() != object::SectionKind::UninitializedData)
-            else {
+            let Some(s) = elf.section_by_name_bytes(name) else {
                 continue;
             };
-            let Ok(data) = s.uncompressed_data() else {
+            let Some(data) = super::elf::section_data(&s, super::elf::MAX_SECTION) else {
                 continue;
             };
             bytes += data.len();
@@ -101,13 +87,7 @@ impl Tables {
                 Bytes(Arc::from(&[][..])),
             ));
         }
-        let loads = elf
-            .segments()
-            .map(|s| {
-                let (off, size) = s.file_range();
-                (off, s.address(), size)
-            })
-            .collect();
+        let loads = super::elf::loads(&elf);
         Some(Self {
             sections,
             loads,
@@ -313,13 +293,13 @@ impl Unwinder {
         if self.procs.len() >= MAX_PROCESSES && !self.procs.contains_key(&pid) {
             self.procs.clear();
         }
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        let Some(maps) = super::maps::read(pid) else {
             self.procs.remove(&pid);
             return;
         };
         let mut unwinder = Native::new();
         let mut ranges = Vec::new();
-        for m in maps.lines().filter_map(Mapping::parse) {
+        for m in super::maps::executable(&maps) {
             let Some(tables) = self.tables_of(pid, &m) else {
                 continue;
             };
@@ -345,13 +325,12 @@ impl Unwinder {
         );
     }
 
-    fn tables_of(&mut self, pid: u32, m: &Mapping<'_>) -> Option<Arc<Tables>> {
+    fn tables_of(&mut self, pid: u32, m: &super::maps::Mapping<'_>) -> Option<Arc<Tables>> {
         let key = (m.dev, m.inode);
         if let Some(t) = self.tables.get(&key) {
             return t.clone();
         }
-        let path = super::symbolize::in_mount_namespace(pid, Path::new(m.path));
-        let t = Tables::read(&path).map(Arc::new);
+        let t = Tables::read(pid, m.path).map(Arc::new);
         let bytes = t.as_ref().map_or(0, |t| t.bytes);
         if self.table_bytes + bytes > MAX_TABLE_BYTES {
             // Cleared whole: the files of the processes being captured now come back.
@@ -368,44 +347,6 @@ impl Unwinder {
     /// Bytes of unwind tables held.
     pub fn table_bytes(&self) -> usize {
         self.table_bytes
-    }
-}
-
-/// One executable file mapping of /proc/PID/maps.
-struct Mapping<'a> {
-    range: Range<u64>,
-    offset: u64,
-    dev: u64,
-    inode: u64,
-    path: &'a str,
-}
-
-impl<'a> Mapping<'a> {
-    fn parse(line: &'a str) -> Option<Self> {
-        let mut it = line.splitn(6, ' ');
-        let (start, end) = it.next()?.split_once('-')?;
-        let perms = it.next()?;
-        let offset = u64::from_str_radix(it.next()?, 16).ok()?;
-        let (major, minor) = it.next()?.split_once(':')?;
-        let inode: u64 = it.next()?.parse().ok()?;
-        let path = it.next()?.trim_start();
-        if !perms.contains('x') || inode == 0 || !path.starts_with('/') {
-            return None;
-        }
-        // A file replaced on disk since it was mapped: its tables may not be the ones
-        // running.
-        if path.ends_with(" (deleted)") {
-            return None;
-        }
-        let dev =
-            (u64::from_str_radix(major, 16).ok()? << 32) | u64::from_str_radix(minor, 16).ok()?;
-        Some(Self {
-            range: u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?,
-            offset,
-            dev,
-            inode,
-            path,
-        })
     }
 }
 
@@ -437,25 +378,93 @@ pub fn stitch(walk: &Walk, fp: &[u64]) -> Vec<u64> {
 mod tests {
     use super::*;
 
+    /// Peak resident memory of this process (VmHWM), bytes.
+    fn peak() -> u64 {
+        crate::procfs::peak_rss_bytes(std::process::id()).expect("VmHWM")
+    }
+
+    /// Files as a hostile pod would map them cost the unwinder nothing past its bounds:
+    /// a section declaring 1 GiB in a sparse file (the old reader allocated and zeroed the
+    /// declared size), a zlib section declaring 1 TiB once inflated, a zlib bomb just
+    /// under a real size, a truncated header, a thousand headers over one range.
     #[test]
-    fn maps_lines_give_executable_file_mappings_only() {
-        let m = Mapping::parse(
-            "7f1c2a400000-7f1c2a595000 r-xp 00028000 fe:01 1837      /usr/lib/x86_64-linux-gnu/libc.so.6",
-        )
-        .expect("an executable file mapping");
-        assert_eq!(m.range, 0x7f1c2a400000..0x7f1c2a595000);
-        assert_eq!(m.offset, 0x28000);
-        assert_eq!(m.dev, (0xfe << 32) | 1);
-        assert_eq!(m.inode, 1837);
-        assert_eq!(m.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
-        for other in [
-            "7f1c2a3d8000-7f1c2a400000 r--p 00000000 fe:01 1837      /usr/lib/libc.so.6",
-            "7ffd5a1f0000-7ffd5a211000 rw-p 00000000 00:00 0          [stack]",
-            "7ffd5a3e6000-7ffd5a3e8000 r-xp 00000000 00:00 0          [vdso]",
-            "7f00000000-7f00001000 r-xp 00000000 00:05 77 /memfd:jit (deleted)",
-        ] {
-            assert!(Mapping::parse(other).is_none(), "{other}");
+    fn hostile_unwind_tables_cost_no_more_than_the_bounds() {
+        use super::super::elf::{compressed, crafted};
+        let dir = std::env::temp_dir().join(format!("rw-hostile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let write = |name: &str, bytes: &[u8], len: Option<u64>| {
+            let p = dir.join(name);
+            std::fs::write(&p, bytes).expect("write");
+            if let Some(len) = len {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .and_then(|f| f.set_len(len))
+                    .expect("sparse");
+            }
+            p.to_string_lossy().into_owned()
+        };
+        // 64 MiB of zeros, deflated (~64 KiB), declared as 64 MiB: over MAX_SECTION.
+        let bomb = {
+            use std::io::Write as _;
+            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+            z.write_all(&vec![0u8; 64 << 20]).expect("deflate");
+            z.finish().expect("deflate")
+        };
+        let cases = [
+            write(
+                "huge-section",
+                &crafted(&[(".eh_frame", 1, 2, &[0u8; 16], 1 << 30)]),
+                Some((1 << 30) + 4096),
+            ),
+            write(
+                "tera-zlib",
+                &crafted(&[(
+                    ".debug_frame",
+                    1,
+                    0x800,
+                    &compressed(1 << 40, &bomb[..1024]),
+                    1048,
+                )]),
+                None,
+            ),
+            write(
+                "zlib-bomb",
+                &crafted(&[(
+                    ".debug_frame",
+                    1,
+                    0x800,
+                    &compressed(64 << 20, &bomb),
+                    bomb.len() as u64 + 24,
+                )]),
+                None,
+            ),
+            write(
+                "truncated",
+                &crafted(&[(".eh_frame", 1, 2, &[1u8; 64], 64)])[..40],
+                None,
+            ),
+            write(
+                "many-headers",
+                &crafted(&vec![(".eh_frame_hdr", 1, 2, &[0u8; 8][..], 8u64); 1000]),
+                None,
+            ),
+        ];
+        let before = peak();
+        for c in &cases {
+            let t = Tables::read(std::process::id(), c);
+            assert!(
+                t.as_ref()
+                    .is_none_or(|t| t.bytes <= super::super::elf::MAX_SECTION as usize * 2),
+                "{c}"
+            );
         }
+        let grown = peak().saturating_sub(before);
+        assert!(
+            grown < 48 << 20,
+            "reading hostile files grew the peak RSS by {grown} bytes"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

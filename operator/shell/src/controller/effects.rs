@@ -106,19 +106,45 @@ pub(super) async fn apply_ledger(
 /// Evicts through the Eviction API (PodDisruptionBudgets hold; the pod's own termination
 /// grace period applies). None: a transient failure, to retry.
 pub(super) async fn evict(ctx: &Context, ns: &str, ev: &decide::Eviction) -> Option<EvictResult> {
-    let pods: Api<Pod> = Api::namespaced(ctx.eviction_client.clone(), ns);
-    match tokio::time::timeout(
+    evict_pod(
+        ctx.eviction_client.clone(),
+        ns,
+        &ev.pod,
+        &ev.pod_uid,
         ctx.write_timeout,
-        pods.evict(&ev.pod, &EvictParams::default()),
     )
     .await
-    {
+}
+
+/// Evicts pod `name` of `ns` only if it is still the pod with `uid`, the one decided on: a
+/// pod replaced under the same name in between (a StatefulSet's) answers 409 Conflict and
+/// is not touched, which counts as the decided pod being gone. None: a transient
+/// failure, to retry.
+pub async fn evict_pod(
+    client: kube::Client,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    timeout: std::time::Duration,
+) -> Option<EvictResult> {
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    let params = EvictParams {
+        delete_options: Some(kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: (!uid.is_empty()).then(|| uid.to_owned()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    match tokio::time::timeout(timeout, pods.evict(name, &params)).await {
         Ok(r) => eviction_outcome(r).unwrap_or_else(|e| {
-            tracing::warn!(pod = %ev.pod, error = %e, "eviction failed; retrying");
+            tracing::warn!(pod = %name, error = %e, "eviction failed; retrying");
             None
         }),
         Err(_) => {
-            tracing::warn!(pod = %ev.pod, "eviction timed out; retrying");
+            tracing::warn!(pod = %name, "eviction timed out; retrying");
             None
         }
     }
@@ -127,14 +153,16 @@ pub(super) async fn evict(ctx: &Context, ns: &str, ev: &decide::Eviction) -> Opt
 /// What an eviction's answer means. The same on every version: the Eviction subresource
 /// answers 201, a 429 Status (reason `TooManyRequests`, cause `DisruptionBudget`) when a
 /// PodDisruptionBudget refuses, whether PDBs are policy/v1beta1 (1.20) or policy/v1
-/// (1.21+), and 404 for a pod already gone. Anything else is retried (Err).
+/// (1.21+), 404 for a pod already gone, and 409 Conflict when the pod of that name is
+/// not the one decided on (its UID precondition failed): that pod is gone too. Anything
+/// else is retried (Err).
 pub(super) fn eviction_outcome(
     r: std::result::Result<kube::core::Status, kube::Error>,
 ) -> std::result::Result<Option<EvictResult>, kube::Error> {
     match r {
         Ok(_) => Ok(Some(EvictResult::Evicted)),
         Err(kube::Error::Api(e)) if e.code == 429 => Ok(Some(EvictResult::Refused(e.message))),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Some(EvictResult::Gone)),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(Some(EvictResult::Gone)),
         Err(e) => Err(e),
     }
 }

@@ -53,6 +53,7 @@ mod watches;
 
 use effects::{apply_ledger, count_remediations, evict_and_record, publish, write_status};
 use gather::{Facts, gather, known_restarts};
+pub use effects::evict_pod;
 pub use watches::run;
 
 /// What remediation decisions depend on besides the watch.

@@ -1,0 +1,493 @@
+//! ELF files named by a workload's mappings, read as hostile input.
+//!
+//! Any pod can map a file of its own making and let its stacks be captured, so what these
+//! files declare (section sizes, header counts, compressed sizes, symbol counts) is never
+//! trusted:
+//! - the file is opened inside the process's own root (`openat2` with `RESOLVE_IN_ROOT`:
+//!   an absolute symlink cannot lead to the node's files), without blocking, and only a
+//!   regular file, checked on the open descriptor;
+//! - it is read with `pread`, never mapped: a workload that truncates a file the agent has
+//!   mapped kills the agent with SIGBUS. This is why symbols are read here and not by
+//!   blazesym, which mmaps every ELF file it symbolises, decompresses sections without a
+//!   bound, and opens files by path;
+//! - every read is checked against the real file size and against a per-file budget
+//!   *before* anything is allocated (object's own `ReadCache` allocates whatever size is
+//!   asked, and keeps a copy per distinct (offset, size): a sparse file declaring a 1 GiB
+//!   section, or many sections over one range, would cost the agent that much memory);
+//! - a compressed section's declared size is checked against a cap before it is inflated.
+//!
+//! A file that breaks a bound is simply not read: the process that mapped it loses the
+//! names (or the unwind tables) of that file, nothing else.
+
+use std::{
+    borrow::Cow, cell::RefCell, collections::HashMap, fs::File, ops::Range, os::unix::fs::FileExt,
+};
+
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ReadRef, SectionKind};
+
+/// Bytes one file may cost to read, all reads together (the largest unwind tables seen
+/// here: libjvm.so's `.eh_frame`, 2.3 MiB; a Go binary's `.debug_frame`, about 1 MiB;
+/// Chromium-sized symbol tables pass 100 MiB and are left unnamed).
+pub const FILE_BUDGET: u64 = 48 << 20;
+/// The largest section kept, after decompression.
+pub const MAX_SECTION: u64 = 32 << 20;
+/// The most function symbols kept of one file.
+pub const MAX_SYMBOLS: usize = 1 << 20;
+/// Longest symbol name demangled (cpp_demangle's cost grows with the name).
+const MAX_DEMANGLE: usize = 4096;
+
+/// An open ELF file with a read budget: `&ElfFile` is an `object::ReadRef`.
+pub struct ElfFile {
+    inner: RefCell<Inner>,
+}
+
+struct Inner {
+    file: File,
+    len: u64,
+    budget: u64,
+    bufs: HashMap<(u64, u64), Box<[u8]>>,
+    strings: HashMap<(u64, u8), Box<[u8]>>,
+}
+
+impl ElfFile {
+    /// The regular file `path` of process `pid`'s mount namespace, opened inside its root.
+    pub fn open(pid: u32, path: &str) -> Option<Self> {
+        Self::new(crate::procfs::open_regular_in_root(pid, path)?, FILE_BUDGET)
+    }
+
+    /// `file`, read with at most `budget` bytes; None unless it is a regular file.
+    pub fn new(file: File, budget: u64) -> Option<Self> {
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() {
+            return None;
+        }
+        Some(Self {
+            inner: RefCell::new(Inner {
+                file,
+                len: meta.len(),
+                budget,
+                bufs: HashMap::new(),
+                strings: HashMap::new(),
+            }),
+        })
+    }
+
+    /// Bytes left of the budget.
+    pub fn budget_left(&self) -> u64 {
+        self.inner.borrow().budget
+    }
+
+    /// The file, e.g. to attach a uprobe through `/proc/self/fd/N`.
+    pub fn file(&self) -> std::cell::Ref<'_, File> {
+        std::cell::Ref::map(self.inner.borrow(), |i| &i.file)
+    }
+}
+
+impl Inner {
+    /// Takes `size` bytes of the budget for a read of `range`, or refuses it before any
+    /// allocation.
+    fn charge(&mut self, range: &Range<u64>, size: u64) -> Result<usize, ()> {
+        if range.start > range.end || range.end > self.len || size > self.budget {
+            return Err(());
+        }
+        self.budget -= size;
+        usize::try_from(size).map_err(|_| ())
+    }
+}
+
+impl<'a> ReadRef<'a> for &'a ElfFile {
+    fn len(self) -> Result<u64, ()> {
+        Ok(self.inner.borrow().len)
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
+        if size == 0 {
+            return Ok(&[]);
+        }
+        let inner = &mut *self.inner.borrow_mut();
+        let buf: &[u8] = match inner.bufs.get(&(offset, size)) {
+            Some(b) => b,
+            None => {
+                let end = offset.checked_add(size).ok_or(())?;
+                let n = inner.charge(&(offset..end), size)?;
+                let mut bytes = vec![0u8; n].into_boxed_slice();
+                inner
+                    .file
+                    .read_exact_at(&mut bytes, offset)
+                    .map_err(|_| ())?;
+                inner.bufs.entry((offset, size)).or_insert(bytes)
+            }
+        };
+        // SAFETY: the boxed slice is never mutated, moved out or removed while `self`
+        // lives (entries are only ever added), so its bytes live as long as `'a`; the
+        // same argument as object's own `ReadCache`.
+        Ok(unsafe { std::mem::transmute::<&[u8], &'a [u8]>(buf) })
+    }
+
+    fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
+        let inner = &mut *self.inner.borrow_mut();
+        let buf: &[u8] = match inner.strings.get(&(range.start, delimiter)) {
+            Some(b) => b,
+            None => {
+                // Names are short: at most 4 KiB is looked at, as object's ReadCache does.
+                let end = range.end.min(range.start.saturating_add(4096));
+                let n = inner.charge(&(range.start..end), end - range.start)?;
+                let mut bytes = vec![0u8; n];
+                let got = inner
+                    .file
+                    .read_at(&mut bytes, range.start)
+                    .map_err(|_| ())?;
+                let len = bytes[..got]
+                    .iter()
+                    .position(|&b| b == delimiter)
+                    .ok_or(())?;
+                bytes.truncate(len);
+                // What was not kept goes back to the budget.
+                inner.budget += (n - len) as u64;
+                inner
+                    .strings
+                    .entry((range.start, delimiter))
+                    .or_insert(bytes.into_boxed_slice())
+            }
+        };
+        // SAFETY: as in `read_bytes_at`.
+        Ok(unsafe { std::mem::transmute::<&[u8], &'a [u8]>(buf) })
+    }
+}
+
+/// A section's bytes, decompressed, or None when its size in the file or its declared
+/// uncompressed size is over `cap` (checked before anything is read or inflated).
+pub fn section_data<'a, S: ObjectSection<'a>>(s: &S, cap: u64) -> Option<Cow<'a, [u8]>> {
+    if s.kind() == SectionKind::UninitializedData {
+        return None;
+    }
+    let range = s.compressed_file_range().ok()?;
+    if range.uncompressed_size > cap || range.compressed_size > cap {
+        return None;
+    }
+    s.compressed_data().ok()?.decompress().ok()
+}
+
+/// Where a file's loadable segments sit: (file offset, virtual address, file size).
+pub fn loads<'a>(elf: &object::File<'a, &'a ElfFile>) -> Vec<(u64, u64, u64)> {
+    elf.segments()
+        .map(|s| {
+            let (off, size) = s.file_range();
+            (off, s.address(), size)
+        })
+        .collect()
+}
+
+/// One function of a symbol table.
+#[derive(Clone, Copy, Debug)]
+struct Func {
+    start: u64,
+    end: u64,
+    /// Where its name is in `Symbols::names`.
+    name: (u32, u32),
+}
+
+/// The function symbols of one file (`.symtab` and `.dynsym`), and its PLT ranges.
+pub struct Symbols {
+    funcs: Vec<Func>,
+    names: String,
+    loads: Vec<(u64, u64, u64)>,
+    /// Virtual address ranges of the PLT sections (`.plt`, `.plt.sec`, `.plt.got`): stubs
+    /// with no symbol of their own, which the nearest sizeless symbol below them
+    /// (`_init`) would otherwise name (9 % of a CPython profile's leaves read so).
+    plt: Vec<Range<u64>>,
+}
+
+impl Symbols {
+    /// Reads the symbols of an open file; None if it is not an ELF file or breaks a bound.
+    pub fn read(file: &ElfFile) -> Option<Self> {
+        let elf = object::File::parse(file).ok()?;
+        let mut sections: HashMap<usize, Range<u64>> = HashMap::new();
+        let mut plt = Vec::new();
+        for s in elf.sections() {
+            let r = s.address()..s.address().saturating_add(s.size());
+            if matches!(s.name(), Ok(".plt" | ".plt.sec" | ".plt.got")) {
+                plt.push(r.clone());
+            }
+            if s.kind() == SectionKind::Text {
+                sections.insert(s.index().0, r);
+            }
+        }
+        let mut funcs = Vec::new();
+        let mut names = String::new();
+        for sym in elf.symbols().chain(elf.dynamic_symbols()) {
+            let Some(section) = sym.section_index().and_then(|i| sections.get(&i.0)) else {
+                continue;
+            };
+            let text = sym.kind() == object::SymbolKind::Text;
+            if !(text || sym.kind() == object::SymbolKind::Unknown) || sym.address() == 0 {
+                continue;
+            }
+            let Ok(name) = sym.name() else { continue };
+            if name.is_empty() || funcs.len() >= MAX_SYMBOLS {
+                continue;
+            }
+            let start = sym.address();
+            // A sizeless symbol (hand-written assembly) reaches the next symbol, or its
+            // section's end: set below, once sorted.
+            let end = if sym.size() > 0 {
+                start.saturating_add(sym.size())
+            } else {
+                section.end
+            };
+            let at = u32::try_from(names.len()).ok()?;
+            let len = u32::try_from(name.len()).ok()?;
+            names.push_str(name);
+            funcs.push(Func {
+                start,
+                end,
+                name: (at, len),
+            });
+        }
+        // Sized symbols before sizeless ones at one address (aliases: the first is kept).
+        funcs.sort_by_key(|f| (f.start, std::cmp::Reverse(f.end)));
+        funcs.dedup_by_key(|f| f.start);
+        for i in 0..funcs.len().saturating_sub(1) {
+            let next = funcs[i + 1].start;
+            if funcs[i].end > next {
+                // Overlapping or sizeless: it cannot reach into the next function.
+                funcs[i].end = funcs[i].end.min(next).max(funcs[i].start + 1);
+            }
+        }
+        funcs.shrink_to_fit();
+        names.shrink_to_fit();
+        Some(Self {
+            funcs,
+            names,
+            loads: loads(&elf),
+            plt,
+        })
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.funcs.len() * std::mem::size_of::<Func>() + self.names.len()
+    }
+
+    /// The virtual address (as the file states it) at file offset `offset`.
+    pub fn address_of(&self, offset: u64) -> Option<u64> {
+        self.loads
+            .iter()
+            .find(|&&(o, _, size)| o <= offset && offset < o.saturating_add(size))
+            .map(|&(o, vaddr, _)| vaddr.wrapping_add(offset - o))
+    }
+
+    /// The demangled name of the function at file offset `offset`, None outside every
+    /// function or in a PLT stub.
+    pub fn name_at(&self, offset: u64) -> Option<String> {
+        let addr = self.address_of(offset)?;
+        if self.plt.iter().any(|r| r.contains(&addr)) {
+            return None;
+        }
+        let i = self
+            .funcs
+            .partition_point(|f| f.start <= addr)
+            .checked_sub(1)?;
+        let f = self.funcs[i];
+        if addr >= f.end {
+            return None;
+        }
+        let (at, len) = (f.name.0 as usize, f.name.1 as usize);
+        Some(demangle(self.names.get(at..at + len)?))
+    }
+}
+
+/// A Rust or C++ symbol demangled (Rust's without its hash), as blazesym did; other names
+/// as they are.
+pub fn demangle(name: &str) -> String {
+    if name.len() > MAX_DEMANGLE {
+        return name.to_owned();
+    }
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        return format!("{d:#}");
+    }
+    if name.starts_with("_Z")
+        && let Ok(sym) = cpp_demangle::Symbol::new(name)
+        && let Ok(d) = sym.demangle()
+    {
+        return d;
+    }
+    name.to_owned()
+}
+
+/// Crafted ELF files for tests and fuzz seeds: a header, the sections given (name,
+/// type, flags, the bytes in the file, and the size declared, which may be far larger),
+/// their headers at the end.
+#[cfg(test)]
+pub(crate) fn crafted(sections: &[(&str, u32, u64, &[u8], u64)]) -> Vec<u8> {
+    let mut names = vec![0u8];
+    let mut name_at = Vec::new();
+    for (n, ..) in sections.iter().chain([&(".shstrtab", 3, 0, &[][..], 0)]) {
+        name_at.push(names.len() as u32);
+        names.extend_from_slice(n.as_bytes());
+        names.push(0);
+    }
+    let mut out = vec![0u8; 64];
+    let mut placed = Vec::new();
+    for (_, _, _, bytes, _) in sections {
+        placed.push(out.len() as u64);
+        out.extend_from_slice(bytes);
+    }
+    let names_at = out.len() as u64;
+    out.extend_from_slice(&names);
+    while !out.len().is_multiple_of(8) {
+        out.push(0);
+    }
+    let shoff = out.len() as u64;
+    out.extend_from_slice(&[0u8; 64]);
+    let mut sh = |name: u32, ty: u32, flags: u64, off: u64, size: u64| {
+        out.extend_from_slice(&name.to_le_bytes());
+        out.extend_from_slice(&ty.to_le_bytes());
+        out.extend_from_slice(&flags.to_le_bytes());
+        out.extend_from_slice(&0x1000u64.to_le_bytes()); // sh_addr
+        out.extend_from_slice(&off.to_le_bytes());
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&[0u8; 8]); // link, info
+        out.extend_from_slice(&1u64.to_le_bytes()); // addralign
+        out.extend_from_slice(&0u64.to_le_bytes()); // entsize
+    };
+    for (i, (_, ty, flags, _, size)) in sections.iter().enumerate() {
+        sh(name_at[i], *ty, *flags, placed[i], *size);
+    }
+    sh(name_at[sections.len()], 3, 0, names_at, names.len() as u64);
+    let mut h = Vec::new();
+    h.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
+    h.extend_from_slice(&3u16.to_le_bytes()); // ET_DYN
+    h.extend_from_slice(&62u16.to_le_bytes()); // x86-64
+    h.extend_from_slice(&1u32.to_le_bytes());
+    h.extend_from_slice(&0u64.to_le_bytes()); // entry
+    h.extend_from_slice(&0u64.to_le_bytes()); // phoff
+    h.extend_from_slice(&shoff.to_le_bytes());
+    h.extend_from_slice(&0u32.to_le_bytes());
+    for v in [
+        64u16,
+        56,
+        0,
+        64,
+        sections.len() as u16 + 2,
+        sections.len() as u16 + 1,
+    ] {
+        h.extend_from_slice(&v.to_le_bytes());
+    }
+    out[..64].copy_from_slice(&h);
+    out
+}
+
+/// The zlib compression header of a compressed section (ELF64 `Elf64_Chdr`) declaring
+/// `size` bytes once inflated, then `stream`.
+#[cfg(test)]
+pub(crate) fn compressed(size: u64, stream: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&1u32.to_le_bytes()); // ELFCOMPRESS_ZLIB
+    v.extend_from_slice(&0u32.to_le_bytes());
+    v.extend_from_slice(&size.to_le_bytes());
+    v.extend_from_slice(&1u64.to_le_bytes());
+    v.extend_from_slice(stream);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn temp(name: &str, bytes: &[u8]) -> (std::path::PathBuf, File) {
+        let dir = std::env::temp_dir().join(format!("rw-elf-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let mut f = File::create(&dir).expect("create");
+        f.write_all(bytes).expect("write");
+        (dir.clone(), File::open(&dir).expect("open"))
+    }
+
+    #[test]
+    fn reads_past_the_file_or_the_budget_are_refused_before_allocating() {
+        let (path, file) = temp("small", &[7u8; 100]);
+        let elf = ElfFile::new(file, 64).expect("a regular file");
+        let r = &elf;
+        assert_eq!(r.read_bytes_at(0, 10), Ok(&[7u8; 10][..]));
+        // Inside the file, but past what is left of the budget.
+        assert!(r.read_bytes_at(10, 60).is_err());
+        // Past the file's end, and a size that would wrap.
+        assert!(r.read_bytes_at(90, 20).is_err());
+        assert!(r.read_bytes_at(u64::MAX - 1, 4).is_err());
+        assert!(r.read_bytes_at(0, u64::MAX).is_err());
+        // A cached read costs nothing again.
+        assert_eq!(r.read_bytes_at(0, 10), Ok(&[7u8; 10][..]));
+        assert_eq!(elf.budget_left(), 54);
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_sparse_file_declaring_a_huge_section_costs_its_budget_at_most() {
+        // A 1 GiB sparse file: reading all of it would take 1 GiB of memory.
+        let (path, _) = temp("sparse", b"\x7fELF");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(1 << 30))
+            .expect("set_len");
+        let file = File::open(&path).expect("open");
+        let elf = ElfFile::new(file, FILE_BUDGET).expect("regular");
+        assert!((&elf).read_bytes_at(0, 1 << 30).is_err());
+        assert_eq!(elf.budget_left(), FILE_BUDGET);
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn directories_and_fifos_are_not_opened_as_elf_files() {
+        let me = std::process::id();
+        assert!(ElfFile::open(me, "/proc").is_none());
+        let fifo = std::env::temp_dir().join(format!("rw-elf-fifo-{me}"));
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(fifo.to_string_lossy().as_bytes()).expect("path");
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Would block forever if it were opened for reading without O_NONBLOCK.
+        assert!(ElfFile::open(me, &fifo.to_string_lossy()).is_none());
+        let _ = std::fs::remove_file(fifo);
+    }
+
+    #[inline(never)]
+    fn a_named_function_here() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    #[test]
+    fn this_test_binary_names_its_own_functions() {
+        let exe = std::env::current_exe().expect("exe");
+        let elf = ElfFile::open(std::process::id(), &exe.to_string_lossy()).expect("open");
+        let syms = Symbols::read(&elf).expect("symbols");
+        // Its address in this process to its file offset, through /proc/self/maps.
+        let addr = a_named_function_here as *const () as u64 + 1;
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let offset = maps
+            .lines()
+            .filter_map(super::super::maps::Mapping::parse)
+            .find(|m| m.range.contains(&addr))
+            .map(|m| addr - m.range.start + m.offset)
+            .expect("mapped");
+        let name = syms.name_at(offset).expect("named");
+        assert!(name.contains("a_named_function_here"), "{name}");
+        assert!(!name.contains("::h"), "demangled without its hash: {name}");
+        assert!(syms.bytes() > 0);
+    }
+
+    #[test]
+    fn names_are_demangled_as_blazesym_did() {
+        assert_eq!(
+            demangle("_ZN11AllocTracer27send_allocation_in_new_tlabEP5KlassP8HeapWordmmP6Thread"),
+            "AllocTracer::send_allocation_in_new_tlab(Klass*, HeapWord*, unsigned long, unsigned long, Thread*)"
+        );
+        assert_eq!(
+            demangle("_ZN3std2rt10lang_start17h0123456789abcdefE"),
+            "std::rt::lang_start"
+        );
+        assert_eq!(demangle("burn_here"), "burn_here");
+        assert_eq!(demangle(&"_Z".repeat(5000)), "_Z".repeat(5000));
+    }
+}

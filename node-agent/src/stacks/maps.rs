@@ -1,0 +1,149 @@
+//! `/proc/PID/maps` of a workload, read with a bound.
+//!
+//! A process chooses its own maps: up to `vm.max_map_count` (65,530 by default) mappings,
+//! each named by a path of up to 4 KiB, so its maps file can pass 250 MiB. Read whole, as
+//! `read_to_string` does, one such process would cost the agent more than its memory
+//! limit. Here at most `MAX_MAPS_BYTES` are read; a process whose maps are longer is
+//! treated as if it could not be read (its stacks keep their addresses unnamed).
+
+use std::{io::Read, ops::Range};
+
+/// The most bytes of one process's maps read (a JVM with a large heap: ~200 KiB; a
+/// Chromium renderer: ~1 MiB).
+pub const MAX_MAPS_BYTES: u64 = 8 << 20;
+
+/// The maps of process `pid`, or None when they cannot be read or are over the bound.
+pub fn read(pid: u32) -> Option<String> {
+    read_path(&format!("/proc/{pid}/maps"), MAX_MAPS_BYTES)
+}
+
+fn read_path(path: &str, max: u64) -> Option<String> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut out = Vec::new();
+    // One byte more than the bound tells a file at the bound from one past it.
+    file.take(max + 1).read_to_end(&mut out).ok()?;
+    if out.len() as u64 > max {
+        return None;
+    }
+    // Paths are bytes: a name that is not UTF-8 is read lossily (it is only ever used to
+    // open the file inside the process's root, where such a path then fails to open).
+    Some(
+        String::from_utf8(out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+    )
+}
+
+/// One executable file mapping of /proc/PID/maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping<'a> {
+    pub range: Range<u64>,
+    pub offset: u64,
+    pub dev: u64,
+    pub inode: u64,
+    pub path: &'a str,
+}
+
+impl<'a> Mapping<'a> {
+    /// An executable mapping of a file that still exists; None for any other line.
+    pub fn parse(line: &'a str) -> Option<Self> {
+        let mut it = line.splitn(6, ' ');
+        let (start, end) = it.next()?.split_once('-')?;
+        let perms = it.next()?;
+        let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+        let (major, minor) = it.next()?.split_once(':')?;
+        let inode: u64 = it.next()?.parse().ok()?;
+        let path = it.next()?.trim_start();
+        if !perms.contains('x') || inode == 0 || !path.starts_with('/') {
+            return None;
+        }
+        // A file replaced on disk since it was mapped: what is at its path now is not
+        // what runs.
+        if path.ends_with(" (deleted)") {
+            return None;
+        }
+        let dev =
+            (u64::from_str_radix(major, 16).ok()? << 32) | u64::from_str_radix(minor, 16).ok()?;
+        let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
+        if range.is_empty() {
+            return None;
+        }
+        Some(Self {
+            range,
+            offset,
+            dev,
+            inode,
+            path,
+        })
+    }
+
+    /// The file offset of address `addr` of this mapping.
+    pub fn file_offset(&self, addr: u64) -> Option<u64> {
+        self.range
+            .contains(&addr)
+            .then(|| self.offset.checked_add(addr - self.range.start))?
+    }
+}
+
+/// Whether process `pid` maps HotSpot's `libjvm.so` for execution (a file of that exact
+/// name; anything can be named so, which is why everything done with a JVM is bounded).
+pub fn maps_jvm(pid: u32) -> bool {
+    read(pid).is_some_and(|maps| {
+        executable(&maps)
+            .iter()
+            .any(|m| m.path.rsplit('/').next() == Some("libjvm.so"))
+    })
+}
+
+/// Every executable file mapping of a maps text.
+pub fn executable(maps: &str) -> Vec<Mapping<'_>> {
+    maps.lines().filter_map(Mapping::parse).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_give_executable_file_mappings_only() {
+        let m = Mapping::parse(
+            "7f1c2a400000-7f1c2a595000 r-xp 00028000 fe:01 1837      /usr/lib/x86_64-linux-gnu/libc.so.6",
+        )
+        .expect("an executable file mapping");
+        assert_eq!(m.range, 0x7f1c2a400000..0x7f1c2a595000);
+        assert_eq!(m.offset, 0x28000);
+        assert_eq!(m.dev, (0xfe << 32) | 1);
+        assert_eq!(m.inode, 1837);
+        assert_eq!(m.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!(m.file_offset(0x7f1c2a400010), Some(0x28010));
+        assert_eq!(m.file_offset(0x7f1c2a595000), None);
+        for other in [
+            "7f1c2a3d8000-7f1c2a400000 r--p 00000000 fe:01 1837      /usr/lib/libc.so.6",
+            "7ffd5a1f0000-7ffd5a211000 rw-p 00000000 00:00 0          [stack]",
+            "7ffd5a3e6000-7ffd5a3e8000 r-xp 00000000 00:00 0          [vdso]",
+            "7f00000000-7f00001000 r-xp 00000000 00:05 77 /memfd:jit (deleted)",
+            "7f00001000-7f00000000 r-xp 00000000 00:05 77 /backwards",
+            "zz-7f00001000 r-xp 00000000 00:05 77 /bad",
+            "",
+            "7f00000000-7f00001000",
+            "7f00000000-7f00001000 r-xp ffffffffffffffffff 00:05 77 /huge-offset",
+        ] {
+            assert!(Mapping::parse(other).is_none(), "{other}");
+        }
+        // An offset near the top: no overflow.
+        let top = Mapping::parse("1000-3000 r-xp fffffffffffffff0 00:05 9 /x").expect("parsed");
+        assert_eq!(top.file_offset(0x2fff), None);
+    }
+
+    #[test]
+    fn maps_longer_than_the_bound_are_not_read() {
+        let path = std::env::temp_dir().join(format!("rw-maps-{}", std::process::id()));
+        std::fs::write(&path, "a".repeat(1000)).expect("write");
+        let p = path.to_string_lossy();
+        assert_eq!(read_path(&p, 1000).map(|s| s.len()), Some(1000));
+        assert_eq!(read_path(&p, 999), None);
+        std::fs::write(&path, b"\xff/x\n").expect("write");
+        assert_eq!(read_path(&p, 1000).as_deref(), Some("\u{fffd}/x\n"));
+        let _ = std::fs::remove_file(path);
+        assert!(read(std::process::id()).is_some_and(|m| !executable(&m).is_empty()));
+    }
+}
