@@ -89,9 +89,10 @@ async fn an_eviction_never_reaches_a_pod_replaced_under_the_same_name() {
     use resourcewatch_operator::{controller::evict_pod, decide::EvictResult};
     let (client, ns) = setup("rw-uid").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    let decided = cluster::fake_running_pod(&client, &ns.name, "db-0", &labels("db"), "node-a", "c1")
-        .await
-        .expect("pod");
+    let decided =
+        cluster::fake_running_pod(&client, &ns.name, "db-0", &labels("db"), "node-a", "c1")
+            .await
+            .expect("pod");
     let old_uid = decided.uid().expect("uid");
     pods.delete("db-0", &DeleteParams::default().grace_period(0))
         .await
@@ -110,7 +111,10 @@ async fn an_eviction_never_reaches_a_pod_replaced_under_the_same_name() {
     let t = Duration::from_secs(10);
     let outcome = evict_pod(client.clone(), &ns.name, "db-0", &old_uid, t).await;
     assert_eq!(outcome, Some(EvictResult::Gone), "the decided pod is gone");
-    let after = pods.get("db-0").await.expect("the replacement is still there");
+    let after = pods
+        .get("db-0")
+        .await
+        .expect("the replacement is still there");
     assert_eq!(after.uid().as_deref(), Some(new_uid.as_str()));
     assert!(
         after.metadata.deletion_timestamp.is_none(),

@@ -333,9 +333,12 @@ async fn profile(
         .into_iter()
         .map(|(k, v)| (k, v.0))
         .collect();
-    let (files, ignored) = kubectl_resourcewatch::profile_files(&cm.data.unwrap_or_default(), &binary);
+    let (files, ignored) =
+        kubectl_resourcewatch::profile_files(&cm.data.unwrap_or_default(), &binary);
     for k in ignored {
-        eprintln!("warning: ConfigMap {ns}/{cm_name} has a key {k:?} that is not a profile file: not written");
+        eprintln!(
+            "warning: ConfigMap {ns}/{cm_name} has a key {k:?} that is not a profile file: not written"
+        );
     }
     let mut written = Vec::new();
     for (k, v) in files {

@@ -51,9 +51,9 @@ mod effects;
 mod gather;
 mod watches;
 
+pub use effects::evict_pod;
 use effects::{apply_ledger, count_remediations, evict_and_record, publish, write_status};
 use gather::{Facts, gather, known_restarts};
-pub use effects::evict_pod;
 pub use watches::run;
 
 /// What remediation decisions depend on besides the watch.
