@@ -73,6 +73,14 @@ unit: deps ## Unit and kernel integration tests (without root/BTF kernel tests s
 	  sed 's/^/   /' $(SKIPPED_TESTS); \
 	else echo "== no test skipped"; fi
 
+.PHONY: vm-kernel
+vm-kernel: deps ## The agent's kernel and stack tests again on Linux 6.1 with cgroup v2 only, in a QEMU/TCG VM (the CI subset; ALL=1: every test, about an hour)
+ifeq ($(AS_ROOT),)
+	e2e/run-vm-kernel-tests.sh $(if $(ALL),--all,)
+else
+	$(AS_ROOT) $(MAKE) vm-kernel ALL=$(ALL)
+endif
+
 .PHONY: demo
 # demo, test and top need root (a cluster, BPF). Run as root they run here; run as a
 # sudo user they re-run themselves through sudo, so `make demo` works verbatim for both
@@ -127,9 +135,9 @@ rules: ## promtool check + test of the alerting rules (config/prometheus/; Debia
 	e2e/prometheus/check-rules.sh
 
 .PHONY: test
-test: ## Everything CI runs: lint, unit, kernel, drift, API, chart and cluster e2e tests
+test: ## Everything CI runs: lint, unit, kernel (6.18/v1 here, 6.1/v2 in a VM), drift, API, chart and cluster e2e tests
 ifeq ($(AS_ROOT),)
-test: deps lint unit rules e2e-api chart e2e
+test: deps lint unit vm-kernel rules e2e-api chart e2e
 else
 	$(AS_ROOT) $(MAKE) test
 endif

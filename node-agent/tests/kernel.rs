@@ -1145,6 +1145,8 @@ fn time_to_oom_predicts_the_real_kill() {
     // SAFETY: releasing the child.
     unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
     let mut half: Option<(f64, f64)> = None;
+    // What the prediction at half-way was made from, for the failure message.
+    let mut basis = String::new();
     let killed_at = loop {
         std::thread::sleep(Duration::from_millis(250));
         let mut status = 0;
@@ -1173,6 +1175,21 @@ fn time_to_oom_predicts_the_real_kill() {
             assert_eq!(r.limit_bytes, Some(limit), "the cgroup's own limit is used");
             if let Some(tto) = r.time_to_oom_secs {
                 half = Some((start.elapsed().as_secs_f64(), tto));
+                let (anon, file, shmem) =
+                    memory_limit::read_stat(&cg.dir).unwrap_or_default();
+                basis = format!(
+                    "usage {} MiB, rss {} MiB, anon {} MiB, file {} MiB, shmem {} MiB, \
+                     growth {:.2} MiB/s (r2 {:.3}, {:?}), low {:?}",
+                    usage >> 20,
+                    r.rss_bytes >> 20,
+                    anon >> 20,
+                    file >> 20,
+                    shmem >> 20,
+                    r.growth_bytes_per_sec / MIB as f64,
+                    r.r2,
+                    r.basis,
+                    r.time_to_oom_low_secs,
+                );
             }
         }
     };
@@ -1181,6 +1198,6 @@ fn time_to_oom_predicts_the_real_kill() {
     let real = killed_at - t;
     assert!(
         within(tto, real, 0.15),
-        "predicted {tto:.1} s at half-way, killed {real:.1} s later"
+        "predicted {tto:.1} s at half-way, killed {real:.1} s later; at half-way: {basis}"
     );
 }

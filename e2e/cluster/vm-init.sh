@@ -1,0 +1,41 @@
+#!/bin/busybox sh
+# /init of the test VM's initramfs (vm.sh): mounts this machine's root read-only over 9p,
+# the kernel's filesystems and tmpfs over it, runs the command vm.sh wrote, records its
+# exit status, and powers off. Never drops to a shell: any failure ends the VM.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+fail() { echo "vm-init: $*"; poweroff -f; }
+x=$(sed -n 's/.* rw_x=\([^ ]*\).*/\1/p' /proc/cmdline)
+for m in $(cat /mods/order); do
+  insmod "/mods/$m.ko" || fail "insmod $m"
+done
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro host /host || fail "mount host"
+h=/host
+mount -t proc proc $h/proc
+mount -t sysfs sys $h/sys
+mount -t devtmpfs dev $h/dev
+mkdir -p /dev/pts 2>/dev/null; mount -t devpts devpts $h/dev/pts 2>/dev/null
+mount -t cgroup2 cgroup2 $h/sys/fs/cgroup || fail "mount cgroup2"
+mount -t tracefs tracefs $h/sys/kernel/tracing
+mount -t debugfs debugfs $h/sys/kernel/debug
+mount -t bpf bpf $h/sys/fs/bpf
+mount -t tmpfs tmp $h/tmp
+mount -t tmpfs run $h/run
+mount -t tmpfs shm $h/dev/shm 2>/dev/null
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 x "$h$x" || fail "mount x"
+for d in $(cat "$h$x/tmpfs"); do
+  [ -d "$h$d" ] && mount -t tmpfs tmp "$h$d"
+done
+# Every controller for the tests' own cgroups (the root's cgroup.subtree_control).
+for c in $(cat $h/sys/fs/cgroup/cgroup.controllers); do
+  echo "+$c" > $h/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+done
+hostname rw-vm
+echo "vm-init: Linux $(uname -r), $(nproc) CPUs, cgroup2 controllers: $(cat $h/sys/fs/cgroup/cgroup.controllers)"
+chroot $h /bin/sh "$x/cmd.sh"
+echo $? > "$h$x/exit"
+sync
+poweroff -f

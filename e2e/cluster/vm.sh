@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# A second kernel for the agent's privileged tests: Debian's Linux 6.1 (the LTS kernel of
+# Amazon Linux 2023 and Debian 12 nodes) booted with cgroup v2 only, in QEMU's software
+# emulation (TCG: KVM does not work on these VMs, see README.md), running a command of
+# this machine inside it.
+#
+#   e2e/cluster/vm.sh fetch                 kernel package and QEMU, cached
+#   e2e/cluster/vm.sh run [--timeout S] -- CMD [ARGS...]
+#
+# `run` boots the VM with this machine's root shared read-only over 9p, mounts proc, sys,
+# devtmpfs, cgroup2, tracefs, debugfs and bpffs over it, tmpfs on /tmp, /run and the
+# workspace's target/tmp, and runs CMD chrooted there as root, in the directory `run` was
+# called from, with RW_* variables passed on. CMD's output is this script's; its exit
+# status is this script's (124 on timeout, 125 when the VM did not run it).
+set -euo pipefail
+# shellcheck source=e2e/cluster/env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+
+# The kernel, pinned here only: a version the archive no longer serves fails `fetch`,
+# naming it (move the pin to the newest linux-image-6.1.0-*-amd64 apt-cache lists).
+RW_VM_KERNEL_PACKAGE="${RW_VM_KERNEL_PACKAGE:-linux-image-6.1.0-56-amd64}"
+RW_VM_KERNEL_VERSION="${RW_VM_KERNEL_VERSION:-6.1.192-2}"
+RW_VM_CACHE="${RW_VM_CACHE:-/var/cache/resourcewatch/vm/${RW_VM_KERNEL_PACKAGE}_${RW_VM_KERNEL_VERSION}}"
+RW_VM_MEMORY="${RW_VM_MEMORY:-4096}"
+RW_VM_CPUS="${RW_VM_CPUS:-2}"
+KREL="${RW_VM_KERNEL_PACKAGE#linux-image-}"
+# What mounting the host's root over 9p needs, in load order (the package's own modules:
+# Debian builds virtio and 9p as modules).
+MODULES=(
+  drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_modern_dev
+  drivers/virtio/virtio_pci_legacy_dev drivers/virtio/virtio_pci fs/netfs/netfs
+  fs/fscache/fscache net/9p/9pnet net/9p/9pnet_virtio fs/9p/9p
+)
+
+die() { echo "vm.sh: $*" >&2; exit 125; }
+
+fetch() {
+  local need=()
+  command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+  command -v cpio >/dev/null || need+=(cpio)
+  [[ -x /bin/busybox ]] && /bin/busybox --list 2>/dev/null | grep -qx chroot || need+=(busybox-static)
+  if ((${#need[@]})); then
+    echo "vm.sh: installing ${need[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; }
+  fi
+  [[ -f "$RW_VM_CACHE/initramfs.cpio.gz" ]] && return 0
+  mkdir -p "$RW_VM_CACHE"
+  local deb="$RW_VM_CACHE/kernel.deb" tmp
+  tmp="$(mktemp -d)"
+  if ! (cd "$tmp" && apt-get download -qq "${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION}" 2>/dev/null) \
+    && ! (apt-get update -qq && cd "$tmp" && apt-get download -qq "${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION}"); then
+    rm -rf "$tmp"
+    echo "vm.sh: the archive does not serve ${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION};" \
+      "pin one it lists (apt-cache policy 'linux-image-6.1.0-*-amd64') in e2e/cluster/vm.sh" >&2
+    exit 1
+  fi
+  mv "$tmp"/*.deb "$deb"
+  dpkg-deb -x "$deb" "$tmp/x"
+  cp "$tmp/x/boot/vmlinuz-$KREL" "$RW_VM_CACHE/vmlinuz"
+  # The initramfs: busybox, the 9p modules, and /init.
+  local root="$tmp/initramfs"
+  mkdir -p "$root"/{bin,proc,sys,dev,host,mods}
+  cp /bin/busybox "$root/bin/busybox"
+  local m
+  for m in "${MODULES[@]}"; do
+    cp "$tmp/x/lib/modules/$KREL/kernel/$m.ko" "$root/mods/" || die "$m.ko is not in $RW_VM_KERNEL_PACKAGE"
+    basename "$m" >>"$root/mods/order"
+  done
+  install -m 0755 "$(dirname "${BASH_SOURCE[0]}")/vm-init.sh" "$root/init"
+  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$RW_VM_CACHE/initramfs.cpio.gz.new"
+  mv "$RW_VM_CACHE/initramfs.cpio.gz.new" "$RW_VM_CACHE/initramfs.cpio.gz"
+  rm -f "$deb"
+  rm -rf "$tmp"
+}
+
+run() {
+  local timeout=1800
+  while (($#)); do
+    case "$1" in
+      --timeout) timeout="$2"; shift 2 ;;
+      --) shift; break ;;
+      *) die "unknown option $1" ;;
+    esac
+  done
+  (($#)) || die "run: no command"
+  fetch
+  # The exchange directory (the command, its exit status), shared read-write; everything
+  # else of this machine is seen read-only.
+  xdir="$(mktemp -d /var/cache/resourcewatch/vm/run.XXXXXX)"
+  trap 'rm -rf "${xdir:-}"' EXIT
+  {
+    echo "cd $(printf '%q' "$PWD")"
+    echo "export PATH=$(printf '%q' "$PATH") HOME=/root"
+    local v
+    for v in $(compgen -e | grep -E '^(RW_|RUST_|CARGO_TARGET_DIR$)' || true); do
+      echo "export $v=$(printf '%q' "${!v}")"
+    done
+    printf '%q ' "$@"
+    echo
+  } >"$xdir/cmd.sh"
+  # Writable places a test may need beyond /tmp: the workspace's target/tmp (cargo's
+  # CARGO_TARGET_TMPDIR, compiled into the test binaries).
+  echo "$(pwd)/${CARGO_TARGET_DIR:-target}/tmp" >"$xdir/tmpfs"
+  local rc=0
+  timeout --foreground -k 10 "$timeout" qemu-system-x86_64 \
+    -machine q35 -cpu max -m "$RW_VM_MEMORY" -smp "$RW_VM_CPUS" \
+    -nographic -no-reboot -nodefaults -serial stdio -display none \
+    -kernel "$RW_VM_CACHE/vmlinuz" -initrd "$RW_VM_CACHE/initramfs.cpio.gz" \
+    -append "console=ttyS0 quiet loglevel=3 cgroup_no_v1=all panic=-1 rw_x=$xdir" \
+    -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
+    -virtfs "local,path=$xdir,mount_tag=x,security_model=none" \
+    </dev/null || rc=$?
+  if ((rc == 124)); then
+    echo "vm.sh: the VM did not finish within ${timeout}s" >&2
+    return 124
+  fi
+  [[ -f "$xdir/exit" ]] || die "the VM exited ($rc) without running the command"
+  return "$(cat "$xdir/exit")"
+}
+
+case "${1:-}" in
+  fetch) fetch ;;
+  run) shift; run "$@" ;;
+  *) echo "usage: $0 fetch | run [--timeout S] -- CMD [ARGS...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The agent's privileged tests on a second kernel: the test binaries built here (for this
+# machine's 6.18 with cgroup v1) run unchanged inside a QEMU/TCG VM on Debian's Linux 6.1
+# with cgroup v2 only (e2e/cluster/vm.sh). A skip is a failure there too.
+#
+#   e2e/run-vm-kernel-tests.sh [--all] [BINARY[:FILTER]...]
+#
+# Default: the CI subset (make test), one test of each pipeline; --all: every kernel,
+# stacks and agent unit test (about an hour under TCG). BINARY is kernel, stacks or lib.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for d in /usr/local/go/bin "$HOME/.cargo/bin"; do
+  [[ -d $d && ":$PATH:" != *":$d:"* ]] && export PATH="$d:$PATH"
+done
+
+# One test per pipeline (each a few seconds natively; TCG costs ~17x on CPU-bound code):
+# the CPU sketch (sched_switch), the memory sketch and its sample stream (rss_stat),
+# rss_stat changes made by another task, exact tracking of a v2 cgroup's processes, a
+# late target, the leak detector on real samples, time-to-OOM against a real memory.max
+# kill, growth sites and a profile named through unwind tables (C), and the CPython walk.
+CI_SUBSET=(
+  kernel:this_machine_has_what_the_pipelines_need
+  kernel:cpu_sketch_ranks_duty_cycles_and_matches_proc
+  kernel:memory_sketch_follows_a_growing_process_and_streams_samples
+  kernel:rss_changes_made_by_another_task_are_counted
+  kernel:exact_targets_cover_every_process_of_a_cgroup
+  kernel:a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters
+  kernel:time_to_oom_predicts_the_real_kill
+  stacks:a_c_profile_without_frame_pointers_reaches_main
+  stacks:a_c_growth_site_without_frame_pointers_reaches_main
+  stacks:a_python_profile_names_the_python_functions_from_the_interpreter_frames
+)
+
+selected=()
+if [[ ${1:-} == --all ]]; then
+  selected=(lib kernel stacks)
+elif (($#)); then
+  selected=("$@")
+else
+  selected=("${CI_SUBSET[@]}")
+fi
+
+# The test binaries, as cargo built them for `make unit`.
+declare -A bins
+while IFS=$'\t' read -r kind path; do
+  bins[$kind]=$path
+done < <(cargo test -p resourcewatch-agent --lib --test kernel --test stacks --no-run \
+  --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        kind = m["target"]["kind"][0]
+        name = "lib" if kind == "lib" else m["target"]["name"]
+        print(name + "\t" + m["executable"])
+')
+for k in lib kernel stacks; do
+  [[ -n ${bins[$k]:-} ]] || { echo "run-vm-kernel-tests: no $k test binary built" >&2; exit 1; }
+done
+
+export RW_REQUIRE_PRIVILEGED_TESTS=1
+start=$(date +%s)
+# Grouped by binary: one boot per binary, its tests named exactly.
+declare -A filters
+order=()
+for s in "${selected[@]}"; do
+  b=${s%%:*}
+  [[ -n ${bins[$b]:-} ]] || { echo "run-vm-kernel-tests: unknown binary $b" >&2; exit 2; }
+  [[ -v filters[$b] ]] || { order+=("$b"); filters[$b]=""; }
+  [[ $s == *:* ]] && filters[$b]+=" ${s#*:}"
+done
+failed=0
+for b in "${order[@]}"; do
+  # shellcheck disable=SC2086
+  args=(--test-threads=1)
+  [[ -n ${filters[$b]} ]] && args+=(--exact ${filters[$b]})
+  echo "== $b on Linux 6.1, cgroup v2 (QEMU TCG): ${filters[$b]:-all}"
+  t0=$(date +%s)
+  if ! e2e/cluster/vm.sh run --timeout "${RW_VM_TIMEOUT:-3600}" -- "${bins[$b]}" "${args[@]}"; then
+    failed=1
+  fi
+  echo "== $b: $(( $(date +%s) - t0 )) s"
+done
+echo "== VM kernel tests: $(( $(date +%s) - start )) s"
+exit "$failed"
