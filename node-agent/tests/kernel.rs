@@ -1142,21 +1142,31 @@ fn time_to_oom_predicts_the_real_kill() {
     });
     cg.add(kid.pid);
     let start = now();
+    let start_ns = resourcewatch_agent::procfs::realtime_ns(); // frames are stamped in wall time
     // SAFETY: releasing the child.
     unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
     let mut half: Option<(f64, f64)> = None;
     // What the prediction at half-way was made from, for the failure message.
     let mut basis = String::new();
+    // The kill's time, taken the moment it happens (a frame can take seconds to build in
+    // an emulated VM: a check between frames would be late by that much).
+    let kid_pid = kid.pid as i32;
+    let (died_tx, died) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut status = 0;
+        // SAFETY: a blocking wait for our own child.
+        let r = unsafe { libc::waitpid(kid_pid, &mut status, 0) };
+        let _ = died_tx.send((r, status, Instant::now()));
+    });
     let killed_at = loop {
         std::thread::sleep(Duration::from_millis(250));
-        let mut status = 0;
-        // SAFETY: non-blocking check on our child.
-        if unsafe { libc::waitpid(kid.pid as i32, &mut status, libc::WNOHANG) } == kid.pid as i32 {
+        if let Ok((r, status, at)) = died.try_recv() {
+            assert_eq!(r, kid_pid, "waitpid");
             assert!(
                 libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
                 "killed by the OOM killer"
             );
-            break start.elapsed().as_secs_f64();
+            break at.duration_since(start).as_secs_f64();
         }
         assert!(
             start.elapsed() < Duration::from_secs(120),
@@ -1174,9 +1184,11 @@ fn time_to_oom_predicts_the_real_kill() {
         {
             assert_eq!(r.limit_bytes, Some(limit), "the cgroup's own limit is used");
             if let Some(tto) = r.time_to_oom_secs {
-                half = Some((start.elapsed().as_secs_f64(), tto));
-                let (anon, file, shmem) =
-                    memory_limit::read_stat(&cg.dir).unwrap_or_default();
+                // The prediction is as of its frame (the limit and usage were read then),
+                // not as of now: building a frame takes seconds in an emulated VM.
+                let made = f.ts_ns.saturating_sub(start_ns) as f64 / 1e9;
+                half = Some((made, tto));
+                let (anon, file, shmem) = memory_limit::read_stat(&cg.dir).unwrap_or_default();
                 basis = format!(
                     "usage {} MiB, rss {} MiB, anon {} MiB, file {} MiB, shmem {} MiB, \
                      growth {:.2} MiB/s (r2 {:.3}, {:?}), low {:?}",
