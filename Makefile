@@ -81,6 +81,14 @@ else
 	$(AS_ROOT) $(MAKE) vm-kernel ALL=$(ALL)
 endif
 
+.PHONY: fuzz fuzz-ci
+FUZZ_SECONDS ?= 300
+fuzz: ## Fuzz what the agent reads from workloads and the operator from agents and users (cargo-fuzz, ASan; FUZZ_SECONDS per target, findings kept in the corpora)
+	e2e/run-fuzz.sh --keep $(FUZZ_SECONDS)
+
+fuzz-ci: ## The fuzz targets, 15 s each from their committed corpora (part of make test)
+	e2e/run-fuzz.sh 15
+
 .PHONY: demo
 # demo, test and top need root (a cluster, BPF). Run as root they run here; run as a
 # sudo user they re-run themselves through sudo, so `make demo` works verbatim for both
@@ -135,9 +143,9 @@ rules: ## promtool check + test of the alerting rules (config/prometheus/; Debia
 	e2e/prometheus/check-rules.sh
 
 .PHONY: test
-test: ## Everything CI runs: lint, unit, kernel (6.18/v1 here, 6.1/v2 in a VM), drift, API, chart and cluster e2e tests
+test: ## Everything CI runs: lint, unit, kernel (6.18/v1 here, 6.1/v2 in a VM), fuzz, drift, API, chart and cluster e2e tests
 ifeq ($(AS_ROOT),)
-test: deps lint unit vm-kernel rules e2e-api chart e2e
+test: deps lint unit vm-kernel fuzz-ci rules e2e-api chart e2e
 else
 	$(AS_ROOT) $(MAKE) test
 endif
@@ -173,7 +181,12 @@ images: deps ## Build the operator, agent and workload images (static binaries; 
 	  GO111MODULE=off GOCACHE=$(CURDIR)/target/gocache go build -o target/images/$$f-go node-agent/tests/fixtures/stacks/$$f.go && \
 	  rustc -O -C target-feature=+crt-static --target $(STATIC_TARGET) -o target/images/$$f-rs node-agent/tests/fixtures/stacks/$$f.rs || exit 1; \
 	done
+	@# The hostile workload (issue 41): crafted ELF files, a FIFO, a truncated mapping, a fake
+	@# JVM, a huge perf map and a chroot symlink, around a library that leaks and burns.
+	cc -O2 -fno-omit-frame-pointer -o target/images/hostile node-agent/tests/fixtures/hostile/hostile.c -lpthread
+	cc -O2 -fno-omit-frame-pointer -shared -fPIC -o target/images/libtenant.so node-agent/tests/fixtures/hostile/libtenant.c
 	e2e/cluster/image.sh --with-libs --path /leak-c --add target/images/burn-c:/burn-c \
+	  --add target/images/hostile:/hostile --add target/images/libtenant.so:/app/libtenant.so \
 	  --add target/images/leak-c-nofp:/leak-c-nofp --add target/images/burn-c-nofp:/burn-c-nofp \
 	  --add target/images/leak-go:/leak-go --add target/images/burn-go:/burn-go \
 	  --add target/images/leak-rs:/leak-rs --add target/images/burn-rs:/burn-rs \

@@ -154,11 +154,14 @@ strip "${RW_BIN}/pause.tmp" 2>/dev/null || true
 mv -f "${RW_BIN}/pause.tmp" "${RW_BIN}/pause"
 
 # ---------------------------------------------------------------- check
-"${RW_BIN}/kubectl" version --client 2>/dev/null | grep -q "${KV}" \
+# Each output read whole, then matched: `cmd | grep -q` under pipefail fails when grep
+# exits at its match before cmd has written everything (SIGPIPE: seen once, a cold build
+# of 21 minutes thrown away).
+[[ "$("${RW_BIN}/kubectl" version --client 2>/dev/null)" == *"${KV}"* ]] \
   || rw_die "built kubectl does not report ${KV}"
 "${RW_BIN}/runc" --version >/dev/null || rw_die "built runc does not run"
-"${RW_BIN}/containerd" --version | grep -q "${RW_CONTAINERD_VERSION}" || rw_die "built containerd does not report ${RW_CONTAINERD_VERSION}"
-"${RW_BIN}/etcd" --version | grep -q "${RW_ETCD_VERSION}" || rw_die "built etcd does not report ${RW_ETCD_VERSION}"
+[[ "$("${RW_BIN}/containerd" --version)" == *"${RW_CONTAINERD_VERSION}"* ]] || rw_die "built containerd does not report ${RW_CONTAINERD_VERSION}"
+[[ "$("${RW_BIN}/etcd" --version)" == *"${RW_ETCD_VERSION}"* ]] || rw_die "built etcd does not report ${RW_ETCD_VERSION}"
 stamp >"${RW_BIN}/.stamp"
 rw_log "built Kubernetes ${K8S_VERSION}, containerd ${RW_CONTAINERD_VERSION}, runc ${RW_RUNC_VERSION}, CNI plugins ${RW_CNI_VERSION}, etcd ${RW_ETCD_VERSION} into ${RW_CACHE} in $(( $(date +%s) - T0 ))s"
 ls -la "${RW_BIN}" >&2

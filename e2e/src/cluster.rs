@@ -234,6 +234,23 @@ pub async fn c_workload_pod(
     bare_pod(client, ns, name, name, container, limit, security).await
 }
 
+/// The hostile workload (node-agent/tests/fixtures/hostile/hostile.c, in the c-workloads
+/// image) as root in its container (it chroots), its chroot symlink pointing at `secret`.
+pub async fn hostile_pod(client: &Client, ns: &str, name: &str, secret: &str) -> Pod {
+    let container =
+        serde_json::json!({"image": C_WORKLOADS_IMAGE, "command": ["/hostile", secret]});
+    bare_pod(
+        client,
+        ns,
+        name,
+        name,
+        container,
+        "1Gi",
+        serde_json::json!({}),
+    )
+    .await
+}
+
 /// A bare pod running this machine's Node.js (the node-workloads image) with `args`, as a
 /// user other than the agent's, with an emptyDir at /tmp (where `--perf-basic-prof` writes
 /// the perf map, as in a pod with a read-only root file system).

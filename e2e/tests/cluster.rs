@@ -672,6 +672,152 @@ async fn a_leaks_growth_site_names_the_leaking_function() {
     );
 }
 
+/// Container restarts of the agent DaemonSet's pods, and whether one was OOM-killed.
+async fn agent_restarts(client: &Client) -> (i32, bool) {
+    let pods = Api::<Pod>::namespaced(client.clone(), SYSTEM)
+        .list(&ListParams::default().labels("app.kubernetes.io/name=resourcewatch-agent"))
+        .await
+        .expect("agent pods");
+    assert!(!pods.items.is_empty(), "no agent pod");
+    (
+        pods.items.iter().map(cluster::restarts).sum(),
+        pods.items.iter().any(cluster::oom_killed),
+    )
+}
+
+/// A tenant attacking the agent through what it reads (issue 41; hostile.c): crafted ELF
+/// files mapped executable (a sparse file whose .eh_frame declares 1 GiB, a compressed
+/// section declaring 1 TiB, a truncated header), a mapped file truncated under its mapping
+/// and another replaced by a FIFO, a fake JVM with a slow attach socket, a perf map of 3
+/// million lines, and a chroot where the path of its library is an absolute symlink to a
+/// file of the node (planted here, with a function name found nowhere else). While it
+/// leaks and burns CPU in that library: its leak is listed and its stacks captured, a CPU
+/// profile of it succeeds, a well-behaved leak in another namespace keeps being listed
+/// and its site named, the agent never restarts and is never OOM-killed, and the node
+/// file's function name appears in no status, Event or ConfigMap.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_files() {
+    use resourcewatch_crds::ProfileState;
+    let secret_fn = format!("rw_node_secret_{}", std::process::id());
+    let dir = format!("/var/tmp/rw-hostile-{}", std::process::id());
+    std::fs::create_dir_all(&dir).expect("secret dir");
+    let built = Command::new("cc")
+        .args(["-O2", "-fno-omit-frame-pointer", "-shared", "-fPIC"])
+        .arg(format!("-DTENANT_FN={secret_fn}"))
+        .arg("-o")
+        .arg(format!("{dir}/secret.so"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../node-agent/tests/fixtures/hostile/libtenant.c"
+        ))
+        .status()
+        .expect("cc");
+    assert!(built.success(), "building the node's secret file");
+    let (client, ns) = cluster::test_namespace("rw-e2e-hostile").await;
+    let n = ns.name.clone();
+    cluster::bind_to_operator(&n, "resourcewatch-profiler", SYSTEM)
+        .expect("bind the profiler role");
+    let (restarts_before, _) = agent_restarts(&client).await;
+    let rws = cluster::watch_app(&client, &n, "w", "hostile").await;
+    cluster::hostile_pod(
+        &client,
+        &n,
+        "hostile",
+        &format!("/proc/1/root{dir}/secret.so"),
+    )
+    .await;
+    wait_running(&client, &n, &["hostile"]).await;
+    // A well-behaved leak elsewhere, started with the attack.
+    let (_, other) = cluster::test_namespace("rw-e2e-bystander").await;
+    let o = other.name.clone();
+    let rws2 = cluster::watch_app(&client, &o, "w", "leaker").await;
+    cluster::c_workload_pod(&client, &o, "leaker", "/leak-c", "1Gi").await;
+    let s = status_where(
+        &rws,
+        "w",
+        "the hostile pod's leak with its stacks captured",
+        180,
+        |s| {
+            s.leaks
+                .iter()
+                .any(|l| l.pod == "hostile" && !l.growth_sites.is_empty())
+        },
+    )
+    .await;
+    let sites = &s
+        .leaks
+        .iter()
+        .find(|l| l.pod == "hostile")
+        .expect("leak")
+        .growth_sites;
+    eprintln!(
+        "hostile growth sites: {:?}",
+        sites.iter().map(|g| &g.frames).collect::<Vec<_>>()
+    );
+    annotate(&rws, "pod=hostile,duration=5s").await;
+    let s = status_where(&rws, "w", "the hostile pod's profile done", 120, |s| {
+        s.profile
+            .as_ref()
+            .is_some_and(|p| p.state != ProfileState::Pending)
+    })
+    .await;
+    let p = s.profile.expect("profile");
+    assert_eq!(p.state, ProfileState::Succeeded, "{p:?}");
+    eprintln!(
+        "hostile profile: {} samples, hottest {:?}",
+        p.samples, p.hottest
+    );
+    status_where(
+        &rws2,
+        "w",
+        "the bystander's leak site named during the attack",
+        180,
+        |s| {
+            s.leaks.iter().any(|l| {
+                l.pod == "leaker"
+                    && l.growth_sites
+                        .first()
+                        .is_some_and(|g| g.frames.iter().any(|f| frame_is(f, "leak_here")))
+            })
+        },
+    )
+    .await;
+    let (restarts, oom) = agent_restarts(&client).await;
+    assert_eq!(
+        restarts, restarts_before,
+        "the agent restarted during the attack"
+    );
+    assert!(!oom, "the agent was OOM-killed");
+    // Nothing read from the node's file reached anything a tenant can read.
+    let mut seen = String::new();
+    for (api, ns) in [(&rws, &n), (&rws2, &o)] {
+        let w = api.get("w").await.expect("watch");
+        seen.push_str(&serde_json::to_string(&w.status).unwrap_or_default());
+        let events = Api::<Event>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .expect("events");
+        seen.push_str(&serde_json::to_string(&events.items).unwrap_or_default());
+        let cms = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .expect("configmaps");
+        seen.push_str(&serde_json::to_string(&cms.items).unwrap_or_default());
+    }
+    assert!(
+        seen.contains("libtenant"),
+        "the tenant's own library is in what was read"
+    );
+    assert!(
+        !seen.contains(&secret_fn),
+        "a function of the node's file reached a tenant: {secret_fn}"
+    );
+    ns.delete().await;
+    other.delete().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Go (frame pointers on amd64, a static binary): `main.leakHere` with its callers.
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]

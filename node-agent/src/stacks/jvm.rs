@@ -242,6 +242,12 @@ pub fn request_perf_map(pid: u32, start: u64) -> Result<(), AttachError> {
         }
     };
     let answer = exchange(stream, b"1\0jcmd\0Compiler.perfmap\0\0\0", deadline)?;
+    reply(&answer)
+}
+
+/// What an attach answer says: HotSpot starts it with the command's result code, `0`
+/// when it ran; anything else is the JVM's (or an impostor's) refusal, kept short.
+pub fn reply(answer: &str) -> Result<(), AttachError> {
     if answer.starts_with('0') {
         Ok(())
     } else {

@@ -394,22 +394,34 @@ impl Names {
 }
 
 fn code_name(pid: u32, l: &Layout, code: u64) -> Option<String> {
+    code_name_in(
+        &|addr, buf| crate::procfs::read_process_memory(pid, addr, buf),
+        l,
+        code,
+    )
+}
+
+/// A process's memory, as `read_process_memory` reads it: false when not readable.
+type Memory<'a> = &'a dyn Fn(u64, &mut [u8]) -> bool;
+
+/// The name of code object `code`, read from `mem` (a workload's memory: every pointer
+/// and length in it is the workload's to choose).
+fn code_name_in(mem: Memory<'_>, l: &Layout, code: u64) -> Option<String> {
     let ptr = |off: u32| {
         let mut b = [0u8; 8];
-        crate::procfs::read_process_memory(pid, code + u64::from(off), &mut b)
-            .then(|| u64::from_ne_bytes(b))
+        mem(code.checked_add(u64::from(off))?, &mut b).then(|| u64::from_ne_bytes(b))
     };
-    let qualname = read_str(pid, l, ptr(l.code_qualname)?)?;
-    let filename = read_str(pid, l, ptr(l.code_filename)?).unwrap_or_default();
+    let qualname = read_str(mem, l, ptr(l.code_qualname)?)?;
+    let filename = read_str(mem, l, ptr(l.code_filename)?).unwrap_or_default();
     Some(format!("py::{qualname}:{filename}"))
 }
 
 /// A `str` object's text: compact strings only (every identifier and file name CPython
 /// makes for code objects is one), at most `MAX_NAME_CHARS` characters.
-fn read_str(pid: u32, l: &Layout, obj: u64) -> Option<String> {
+fn read_str(mem: Memory<'_>, l: &Layout, obj: u64) -> Option<String> {
     // ob_refcnt, ob_type, length, hash, then the state bit field at 32 in 3.11-3.13.
     let mut head = [0u8; 40];
-    if obj == 0 || !crate::procfs::read_process_memory(pid, obj, &mut head) {
+    if obj == 0 || !mem(obj, &mut head) {
         return None;
     }
     let length = u64::from_ne_bytes(head[16..24].try_into().ok()?).min(MAX_NAME_CHARS);
@@ -418,14 +430,13 @@ fn read_str(pid: u32, l: &Layout, obj: u64) -> Option<String> {
     if compact == 0 || !(1..=4).contains(&kind) || kind == 3 {
         return None;
     }
-    let start = obj
-        + if ascii == 1 {
-            l.ascii_size
-        } else {
-            l.compact_size
-        };
+    let start = obj.checked_add(if ascii == 1 {
+        l.ascii_size
+    } else {
+        l.compact_size
+    })?;
     let mut data = vec![0u8; (length * u64::from(kind)) as usize];
-    if !crate::procfs::read_process_memory(pid, start, &mut data) {
+    if !mem(start, &mut data) {
         return None;
     }
     Some(match kind {
@@ -441,6 +452,32 @@ fn read_str(pid: u32, l: &Layout, obj: u64) -> Option<String> {
             .map(|c| char::from_u32(u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('?'))
             .collect(),
     })
+}
+
+/// Names a code object at the start of `memory` (mapped at `base`) with each known
+/// layout (for the fuzz targets).
+#[doc(hidden)]
+pub fn code_names_in(memory: &[u8], base: u64) -> Vec<Option<String>> {
+    let mem = |addr: u64, buf: &mut [u8]| {
+        let Some(off) = addr.checked_sub(base).and_then(|o| usize::try_from(o).ok()) else {
+            return false;
+        };
+        match off
+            .checked_add(buf.len())
+            .and_then(|end| memory.get(off..end))
+        {
+            Some(src) => {
+                buf.copy_from_slice(src);
+                true
+            }
+            None => false,
+        }
+    };
+    [(3, 11), (3, 12), (3, 13)]
+        .iter()
+        .filter_map(|&(a, b)| Layout::for_version(a, b))
+        .map(|l| code_name_in(&mem, l, base))
+        .collect()
 }
 
 #[cfg(test)]

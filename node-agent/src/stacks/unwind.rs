@@ -54,8 +54,11 @@ struct Tables {
 impl Tables {
     /// The tables of `path` in `pid`'s root, read within the bounds of `super::elf`.
     fn read(pid: u32, path: &str) -> Option<Self> {
-        let file = super::elf::ElfFile::open(pid, path)?;
-        let elf = object::File::parse(&file).ok()?;
+        Self::from_file(&super::elf::ElfFile::open(pid, path)?)
+    }
+
+    fn from_file(file: &super::elf::ElfFile) -> Option<Self> {
+        let elf = object::File::parse(file).ok()?;
         let mut sections = Vec::new();
         let mut bytes = 0;
         // .eh_frame with its index when there is one; Go writes only .debug_frame
@@ -111,6 +114,35 @@ impl Tables {
         let svma = p_vaddr.wrapping_add(offset).wrapping_sub(p_off);
         Some(start.wrapping_sub(svma))
     }
+}
+
+/// What the unwinder would keep of an ELF file (for the fuzz targets): its table bytes,
+/// and where a mapping at `start` of file offset `offset` would place it.
+#[doc(hidden)]
+pub fn tables_of_file(
+    file: &super::elf::ElfFile,
+    start: u64,
+    offset: u64,
+) -> Option<(usize, Option<u64>)> {
+    let t = Tables::from_file(file)?;
+    #[cfg(target_arch = "x86_64")]
+    {
+        // framehop indexes the sections as the unwinder would (a malformed .eh_frame_hdr
+        // must not panic here either).
+        let mut u = Native::new();
+        if let Some(base) = t.base_avma(start, offset) {
+            framehop::Unwinder::add_module(
+                &mut u,
+                framehop::Module::new(
+                    String::new(),
+                    start..start.saturating_add(0x10000),
+                    base,
+                    Sections(&t),
+                ),
+            );
+        }
+    }
+    Some((t.bytes, t.base_avma(start, offset)))
 }
 
 /// `framehop::ModuleSectionInfo` over cached tables.
