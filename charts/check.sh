@@ -147,6 +147,17 @@ step "(d) remediation master switch; the operator's RBAC follows the opt-ins"
 "${CHECK[@]}" remediation "$TMP/default.yaml" "$TMP/remediation.yaml" || failed "remediation switch"
 "${CHECK[@]}" rbac "$TMP/default.yaml" "$TMP/grants.yaml" || failed "operator RBAC"
 "${CHECK[@]}" values-file "$TMP/custom.yaml" || failed "values file"
+# agent.jvmPerfMaps=false: the agent loses CAP_KILL and CAP_DAC_OVERRIDE and is told not
+# to ask JVMs; the default keeps both (what config/ ships, compared above).
+R --set agent.jvmPerfMaps=false >"$TMP/nojvm.yaml" || failed "render with agent.jvmPerfMaps=false"
+if grep -A2 'name: RESOURCEWATCH_NO_JVM_PERF_MAPS' "$TMP/nojvm.yaml" | grep -q '"true"' \
+  && ! grep -E '^ +add: \["BPF".*("KILL"|"DAC_OVERRIDE")' "$TMP/nojvm.yaml" >/dev/null \
+  && grep -E '^ +add: \["BPF".*"KILL", "DAC_OVERRIDE"' "$TMP/default.yaml" >/dev/null \
+  && ! grep -q RESOURCEWATCH_NO_JVM_PERF_MAPS "$TMP/default.yaml"; then
+  echo "  ok: agent.jvmPerfMaps=false drops CAP_KILL and CAP_DAC_OVERRIDE and sets RESOURCEWATCH_NO_JVM_PERF_MAPS"
+else
+  failed "agent.jvmPerfMaps switch"
+fi
 
 # ---- (e) schema -------------------------------------------------------------------------
 step "(e) values.schema.json"
