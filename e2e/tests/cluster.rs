@@ -698,7 +698,6 @@ async fn agent_restarts(client: &Client) -> (i32, bool) {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_files() {
-    use resourcewatch_crds::ProfileState;
     let secret_fn = format!("rw_node_secret_{}", std::process::id());
     let dir = format!("/var/tmp/rw-hostile-{}", std::process::id());
     std::fs::create_dir_all(&dir).expect("secret dir");
@@ -756,14 +755,7 @@ async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_
         sites.iter().map(|g| &g.frames).collect::<Vec<_>>()
     );
     annotate(&rws, "pod=hostile,duration=5s").await;
-    let s = status_where(&rws, "w", "the hostile pod's profile done", 120, |s| {
-        s.profile
-            .as_ref()
-            .is_some_and(|p| p.state != ProfileState::Pending)
-    })
-    .await;
-    let p = s.profile.expect("profile");
-    assert_eq!(p.state, ProfileState::Succeeded, "{p:?}");
+    let p = profile_done(&rws, "the hostile pod's profile done", 120).await;
     eprintln!(
         "hostile profile: {} samples, hottest {:?}",
         p.samples, p.hottest
@@ -1168,7 +1160,6 @@ async fn profiled_of(
     resourcewatch_crds::ProfileStatus,
     k8s_openapi::api::core::v1::ConfigMap,
 ) {
-    use resourcewatch_crds::ProfileState;
     let (client, ns) = cluster::test_namespace(prefix).await;
     let n = ns.name.clone();
     // The operator may write ConfigMaps only where a namespace admin let it.
@@ -1200,14 +1191,7 @@ async fn profiled_of(
     .await;
     let asked = std::time::Instant::now();
     annotate(&rws, "pod=burner,duration=5s").await;
-    let s = status_where(&rws, "w", "the profile done", 90, |s| {
-        s.profile
-            .as_ref()
-            .is_some_and(|p| p.state != ProfileState::Pending)
-    })
-    .await;
-    let p = s.profile.expect("profile");
-    assert_eq!(p.state, ProfileState::Succeeded, "{p:?}");
+    let p = profile_done(&rws, "the profile done", 90).await;
     // 5 s at 99 Hz of a process on a CPU all the time: about 500 samples.
     assert!((300..=600).contains(&p.samples), "{} samples", p.samples);
     let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &n)
@@ -1221,6 +1205,24 @@ async fn profiled_of(
         asked.elapsed().as_secs_f64()
     );
     (client, ns, rws, p, cm)
+}
+
+/// The profile of watch `w` once it is no longer pending; it must have succeeded.
+async fn profile_done(
+    rws: &Api<ResourceWatch>,
+    what: &str,
+    secs: u64,
+) -> resourcewatch_crds::ProfileStatus {
+    use resourcewatch_crds::ProfileState;
+    let s = status_where(rws, "w", what, secs, |s| {
+        s.profile
+            .as_ref()
+            .is_some_and(|p| p.state != ProfileState::Pending)
+    })
+    .await;
+    let p = s.profile.expect("profile");
+    assert_eq!(p.state, ProfileState::Succeeded, "{p:?}");
+    p
 }
 
 async fn annotate(rws: &Api<ResourceWatch>, value: &str) {
