@@ -22,10 +22,20 @@ mount -t cgroup2 cgroup2 $h/sys/fs/cgroup || fail "mount cgroup2"
 mount -t tracefs tracefs $h/sys/kernel/tracing
 mount -t debugfs debugfs $h/sys/kernel/debug
 mount -t bpf bpf $h/sys/fs/bpf
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 x "$h$x" || fail "mount x"
+# Directories under /tmp or /run that the command needs (its working and target
+# directories) are held by a bind mount here, then put back over the tmpfs.
+i=0
+for d in $(cat "$h$x/keep"); do
+  case "$d" in /tmp/*|/run/*) mkdir -p /keep/$i && mount --bind "$h$d" /keep/$i && echo "$i $d" >> /keep/list ;; esac
+  i=$((i + 1))
+done
 mount -t tmpfs tmp $h/tmp
 mount -t tmpfs run $h/run
 mount -t tmpfs shm $h/dev/shm 2>/dev/null
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 x "$h$x" || fail "mount x"
+[ -f /keep/list ] && while read -r i d; do
+  mkdir -p "$h$d" && mount --bind /keep/$i "$h$d" || fail "keep $d"
+done < /keep/list
 for d in $(cat "$h$x/tmpfs"); do
   [ -d "$h$d" ] && mount -t tmpfs tmp "$h$d"
 done

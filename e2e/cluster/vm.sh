@@ -15,6 +15,7 @@
 set -euo pipefail
 # shellcheck source=e2e/cluster/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 # The kernel, pinned here only: a version the archive no longer serves fails `fetch`,
 # naming it (move the pin to the newest linux-image-6.1.0-*-amd64 apt-cache lists).
@@ -38,39 +39,48 @@ fetch() {
   local need=()
   command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
   command -v cpio >/dev/null || need+=(cpio)
-  [[ -x /bin/busybox ]] && /bin/busybox --list 2>/dev/null | grep -qx chroot || need+=(busybox-static)
+  # A static busybox (Debian's busybox-static): the initramfs has no libraries.
+  if [[ ! -x /bin/busybox ]] || ldd /bin/busybox >/dev/null 2>&1; then need+=(busybox-static); fi
   if ((${#need[@]})); then
     echo "vm.sh: installing ${need[*]}" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
       || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; }
   fi
-  [[ -f "$RW_VM_CACHE/initramfs.cpio.gz" ]] && return 0
+  initramfs="$RW_VM_CACHE/initramfs-$(cat "$HERE/vm-init.sh" "$HERE/vm.sh" | sha256sum | cut -c1-12).cpio.gz"
+  [[ -f "$initramfs" ]] && return 0
   mkdir -p "$RW_VM_CACHE"
-  local deb="$RW_VM_CACHE/kernel.deb" tmp
+  local tmp m
   tmp="$(mktemp -d)"
-  if ! (cd "$tmp" && apt-get download -qq "${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION}" 2>/dev/null) \
-    && ! (apt-get update -qq && cd "$tmp" && apt-get download -qq "${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION}"); then
-    rm -rf "$tmp"
-    echo "vm.sh: the archive does not serve ${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION};" \
-      "pin one it lists (apt-cache policy 'linux-image-6.1.0-*-amd64') in e2e/cluster/vm.sh" >&2
-    exit 1
+  if [[ ! -f "$RW_VM_CACHE/vmlinuz" || ! -d "$RW_VM_CACHE/mods" ]]; then
+    if ! (cd "$tmp" && apt-get download -qq "${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION}" 2>/dev/null) \
+      && ! (apt-get update -qq && cd "$tmp" && apt-get download -qq "${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION}"); then
+      rm -rf "$tmp"
+      echo "vm.sh: the archive does not serve ${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION};" \
+        "pin one it lists (apt-cache policy 'linux-image-6.1.0-*-amd64') in e2e/cluster/vm.sh" >&2
+      exit 1
+    fi
+    dpkg-deb -x "$tmp"/*.deb "$tmp/x"
+    rm -rf "$RW_VM_CACHE/mods"
+    mkdir -p "$RW_VM_CACHE/mods.new"
+    for m in "${MODULES[@]}"; do
+      cp "$tmp/x/lib/modules/$KREL/kernel/$m.ko" "$RW_VM_CACHE/mods.new/" || die "$m.ko is not in $RW_VM_KERNEL_PACKAGE"
+    done
+    cp "$tmp/x/boot/vmlinuz-$KREL" "$RW_VM_CACHE/vmlinuz"
+    mv "$RW_VM_CACHE/mods.new" "$RW_VM_CACHE/mods"
   fi
-  mv "$tmp"/*.deb "$deb"
-  dpkg-deb -x "$deb" "$tmp/x"
-  cp "$tmp/x/boot/vmlinuz-$KREL" "$RW_VM_CACHE/vmlinuz"
-  # The initramfs: busybox, the 9p modules, and /init.
+  # The initramfs (rebuilt when this script or /init changes): busybox, the 9p modules
+  # in load order, and /init.
   local root="$tmp/initramfs"
   mkdir -p "$root"/{bin,proc,sys,dev,host,mods}
   cp /bin/busybox "$root/bin/busybox"
-  local m
   for m in "${MODULES[@]}"; do
-    cp "$tmp/x/lib/modules/$KREL/kernel/$m.ko" "$root/mods/" || die "$m.ko is not in $RW_VM_KERNEL_PACKAGE"
+    cp "$RW_VM_CACHE/mods/$(basename "$m").ko" "$root/mods/"
     basename "$m" >>"$root/mods/order"
   done
-  install -m 0755 "$(dirname "${BASH_SOURCE[0]}")/vm-init.sh" "$root/init"
-  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$RW_VM_CACHE/initramfs.cpio.gz.new"
-  mv "$RW_VM_CACHE/initramfs.cpio.gz.new" "$RW_VM_CACHE/initramfs.cpio.gz"
-  rm -f "$deb"
+  install -m 0755 "$HERE/vm-init.sh" "$root/init"
+  rm -f "$RW_VM_CACHE"/initramfs*.cpio.gz
+  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$initramfs.new"
+  mv "$initramfs.new" "$initramfs"
   rm -rf "$tmp"
 }
 
@@ -101,12 +111,17 @@ run() {
   } >"$xdir/cmd.sh"
   # Writable places a test may need beyond /tmp: the workspace's target/tmp (cargo's
   # CARGO_TARGET_TMPDIR, compiled into the test binaries).
-  echo "$(pwd)/${CARGO_TARGET_DIR:-target}/tmp" >"$xdir/tmpfs"
+  local target
+  target="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
+  echo "$target/tmp" >"$xdir/tmpfs"
+  # What must stay visible through the VM's tmpfs on /tmp and /run: this directory and
+  # the target directory, when they are under them (a clone in /tmp, as CI may make).
+  printf '%s\n' "$PWD" "$target" >"$xdir/keep"
   local rc=0
   timeout --foreground -k 10 "$timeout" qemu-system-x86_64 \
     -machine q35 -cpu max -m "$RW_VM_MEMORY" -smp "$RW_VM_CPUS" \
     -nographic -no-reboot -nodefaults -serial stdio -display none \
-    -kernel "$RW_VM_CACHE/vmlinuz" -initrd "$RW_VM_CACHE/initramfs.cpio.gz" \
+    -kernel "$RW_VM_CACHE/vmlinuz" -initrd "$initramfs" \
     -append "console=ttyS0 quiet loglevel=3 cgroup_no_v1=all panic=-1 rw_x=$xdir" \
     -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$xdir,mount_tag=x,security_model=none" \
