@@ -128,17 +128,10 @@ pub async fn evict_pod(
     timeout: std::time::Duration,
 ) -> Option<EvictResult> {
     let pods: Api<Pod> = Api::namespaced(client, ns);
-    let params = EvictParams {
-        delete_options: Some(kube::api::DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: (!uid.is_empty()).then(|| uid.to_owned()),
-                resource_version: None,
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    match tokio::time::timeout(timeout, pods.evict(name, &params)).await {
+    let body = eviction_body(name, uid);
+    let pp = kube::api::PostParams::default();
+    let evicted = pods.create_subresource::<_, kube::core::Status>("eviction", name, &pp, &body);
+    match tokio::time::timeout(timeout, evicted).await {
         Ok(r) => eviction_outcome(r).unwrap_or_else(|e| {
             tracing::warn!(pod = %name, error = %e, "eviction failed; retrying");
             None
@@ -148,6 +141,21 @@ pub async fn evict_pod(
             None
         }
     }
+}
+
+/// The body of an eviction of pod `name`, decided on as the pod with `uid`. Built here,
+/// not by kube's `Api::evict`: kube-core 5.0.0 sends its delete options as
+/// `delete_options`, a field the API server does not know and drops, so a UID
+/// precondition never reached it (the e2e-api test saw the replacement pod evicted).
+/// No apiVersion or kind: the API server decodes the body as the subresource's own kind
+/// on every version (policy/v1beta1 on 1.20, policy/v1 from 1.22; v1beta1 is gone from
+/// 1.25), so one request serves them all.
+pub(super) fn eviction_body(name: &str, uid: &str) -> serde_json::Value {
+    let mut body = serde_json::json!({"metadata": {"name": name}});
+    if !uid.is_empty() {
+        body["deleteOptions"] = serde_json::json!({"preconditions": {"uid": uid}});
+    }
+    body
 }
 
 /// What an eviction's answer means. The same on every version: the Eviction subresource

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{EvictParams, PostParams},
+    api::PostParams,
     runtime::{
         Controller, Predicate, PredicateConfig, WatchStreamExt,
         controller::Action,
@@ -601,10 +601,18 @@ mod tests {
         /// subresource's own kind, policy/v1beta1 Eviction on 1.20 and policy/v1 from 1.22
         /// (v1beta1 is gone from 1.25): one request for every version. A client upgrade
         /// that pinned a version in the body would fail here before it failed a cluster.
+        /// The decided pod's UID goes in `deleteOptions` (the Eviction's field; kube's own
+        /// `evict` writes `delete_options`, which the API server ignores).
         #[test]
-        fn the_eviction_request_names_no_api_version() {
+        fn the_eviction_request_names_no_api_version_and_carries_the_uid() {
+            let body = effects::eviction_body("app-1", "u-1");
             let req = kube::core::Request::new("/api/v1/namespaces/ns/pods")
-                .evict("app-1", &EvictParams::default())
+                .create_subresource(
+                    "eviction",
+                    "app-1",
+                    &kube::api::PostParams::default(),
+                    serde_json::to_vec(&body).expect("JSON"),
+                )
                 .expect("a request");
             assert_eq!(req.method(), Method::POST);
             assert_eq!(
@@ -613,9 +621,17 @@ mod tests {
             );
             let body: serde_json::Value = serde_json::from_slice(req.body()).expect("JSON");
             assert_eq!(body["metadata"]["name"], "app-1");
+            assert_eq!(body["deleteOptions"]["preconditions"]["uid"], "u-1");
             assert!(
-                body.get("apiVersion").is_none() && body.get("kind").is_none(),
+                body.get("apiVersion").is_none()
+                    && body.get("kind").is_none()
+                    && body.get("delete_options").is_none(),
                 "{body}"
+            );
+            assert!(
+                effects::eviction_body("app-1", "")
+                    .get("deleteOptions")
+                    .is_none()
             );
         }
 
