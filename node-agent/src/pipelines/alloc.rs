@@ -2,11 +2,14 @@
 //! process at a time. Kernel side: `ebpf/src/alloc.bpf.h` (`rw_alloc_pending`,
 //! `rw_alloc_ptrs`, `rw_alloc_stats`).
 
-use std::{collections::HashSet, fs, num::NonZeroU32};
+use std::{collections::HashSet, num::NonZeroU32};
 
 use aya::{
     maps::HashMap as BpfHashMap,
-    programs::{UProbe, uprobe::UProbeScope},
+    programs::{
+        UProbe,
+        uprobe::{UProbeAttachLocation, UProbeScope},
+    },
 };
 use resourcewatch_ebpf::{maps, programs as progs, shared::RwAllocStats};
 
@@ -56,10 +59,17 @@ impl Pipelines {
         if self.alloc_pids.contains(&pid) {
             return Ok(());
         }
-        let libc = libc_path(pid).ok_or(PipelineError::NoLibc { pid })?;
+        // Its libc opened inside its root and its symbols read within bounds (aya would
+        // read the file by a path resolved outside the root, whole), attached through
+        // /proc/self/fd/N of that open file at the offsets found.
+        let names: Vec<&str> = ALLOC_PROGRAMS.iter().map(|(_, s)| *s).collect();
+        let (libc, offsets) =
+            crate::stacks::elf::mapped_symbol_offsets(pid, is_libc, &names, |n, w| n == w)
+                .ok_or(PipelineError::NoLibc { pid })?;
+        let libc_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&libc));
         let scope =
             UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(PipelineError::NoLibc { pid })?);
-        for (program, symbol) in ALLOC_PROGRAMS {
+        for ((program, symbol), off) in ALLOC_PROGRAMS.into_iter().zip(offsets) {
             let err = |source| PipelineError::Uprobe {
                 pid,
                 symbol,
@@ -71,7 +81,8 @@ impl Pipelines {
                 .ok_or(PipelineError::MissingProgram(program))?
                 .try_into()
                 .map_err(err)?;
-            prog.attach(symbol, &libc, scope).map_err(err)?;
+            prog.attach(UProbeAttachLocation::AbsoluteOffset(off), &libc_path, scope)
+                .map_err(err)?;
         }
         self.alloc_pids.insert(pid);
         Ok(())
@@ -91,15 +102,7 @@ impl Pipelines {
     }
 }
 
-/// The process's libc, through its own root so a container's libc is found.
-fn libc_path(pid: u32) -> Option<String> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let path = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| {
-            let base = p.rsplit('/').next().unwrap_or("");
-            base.starts_with("libc.so") || (base.starts_with("libc-") && base.ends_with(".so"))
-        })?;
-    Some(format!("/proc/{pid}/root{path}"))
+/// Whether a mapped file's name is a libc (`libc.so.6`, or `libc-2.31.so` of older glibc).
+fn is_libc(base: &str) -> bool {
+    base.starts_with("libc.so") || (base.starts_with("libc-") && base.ends_with(".so"))
 }

@@ -15,7 +15,6 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeScope},
     },
 };
-use object::{Object, ObjectSegment, ObjectSymbol};
 use resourcewatch_ebpf::{maps, programs as progs, shared};
 
 use super::Pipelines;
@@ -217,31 +216,13 @@ impl Pipelines {
 /// in its symbol table by name (their mangled signatures change between releases). The
 /// uprobes are attached through `/proc/self/fd/N` of that open file.
 fn jvm_allocation_tracer(pid: u32) -> Option<(std::fs::File, Vec<u64>)> {
-    let maps = crate::stacks::maps::read(pid)?;
-    let path = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.ends_with("/libjvm.so"))?;
-    let file = procfs::open_regular_in_root(pid, path)?;
-    let elf_file =
-        crate::stacks::elf::ElfFile::new(file.try_clone().ok()?, crate::stacks::elf::FILE_BUDGET)?;
-    let elf = object::File::parse(&elf_file).ok()?;
-    let mut offsets = Vec::new();
-    for want in [
-        "AllocTracer27send_allocation_in_new_tlab",
-        "AllocTracer28send_allocation_outside_tlab",
-    ] {
-        let sym = elf
-            .symbols()
-            .chain(elf.dynamic_symbols())
-            .find(|s| s.name().is_ok_and(|n| n.contains(want)) && s.address() != 0)?;
-        let addr = sym.address();
-        let off = elf.segments().find_map(|seg| {
-            let (file_off, size) = seg.file_range();
-            (seg.address() <= addr && addr < seg.address() + size)
-                .then(|| addr - seg.address() + file_off)
-        })?;
-        offsets.push(off);
-    }
-    Some((file, offsets))
+    crate::stacks::elf::mapped_symbol_offsets(
+        pid,
+        |name| name == "libjvm.so",
+        &[
+            "AllocTracer27send_allocation_in_new_tlab",
+            "AllocTracer28send_allocation_outside_tlab",
+        ],
+        |name, wanted| name.contains(wanted),
+    )
 }

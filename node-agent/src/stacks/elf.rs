@@ -76,11 +76,6 @@ impl ElfFile {
     pub fn budget_left(&self) -> u64 {
         self.inner.borrow().budget
     }
-
-    /// The file, e.g. to attach a uprobe through `/proc/self/fd/N`.
-    pub fn file(&self) -> std::cell::Ref<'_, File> {
-        std::cell::Ref::map(self.inner.borrow(), |i| &i.file)
-    }
 }
 
 impl Inner {
@@ -166,6 +161,41 @@ pub fn section_data<'a, S: ObjectSection<'a>>(s: &S, cap: u64) -> Option<Cow<'a,
         return None;
     }
     s.compressed_data().ok()?.decompress().ok()
+}
+
+/// The first file of `pid`'s maps whose name `is_lib` accepts, opened inside its root,
+/// and the file offsets of the symbols named `want` (`matches(name, wanted)`), one per
+/// entry, in order (None if one is missing): what a uprobe is attached at, through `/proc/self/fd/N` of the open
+/// file, so neither the path nor the ELF parse leaves the process's root or the bounds.
+pub fn mapped_symbol_offsets(
+    pid: u32,
+    is_lib: impl Fn(&str) -> bool,
+    want: &[&str],
+    matches: fn(&str, &str) -> bool,
+) -> Option<(File, Vec<u64>)> {
+    let maps = super::maps::read(pid)?;
+    let path = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| is_lib(p.rsplit('/').next().unwrap_or("")))?;
+    let file = crate::procfs::open_regular_in_root(pid, path)?;
+    let elf_file = ElfFile::new(file.try_clone().ok()?, FILE_BUDGET)?;
+    let elf = object::File::parse(&elf_file).ok()?;
+    let mut offsets = Vec::new();
+    for w in want {
+        let sym = elf
+            .dynamic_symbols()
+            .chain(elf.symbols())
+            .find(|s| s.address() != 0 && s.name().is_ok_and(|n| matches(n, w)))?;
+        let addr = sym.address();
+        let off = elf.segments().find_map(|seg| {
+            let (file_off, size) = seg.file_range();
+            (seg.address() <= addr && addr < seg.address().saturating_add(size))
+                .then(|| addr - seg.address() + file_off)
+        })?;
+        offsets.push(off);
+    }
+    Some((file, offsets))
 }
 
 /// Where a file's loadable segments sit: (file offset, virtual address, file size).
