@@ -280,6 +280,25 @@ def cmd_rbac(a):
         fail(f"the operator's ClusterRole may evict or write ConfigMaps everywhere: {bad}")
     else:
         ok("the operator's ClusterRole: no pods/eviction, no ConfigMap writes")
+    # Its own namespace's Role: no write to any pod (pods: patch would let the token change
+    # the agent DaemonSet's pods' images), and only its own Service's EndpointSlice.
+    own = next((o for o in default if o.get("kind") == "Role"
+                and o["metadata"]["name"] == "resourcewatch-operator"), None)
+    if own is None:
+        fail("no Role resourcewatch-operator")
+        return finish()
+    writes = {"create", "update", "patch", "delete", "deletecollection", "*"}
+    pod_writes = [r for r in own.get("rules", [])
+                  if {"pods", "*"} & set(r.get("resources", []))
+                  and writes & set(r.get("verbs", []))]
+    loose_slices = [r for r in own.get("rules", [])
+                    if "endpointslices" in r.get("resources", [])
+                    and set(r.get("verbs", [])) - {"create"}
+                    and r.get("resourceNames") != ["resourcewatch-operator"]]
+    if pod_writes or loose_slices:
+        fail(f"the operator's Role writes pods or other EndpointSlices: {pod_writes + loose_slices}")
+    else:
+        ok("the operator's Role: no pod writes; only its Service's EndpointSlice")
     def bindings(docs):
         return sorted((o["metadata"].get("namespace"), o["roleRef"]["name"],
                        o["subjects"][0]["name"])

@@ -1599,15 +1599,36 @@ async fn operator_pods(client: &Client) -> Vec<Pod> {
         .unwrap_or_default()
 }
 
-fn labelled_leader(pods: &[Pod]) -> Vec<String> {
-    pods.iter()
-        .filter(|p| {
-            p.labels()
-                .get("resourcewatch.io/leader")
-                .map(String::as_str)
-                == Some("true")
+/// The pods the operator Service's one EndpointSlice names (its endpoints' targetRefs),
+/// each with its address, which must be that pod's own.
+async fn published_leader(client: &Client, pods: &[Pod]) -> Vec<String> {
+    let slice =
+        Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(client.clone(), SYSTEM)
+            .get_opt("resourcewatch-operator")
+            .await
+            .ok()
+            .flatten();
+    slice
+        .map(|s| s.endpoints)
+        .unwrap_or_default()
+        .iter()
+        .map(|e| {
+            let name = e
+                .target_ref
+                .as_ref()
+                .and_then(|r| r.name.clone())
+                .unwrap_or_default();
+            let ip = pods
+                .iter()
+                .find(|p| p.name_any() == name)
+                .and_then(|p| p.status.as_ref()?.pod_ip.clone());
+            // An address that is not the named pod's would send agents elsewhere.
+            if ip.is_some_and(|ip| e.addresses == [ip]) {
+                name
+            } else {
+                format!("{name} (address {:?} is not its pod's)", e.addresses)
+            }
         })
-        .map(|p| p.name_any())
         .collect()
 }
 
@@ -1624,8 +1645,8 @@ async fn lease_holder(client: &Client) -> String {
     lease(client).await.holder_identity.unwrap_or_default()
 }
 
-/// From `t0` until a replica other than `not` holds the Lease, is the only one labelled
-/// leader, has the node's agent connected, and the watch has a status written after that
+/// From `t0` until a replica other than `not` holds the Lease, is the only endpoint of
+/// the Service, has the node's agent connected, and the watch has a status written after that
 /// with the node reporting. Returns that replica and the seconds after `t0` at which it
 /// took the Lease, had the agent, and its status was seen.
 async fn followed(
@@ -1657,7 +1678,7 @@ async fn followed(
         let pods = operator_pods(client).await;
         if let Some((pod, _)) = &lease
             && agent.is_none()
-            && labelled_leader(&pods) == std::slice::from_ref(pod)
+            && published_leader(client, &pods).await == std::slice::from_ref(pod)
         {
             let connected = match pods.iter().find(|p| p.name_any() == *pod) {
                 Some(p) => {
@@ -1709,7 +1730,7 @@ async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_fol
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
     };
     let (leader, standby) = wait_for(
-        "two Ready replicas, one labelled leader",
+        "two Ready replicas, the Service's endpoint the leader's",
         Duration::from_secs(120),
         || {
             let client = client.clone();
@@ -1718,7 +1739,7 @@ async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_fol
                 let holder = lease_holder(&client).await;
                 let ok = pods.len() == 2
                     && pods.iter().all(ready)
-                    && labelled_leader(&pods) == [holder.clone()];
+                    && published_leader(&client, &pods).await == [holder.clone()];
                 let standby = pods.iter().map(|p| p.name_any()).find(|p| *p != holder);
                 Ok(ok
                     .then(|| pods.into_iter().find(|p| p.name_any() == holder))
@@ -1771,12 +1792,12 @@ async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_fol
         after_renewal <= duration + 1.0,
         "the standby took the {duration} s Lease {after_renewal:.1} s after its last renewal"
     );
-    // The old leader continues: it must step down, not take the Lease or the label back.
+    // The old leader continues: it must step down, not take the Lease or the endpoint back.
     drop(stopped);
     tokio::time::sleep(Duration::from_secs(6)).await;
     let pods = operator_pods(&client).await;
     assert_eq!(
-        labelled_leader(&pods),
+        published_leader(&client, &pods).await,
         std::slice::from_ref(&standby),
         "after the old leader continued"
     );

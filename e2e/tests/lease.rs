@@ -232,3 +232,156 @@ async fn kube_lease_manager_keeps_leading_when_cut_off_from_the_api_server() {
          operator/shell/src/leader.rs with it and update the README's hand-made parts"
     );
 }
+
+/// The operator Service's one EndpointSlice, written by the leader (it replaced a label on
+/// the leader's pod, which needed `pods: patch`): a new leader's address replaces the old
+/// one, a replica stepping down empties the slice only while it still names itself, the
+/// slice is owned by the Service (deleted with it), an identical re-apply writes nothing,
+/// and the operator's RBAC allows exactly that.
+#[tokio::test]
+#[ignore = "needs a cluster: make e2e-api"]
+async fn the_services_endpoint_names_the_leader_and_only_the_leader() {
+    use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+    use kube::{
+        Api, ResourceExt,
+        api::{DeleteParams, PostParams},
+    };
+    use resourcewatch_operator::leader::{SLICE_MANAGER, ServiceEndpoint, ThisPod};
+
+    const SERVICE: &str = "resourcewatch-operator";
+    let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
+    let ns = TestNamespace::create(&client, "rw-e2e-endpoint")
+        .await
+        .expect("namespace");
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns.name);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns.name);
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": SERVICE},
+        "spec": {"ports": [
+            {"name": "grpc", "port": 9443, "protocol": "TCP"},
+            {"name": "metrics", "port": 8080, "protocol": "TCP"},
+        ]},
+    }))
+    .expect("a Service");
+    let created = services
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("create the Service");
+    // The replicas write as the operator's ServiceAccount, with exactly the RBAC of
+    // config/rbac/operator.yaml (no pod writes; this one slice by name).
+    cluster::operator_rbac(&ns.name)
+        .await
+        .expect("the operator's RBAC");
+    let token = cluster::service_account_token(&client, &ns.name, "resourcewatch-operator")
+        .await
+        .expect("a token of the operator's ServiceAccount");
+    let path = std::env::temp_dir().join(format!("rw-e2e-endpoint-{}.kubeconfig", ns.name));
+    cluster::write_token_kubeconfig(&path, &token).expect("a kubeconfig");
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("read it");
+    let operator = Client::try_from(
+        Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("its config"),
+    )
+    .expect("the operator's client");
+    let _ = std::fs::remove_file(&path);
+    let replica = |name: &str, ip: &str| {
+        ServiceEndpoint::new(
+            operator.clone(),
+            &ns.name,
+            SERVICE,
+            ThisPod {
+                name: name.into(),
+                uid: None,
+                node: Some("node-1".into()),
+                ip: Some(ip.parse().expect("an address")),
+            },
+            vec![("grpc".into(), 9443), ("metrics".into(), 8080)],
+        )
+    };
+    let (a, b) = (
+        replica("replica-a", "10.9.0.1"),
+        replica("replica-b", "10.9.0.2"),
+    );
+    let addresses = || async {
+        slices
+            .get_opt(SERVICE)
+            .await
+            .expect("read the slice")
+            .map(|s| {
+                s.endpoints
+                    .iter()
+                    .flat_map(|e| e.addresses.clone())
+                    .collect::<Vec<_>>()
+            })
+    };
+
+    a.withdraw().await;
+    assert_eq!(addresses().await, None, "withdrawing made a slice");
+    a.publish().await;
+    assert_eq!(addresses().await, Some(vec!["10.9.0.1".to_owned()]));
+    let slice = slices.get(SERVICE).await.expect("the slice");
+    let labels = slice.labels();
+    assert_eq!(
+        labels.get("kubernetes.io/service-name").map(String::as_str),
+        Some(SERVICE)
+    );
+    assert_eq!(
+        labels
+            .get("endpointslice.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some(SLICE_MANAGER)
+    );
+    let owners = slice.owner_references();
+    assert!(
+        owners.len() == 1 && Some(&owners[0].uid) == created.metadata.uid.as_ref(),
+        "owned by the Service: {owners:?}"
+    );
+    let ports: Vec<_> = slice
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone().unwrap_or_default(), p.port.unwrap_or(0)))
+        .collect();
+    assert_eq!(
+        ports,
+        [("grpc".to_owned(), 9443), ("metrics".to_owned(), 8080)]
+    );
+    let version = slice.resource_version();
+    a.publish().await;
+    assert_eq!(
+        slices
+            .get(SERVICE)
+            .await
+            .expect("the slice")
+            .resource_version(),
+        version,
+        "an identical apply wrote the slice"
+    );
+
+    // The standby takes over (the old leader froze and could not withdraw).
+    b.publish().await;
+    assert_eq!(addresses().await, Some(vec!["10.9.0.2".to_owned()]));
+    // The old leader continues and steps down: it removes nothing of the new leader's.
+    a.withdraw().await;
+    assert_eq!(addresses().await, Some(vec!["10.9.0.2".to_owned()]));
+    b.withdraw().await;
+    assert_eq!(addresses().await, Some(vec![]));
+
+    // Deleted with its Service (the garbage collector follows the owner reference).
+    b.publish().await;
+    services
+        .delete(SERVICE, &DeleteParams::default())
+        .await
+        .expect("delete the Service");
+    cluster::wait_for(
+        "the slice collected with its Service",
+        Duration::from_secs(60),
+        || {
+            let slices = slices.clone();
+            async move { Ok(slices.get_opt(SERVICE).await?.is_none().then_some(())) }
+        },
+    )
+    .await
+    .expect("the slice is deleted with the Service");
+}

@@ -8,14 +8,18 @@
 //! the API server would lead beside the standby that took the expired Lease. Both are
 //! measured by `e2e/tests/lease.rs` (`make e2e-api`).
 
-use std::time::{Duration, Instant};
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
 use k8s_openapi::{
     api::{
         coordination::v1::{Lease, LeaseSpec},
-        core::v1::Pod,
+        core::v1::{ObjectReference, Service},
+        discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice},
     },
-    apimachinery::pkg::apis::meta::v1::MicroTime,
+    apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference},
 };
 use kube::{
     Api, Client,
@@ -23,58 +27,218 @@ use kube::{
 };
 use tokio::sync::{mpsc, watch};
 
-/// The label the leader puts on its own pod; the operator's Service selects it.
-pub const LEADER_LABEL: &str = "resourcewatch.io/leader";
-
-/// The `resourcewatch.io/leader=true` label on this replica's own pod, which the
-/// operator's Service selects: agents (and Prometheus) reach the leader only, while every
-/// replica stays Ready (a standby is ready to take over, and a rollout of two replicas
-/// completes).
-pub struct PodLabel {
-    pods: Api<Pod>,
-    name: String,
+/// The operator Service's one EndpointSlice, which names the leader's pod address and no
+/// other: agents (and Prometheus) reach the leader only, while every replica stays Ready
+/// (a standby is ready to take over, and a rollout of two replicas completes).
+///
+/// Why a slice of ours and not a label the Service selects: labelling its own pod needed
+/// `pods: patch` in this namespace, and a token that may patch pods may change the agent
+/// DaemonSet's pod images, i.e. run any image with the agent's privileges on every node.
+/// Writing this one slice may at worst point the operator's Service somewhere else, where
+/// agents and scrapers, which verify the operator's certificate against its CA, refuse to
+/// talk.
+pub struct ServiceEndpoint {
+    slices: Api<EndpointSlice>,
+    services: Api<Service>,
+    /// The Service's name, which is also the slice's.
+    service: String,
+    namespace: String,
+    pod: ThisPod,
+    /// (port name as in the Service, container port)
+    ports: Vec<(String, u16)>,
 }
 
-impl PodLabel {
-    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+/// This replica as the slice names it (from the downward API).
+#[derive(Clone, Debug)]
+pub struct ThisPod {
+    pub name: String,
+    pub uid: Option<String>,
+    pub node: Option<String>,
+    /// None outside a pod (the API tests, a developer's shell): nothing is published.
+    pub ip: Option<IpAddr>,
+}
+
+/// The `endpointslice.kubernetes.io/managed-by` value: the EndpointSlice controller leaves
+/// slices managed by others alone.
+pub const SLICE_MANAGER: &str = "operator.resourcewatch.io";
+const FIELD_MANAGER: &str = "resourcewatch-operator";
+
+impl ServiceEndpoint {
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        service: &str,
+        pod: ThisPod,
+        ports: Vec<(String, u16)>,
+    ) -> Self {
         Self {
-            pods: Api::namespaced(client, namespace),
-            name: name.to_owned(),
+            slices: Api::namespaced(client.clone(), namespace),
+            services: Api::namespaced(client, namespace),
+            service: service.to_owned(),
+            namespace: namespace.to_owned(),
+            pod,
+            ports,
         }
     }
 
-    pub async fn set(&self, leading: bool) {
-        let value = if leading {
-            serde_json::json!("true")
-        } else {
-            serde_json::Value::Null
+    /// The slice naming `endpoints` (this pod's address, or none), owned by the Service
+    /// so that deleting the Service deletes it.
+    fn slice(
+        &self,
+        endpoints: Vec<Endpoint>,
+        ip: IpAddr,
+        owner: Option<&Service>,
+    ) -> EndpointSlice {
+        let labels = [
+            ("kubernetes.io/service-name", self.service.as_str()),
+            ("endpointslice.kubernetes.io/managed-by", SLICE_MANAGER),
+            ("app.kubernetes.io/name", "resourcewatch-operator"),
+            ("app.kubernetes.io/part-of", "resourcewatch"),
+        ];
+        let owner_references = owner.and_then(|svc| {
+            Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Service".into(),
+                name: svc.metadata.name.clone()?,
+                uid: svc.metadata.uid.clone()?,
+                ..Default::default()
+            }])
+        });
+        EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(self.service.clone()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                owner_references,
+                ..Default::default()
+            },
+            address_type: if ip.is_ipv4() { "IPv4" } else { "IPv6" }.into(),
+            endpoints,
+            ports: Some(
+                self.ports
+                    .iter()
+                    .map(|(name, port)| EndpointPort {
+                        name: Some(name.clone()),
+                        port: Some(i32::from(*port)),
+                        protocol: Some("TCP".into()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    fn this_endpoint(&self, ip: IpAddr) -> Endpoint {
+        Endpoint {
+            addresses: vec![ip.to_string()],
+            conditions: Some(EndpointConditions {
+                ready: Some(true),
+                serving: Some(true),
+                terminating: Some(false),
+            }),
+            node_name: self.pod.node.clone(),
+            target_ref: Some(ObjectReference {
+                kind: Some("Pod".into()),
+                namespace: Some(self.namespace.clone()),
+                name: Some(self.pod.name.clone()),
+                uid: self.pod.uid.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Makes the slice name this pod only (server-side apply, forced: it replaces
+    /// whichever replica led before, also one that crashed, froze or lost the API server
+    /// and so could not withdraw). Retried: a leader nobody can reach is no leader. Not
+    /// forever: the leader re-applies it every `REASSERT` (an identical apply writes nothing).
+    pub async fn publish(&self) {
+        let Some(ip) = self.pod.ip else {
+            tracing::debug!(pod = %self.pod.name, "no pod address (not in a pod): no endpoint published");
+            return;
         };
-        let mut labels = serde_json::Map::new();
-        labels.insert(LEADER_LABEL.to_owned(), value);
-        let patch = serde_json::json!({"metadata": {"labels": labels}});
-        // Retried: a leader nobody can reach is no leader. Not forever: the next change of
-        // leadership sets it again.
-        for attempt in 1..=5 {
+        for attempt in 1..=5u64 {
+            // Read each time: a Service deleted and created again has a new UID, and a
+            // slice owned by the old one would be collected.
+            let owner = match self.services.get_opt(&self.service).await {
+                Ok(svc) => svc,
+                Err(e) => {
+                    tracing::warn!(service = %self.service, attempt, error = %e, "could not read the operator's Service");
+                    None
+                }
+            };
+            let slice = self.slice(vec![self.this_endpoint(ip)], ip, owner.as_ref());
             match self
-                .pods
-                .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .slices
+                .patch(
+                    &self.service,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&slice),
+                )
                 .await
             {
                 Ok(_) => return,
-                Err(kube::Error::Api(e)) if e.code == 404 => {
-                    // Run outside a pod (the API tests, a developer's shell): no Service
-                    // routes to it anyway.
-                    tracing::debug!(pod = %self.name, "no such pod: not labelled");
-                    return;
-                }
                 Err(e) => {
-                    tracing::warn!(pod = %self.name, leading, attempt, error = %e, "could not label this pod");
+                    tracing::warn!(slice = %self.service, attempt, error = %e, "could not publish this pod as the Service's endpoint");
+                    tokio::time::sleep(Duration::from_secs(attempt)).await;
+                }
+            }
+        }
+    }
+
+    /// Empties the slice if, and only if, it still names this pod: a replica stepping down
+    /// (or starting with the address of its previous life) must not remove the endpoint
+    /// a new leader has published. The write carries the resourceVersion it read.
+    pub async fn withdraw(&self) {
+        let Some(ip) = self.pod.ip else { return };
+        let address = ip.to_string();
+        for attempt in 1..=5u64 {
+            let current = match self.slices.get_opt(&self.service).await {
+                Ok(Some(s)) => s,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(slice = %self.service, attempt, error = %e, "could not read the Service's endpoint");
+                    tokio::time::sleep(Duration::from_secs(attempt)).await;
+                    continue;
+                }
+            };
+            if !current
+                .endpoints
+                .iter()
+                .any(|e| e.addresses.contains(&address))
+            {
+                return;
+            }
+            let mut emptied = current;
+            emptied
+                .endpoints
+                .retain(|e| !e.addresses.contains(&address));
+            match self
+                .slices
+                .replace(&self.service, &PostParams::default(), &emptied)
+                .await
+            {
+                Ok(_) => return,
+                // Changed since it was read (a new leader published): look again.
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(kube::Error::Api(e)) if e.code == 404 => return,
+                Err(e) => {
+                    tracing::warn!(slice = %self.service, attempt, error = %e, "could not withdraw this pod from the Service's endpoint");
                     tokio::time::sleep(Duration::from_secs(attempt)).await;
                 }
             }
         }
     }
 }
+
+/// How often a leader applies its endpoint again, so that a write that lost a race (a
+/// frozen former leader's request delivered late) is undone within this time.
+pub const REASSERT: Duration = Duration::from_secs(30);
 
 pub struct LeaderElection {
     pub api: Api<Lease>,
@@ -90,9 +254,8 @@ pub struct LeaderElection {
 /// What one look at the Lease found.
 #[derive(Debug, PartialEq, Eq)]
 enum Look {
-    /// This replica holds it (now renewed). `from`: the holder it was taken from, whose
-    /// pod may still carry the leader label (a frozen or partitioned process cannot remove
-    /// it, and the Service would keep routing agents there).
+    /// This replica holds it (now renewed). `from`: the holder it was taken from before it
+    /// released it (it crashed, froze or lost the API server), logged.
     Held { from: Option<String> },
     /// Another replica holds it until `expires_in` from now.
     Busy { expires_in: Duration },

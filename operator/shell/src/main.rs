@@ -11,7 +11,7 @@ use resourcewatch_operator::{
     grpc::AgentService,
     hub::{Hub, HubOptions},
     identity::TokenReviewer,
-    leader::{LeaderElection, PodLabel},
+    leader::{self, LeaderElection, ServiceEndpoint, ThisPod},
     ledger::LedgerStore,
     metrics::{self, Metrics},
     spec::{Floors, parse_duration},
@@ -38,6 +38,16 @@ struct Args {
     /// This replica's identity in the Lease and in Events (metadata.name).
     #[arg(long, env = "POD_NAME", default_value = "resourcewatch-operator")]
     pod_name: String,
+    /// This pod's address (status.podIP), which the leader publishes as the operator
+    /// Service's one endpoint. Unset outside a pod: nothing is published.
+    #[arg(long, env = "POD_IP")]
+    pod_ip: Option<std::net::IpAddr>,
+    /// This pod's UID (metadata.uid), in the endpoint's targetRef.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
+    /// This pod's node (spec.nodeName), in the endpoint.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
     /// Log lines as text or JSON (the filter is RESOURCEWATCH_LOG, e.g. info,kube=warn).
     #[arg(long, env = "RESOURCEWATCH_LOG_FORMAT", default_value = "text")]
     log_format: resourcewatch_proto::logging::Format,
@@ -355,8 +365,8 @@ async fn certificates(client: &Client, args: &Args) -> anyhow::Result<(tls::Pki,
     Ok((pki, leaf))
 }
 
-/// Runs the leader election, and keeps the leader label (which the Service selects) on
-/// this pod while it leads and off the pod the Lease was taken from.
+/// Runs the leader election, and keeps the operator Service's endpoint on this pod while
+/// it leads (see leader::ServiceEndpoint).
 async fn leadership(
     args: &Args,
     parts: &Parts,
@@ -374,32 +384,53 @@ async fn leadership(
     );
     let leader_metric = metrics.clone();
     let mut leader_watch = leader.clone();
-    let own_pod = PodLabel::new(client.clone(), &args.namespace, &args.pod_name);
-    // A restarted container may still carry the label of its previous life.
-    own_pod.set(false).await;
-    metrics.spawn_task("leader label", async move {
-        while leader_watch.changed().await.is_ok() {
-            let leading = *leader_watch.borrow();
+    let endpoint = ServiceEndpoint::new(
+        client.clone(),
+        &args.namespace,
+        &args.service_name,
+        ThisPod {
+            name: args.pod_name.clone(),
+            uid: args.pod_uid.clone(),
+            node: args.node_name.clone(),
+            ip: args.pod_ip,
+        },
+        vec![
+            ("grpc".into(), args.grpc_addr.port()),
+            ("metrics".into(), args.metrics_addr.port()),
+        ],
+    );
+    metrics.spawn_task("service endpoint", async move {
+        // First as a standby: a restarted container has its previous life's address,
+        // which the slice may still name.
+        loop {
+            let leading = *leader_watch.borrow_and_update();
             leader_metric.leader.set(i64::from(leading));
-            own_pod.set(leading).await;
-            if !leading {
+            if leading {
+                endpoint.publish().await;
+            } else {
+                endpoint.withdraw().await;
                 // A standby exports no findings: the new leader's are the current ones.
                 leader_metric.findings.clear();
             }
+            // While leading, applied again every REASSERT; otherwise on the next change.
+            let changed = if leading {
+                tokio::time::timeout(leader::REASSERT, leader_watch.changed())
+                    .await
+                    .unwrap_or(Ok(()))
+            } else {
+                leader_watch.changed().await
+            };
+            if changed.is_err() {
+                break;
+            }
         }
     });
-    // The label of a holder the Lease was taken from (it crashed, froze or lost the API
-    // server) is removed by the new leader: until then the Service would keep sending
-    // agents to a process that cannot answer.
+    // The new leader's apply replaced the address of a holder that could not withdraw
+    // (it crashed, froze or lost the API server); logged for whoever reads the story.
     let (taken_tx, mut taken_from) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let label_client = client.clone();
-    let label_namespace = args.namespace.clone();
-    metrics.spawn_task("previous leader's label", async move {
+    metrics.spawn_task("previous leader", async move {
         while let Some(pod) = taken_from.recv().await {
-            tracing::info!(%pod, "removing the leader label of the previous holder");
-            PodLabel::new(label_client.clone(), &label_namespace, &pod)
-                .set(false)
-                .await;
+            tracing::info!(%pod, "took the Lease from a holder that had not released it");
         }
     });
     let task = metrics.spawn_task(

@@ -381,9 +381,9 @@ async fn healthz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
 }
 
 /// 200 once every task runs and the controller has started; the body says whether this
-/// replica leads. (Only the leader serves agents: it labels its pod
-/// `resourcewatch.io/leader=true`, which the Service selects. A standby is ready to take
-/// over, so a rollout of two replicas completes.)
+/// replica leads. (Only the leader serves agents: it writes its own address into the
+/// Service's one EndpointSlice. A standby is ready to take over, so a rollout of two
+/// replicas completes.)
 async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     let stopped = m.tasks.stopped();
     if !stopped.is_empty() {
