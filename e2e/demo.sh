@@ -11,7 +11,7 @@ e2e/cluster/up.sh >/dev/null
 source e2e/cluster/env.sh
 K="$KUBECTL"
 make -s images
-for i in operator agent workloads node-workloads; do rw_ctr -n k8s.io images import "target/images/$i.tar" >/dev/null; done
+rw_import_images target/images/{operator,agent,workloads,node-workloads}.tar
 "$K" apply -k config
 "$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
 "$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=120s

@@ -21,7 +21,7 @@ if [[ $RW_E2E_EXTERNAL -eq 0 ]] && ! "$KUBECTL" get --raw /readyz >/dev/null 2>&
 fi
 make -s images
 if [[ $RW_E2E_EXTERNAL -eq 0 ]]; then
-  for i in operator agent; do rw_ctr -n k8s.io images import "target/images/$i.tar" >/dev/null; done
+  rw_import_images target/images/{operator,agent}.tar
 fi
 KUBECTL="$KUBECTL" charts/install-check.sh
 [[ $started -eq 1 ]] && echo "(the cluster this started is stopped again)"

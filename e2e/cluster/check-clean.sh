@@ -2,7 +2,7 @@
 # Exit non-zero, listing what is left, if anything the e2e cluster harness started or
 # changed is still there: processes (etcd, kube-*, kubelet, containerd, shims, container
 # processes), mounts under the harness dirs or /var/lib/kubelet, network interfaces
-# (cni0, veth*), iptables rules/chains (KUBE-*, CNI-*), kubepods cgroups, host dirs the
+# (cni0, veth*, the VM node's tap device), the VM node's QEMU and route, iptables rules/chains (KUBE-*, CNI-*), kubepods cgroups, host dirs the
 # node created, sysctls that differ from the values recorded by up.sh.
 # Things that were there before up.sh (its baseline in the state dir) are not reported.
 #
@@ -34,7 +34,7 @@ done < <(rw_harness_mounts)
 base_links=""
 [[ -f "${RW_BASELINE}/links.txt" ]] && base_links=$(cat "${RW_BASELINE}/links.txt")
 for l in $(rw_links); do
-  case "$l" in "${RW_CNI_BRIDGE}"|veth*|kube-ipvs0|cni*|flannel*) ;; *) continue ;; esac
+  case "$l" in "${RW_CNI_BRIDGE}"|veth*|kube-ipvs0|cni*|flannel*|"${RW_VM_TAP_NAME}") ;; *) continue ;; esac
   grep -qxF "$l" <<<"$base_links" || add "interface: $l"
 done
 
@@ -48,6 +48,13 @@ while IFS= read -r line; do
 done < <(rw_iptables_dump)
 
 for d in $(rw_kubepods_cgroups); do add "cgroup: $d"; done
+
+# The VM node (vm-node.sh): its QEMU and the route to its pods.
+for p in $(pgrep -f "qemu-system-x86_64.*${RW_VM_NODE_DIR}" || true); do
+  add "process: $p (the VM node's QEMU)"
+done
+ip route show "${RW_VM_POD_CIDR}" 2>/dev/null | grep -q . && add "route: ${RW_VM_POD_CIDR} (the VM node's pods)"
+[[ -e "${RW_PIDS}/vm-node.pid" ]] && add "pid file: ${RW_PIDS}/vm-node.pid"
 
 if [[ -f "${RW_BASELINE}/dirs.txt" ]]; then
   for d in "${RW_HOST_DIRS[@]}"; do

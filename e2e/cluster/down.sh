@@ -2,7 +2,7 @@
 # Stop the e2e cluster started by up.sh and leave the machine as up.sh found it:
 # kubelet first, then every container and sandbox, the shims, containerd, kube-proxy,
 # scheduler, controller-manager, apiserver and etcd; unmount what they mounted; remove
-# the CNI bridge, veths, the KUBE-*/CNI-* iptables rules and chains, the kubepods
+# the VM node (vm-node.sh: QEMU, its tap device and route), the CNI bridge, veths, the KUBE-*/CNI-* iptables rules and chains, the kubepods
 # cgroups and the host dirs they created; restore the sysctls recorded by up.sh.
 # The build cache (/var/cache/resourcewatch) is kept.
 #
@@ -74,6 +74,10 @@ kubepods_pids() {
     find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null
   done | sort -un
 }
+
+# ------------------------------------------------------------------ the VM node
+# First, while the API server still answers (its Node object is deleted).
+"${HERE}/vm-node.sh" down
 
 # ------------------------------------------------------------------ kubelet
 stop_daemon kubelet 20

@@ -44,6 +44,18 @@ KUBECTL="${RW_BIN}/kubectl"
 RW_ADMIN_KUBECONFIG="${RW_STATE}/admin.kubeconfig"
 export KUBECONFIG="${RW_ADMIN_KUBECONFIG}"
 
+# rw_import_images TAR...: every image into every node's containerd (the VM node's too,
+# when it runs: e2e/cluster/vm-node.sh).
+rw_import_images() {
+  local t
+  for t in "$@"; do
+    rw_ctr -n k8s.io images import "$t" >/dev/null || rw_die "importing $t failed"
+  done
+  if "$(dirname "${BASH_SOURCE[0]}")/vm-node.sh" running; then
+    "$(dirname "${BASH_SOURCE[0]}")/vm-node.sh" import "$@"
+  fi
+}
+
 # Logging helpers.
 rw_log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 rw_die() { printf '[%s] ERROR: %s\n' "$(date +%H:%M:%S)" "$*" >&2; exit 1; }
@@ -120,3 +132,86 @@ rw_kubepods_cgroups() {
   done
   return 0
 }
+
+# rw_write_if_changed FILE [MODE] < content: replaces FILE only when the content differs
+# (kube-proxy exits when its config file changes; the others need no restart either).
+rw_write_if_changed() {
+  local f=$1 mode=${2:-644}
+  cat >"$f.tmp"
+  chmod "$mode" "$f.tmp"
+  if [[ -f "$f" ]] && cmp -s "$f.tmp" "$f"; then rm -f "$f.tmp"; else mv -f "$f.tmp" "$f"; fi
+}
+
+# rw_pki_cert NAME SUBJECT server|client|both [SANS]: a certificate of the harness CA
+# (${RW_PKI}/ca.{crt,key}), made again only when its subject, kind or SANs change.
+rw_pki_cert() {
+  local name=$1 subj=$2 kind=$3 sans=${4:-}
+  local crt="${RW_PKI}/$name.crt" key="${RW_PKI}/$name.key" meta="${RW_PKI}/$name.meta"
+  local want="$subj|$kind|$sans"
+  if [[ -s "$crt" && -s "$key" && -f "$meta" && "$(cat "$meta")" == "$want" ]] \
+     && openssl verify -CAfile "${RW_PKI}/ca.crt" "$crt" >/dev/null 2>&1; then
+    return 0
+  fi
+  rw_log "generating certificate $name ($subj)"
+  local eku
+  case "$kind" in
+    server) eku=serverAuth ;; client) eku=clientAuth ;; both) eku=serverAuth,clientAuth ;;
+    *) rw_die "bad cert kind $kind" ;;
+  esac
+  local ext="${RW_PKI}/$name.ext"
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$eku"
+    [[ -n "$sans" ]] && echo "subjectAltName=$sans"
+  } >"$ext"
+  openssl genrsa -out "$key.tmp" 2048 2>/dev/null
+  openssl req -new -key "$key.tmp" -subj "$subj" -out "${RW_PKI}/$name.csr" 2>/dev/null
+  openssl x509 -req -in "${RW_PKI}/$name.csr" -CA "${RW_PKI}/ca.crt" -CAkey "${RW_PKI}/ca.key" \
+    -set_serial "0x$(openssl rand -hex 16)" -days 3650 -sha256 -extfile "$ext" -out "$crt.tmp" 2>/dev/null \
+    || rw_die "openssl failed to sign $name"
+  mv "$key.tmp" "$key"; mv "$crt.tmp" "$crt"
+  rm -f "${RW_PKI}/$name.csr" "$ext"
+  echo "$want" >"$meta"
+}
+
+# rw_write_kubeconfig FILE CERTNAME [SERVER [TLS_SERVER_NAME]]: a kubeconfig for that certificate
+# (default server: the API server on this machine's loopback).
+rw_write_kubeconfig() {
+  local f=$1 n=$2 server=${3:-https://127.0.0.1:${RW_APISERVER_PORT}} sni=${4:-}
+  rw_write_if_changed "$f" 600 <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: resourcewatch-e2e
+  cluster:
+    certificate-authority-data: $(base64 -w0 <"${RW_PKI}/ca.crt")
+    server: ${server}
+${sni:+    tls-server-name: ${sni}}
+users:
+- name: $n
+  user:
+    client-certificate-data: $(base64 -w0 <"${RW_PKI}/$n.crt")
+    client-key-data: $(base64 -w0 <"${RW_PKI}/$n.key")
+contexts:
+- name: resourcewatch-e2e
+  context:
+    cluster: resourcewatch-e2e
+    user: $n
+current-context: resourcewatch-e2e
+EOF
+}
+
+# ------------------------------------------------------------------ the VM node (vm-node.sh)
+# A second node: Debian's Linux 6.1 with cgroup v2 only, in QEMU's software emulation,
+# on a tap device of its own subnet; its pods get their own range, routed through it.
+RW_VM_NODE_NAME="${RW_VM_NODE_NAME:-rw-vm}"
+RW_VM_NODE_DIR="${RW_STATE}/vm-node"
+RW_VM_TAP_NAME="${RW_VM_TAP_NAME:-rwtap0}"
+RW_VM_HOST_ADDR="10.89.0.1"
+RW_VM_NODE_ADDR="10.89.0.2"
+RW_VM_NET_PREFIX=24
+RW_VM_POD_CIDR="10.87.0.0/24"
+# Pods on the VM node carry this taint (and label): only the agent DaemonSet and tests
+# meant for that node go there, nothing of the host node's tests lands on it by chance.
+RW_VM_TAINT="resourcewatch.io/vm-node=true:NoSchedule"

@@ -12,6 +12,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=env.sh
 source "${HERE}/env.sh"
+# shellcheck source=node.sh
+source "${HERE}/node.sh"
 
 APISERVER_ONLY=0
 SMOKE=0
@@ -76,15 +78,6 @@ if [[ ! -f "${RW_BASELINE}/.active" ]]; then
   rm -rf "${RW_BASELINE}"; mv "$tmp" "${RW_BASELINE}"
 fi
 
-# write_if_changed FILE [MODE] < content: replaces FILE only when the content differs
-# (kube-proxy exits when its config file changes; the others need no restart either).
-write_if_changed() {
-  local f=$1 mode=${2:-644}
-  cat >"$f.tmp"
-  chmod "$mode" "$f.tmp"
-  if [[ -f "$f" ]] && cmp -s "$f.tmp" "$f"; then rm -f "$f.tmp"; else mv -f "$f.tmp" "$f"; fi
-}
-
 # ------------------------------------------------------------------ PKI
 CA_CRT="${RW_PKI}/ca.crt"; CA_KEY="${RW_PKI}/ca.key"
 pki_ca() {
@@ -97,47 +90,16 @@ pki_ca() {
     -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
   mv "$CA_KEY.tmp" "$CA_KEY"; mv "$CA_CRT.tmp" "$CA_CRT"
 }
-# pki_cert NAME SUBJECT server|client|both [SANS]
-pki_cert() {
-  local name=$1 subj=$2 kind=$3 sans=${4:-}
-  local crt="${RW_PKI}/$name.crt" key="${RW_PKI}/$name.key" meta="${RW_PKI}/$name.meta"
-  local want="$subj|$kind|$sans"
-  if [[ -s "$crt" && -s "$key" && -f "$meta" && "$(cat "$meta")" == "$want" ]] \
-     && openssl verify -CAfile "$CA_CRT" "$crt" >/dev/null 2>&1; then
-    return 0
-  fi
-  rw_log "generating certificate $name ($subj)"
-  local eku
-  case "$kind" in
-    server) eku=serverAuth ;; client) eku=clientAuth ;; both) eku=serverAuth,clientAuth ;;
-    *) rw_die "bad cert kind $kind" ;;
-  esac
-  local ext="${RW_PKI}/$name.ext"
-  {
-    echo "basicConstraints=critical,CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=$eku"
-    [[ -n "$sans" ]] && echo "subjectAltName=$sans"
-  } >"$ext"
-  openssl genrsa -out "$key.tmp" 2048 2>/dev/null
-  openssl req -new -key "$key.tmp" -subj "$subj" -out "${RW_PKI}/$name.csr" 2>/dev/null
-  openssl x509 -req -in "${RW_PKI}/$name.csr" -CA "$CA_CRT" -CAkey "$CA_KEY" \
-    -set_serial "0x$(openssl rand -hex 16)" -days 3650 -sha256 -extfile "$ext" -out "$crt.tmp" 2>/dev/null \
-    || rw_die "openssl failed to sign $name"
-  mv "$key.tmp" "$key"; mv "$crt.tmp" "$crt"
-  rm -f "${RW_PKI}/$name.csr" "$ext"
-  echo "$want" >"$meta"
-}
 pki_ca
 APISERVER_SANS="IP:127.0.0.1,IP:${RW_SERVICE_IP},IP:${HOST_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:${NODE_NAME}"
-pki_cert apiserver "/CN=kube-apiserver" server "${APISERVER_SANS}"
-pki_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" client
-pki_cert admin "/O=system:masters/CN=kubernetes-admin" client
-pki_cert controller-manager "/CN=system:kube-controller-manager" client
-pki_cert scheduler "/CN=system:kube-scheduler" client
-pki_cert kube-proxy "/CN=system:kube-proxy" client
-pki_cert kubelet-client "/O=system:nodes/CN=system:node:${NODE_NAME}" client
-pki_cert kubelet-serving "/CN=${NODE_NAME}" server "IP:127.0.0.1,IP:${HOST_IP},DNS:localhost,DNS:${NODE_NAME}"
+rw_pki_cert apiserver "/CN=kube-apiserver" server "${APISERVER_SANS}"
+rw_pki_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" client
+rw_pki_cert admin "/O=system:masters/CN=kubernetes-admin" client
+rw_pki_cert controller-manager "/CN=system:kube-controller-manager" client
+rw_pki_cert scheduler "/CN=system:kube-scheduler" client
+rw_pki_cert kube-proxy "/CN=system:kube-proxy" client
+rw_pki_cert kubelet-client "/O=system:nodes/CN=system:node:${NODE_NAME}" client
+rw_pki_cert kubelet-serving "/CN=${NODE_NAME}" server "IP:127.0.0.1,IP:${HOST_IP},DNS:localhost,DNS:${NODE_NAME}"
 if [[ ! -s "${RW_PKI}/sa.key" || ! -s "${RW_PKI}/sa.pub" ]]; then
   rw_log "generating service-account key pair"
   openssl genrsa -out "${RW_PKI}/sa.key.tmp" 2048 2>/dev/null
@@ -146,35 +108,11 @@ if [[ ! -s "${RW_PKI}/sa.key" || ! -s "${RW_PKI}/sa.pub" ]]; then
 fi
 chmod 600 "${RW_PKI}"/*.key
 
-# write_kubeconfig FILE CERTNAME
-write_kubeconfig() {
-  local f=$1 n=$2
-  write_if_changed "$f" 600 <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: resourcewatch-e2e
-  cluster:
-    certificate-authority-data: $(base64 -w0 <"$CA_CRT")
-    server: https://127.0.0.1:${RW_APISERVER_PORT}
-users:
-- name: $n
-  user:
-    client-certificate-data: $(base64 -w0 <"${RW_PKI}/$n.crt")
-    client-key-data: $(base64 -w0 <"${RW_PKI}/$n.key")
-contexts:
-- name: resourcewatch-e2e
-  context:
-    cluster: resourcewatch-e2e
-    user: $n
-current-context: resourcewatch-e2e
-EOF
-}
-write_kubeconfig "${RW_ADMIN_KUBECONFIG}" admin
-write_kubeconfig "${RW_CONF}/controller-manager.kubeconfig" controller-manager
-write_kubeconfig "${RW_CONF}/scheduler.kubeconfig" scheduler
-write_kubeconfig "${RW_CONF}/kube-proxy.kubeconfig" kube-proxy
-write_kubeconfig "${RW_CONF}/kubelet.kubeconfig" kubelet-client
+rw_write_kubeconfig "${RW_ADMIN_KUBECONFIG}" admin
+rw_write_kubeconfig "${RW_CONF}/controller-manager.kubeconfig" controller-manager
+rw_write_kubeconfig "${RW_CONF}/scheduler.kubeconfig" scheduler
+rw_write_kubeconfig "${RW_CONF}/kube-proxy.kubeconfig" kube-proxy
+rw_write_kubeconfig "${RW_CONF}/kubelet.kubeconfig" kubelet-client
 
 # ------------------------------------------------------------------ daemon helpers
 # daemon_pid NAME BINARY: prints the PID if the daemon from our PID file runs that binary.
@@ -318,76 +256,14 @@ if [[ $APISERVER_ONLY -eq 0 ]]; then
   [[ -x "${RW_CNI_BIN_DIR}/bridge" && -x "${RW_CNI_BIN_DIR}/host-local" && -x "${RW_CNI_BIN_DIR}/portmap" \
      && -x "${RW_CNI_BIN_DIR}/loopback" ]] || rw_die "CNI plugins missing in ${RW_CNI_BIN_DIR}"
   # containerd's CRI sets up lo itself with the loopback plugin from bin_dir.
-  write_if_changed "${RW_CNI_CONF_DIR}/10-resourcewatch.conflist" <<EOF
-{
-  "cniVersion": "0.4.0",
-  "name": "resourcewatch-e2e",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "${RW_CNI_BRIDGE}",
-      "isGateway": true,
-      "ipMasq": true,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [[{"subnet": "${RW_POD_CIDR}"}]],
-        "routes": [{"dst": "0.0.0.0/0"}],
-        "dataDir": "${RW_DATA}/cni-ipam"
-      }
-    },
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
-}
-EOF
+  rw_cni_conflist "${RW_POD_CIDR}" "${RW_DATA}/cni-ipam" | rw_write_if_changed "${RW_CNI_CONF_DIR}/10-resourcewatch.conflist"
 
   # ---------------------------------------------------------------- containerd
   mkdir -p "${RW_CONTAINERD_ROOT}" "${RW_CONTAINERD_STATE}" "${RW_DATA}/containerd-opt"
   # containerd 2's config schema (version 3): the CRI plugin is split into its images and
   # runtime parts.
-  write_if_changed "${RW_CONF}/containerd.toml" <<EOF
-version = 3
-root = "${RW_CONTAINERD_ROOT}"
-state = "${RW_CONTAINERD_STATE}"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs"]
-
-[grpc]
-  address = "${RW_CONTAINERD_SOCK}"
-[ttrpc]
-  address = "${RW_CONTAINERD_SOCK}.ttrpc"
-[debug]
-  address = ""
-  level = "info"
-[metrics]
-  address = ""
-
-[plugins]
-  [plugins.'io.containerd.internal.v1.opt']
-    path = "${RW_DATA}/containerd-opt"
-  [plugins.'io.containerd.cri.v1.images']
-    snapshotter = "overlayfs"
-    [plugins.'io.containerd.cri.v1.images'.pinned_images]
-      sandbox = "${RW_PAUSE_IMAGE}"
-  [plugins.'io.containerd.cri.v1.runtime']
-    # No CAP_SYS_RESOURCE here: oom_score_adj values below the runtime's own are clamped.
-    restrict_oom_score_adj = true
-    disable_apparmor = true
-    enable_selinux = false
-    max_container_log_line_size = 16384
-    [plugins.'io.containerd.cri.v1.runtime'.containerd]
-      default_runtime_name = "runc"
-      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-          SystemdCgroup = false
-          Root = "${RW_RUN}/runc"
-          BinaryName = "${RW_BIN}/runc"
-    [plugins.'io.containerd.cri.v1.runtime'.cni]
-      bin_dirs = ["${RW_CNI_BIN_DIR}"]
-      conf_dir = "${RW_CNI_CONF_DIR}"
-      max_conf_num = 1
-EOF
+  rw_containerd_toml "${RW_CONTAINERD_ROOT}" "${RW_CONTAINERD_STATE}" "${RW_CONTAINERD_SOCK}" \
+    "${RW_DATA}/containerd-opt" "${RW_RUN}/runc" "${RW_CNI_CONF_DIR}" | rw_write_if_changed "${RW_CONF}/containerd.toml"
   start_daemon containerd "$CONTAINERD_BIN" --config "${RW_CONF}/containerd.toml"
   wait_for containerd 60 rw_ctr version
 
@@ -403,51 +279,7 @@ EOF
 
   # ---------------------------------------------------------------- kubelet
   for p in 10250 10248; do port_free_or_ours $p kubelet "${RW_BIN}/kubelet"; done
-  write_if_changed "${RW_CONF}/kubelet.yaml" <<EOF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: 0.0.0.0
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: ${CA_CRT}
-authorization:
-  mode: Webhook
-tlsCertFile: ${RW_PKI}/kubelet-serving.crt
-tlsPrivateKeyFile: ${RW_PKI}/kubelet-serving.key
-cgroupDriver: cgroupfs
-cgroupsPerQOS: true
-failSwapOn: false
-oomScoreAdj: 0
-protectKernelDefaults: false
-makeIPTablesUtilChains: true
-clusterDomain: cluster.local
-resolvConf: /etc/resolv.conf
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard:
-  memory.available: "50Mi"
-  nodefs.available: "1%"
-  nodefs.inodesFree: "1%"
-  imagefs.available: "1%"
-evictionPressureTransitionPeriod: 10s
-serializeImagePulls: false
-maxPods: 110
-containerLogMaxSize: 10Mi
-containerLogMaxFiles: 2
-runtimeRequestTimeout: 5m
-containerRuntimeEndpoint: unix://${RW_CONTAINERD_SOCK}
-imageServiceEndpoint: unix://${RW_CONTAINERD_SOCK}
-# On a v1 (hybrid) host the kubelet must be told to run: it refuses v1 by default since 1.35.
-failCgroupV1: ${FAIL_CGROUP_V1}
-EOF
+  rw_kubelet_yaml "${RW_PKI}/kubelet-serving" "${RW_CONTAINERD_SOCK}" "${FAIL_CGROUP_V1}" | rw_write_if_changed "${RW_CONF}/kubelet.yaml"
   # The kubelet's CRI socket must exist before it starts.
   start_daemon kubelet "${RW_BIN}/kubelet" \
     --config="${RW_CONF}/kubelet.yaml" \
@@ -459,24 +291,7 @@ EOF
 
   # ---------------------------------------------------------------- kube-proxy
   for p in 10256 10249; do port_free_or_ours $p kube-proxy "${RW_BIN}/kube-proxy"; done
-  write_if_changed "${RW_CONF}/kube-proxy.yaml" <<EOF
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection:
-  kubeconfig: ${RW_CONF}/kube-proxy.kubeconfig
-mode: iptables
-clusterCIDR: ${RW_POD_CIDR}
-hostnameOverride: ${NODE_NAME}
-bindAddress: 0.0.0.0
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-conntrack:
-  # 0: leave the host's conntrack sysctls alone
-  maxPerCore: 0
-  min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
-EOF
+  rw_kube_proxy_yaml "${RW_CONF}/kube-proxy.kubeconfig" "${RW_POD_CIDR}" "${NODE_NAME}" | rw_write_if_changed "${RW_CONF}/kube-proxy.yaml"
   start_daemon kube-proxy "${RW_BIN}/kube-proxy" --config="${RW_CONF}/kube-proxy.yaml" --v=1
   wait_for kube-proxy 60 http_ok http://127.0.0.1:10256/healthz
 

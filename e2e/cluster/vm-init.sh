@@ -45,7 +45,20 @@ for c in $(cat $h/sys/fs/cgroup/cgroup.controllers); do
 done
 hostname rw-vm
 echo "vm-init: Linux $(uname -r), $(nproc) CPUs, cgroup2 controllers: $(cat $h/sys/fs/cgroup/cgroup.controllers)"
-chroot $h /bin/sh "$x/cmd.sh"
-echo $? > "$h$x/exit"
-sync
-poweroff -f
+# The kernel package's whole module tree (vm.sh fetch), for the kernel's own requests
+# (overlay, nf_tables, the xt matches of kube-proxy's rules) and the command's modprobe:
+# `modprobe -d` that tree (this machine may have no /lib/modules to mount over).
+mods=$(sed -n 's/.* rw_mods=\([^ ]*\).*/\1/p' /proc/cmdline)
+if [ -n "$mods" ] && [ -d "$h$mods/lib/modules" ]; then
+  printf '#!/bin/sh\nexec /sbin/modprobe -d %s "$@"\n' "$mods" > $h/run/rw-modprobe
+  chmod 755 $h/run/rw-modprobe
+  echo /run/rw-modprobe > /proc/sys/kernel/modprobe
+fi
+# This machine's root becomes the root (as switch_root does), and this process, which
+# shares its root with the kernel's helpers, is chrooted there: a container's pivot_root
+# then leaves a mount namespace whose root is the container's, so `runc exec` (kubectl
+# exec) enters the container's file system, and the kernel's modprobe helper finds the
+# script above.
+cd $h
+mount --move . / || fail "move the root"
+exec chroot . /bin/sh -c 'sh "$1"; echo $? > "$2"; sync; echo o > /proc/sysrq-trigger; sleep 10' vm-init "$x/cmd.sh" "$x/exit"

@@ -7,6 +7,10 @@
 #   e2e/cluster/vm.sh fetch                 kernel package and QEMU, cached
 #   e2e/cluster/vm.sh run [--timeout S] -- CMD [ARGS...]
 #
+# Environment: RW_VM_TAP=IFNAME gives the VM a virtio NIC on that (existing) tap device;
+# RW_VM_XDIR=DIR is the exchange directory (kept afterwards; default: a fresh one, removed);
+# RW_VM_MEMORY (MiB), RW_VM_CPUS.
+#
 # `run` boots the VM with this machine's root shared read-only over 9p, mounts proc, sys,
 # devtmpfs, cgroup2, tracefs, debugfs and bpffs over it, tmpfs on /tmp, /run and the
 # workspace's target/tmp, and runs CMD chrooted there as root, in the directory `run` was
@@ -51,7 +55,7 @@ fetch() {
   mkdir -p "$RW_VM_CACHE"
   local tmp m
   tmp="$(mktemp -d)"
-  if [[ ! -f "$RW_VM_CACHE/vmlinuz" || ! -d "$RW_VM_CACHE/mods" ]]; then
+  if [[ ! -f "$RW_VM_CACHE/vmlinuz" || ! -d "$RW_VM_CACHE/mods" || ! -d "$RW_VM_CACHE/modules" ]]; then
     if ! (cd "$tmp" && apt-get download -qq "${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION}" 2>/dev/null) \
       && ! (apt-get update -qq && cd "$tmp" && apt-get download -qq "${RW_VM_KERNEL_PACKAGE}=${RW_VM_KERNEL_VERSION}"); then
       rm -rf "$tmp"
@@ -66,6 +70,15 @@ fetch() {
       cp "$tmp/x/lib/modules/$KREL/kernel/$m.ko" "$RW_VM_CACHE/mods.new/" || die "$m.ko is not in $RW_VM_KERNEL_PACKAGE"
     done
     cp "$tmp/x/boot/vmlinuz-$KREL" "$RW_VM_CACHE/vmlinuz"
+    # Every module of the package with its modules.dep (the package leaves depmod to its
+    # postinst), for what a node loads on demand: virtio_net, bridge, veth, overlay,
+    # br_netfilter, nf_tables and the xt matches kube-proxy's rules use.
+    rm -rf "$RW_VM_CACHE/modules.new"
+    mkdir -p "$RW_VM_CACHE/modules.new/lib/modules"
+    mv "$tmp/x/lib/modules/$KREL" "$RW_VM_CACHE/modules.new/lib/modules/"
+    depmod -b "$RW_VM_CACHE/modules.new" "$KREL" || die "depmod failed on $RW_VM_KERNEL_PACKAGE's modules"
+    rm -rf "$RW_VM_CACHE/modules"
+    mv "$RW_VM_CACHE/modules.new" "$RW_VM_CACHE/modules"
     mv "$RW_VM_CACHE/mods.new" "$RW_VM_CACHE/mods"
   fi
   # The initramfs (rebuilt when this script or /init changes): busybox, the 9p modules
@@ -97,8 +110,19 @@ run() {
   fetch
   # The exchange directory (the command, its exit status), shared read-write; everything
   # else of this machine is seen read-only.
-  xdir="$(mktemp -d /var/cache/resourcewatch/vm/run.XXXXXX)"
-  trap 'rm -rf "${xdir:-}"' EXIT
+  if [[ -n "${RW_VM_XDIR:-}" ]]; then
+    xdir="$RW_VM_XDIR"
+    mkdir -p "$xdir"
+    rm -f "$xdir/exit"
+  else
+    xdir="$(mktemp -d /var/cache/resourcewatch/vm/run.XXXXXX)"
+    trap 'rm -rf "${xdir:-}"' EXIT
+  fi
+  local net=()
+  if [[ -n "${RW_VM_TAP:-}" ]]; then
+    net=(-netdev "tap,id=net0,ifname=$RW_VM_TAP,script=no,downscript=no"
+         -device "virtio-net-pci,netdev=net0,mac=${RW_VM_MAC:-52:54:00:72:77:01}")
+  fi
   {
     echo "cd $(printf '%q' "$PWD")"
     echo "export PATH=$(printf '%q' "$PATH") HOME=/root"
@@ -122,7 +146,8 @@ run() {
     -machine q35 -cpu max -m "$RW_VM_MEMORY" -smp "$RW_VM_CPUS" \
     -nographic -no-reboot -nodefaults -serial stdio -display none \
     -kernel "$RW_VM_CACHE/vmlinuz" -initrd "$initramfs" \
-    -append "console=ttyS0 quiet loglevel=3 cgroup_no_v1=all panic=-1 rw_x=$xdir" \
+    -append "console=ttyS0 quiet loglevel=3 cgroup_no_v1=all panic=-1 rw_x=$xdir rw_mods=$RW_VM_CACHE/modules" \
+    "${net[@]}" \
     -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$xdir,mount_tag=x,security_model=none" \
     </dev/null || rc=$?

@@ -204,9 +204,43 @@ pub async fn leak_sim_pod(
     args: &[&str],
     limit: &str,
 ) -> Pod {
+    leak_sim_pod_on(client, ns, name, app, args, limit, Placement::Host).await
+}
+
+/// Which node of the e2e cluster a test pod runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// This machine (kernel 6.18 here, cgroup v1): wherever the scheduler puts a pod
+    /// without the VM node's toleration.
+    Host,
+    /// The VM node (e2e/cluster/vm-node.sh: Linux 6.1, cgroup v2 only), by its label
+    /// and with its taint tolerated.
+    Vm,
+}
+
+/// The name of the VM node (e2e/cluster/env.sh's RW_VM_NODE_NAME).
+pub const VM_NODE: &str = "rw-vm";
+
+/// As [`leak_sim_pod`], on `node`.
+pub async fn leak_sim_pod_on(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    app: &str,
+    args: &[&str],
+    limit: &str,
+    node: Placement,
+) -> Pod {
     let container =
         serde_json::json!({"image": WORKLOADS_IMAGE, "command": ["/leak-sim"], "args": args});
-    bare_pod(
+    let placement = match node {
+        Placement::Host => serde_json::json!({}),
+        Placement::Vm => serde_json::json!({
+            "nodeSelector": {"resourcewatch.io/vm-node": "true"},
+            "tolerations": [{"key": "resourcewatch.io/vm-node", "operator": "Exists"}],
+        }),
+    };
+    bare_pod_placed(
         client,
         ns,
         name,
@@ -214,6 +248,7 @@ pub async fn leak_sim_pod(
         container,
         limit,
         serde_json::json!({}),
+        placement,
     )
     .await
 }
@@ -342,9 +377,35 @@ async fn bare_pod(
     ns: &str,
     name: &str,
     app: &str,
+    container: serde_json::Value,
+    limit: &str,
+    security_context: serde_json::Value,
+) -> Pod {
+    bare_pod_placed(
+        client,
+        ns,
+        name,
+        app,
+        container,
+        limit,
+        security_context,
+        serde_json::json!({}),
+    )
+    .await
+}
+
+/// As `bare_pod`, with `placement`'s fields (nodeSelector, tolerations) added to the
+/// pod's spec.
+#[allow(clippy::too_many_arguments)]
+async fn bare_pod_placed(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    app: &str,
     mut container: serde_json::Value,
     limit: &str,
     security_context: serde_json::Value,
+    placement: serde_json::Value,
 ) -> Pod {
     container["name"] = "main".into();
     container["imagePullPolicy"] = "Never".into();
@@ -357,7 +418,7 @@ async fn bare_pod(
         .flatten()
         .map(|m| serde_json::json!({"name": m["name"], "emptyDir": {}}))
         .collect();
-    let pod: Pod = serde_json::from_value(serde_json::json!({
+    let mut pod = serde_json::json!({
         "metadata": {"name": name, "labels": {"app": app}},
         "spec": {
             "volumes": volumes,
@@ -370,8 +431,11 @@ async fn bare_pod(
             "securityContext": security_context,
             "containers": [container]
         }
-    }))
-    .expect("pod json");
+    });
+    for (k, v) in placement.as_object().into_iter().flatten() {
+        pod["spec"][k] = v.clone();
+    }
+    let pod: Pod = serde_json::from_value(pod).expect("pod json");
     Api::<Pod>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &pod)
         .await
