@@ -82,15 +82,27 @@ pub fn probe() -> CapabilityReport {
     let btf = fs::read("/sys/kernel/btf/vmlinux").ok();
     let layout = CgroupLayout::detect();
 
+    let privileged = has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON));
+    // The capabilities can be effective while a seccomp filter refuses bpf() itself: the
+    // agent ships with the runtime's default profile, which containerd >= 1.7 opens to
+    // bpf with CAP_BPF and perf_event_open with CAP_PERFMON, older runtimes only with
+    // CAP_SYS_ADMIN.
+    let bpf_call = if privileged { bpf_syscall() } else { Ok(()) };
     let mut checks = vec![
-        Check::of(
-            CheckId::Privileges,
-            "privileges",
-            true,
-            has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)),
-            "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) are effective",
-            "run as root, or grant CAP_BPF and CAP_PERFMON (kernel >= 5.8), to load tracing programs",
-        ),
+        Check {
+            id: CheckId::Privileges,
+            name: "privileges".into(),
+            ok: privileged && bpf_call.is_ok(),
+            detail: match (&bpf_call, privileged) {
+                (_, false) => "run as root, or grant CAP_BPF and CAP_PERFMON (kernel >= 5.8), to load tracing programs".into(),
+                (Ok(()), true) => "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) are effective".into(),
+                (Err(e), true) if e.raw_os_error() == Some(libc::EPERM) && seccomp_filtered() => {
+                    "bpf() is refused (EPERM) by a seccomp filter although CAP_BPF is effective: this container runtime's default seccomp profile allows bpf only with CAP_SYS_ADMIN; run the agent with seccompProfile Unconfined (chart: agent.seccompProfile.type=Unconfined)".into()
+                }
+                (Err(e), true) => format!("bpf() fails although CAP_BPF is effective: {e}"),
+            },
+            required: true,
+        },
         Check::of(
             CheckId::Btf,
             "BTF",
@@ -154,6 +166,54 @@ pub fn probe() -> CapabilityReport {
         cgroup_version: layout.ok().map(|l| l.version_name().to_owned()),
         checks,
     }
+}
+
+/// Whether bpf() itself answers: creates (and closes) a one-slot array map.
+fn bpf_syscall() -> std::io::Result<()> {
+    /// The BPF_MAP_CREATE part of `union bpf_attr` (the kernel takes a shorter attr).
+    #[repr(C)]
+    struct MapCreate {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+    }
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_ARRAY: u32 = 2;
+    let attr = MapCreate {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 1,
+        map_flags: 0,
+    };
+    // SAFETY: bpf(BPF_MAP_CREATE) reads `size` bytes of `attr`, which lives across the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_CREATE,
+            &attr as *const MapCreate,
+            std::mem::size_of::<MapCreate>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: closing the descriptor the call just returned.
+    unsafe { libc::close(fd as libc::c_int) };
+    Ok(())
+}
+
+/// A seccomp filter applies to this process (`Seccomp: 2` in /proc/self/status).
+fn seccomp_filtered() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Seccomp:").map(|v| v.trim() == "2"))
+        })
+        .unwrap_or(false)
 }
 
 impl Check {

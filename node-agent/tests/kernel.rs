@@ -1274,3 +1274,87 @@ fn time_to_oom_predicts_the_real_kill() {
         "predicted {tto:.1} s at half-way, killed {real:.1} s later; at half-way: {basis}"
     );
 }
+
+/// Under a seccomp filter that refuses bpf() with EPERM (the default profile of container
+/// runtimes that allow bpf only with CAP_SYS_ADMIN), the probe's privileges check fails
+/// and says what to change, although CAP_BPF is effective; without it the check holds.
+#[test]
+fn a_seccomp_filter_refusing_bpf_is_named_by_the_probe() {
+    let Some(_k) = kernel_or_skip("a_seccomp_filter_refusing_bpf_is_named_by_the_probe") else {
+        return;
+    };
+    let privileges = |r: &resourcewatch_agent::capabilities::CapabilityReport| {
+        r.checks
+            .iter()
+            .find(|c| c.id == CheckId::Privileges)
+            .cloned()
+            .expect("a privileges check")
+    };
+    assert!(privileges(&resourcewatch_agent::capabilities::probe()).ok);
+
+    let mut p = [0i32; 2];
+    // SAFETY: a pipe the child writes its check into.
+    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+    let (rd, wr) = (p[0], p[1]);
+    let child = Child::spawn(move || {
+        // ld [nr]; jeq SYS_bpf ? errno(EPERM) : allow (x86-64 numbers; the test machine's).
+        let code = |c: u32| c as u16;
+        let filter = [
+            libc::sock_filter {
+                code: code(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS),
+                jt: 0,
+                jf: 0,
+                k: 0,
+            },
+            libc::sock_filter {
+                code: code(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K),
+                jt: 0,
+                jf: 1,
+                k: libc::SYS_bpf as u32,
+            },
+            libc::sock_filter {
+                code: code(libc::BPF_RET | libc::BPF_K),
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+            },
+            libc::sock_filter {
+                code: code(libc::BPF_RET | libc::BPF_K),
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_ALLOW,
+            },
+        ];
+        let prog = libc::sock_fprog {
+            len: filter.len() as u16,
+            filter: filter.as_ptr() as *mut _,
+        };
+        // SAFETY: prctl with a filter program that outlives the call.
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+            assert_eq!(
+                libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const libc::sock_fprog
+                ),
+                0
+            );
+        }
+        let c = privileges(&resourcewatch_agent::capabilities::probe());
+        let line = format!("{}\t{}\n", c.ok, c.detail);
+        // SAFETY: writing our buffer to our pipe end.
+        unsafe { libc::write(wr, line.as_ptr().cast(), line.len()) };
+    });
+    // SAFETY: the parent's copy of the write end, so the read ends when the child exits.
+    unsafe { libc::close(wr) };
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: reading into our buffer.
+    let n = unsafe { libc::read(rd, buf.as_mut_ptr().cast(), buf.len()) };
+    drop(child);
+    let got = String::from_utf8_lossy(&buf[..n.max(0) as usize]).to_string();
+    assert!(
+        got.starts_with("false\t") && got.contains("seccomp") && got.contains("Unconfined"),
+        "the probe under a filter refusing bpf: {got:?}"
+    );
+}
