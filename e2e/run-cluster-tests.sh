@@ -65,27 +65,14 @@ cleanup() {
 trap cleanup EXIT
 
 make -s images
-lap "images built"
-# The second node: Linux 6.1 with cgroup v2 only, in a QEMU/TCG VM (e2e/cluster/vm-node.sh;
-# RW_E2E_VM_NODE=0 leaves it out, and its tests then fail).
-if [[ $started -eq 1 && "${RW_E2E_VM_NODE:-1}" != 0 ]]; then
-  e2e/cluster/vm-node.sh up
-  lap "VM node up (cgroup v2, Linux 6.1, emulated)"
-fi
 if [[ "${RW_E2E_SKIP_IMPORT:-0}" != 1 ]]; then
-  # What runs on every node, then what only this machine's tests run (on the VM node each
-  # image costs emulated unpacking: the Java image alone would take minutes).
-  rw_import_images target/images/{agent,workloads}.tar
-  for i in operator node-workloads c-workloads python-workloads java-workloads; do
-    rw_ctr -n k8s.io images import "target/images/$i.tar" >/dev/null
-  done
+  rw_import_images target/images/{operator,agent,workloads,node-workloads,c-workloads,python-workloads,java-workloads}.tar
 fi
-lap "images imported"
+lap "images built and imported"
 
 "$K" apply -k config
 "$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
-# The VM node's agent loads its programs under emulation: minutes, not seconds.
-"$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=300s
+"$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=120s
 # The chart's rendering is accepted by this API server too (server-side dry run).
 charts/helm.sh template --namespace resourcewatch-system | "$K" apply --dry-run=server -f - >/dev/null
 # Pod Security, judged by the API server's own admission plugin (charts/check.py is the
@@ -122,8 +109,28 @@ lap "installed through config/ (and the chart dry-run)"
 # A real Prometheus for the metrics test (Debian's binaries, extracted and cached).
 RW_PROMETHEUS="$(e2e/prometheus/install.sh)/prometheus"
 export RW_PROMETHEUS
-cargo test -p resourcewatch-e2e --test cluster --test metrics -- --ignored --test-threads=1 --nocapture ${RW_E2E_ONLY:-}
+cargo test -p resourcewatch-e2e --test cluster --test metrics -- --ignored --test-threads=1 --nocapture \
+  --skip on_the_cgroup_v2_node ${RW_E2E_ONLY:-}
 lap "e2e tests"
+
+# The second node: Linux 6.1 with cgroup v2 only, in a QEMU/TCG VM (e2e/cluster/vm-node.sh),
+# joined for its own tests and the node view, then stopped: its emulation takes most of a
+# core of this 2-CPU machine, which the CPU-measuring tests feel (with it running the
+# whole time, a burner pod got 15 % of a core and profiles came back short of samples).
+# RW_E2E_VM_NODE=0 leaves it out.
+if [[ $started -eq 1 && "${RW_E2E_VM_NODE:-1}" != 0 ]]; then
+  e2e/cluster/vm-node.sh up
+  lap "VM node up (cgroup v2, Linux 6.1, emulated)"
+  # Only what its tests run: every image is unpacked under emulation there.
+  e2e/cluster/vm-node.sh import target/images/{agent,workloads}.tar
+  # Its agent loads its programs under emulation: a minute or more.
+  "$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=300s
+  lap "VM node: images imported, agent ready"
+  cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture \
+    on_the_cgroup_v2_node the_node_view
+  e2e/cluster/vm-node.sh down
+  lap "VM node e2e tests"
+fi
 
 # Remediation: the master switch on (it is off in config/ and in the chart).
 "$K" -n resourcewatch-system patch deploy resourcewatch-operator --type=json \

@@ -1165,9 +1165,70 @@ async fn metrics_are_served_only_to_a_reviewed_token() {
     )
     .await
     .expect("token");
-    let (code, body) = get(Some(reader), "/metrics").await;
+    let (code, body) = get(Some(reader.clone()), "/metrics").await;
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("resourcewatch_operator_leader"), "{body}");
+
+    // Anyone on the pod network sprays junk tokens (each a new one, so each asks for a
+    // review) from 16 connections for 15 s, while Prometheus scrapes every 500 ms with
+    // its reviewed token: every scrape answers 200, none waits long, and the spray gets
+    // only refusals.
+    let spraying = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut sprayers = Vec::new();
+    for w in 0..16u32 {
+        let (ca, addr, on) = (ca.clone(), op.metrics, spraying.clone());
+        sprayers.push(tokio::spawn(async move {
+            let mut codes = std::collections::BTreeMap::<u16, u32>::new();
+            let mut i = 0u32;
+            while on.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let junk = format!("junk-{w}-{i}-{}", "x".repeat(64));
+                if let Ok((code, _)) =
+                    cluster::https_get(addr, "resourcewatch-operator", &ca, Some(&junk), "/metrics")
+                        .await
+                {
+                    *codes.entry(code).or_default() += 1;
+                }
+            }
+            codes
+        }));
+    }
+    let mut scrapes = Vec::new();
+    let spray_started = std::time::Instant::now();
+    while spray_started.elapsed() < Duration::from_secs(15) {
+        let t = std::time::Instant::now();
+        let (code, _) = get(Some(reader.clone()), "/metrics").await;
+        scrapes.push((code, t.elapsed()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    spraying.store(false, std::sync::atomic::Ordering::Relaxed);
+    let mut sprayed = std::collections::BTreeMap::<u16, u32>::new();
+    for h in sprayers {
+        for (code, n) in h.await.expect("sprayer") {
+            *sprayed.entry(code).or_default() += n;
+        }
+    }
+    let slowest = scrapes.iter().map(|s| s.1).max().unwrap_or_default();
+    eprintln!(
+        "junk-token spray: {sprayed:?} over 15 s; {} scrapes, slowest {slowest:?}",
+        scrapes.len()
+    );
+    assert!(
+        sprayed.values().sum::<u32>() >= 100,
+        "the spray hardly ran: {sprayed:?}"
+    );
+    assert!(
+        sprayed.keys().all(|c| [401, 429, 503].contains(c)),
+        "the spray got something other than refusals: {sprayed:?}"
+    );
+    assert!(
+        scrapes.iter().all(|s| s.0 == 200),
+        "a reviewed scraper was refused during the spray: {scrapes:?}"
+    );
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a scrape waited {slowest:?} during the spray"
+    );
     // Plain HTTP on the same port is not served.
     let plain = std::net::TcpStream::connect(op.metrics).and_then(|mut s| {
         use std::io::{Read, Write};
