@@ -318,10 +318,50 @@ pub(crate) fn read_stat(bpf: &Ebpf, index: u32) -> u64 {
 /// and every pointer in it must stay valid (and, for outputs, writable) for the call.
 unsafe fn bpf_call<A>(cmd: libc::c_long, attr: &mut A) -> std::io::Result<()> {
     // SAFETY: the caller's contract above.
+    unsafe { bpf_call_ret(cmd, attr) }.map(|_| ())
+}
+
+/// As [`bpf_call`], returning what the call returned (a descriptor, for the commands that
+/// make one).
+///
+/// # Safety
+/// As [`bpf_call`].
+unsafe fn bpf_call_ret<A>(cmd: libc::c_long, attr: &mut A) -> std::io::Result<libc::c_long> {
+    // SAFETY: the caller's contract above.
     let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut A, size_of::<A>()) };
     if r < 0 {
         Err(std::io::Error::last_os_error())
     } else {
-        Ok(())
+        Ok(r)
     }
+}
+
+/// Whether bpf() itself answers: creates (and closes) a one-slot array map. Capabilities
+/// can be effective while a seccomp filter refuses the call (capabilities::probe).
+pub(crate) fn map_create_answers() -> std::io::Result<()> {
+    /// The BPF_MAP_CREATE prefix of `union bpf_attr`.
+    #[repr(C)]
+    struct MapCreate {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+    }
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_ARRAY: u32 = 2;
+    let mut attr = MapCreate {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 1,
+        map_flags: 0,
+    };
+    // SAFETY: attr is a valid, fully initialised bpf_attr prefix with no pointers.
+    let fd = unsafe { bpf_call_ret(BPF_MAP_CREATE, &mut attr) }?;
+    // SAFETY: the call made this descriptor and nothing else holds it.
+    drop(unsafe {
+        <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as libc::c_int)
+    });
+    Ok(())
 }

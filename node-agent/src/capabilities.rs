@@ -87,7 +87,11 @@ pub fn probe() -> CapabilityReport {
     // agent ships with the runtime's default profile, which containerd >= 1.7 opens to
     // bpf with CAP_BPF and perf_event_open with CAP_PERFMON, older runtimes only with
     // CAP_SYS_ADMIN.
-    let bpf_call = if privileged { bpf_syscall() } else { Ok(()) };
+    let bpf_call = if privileged {
+        crate::bpf::map_create_answers()
+    } else {
+        Ok(())
+    };
     let mut checks = vec![
         Check {
             id: CheckId::Privileges,
@@ -166,43 +170,6 @@ pub fn probe() -> CapabilityReport {
         cgroup_version: layout.ok().map(|l| l.version_name().to_owned()),
         checks,
     }
-}
-
-/// Whether bpf() itself answers: creates (and closes) a one-slot array map.
-fn bpf_syscall() -> std::io::Result<()> {
-    /// The BPF_MAP_CREATE part of `union bpf_attr` (the kernel takes a shorter attr).
-    #[repr(C)]
-    struct MapCreate {
-        map_type: u32,
-        key_size: u32,
-        value_size: u32,
-        max_entries: u32,
-        map_flags: u32,
-    }
-    const BPF_MAP_CREATE: libc::c_long = 0;
-    const BPF_MAP_TYPE_ARRAY: u32 = 2;
-    let attr = MapCreate {
-        map_type: BPF_MAP_TYPE_ARRAY,
-        key_size: 4,
-        value_size: 4,
-        max_entries: 1,
-        map_flags: 0,
-    };
-    // SAFETY: bpf(BPF_MAP_CREATE) reads `size` bytes of `attr`, which lives across the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_CREATE,
-            &attr as *const MapCreate,
-            std::mem::size_of::<MapCreate>(),
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: closing the descriptor the call just returned.
-    unsafe { libc::close(fd as libc::c_int) };
-    Ok(())
 }
 
 /// A seccomp filter applies to this process (`Seccomp: 2` in /proc/self/status).
