@@ -21,10 +21,13 @@ keep=0
 seconds=${1:-20}
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz@0.13.2
 export RUSTC_BOOTSTRAP=1
+# One target directory for both fuzz workspaces: the dependencies they share (object,
+# prost, serde, tokio...) are built once with the sanitizer's flags, not once per crate.
+fuzz_target="$(readlink -f "${CARGO_TARGET_DIR:-target}")/fuzz"
 failed=()
 for crate in node-agent operator; do
   fz=(cargo +stable fuzz)
-  "${fz[@]}" build -O --fuzz-dir "$crate/fuzz" || { echo "run-fuzz: $crate's targets do not build" >&2; exit 1; }
+  "${fz[@]}" build -O --fuzz-dir "$crate/fuzz" --target-dir "$fuzz_target" || { echo "run-fuzz: $crate's targets do not build" >&2; exit 1; }
   for target in $("${fz[@]}" list --fuzz-dir "$crate/fuzz"); do
     corpus="$crate/fuzz/corpus/$target"
     mkdir -p "$corpus"
@@ -37,7 +40,7 @@ for crate in node-agent operator; do
     echo "== fuzz $crate/$target for ${seconds}s"
     log="$(mktemp)"
     rc=0
-    "${fz[@]}" run -O --fuzz-dir "$crate/fuzz" "$target" "$work" "$corpus" -- \
+    "${fz[@]}" run -O --fuzz-dir "$crate/fuzz" --target-dir "$fuzz_target" "$target" "$work" "$corpus" -- \
       -max_total_time="$seconds" -malloc_limit_mb=64 -rss_limit_mb=1024 -max_len=262144 \
       >"$log" 2>&1 || rc=$?
     grep -E "^#[0-9]+[[:space:]]+DONE|^==[0-9]+==|^SUMMARY|Test unit written|panicked at|malloc\(" "$log" | head -20 || true
