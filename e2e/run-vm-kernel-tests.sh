@@ -16,7 +16,8 @@ done
 # One test per pipeline (each a few seconds natively; TCG costs ~17x on CPU-bound code):
 # the CPU sketch (sched_switch), the memory sketch and its sample stream (rss_stat),
 # rss_stat changes made by another task, exact tracking of a v2 cgroup's processes, a
-# late target, the leak detector on real samples, time-to-OOM against a real memory.max
+# path seen from inside a cgroup namespace (the agent's own, under containerd), a late
+# target, the leak detector on real samples, time-to-OOM against a real memory.max
 # kill, growth sites and a profile named through unwind tables (C), and the CPython walk.
 CI_SUBSET=(
   kernel:this_machine_has_what_the_pipelines_need
@@ -24,6 +25,7 @@ CI_SUBSET=(
   kernel:memory_sketch_follows_a_growing_process_and_streams_samples
   kernel:rss_changes_made_by_another_task_are_counted
   kernel:exact_targets_cover_every_process_of_a_cgroup
+  kernel:a_cgroup_path_seen_from_inside_a_cgroup_namespace_resolves_to_the_hierarchys
   kernel:a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters
   kernel:time_to_oom_predicts_the_real_kill
   stacks:a_c_profile_without_frame_pointers_reaches_main

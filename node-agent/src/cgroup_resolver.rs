@@ -102,7 +102,26 @@ impl CgroupLayout {
     }
 
     /// The process's path inside [`Self::root`], from `/proc/PID/cgroup` text.
-    pub fn path_in_proc_cgroup<'a>(&self, text: &'a str) -> Option<&'a str> {
+    ///
+    /// The kernel writes that path relative to the *reader's* cgroup namespace. containerd
+    /// gives every unprivileged container its own namespace on cgroup v2, the agent's
+    /// included, so there another pod's process reads
+    /// `0::/../../kubepods-burstable.slice/…/cri-containerd-<id>.scope`: relative to the
+    /// agent's own cgroup. Such a path is resolved against where this process's namespace
+    /// root is in the hierarchy ([`own_namespace_root`]). Without it the path named no
+    /// directory: no memory limit (time to OOM against the node's memory) and no cgroup id
+    /// (a process already running in a target not seeded) on every v2 node.
+    pub fn path_in_proc_cgroup(&self, text: &str) -> Option<String> {
+        let raw = self.raw_path_in_proc_cgroup(text)?;
+        if !raw.starts_with("/..") {
+            return Some(raw.to_owned());
+        }
+        let root = OWN_NAMESPACE_ROOT.get_or_init(|| own_namespace_root(self));
+        resolve_in_namespace(root.as_deref()?, raw)
+    }
+
+    /// The path as `/proc/PID/cgroup` writes it, relative to the reader's cgroup namespace.
+    pub fn raw_path_in_proc_cgroup<'a>(&self, text: &'a str) -> Option<&'a str> {
         for line in text.lines() {
             let mut parts = line.splitn(3, ':');
             let (_id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
@@ -139,6 +158,72 @@ impl CgroupLayout {
         }
         self.cgroup_id(spec)
     }
+}
+
+/// Where this process's cgroup namespace root is in the hierarchy, found once.
+static OWN_NAMESPACE_ROOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// Directories visited at most while looking for this process's own cgroup: a node with
+/// a thousand containers has a few thousand.
+const MAX_CGROUPS_WALKED: usize = 100_000;
+
+/// Where this process's cgroup namespace root is in `layout`'s hierarchy, or None (with a
+/// warning) when its cgroup can't be found there. The namespace hides the answer from
+/// `/proc/self/cgroup` ("/"), so it is found the other way: the directory whose
+/// `cgroup.procs` lists this process (PIDs there are in the reader's PID namespace), less
+/// the part of the path `/proc/self/cgroup` still shows.
+pub fn own_namespace_root(layout: &CgroupLayout) -> Option<String> {
+    let me = std::process::id().to_string();
+    let own_in_ns = fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| layout.raw_path_in_proc_cgroup(&t).map(str::to_owned))?;
+    let root = layout.root();
+    let mut queue = std::collections::VecDeque::from([root.to_path_buf()]);
+    let mut walked = 0;
+    while let Some(dir) = queue.pop_front() {
+        walked += 1;
+        if walked > MAX_CGROUPS_WALKED {
+            break;
+        }
+        let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        if procs.lines().any(|l| l == me) {
+            let host = format!("/{}", dir.strip_prefix(root).ok()?.to_str()?);
+            let host = host.trim_end_matches('/');
+            let suffix = own_in_ns.trim_end_matches('/');
+            let ns_root = host.strip_suffix(suffix)?;
+            return Some(if ns_root.is_empty() { "/" } else { ns_root }.to_owned());
+        }
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                queue.push_back(e.path());
+            }
+        }
+    }
+    tracing::warn!(
+        root = %root.display(),
+        "this process's own cgroup is not under the cgroup root: paths of other cgroup namespaces stay unresolved"
+    );
+    None
+}
+
+/// `raw` (a path relative to a cgroup namespace whose root is `ns_root`, as
+/// `/proc/PID/cgroup` writes it) as a path from the hierarchy's root; None if it climbs
+/// above the root.
+pub fn resolve_in_namespace(ns_root: &str, raw: &str) -> Option<String> {
+    let mut parts: Vec<&str> = ns_root.split('/').filter(|p| !p.is_empty()).collect();
+    for p in raw.split('/') {
+        match p {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            name => parts.push(name),
+        }
+    }
+    Some(format!("/{}", parts.join("/")))
 }
 
 /// mountinfo escapes spaces and a few other bytes as `\ooo`.
@@ -359,7 +444,7 @@ mod tests {
             format!("12:pids:/kubepods/x\n4:memory:/kubepods/besteffort/pod{UID}/{CID}\n0::/\n");
         assert_eq!(
             layout.path_in_proc_cgroup(&proc_cgroup),
-            Some(format!("/kubepods/besteffort/pod{UID}/{CID}").as_str())
+            Some(format!("/kubepods/besteffort/pod{UID}/{CID}"))
         );
     }
 
@@ -369,7 +454,9 @@ mod tests {
         let layout = CgroupLayout::from_mountinfo(v2).expect("v2");
         assert_eq!(layout.version_name(), "v2");
         assert_eq!(
-            layout.path_in_proc_cgroup("0::/system.slice/x.service\n"),
+            layout
+                .path_in_proc_cgroup("0::/system.slice/x.service\n")
+                .as_deref(),
             Some("/system.slice/x.service")
         );
         let v1 = "34 30 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory";
@@ -409,7 +496,7 @@ mod tests {
             format!("0::/kubepods.slice/kubepods-pod{u}.slice/cri-containerd-{CID}.scope\n"),
         ] {
             let path = layout.path_in_proc_cgroup(&proc_cgroup).expect("a v2 path");
-            let a = attribute(path);
+            let a = attribute(&path);
             assert_eq!(a.pod_uid.as_deref(), Some(UID), "{proc_cgroup}");
             assert_eq!(a.container_id.as_deref(), Some(CID), "{proc_cgroup}");
         }
@@ -419,8 +506,29 @@ mod tests {
             "0::/system.slice/containerd.service\n",
         ] {
             let path = layout.path_in_proc_cgroup(host).expect("a v2 path");
-            assert_eq!(attribute(path), Attribution::default(), "{host}");
+            assert_eq!(attribute(&path), Attribution::default(), "{host}");
         }
+    }
+
+    /// What containerd's cgroup namespace makes of another pod's path (the agent in
+    /// kubepods-burstable-podA's container, the process in besteffort-podB's), resolved
+    /// back; a path climbing above the root is refused.
+    #[test]
+    fn paths_relative_to_a_cgroup_namespace_resolve_to_the_hierarchys() {
+        let agent = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podA.slice/cri-containerd-a.scope";
+        let raw = "/../../../kubepods-besteffort.slice/kubepods-besteffort-podB.slice/cri-containerd-b.scope";
+        assert_eq!(
+            resolve_in_namespace(agent, raw).as_deref(),
+            Some(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podB.slice/cri-containerd-b.scope"
+            )
+        );
+        assert_eq!(
+            resolve_in_namespace(agent, "/../../../..").as_deref(),
+            Some("/")
+        );
+        assert_eq!(resolve_in_namespace(agent, "/../../../../.."), None);
+        assert_eq!(resolve_in_namespace("/", "/a/./b").as_deref(), Some("/a/b"));
     }
 
     #[test]

@@ -489,6 +489,79 @@ impl Drop for TestCgroup {
     }
 }
 
+/// containerd gives an unprivileged container (the agent's) its own cgroup namespace on
+/// cgroup v2, where another process's `/proc/PID/cgroup` reads `/../other`: relative to
+/// the reader's cgroup. The agent's resolution of such a path, for real, inside a
+/// namespace made by unshare(1) (both kernels: cgroup namespaces cover v1 hierarchies too).
+#[test]
+fn a_cgroup_path_seen_from_inside_a_cgroup_namespace_resolves_to_the_hierarchys() {
+    const NAME: &str =
+        "a_cgroup_path_seen_from_inside_a_cgroup_namespace_resolves_to_the_hierarchys";
+    if let Ok(pid) = std::env::var("RW_CGROUPNS_PROBE") {
+        // The child, inside its namespace: what the agent would make of the sleeper's file.
+        let layout = CgroupLayout::detect().expect("cgroups");
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("its cgroup");
+        println!(
+            "RAW={}",
+            layout.raw_path_in_proc_cgroup(&text).unwrap_or("-")
+        );
+        println!(
+            "RESOLVED={}",
+            layout.path_in_proc_cgroup(&text).unwrap_or_default()
+        );
+        return;
+    }
+    let Some(_k) = kernel_or_skip(NAME) else {
+        return;
+    };
+    let layout = CgroupLayout::detect().expect("cgroups");
+    let top = TestCgroup::new(&layout);
+    let (inside, other) = (top.dir.join("agent"), top.dir.join("other"));
+    for d in [&inside, &other] {
+        std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
+    }
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("sleep");
+    std::fs::write(other.join("cgroup.procs"), sleeper.id().to_string()).expect("move");
+    let out = std::process::Command::new("sh")
+        .args([
+            "-c",
+            r#"echo $$ > "$1/cgroup.procs" && exec unshare --cgroup "$2" --exact "$3" --nocapture --test-threads=1"#,
+            "sh",
+        ])
+        .arg(&inside)
+        .arg(std::env::current_exe().expect("this test binary"))
+        .arg(NAME)
+        .env("RW_CGROUPNS_PROBE", sleeper.id().to_string())
+        .output()
+        .expect("unshare runs");
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    for d in [&inside, &other] {
+        let _ = std::fs::remove_dir(d);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.split_once(k).map(|(_, v)| v))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {k} from the child: {text}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+            .to_owned()
+    };
+    assert_eq!(field("RAW="), "/../other", "the kernel's view from inside");
+    assert_eq!(
+        field("RESOLVED="),
+        format!("/rw-test-{}/other", std::process::id()),
+        "resolved to the hierarchy's path"
+    );
+}
+
 #[test]
 fn exact_targets_cover_every_process_of_a_cgroup() {
     let Some(_k) = kernel_or_skip("exact_targets_cover_every_process_of_a_cgroup") else {

@@ -71,7 +71,7 @@ impl Pipelines {
         let mut in_target: HashSet<u32> = HashSet::new();
         for pid in procfs::pids() {
             let cgroup_id = procfs::cgroup_text(pid)
-                .and_then(|t| self.layout.path_in_proc_cgroup(&t).map(str::to_owned))
+                .and_then(|t| self.layout.path_in_proc_cgroup(&t))
                 .and_then(|p| self.layout.cgroup_id(&p).ok());
             if !(pids.contains(&pid) || cgroup_id.is_some_and(|c| wanted_cgroups.contains(&c))) {
                 continue;

@@ -263,9 +263,10 @@ impl Attributor {
             first_seen = *first;
         }
         let comm = procfs::comm(pid);
-        let cgroup = self.layout.as_ref().and_then(|l| {
-            procfs::cgroup_text(pid).and_then(|t| l.path_in_proc_cgroup(&t).map(str::to_owned))
-        });
+        let cgroup = self
+            .layout
+            .as_ref()
+            .and_then(|l| procfs::cgroup_text(pid).and_then(|t| l.path_in_proc_cgroup(&t)));
         let ids = cgroup
             .as_deref()
             .map(cgroup_resolver::attribute)
