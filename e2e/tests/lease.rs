@@ -237,18 +237,22 @@ async fn kube_lease_manager_keeps_leading_when_cut_off_from_the_api_server() {
 /// the leader's pod, which needed `pods: patch`): a new leader's address replaces the old
 /// one, a replica stepping down empties the slice only while it still names itself, the
 /// slice is owned by the Service (deleted with it), an identical re-apply writes nothing,
-/// and the operator's RBAC allows exactly that.
+/// a replica the Lease no longer names publishes nothing (a leader continued after a
+/// freeze, before its election task has run), and the operator's RBAC allows exactly that.
 #[tokio::test]
 #[ignore = "needs a cluster: make e2e-api"]
 async fn the_services_endpoint_names_the_leader_and_only_the_leader() {
-    use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+    use k8s_openapi::api::{
+        coordination::v1::Lease, core::v1::Service, discovery::v1::EndpointSlice,
+    };
     use kube::{
         Api, ResourceExt,
-        api::{DeleteParams, PostParams},
+        api::{DeleteParams, Patch, PatchParams, PostParams},
     };
     use resourcewatch_operator::leader::{SLICE_MANAGER, ServiceEndpoint, ThisPod};
 
     const SERVICE: &str = "resourcewatch-operator";
+    const LEASE: &str = "resourcewatch-operator";
     let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
     let ns = TestNamespace::create(&client, "rw-e2e-endpoint")
         .await
@@ -290,6 +294,7 @@ async fn the_services_endpoint_names_the_leader_and_only_the_leader() {
             operator.clone(),
             &ns.name,
             SERVICE,
+            LEASE,
             ThisPod {
                 name: name.into(),
                 uid: None,
@@ -316,6 +321,28 @@ async fn the_services_endpoint_names_the_leader_and_only_the_leader() {
             })
     };
 
+    // The Lease, as the election writes it (here by the admin: the test plays both).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let hold = |holder: &'static str| {
+        let leases = leases.clone();
+        async move {
+            let lease = serde_json::json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": LEASE}, "spec": {"holderIdentity": holder},
+            });
+            leases
+                .patch(
+                    LEASE,
+                    &PatchParams::apply("rw-e2e").force(),
+                    &Patch::Apply(&lease),
+                )
+                .await
+                .expect("write the Lease");
+        }
+    };
+    a.publish().await;
+    assert_eq!(addresses().await, None, "published without a Lease");
+    hold("replica-a").await;
     a.withdraw().await;
     assert_eq!(addresses().await, None, "withdrawing made a slice");
     a.publish().await;
@@ -360,7 +387,12 @@ async fn the_services_endpoint_names_the_leader_and_only_the_leader() {
     );
 
     // The standby takes over (the old leader froze and could not withdraw).
+    hold("replica-b").await;
     b.publish().await;
+    assert_eq!(addresses().await, Some(vec!["10.9.0.2".to_owned()]));
+    // The old leader continues, still believing it leads for a moment: its publish
+    // (before its election task has seen the Lease) writes nothing.
+    a.publish().await;
     assert_eq!(addresses().await, Some(vec!["10.9.0.2".to_owned()]));
     // The old leader continues and steps down: it removes nothing of the new leader's.
     a.withdraw().await;

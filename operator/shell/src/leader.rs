@@ -40,6 +40,9 @@ use tokio::sync::{mpsc, watch};
 pub struct ServiceEndpoint {
     slices: Api<EndpointSlice>,
     services: Api<Service>,
+    leases: Api<Lease>,
+    /// The election's Lease, whose holder is the one replica that may publish.
+    lease_name: String,
     /// The Service's name, which is also the slice's.
     service: String,
     namespace: String,
@@ -68,12 +71,15 @@ impl ServiceEndpoint {
         client: Client,
         namespace: &str,
         service: &str,
+        lease_name: &str,
         pod: ThisPod,
         ports: Vec<(String, u16)>,
     ) -> Self {
         Self {
             slices: Api::namespaced(client.clone(), namespace),
-            services: Api::namespaced(client, namespace),
+            services: Api::namespaced(client.clone(), namespace),
+            leases: Api::namespaced(client, namespace),
+            lease_name: lease_name.to_owned(),
             service: service.to_owned(),
             namespace: namespace.to_owned(),
             pod,
@@ -163,6 +169,9 @@ impl ServiceEndpoint {
             return;
         };
         for attempt in 1..=5u64 {
+            if !self.lease_names_this_pod().await {
+                return;
+            }
             // Read each time: a Service deleted and created again has a new UID, and a
             // slice owned by the old one would be collected.
             let owner = match self.services.get_opt(&self.service).await {
@@ -187,6 +196,30 @@ impl ServiceEndpoint {
                     tracing::warn!(slice = %self.service, attempt, error = %e, "could not publish this pod as the Service's endpoint");
                     tokio::time::sleep(Duration::from_secs(attempt)).await;
                 }
+            }
+        }
+    }
+
+    /// Whether the Lease still names this pod (true when it can't be read: the apply
+    /// that follows fails the same way, and is retried). A replica continued after a
+    /// freeze longer than the Lease still believes it leads until its election task has
+    /// run; its apply, made first, replaced the new leader's address, and its withdrawal
+    /// a moment later left the Service with no endpoint until the new leader's next
+    /// `REASSERT` (e2e: the slice was empty 6 s after the frozen leader continued).
+    async fn lease_names_this_pod(&self) -> bool {
+        match self.leases.get_opt(&self.lease_name).await {
+            Ok(Some(lease)) => {
+                let holder = lease.spec.and_then(|s| s.holder_identity);
+                if holder.as_deref() == Some(self.pod.name.as_str()) {
+                    return true;
+                }
+                tracing::info!(holder = ?holder, "not publishing this pod as the Service's endpoint: the Lease names another replica");
+                false
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not read the Lease before publishing");
+                true
             }
         }
     }
@@ -237,8 +270,9 @@ impl ServiceEndpoint {
 }
 
 /// How often a leader applies its endpoint again, so that a write that lost a race (a
-/// frozen former leader's request delivered late) is undone within this time.
-pub const REASSERT: Duration = Duration::from_secs(30);
+/// frozen former leader's request delivered late) is undone within this time. An apply
+/// that changes nothing writes nothing: two reads and a no-op patch every 10 s.
+pub const REASSERT: Duration = Duration::from_secs(10);
 
 pub struct LeaderElection {
     pub api: Api<Lease>,

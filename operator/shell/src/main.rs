@@ -388,6 +388,7 @@ async fn leadership(
         client.clone(),
         &args.namespace,
         &args.service_name,
+        &args.lease_name,
         ThisPod {
             name: args.pod_name.clone(),
             uid: args.pod_uid.clone(),
