@@ -24,10 +24,16 @@ export RUSTC_BOOTSTRAP=1
 # One target directory for both fuzz workspaces: the dependencies they share (object,
 # prost, serde, tokio...) are built once with the sanitizer's flags, not once per crate.
 fuzz_target="$(readlink -f "${CARGO_TARGET_DIR:-target}")/fuzz"
+# The bounded run (make test) builds without optimisation: 15 s per target replays the
+# corpus and mutates from it either way, and the optimised build (cargo-fuzz's one
+# codegen unit per crate) took 16 of CI's minutes on two CPUs, cold. Runs that keep their
+# findings (make fuzz) are optimised.
+mode=-O
+((keep)) || mode=--dev
 failed=()
 for crate in node-agent operator; do
   fz=(cargo +stable fuzz)
-  "${fz[@]}" build -O --fuzz-dir "$crate/fuzz" --target-dir "$fuzz_target" || { echo "run-fuzz: $crate's targets do not build" >&2; exit 1; }
+  "${fz[@]}" build "$mode" --fuzz-dir "$crate/fuzz" --target-dir "$fuzz_target" || { echo "run-fuzz: $crate's targets do not build" >&2; exit 1; }
   for target in $("${fz[@]}" list --fuzz-dir "$crate/fuzz"); do
     corpus="$crate/fuzz/corpus/$target"
     mkdir -p "$corpus"
@@ -40,7 +46,7 @@ for crate in node-agent operator; do
     echo "== fuzz $crate/$target for ${seconds}s"
     log="$(mktemp)"
     rc=0
-    "${fz[@]}" run -O --fuzz-dir "$crate/fuzz" --target-dir "$fuzz_target" "$target" "$work" "$corpus" -- \
+    "${fz[@]}" run "$mode" --fuzz-dir "$crate/fuzz" --target-dir "$fuzz_target" "$target" "$work" "$corpus" -- \
       -max_total_time="$seconds" -malloc_limit_mb=64 -rss_limit_mb=1024 -max_len=262144 \
       >"$log" 2>&1 || rc=$?
     grep -E "^#[0-9]+[[:space:]]+DONE|^==[0-9]+==|^SUMMARY|Test unit written|panicked at|malloc\(" "$log" | head -20 || true

@@ -126,7 +126,11 @@ impl<'a> ReadRef<'a> for &'a ElfFile {
             None => {
                 // Names are short: at most 4 KiB is looked at, as object's ReadCache does.
                 let end = range.end.min(range.start.saturating_add(4096));
-                let n = inner.charge(&(range.start..end), end - range.start)?;
+                // A range the file's tables make end before it starts is refused (a
+                // release build wrapped it to a size the budget refused; a checked one
+                // panicked: found by the elf_file fuzz target).
+                let size = end.checked_sub(range.start).ok_or(())?;
+                let n = inner.charge(&(range.start..end), size)?;
                 let mut bytes = vec![0u8; n];
                 let got = inner
                     .file
@@ -448,6 +452,9 @@ mod tests {
         assert!(r.read_bytes_at(0, u64::MAX).is_err());
         // A cached read costs nothing again.
         assert_eq!(r.read_bytes_at(0, 10), Ok(&[7u8; 10][..]));
+        assert_eq!(elf.budget_left(), 54);
+        // A string whose range ends before it starts.
+        assert!(r.read_bytes_at_until(50..20, 0).is_err());
         assert_eq!(elf.budget_left(), 54);
         let _ = std::fs::remove_file(path);
     }
