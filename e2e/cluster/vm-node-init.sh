@@ -26,6 +26,11 @@ for m in virtio_net bridge br_netfilter veth overlay; do
   modprobe -d "$MODS" "$m" || { log "modprobe $m failed"; exit 1; }
 done
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+# Debian's kernel defaults kernel.perf_event_paranoid to 3, its own level under which only
+# CAP_SYS_ADMIN may open a perf event (CAP_PERFMON is not enough): the agent's CPU profiles
+# failed there with EACCES, and said so. 2 is the upstream default (and Amazon Linux's);
+# the README's troubleshooting section tells node admins the same.
+sysctl -qw kernel.perf_event_paranoid=2
 
 # ------------------------------------------------------------------ network
 ip link set lo up

@@ -90,12 +90,44 @@ pub enum ProfileError {
     NoTarget,
     #[error("more than 64 {0} to profile")]
     TooMany(&'static str),
-    #[error("perf_event_open of cpu-clock on CPU {cpu} failed: {source}")]
+    /// `why` names the OS error and, when the kernel refused, what allows it: the profile's
+    /// status shows this message alone, and aya's error keeps the errno in its source.
+    #[error("perf_event_open of cpu-clock on CPU {cpu} failed: {why}")]
     Attach {
         cpu: u32,
+        why: String,
         #[source]
         source: Box<aya::programs::ProgramError>,
     },
+}
+
+/// Why perf_event_open was refused, in words a node's admin can act on. Debian's and
+/// Ubuntu's kernels add `kernel.perf_event_paranoid` levels above 2 (Debian's 6.1 defaults
+/// to 3) under which only CAP_SYS_ADMIN may open a perf event, whatever CAP_PERFMON says:
+/// measured on the e2e's Debian 6.1 node, where the agent's profiles failed with EACCES.
+fn attach_failure(e: &aya::programs::ProgramError) -> String {
+    let os = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .map(|io| io.to_string())
+        .unwrap_or_else(|| e.to_string());
+    let refused = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .and_then(std::io::Error::raw_os_error)
+        .is_some_and(|c| c == libc::EACCES || c == libc::EPERM);
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok());
+    match paranoid {
+        Some(level) if refused && level > 2 => format!(
+            "{os}: kernel.perf_event_paranoid is {level}, a distribution's level above 2 that \
+             allows perf events only with CAP_SYS_ADMIN; set it to 2 on the node (sysctl), or \
+             give the agent CAP_SYS_ADMIN"
+        ),
+        Some(level) if refused => {
+            format!("{os} (kernel.perf_event_paranoid {level}; the agent needs CAP_PERFMON)")
+        }
+        _ => os,
+    }
 }
 
 impl Profiler {
@@ -179,6 +211,7 @@ impl Profiler {
                     }
                     return Err(ProfileError::Attach {
                         cpu,
+                        why: attach_failure(&e),
                         source: Box::new(e),
                     });
                 }
@@ -532,4 +565,34 @@ fn replace_keys<K: aya::Pod + Copy>(
         map.insert(*k, 1, 0).map_err(map_err(name))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status of a refused profile names the errno, and on a kernel above paranoid
+    /// level 2 (Debian's 6.1 default) what allows it; aya's own text says only
+    /// "`perf_event_open` failed".
+    #[test]
+    fn a_refused_perf_event_is_explained() {
+        let refused = aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "perf_event_open",
+            io_error: std::io::Error::from_raw_os_error(libc::EACCES),
+        });
+        let why = attach_failure(&refused);
+        assert!(why.contains("Permission denied"), "{why}");
+        let level: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+            .expect("perf_event_paranoid")
+            .trim()
+            .parse()
+            .expect("a level");
+        assert_eq!(why.contains("CAP_SYS_ADMIN"), level > 2, "{why}");
+        assert!(why.contains("perf_event_paranoid"), "{why}");
+        let other = aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "perf_event_open",
+            io_error: std::io::Error::from_raw_os_error(libc::EMFILE),
+        });
+        assert!(!attach_failure(&other).contains("paranoid"));
+    }
 }
