@@ -113,31 +113,35 @@ cargo test -p resourcewatch-e2e --test cluster --test metrics -- --ignored --tes
   --skip on_the_cgroup_v2_node ${RW_E2E_ONLY:-}
 lap "e2e tests"
 
+# Remediation: the master switch on (it is off in config/ and in the chart).
+"$K" -n resourcewatch-system patch deploy resourcewatch-operator --type=json \
+  -p='[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--enable-remediation"}]'
+"$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
+cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture \
+  --skip on_the_cgroup_v2_node ${RW_E2E_ONLY:-}
+lap "remediation e2e tests"
+
 # The second node: Linux 6.1 with cgroup v2 only, in a QEMU/TCG VM (e2e/cluster/vm-node.sh),
-# joined for its own tests and the node view, then stopped: its emulation takes most of a
-# core of this 2-CPU machine, which the CPU-measuring tests feel (with it running the
-# whole time, a burner pod got 15 % of a core and profiles came back short of samples).
+# joined for its own tests (remediation's too: the switch is on by now) and the node view,
+# then stopped: its emulation takes most of a core of this 2-CPU machine, which the
+# CPU-measuring tests feel (with it running the whole time, a burner pod got 15 % of a
+# core and profiles came back short of samples).
 # RW_E2E_VM_NODE=0 leaves it out.
 if [[ $started -eq 1 && "${RW_E2E_VM_NODE:-1}" != 0 ]]; then
   e2e/cluster/vm-node.sh up
   lap "VM node up (cgroup v2, Linux 6.1, emulated)"
   # Only what its tests run: every image is unpacked under emulation there.
-  e2e/cluster/vm-node.sh import target/images/{agent,workloads}.tar
+  e2e/cluster/vm-node.sh import target/images/{agent,workloads,c-workloads}.tar
   # Its agent loads its programs under emulation: a minute or more.
   "$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=300s
   lap "VM node: images imported, agent ready"
   cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture \
     on_the_cgroup_v2_node the_node_view
+  cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture \
+    on_the_cgroup_v2_node
   e2e/cluster/vm-node.sh down
   lap "VM node e2e tests"
 fi
-
-# Remediation: the master switch on (it is off in config/ and in the chart).
-"$K" -n resourcewatch-system patch deploy resourcewatch-operator --type=json \
-  -p='[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--enable-remediation"}]'
-"$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
-cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture ${RW_E2E_ONLY:-}
-lap "remediation e2e tests"
 
 # The Helm chart, installed for real by Helm's engine where config/ was.
 "$K" delete -k config --wait=true --timeout=180s >/dev/null

@@ -221,6 +221,19 @@ pub enum Placement {
 /// The name of the VM node (e2e/cluster/env.sh's RW_VM_NODE_NAME).
 pub const VM_NODE: &str = "rw-vm";
 
+impl Placement {
+    /// The pod spec's fields that put a pod there.
+    pub fn pod_spec_fields(self) -> serde_json::Value {
+        match self {
+            Placement::Host => serde_json::json!({}),
+            Placement::Vm => serde_json::json!({
+                "nodeSelector": {"resourcewatch.io/vm-node": "true"},
+                "tolerations": [{"key": "resourcewatch.io/vm-node", "operator": "Exists"}],
+            }),
+        }
+    }
+}
+
 /// As [`leak_sim_pod`], on `node`.
 pub async fn leak_sim_pod_on(
     client: &Client,
@@ -231,15 +244,22 @@ pub async fn leak_sim_pod_on(
     limit: &str,
     node: Placement,
 ) -> Pod {
+    leak_sim_pod_with(client, ns, name, app, args, limit, node.pod_spec_fields()).await
+}
+
+/// As [`leak_sim_pod`], with `spec`'s fields added to the pod's spec (placement, a
+/// pod-level `resources`; an empty `limit` leaves the container without one).
+pub async fn leak_sim_pod_with(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    app: &str,
+    args: &[&str],
+    limit: &str,
+    spec: serde_json::Value,
+) -> Pod {
     let container =
         serde_json::json!({"image": WORKLOADS_IMAGE, "command": ["/leak-sim"], "args": args});
-    let placement = match node {
-        Placement::Host => serde_json::json!({}),
-        Placement::Vm => serde_json::json!({
-            "nodeSelector": {"resourcewatch.io/vm-node": "true"},
-            "tolerations": [{"key": "resourcewatch.io/vm-node", "operator": "Exists"}],
-        }),
-    };
     bare_pod_placed(
         client,
         ns,
@@ -248,7 +268,7 @@ pub async fn leak_sim_pod_on(
         container,
         limit,
         serde_json::json!({}),
-        placement,
+        spec,
     )
     .await
 }
@@ -264,9 +284,22 @@ pub async fn c_workload_pod(
     command: &str,
     limit: &str,
 ) -> Pod {
+    c_workload_pod_on(client, ns, name, command, limit, Placement::Host).await
+}
+
+/// As [`c_workload_pod`], on `node`.
+pub async fn c_workload_pod_on(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    command: &str,
+    limit: &str,
+    node: Placement,
+) -> Pod {
     let container = serde_json::json!({"image": C_WORKLOADS_IMAGE, "command": [command]});
     let security = serde_json::json!({"runAsUser": 65532, "runAsGroup": 65532});
-    bare_pod(client, ns, name, name, container, limit, security).await
+    let spec = node.pod_spec_fields();
+    bare_pod_placed(client, ns, name, name, container, limit, security, spec).await
 }
 
 /// The hostile workload (node-agent/tests/fixtures/hostile/hostile.c, in the c-workloads
@@ -409,9 +442,14 @@ async fn bare_pod_placed(
 ) -> Pod {
     container["name"] = "main".into();
     container["imagePullPolicy"] = "Never".into();
-    container["resources"] = serde_json::json!({
-        "limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}
-    });
+    // An empty `limit`: the container has none (a pod-level limit may be in `placement`).
+    container["resources"] = if limit.is_empty() {
+        serde_json::json!({"requests": {"memory": "8Mi", "cpu": "10m"}})
+    } else {
+        serde_json::json!({
+            "limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}
+        })
+    };
     let volumes: Vec<serde_json::Value> = container["volumeMounts"]
         .as_array()
         .into_iter()

@@ -31,7 +31,17 @@ async fn deployment(client: &Client, ns: &str, name: &str, args: &[&str], limit:
 }
 
 async fn create_deployment(client: &Client, ns: &str, name: &str, container: serde_json::Value) {
-    let d: Deployment = serde_json::from_value(serde_json::json!({
+    create_deployment_on(client, ns, name, container, cluster::Placement::Host).await
+}
+
+async fn create_deployment_on(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    container: serde_json::Value,
+    node: cluster::Placement,
+) {
+    let mut d = serde_json::json!({
         "metadata": {"name": name},
         "spec": {
             "replicas": 1,
@@ -41,8 +51,11 @@ async fn create_deployment(client: &Client, ns: &str, name: &str, container: ser
                 "spec": {"terminationGracePeriodSeconds": 2, "automountServiceAccountToken": false, "containers": [container]}
             }
         }
-    }))
-    .expect("deployment json");
+    });
+    for (k, v) in node.pod_spec_fields().as_object().into_iter().flatten() {
+        d["spec"]["template"]["spec"][k] = v.clone();
+    }
+    let d: Deployment = serde_json::from_value(d).expect("deployment json");
     Api::<Deployment>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &d)
         .await
@@ -101,7 +114,20 @@ async fn running_pod(client: &Client, ns: &str, app: &str) -> Pod {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with remediation on: make e2e"]
 async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_is_killed() {
-    let (client, ns) = opted_in("rw-e2e-restart").await;
+    restarted_before_its_oom_kill("rw-e2e-restart", cluster::Placement::Host).await;
+}
+
+/// The same on the VM node (Linux 6.1, cgroup v2, emulated): its agent's prediction
+/// against memory.max, the operator's eviction there, the v2 memory controller's kill of
+/// the control.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with its VM node and remediation on: make e2e"]
+async fn on_the_cgroup_v2_node_a_leaking_deployment_is_restarted_before_its_oom_kill() {
+    restarted_before_its_oom_kill("rw-e2e-restart-v2", cluster::Placement::Vm).await;
+}
+
+async fn restarted_before_its_oom_kill(prefix: &str, node: cluster::Placement) {
+    let (client, ns) = opted_in(prefix).await;
     let n = ns.name.as_str();
     // Only `fixed` is watched; `control` leaks the same way with nobody watching.
     watch(
@@ -111,22 +137,10 @@ async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_i
         serde_json::json!({"action": "Restart", "minTimeToOOM": "40s", "cooldown": "10m"}),
     )
     .await;
-    deployment(
-        &client,
-        n,
-        "control",
-        &cluster::leak_args("2MiB/s", "20"),
-        "128Mi",
-    )
-    .await;
-    deployment(
-        &client,
-        n,
-        "fixed",
-        &cluster::leak_args("2MiB/s", "20"),
-        "128Mi",
-    )
-    .await;
+    let leak = cluster::leak_args("2MiB/s", "20");
+    for name in ["control", "fixed"] {
+        create_deployment_on(&client, n, name, container(&leak, "128Mi"), node).await;
+    }
     let start = Instant::now();
     let first = running_pod(&client, n, "fixed").await;
     let first_uid = first.uid().unwrap_or_default();
@@ -177,6 +191,8 @@ async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_i
     .expect("restarted");
     assert_eq!(rec.pod_uid, first_uid);
     assert_eq!(rec.workload.as_deref(), Some("Deployment/fixed"));
+    let on_vm = first.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(cluster::VM_NODE);
+    assert_eq!(on_vm, node == cluster::Placement::Vm, "placed on {node:?}");
     let replacement = wait_for(
         "the replacement pod Running",
         Duration::from_secs(60),

@@ -3,8 +3,15 @@
 //!
 //! leak-sim --pattern leak --rate 1MiB/s [--baseline 10MiB] [--duration 60s]
 //! leak-sim --pattern flat|sawtooth|plateau|bursty|pagecache|burn [...]
+//! leak-sim ... --listen PORT   also answers each TCP connection on PORT with its hostname
+//! leak-sim --probe HOST:PORT   connects, prints the answer, exits 0 (1 if unreachable)
+//!
+//! The last two are the e2e's network checks across nodes: the image has no shell and
+//! no other tool, and `kubectl exec POD -- /leak-sim --probe ...` is all a test needs.
 
 use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream, ToSocketAddrs},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -18,7 +25,8 @@ fn usage(msg: &str) -> ! {
     eprintln!("leak-sim: {msg}");
     eprintln!(
         "usage: leak-sim --pattern leak|flat|sawtooth|plateau|bursty|pagecache|burn [--rate R/s] [--baseline B] [--delay S] \
-         [--size B] [--period S] [--cap B] [--tau S] [--seed N] [--duration S]"
+         [--size B] [--period S] [--cap B] [--tau S] [--seed N] [--duration S] [--listen PORT]\n       \
+         leak-sim --probe HOST:PORT"
     );
     std::process::exit(64)
 }
@@ -32,6 +40,50 @@ fn secs(v: &str) -> Duration {
     })
 }
 
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Answers every connection on `port` with "leak-sim HOSTNAME\n" (the pod's name).
+fn listen(port: u16) {
+    let l = TcpListener::bind(("0.0.0.0", port))
+        .unwrap_or_else(|e| usage(&format!("listening on {port}: {e}")));
+    std::thread::spawn(move || {
+        let answer = format!("leak-sim {}\n", hostname());
+        for mut c in l.incoming().flatten() {
+            let _ = c.write_all(answer.as_bytes());
+        }
+    });
+}
+
+/// Connects to `to` (5 s), prints what it answers within 2 s (a TLS server answers
+/// nothing until spoken to: connecting is what counts), and exits.
+fn probe(to: &str) -> ! {
+    let addr = to
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| usage(&format!("--probe {to:?}: not HOST:PORT")));
+    match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+        Ok(mut c) => {
+            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut buf = [0u8; 256];
+            let n = c.read(&mut buf).unwrap_or(0);
+            println!(
+                "connected to {to}: {}",
+                String::from_utf8_lossy(&buf[..n]).trim()
+            );
+            std::process::exit(0)
+        }
+        Err(e) => {
+            println!("unreachable {to}: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let get = |name: &str| {
@@ -40,6 +92,15 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .map(String::as_str)
     };
+    if let Some(to) = get("--probe") {
+        probe(to);
+    }
+    if let Some(port) = get("--listen") {
+        listen(
+            port.parse()
+                .unwrap_or_else(|_| usage(&format!("--listen {port:?}"))),
+        );
+    }
     let bytes = |name: &str, default: u64| {
         get(name)
             .map(|v| parse_bytes(v).unwrap_or_else(|e| usage(&e.to_string())))
