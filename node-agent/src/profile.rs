@@ -106,12 +106,9 @@ pub enum ProfileError {
 /// to 3) under which only CAP_SYS_ADMIN may open a perf event, whatever CAP_PERFMON says:
 /// measured on the e2e's Debian 6.1 node, where the agent's profiles failed with EACCES.
 fn attach_failure(e: &aya::programs::ProgramError) -> String {
-    let os = std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<std::io::Error>())
-        .map(|io| io.to_string())
-        .unwrap_or_else(|| e.to_string());
-    let refused = std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<std::io::Error>())
+    let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
+    let os = io.map_or_else(|| e.to_string(), |io| io.to_string());
+    let refused = io
         .and_then(std::io::Error::raw_os_error)
         .is_some_and(|c| c == libc::EACCES || c == libc::EPERM);
     let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
