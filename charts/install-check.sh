@@ -27,19 +27,29 @@ charts/helm.sh install resourcewatch charts/resourcewatch -n "$NS" --wait --time
 # helm test: the leader answers /readyz through its Service with the published CA.
 charts/helm.sh test resourcewatch -n "$NS" --timeout 120
 # An upgrade rolls the operator: the new replica is Ready as a standby, the old one
-# releases the Lease on SIGTERM, the new one leads and labels its pod, so the Service
-# (which selects the leader) has an endpoint again.
+# releases the Lease on SIGTERM, the new one takes it and publishes its own address as the
+# Service's one EndpointSlice (the Service has no selector: operator/shell/src/leader.rs
+# says why), so the Service routes to the Lease's holder again.
 charts/helm.sh upgrade resourcewatch charts/resourcewatch -n "$NS" \
   --set operator.logLevel=debug --wait --timeout 180 | sed -n '3,4p'
 "$K" -n "$NS" rollout status deploy/resourcewatch-operator --timeout=60s
-leader_ep=""
+leader_ep="" seen="" holder=""
 for _ in $(seq 60); do
-  leader_ep=$("$K" -n "$NS" get endpoints resourcewatch-operator \
-    -o jsonpath='{.subsets[0].addresses[0].targetRef.name}' 2>/dev/null || true)
-  [[ -n $leader_ep ]] && break
+  seen=$("$K" -n "$NS" get endpointslice resourcewatch-operator \
+    -o jsonpath='{.endpoints[0].targetRef.name}' 2>/dev/null || true)
+  holder=$("$K" -n "$NS" get lease resourcewatch-operator \
+    -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)
+  if [[ -n $seen && $seen == "$holder" ]] && "$K" -n "$NS" get pod "$seen" >/dev/null 2>&1; then
+    leader_ep=$seen
+    break
+  fi
   sleep 1
 done
-[[ -n $leader_ep ]] || { echo "no leader behind the operator Service 60 s after the upgrade" >&2; exit 1; }
+[[ -n $leader_ep ]] || {
+  echo "no leader behind the operator Service 60 s after the upgrade (slice names '${seen}', Lease '${holder}')" >&2
+  "$K" -n "$NS" get endpointslice,lease -o yaml >&2 || true
+  exit 1
+}
 echo "after the upgrade the Service routes to the new leader $leader_ep"
 
 # The CRDs are templates: a chart whose ResourceWatch CRD changed (one more short name)
