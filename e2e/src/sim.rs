@@ -348,6 +348,7 @@ pub fn report(c: &pb::NodeConfig, planner: &Planner) -> pb::Report {
         node_top_cpu: vec![],
         node_top_memory: vec![],
         leaks,
+        oom_kills: vec![],
         health: Some(pb::Health::default()),
     }
 }

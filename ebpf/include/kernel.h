@@ -33,6 +33,7 @@ struct cgroup {
 
 struct cgroup_subsys_state {
 	struct cgroup *cgroup;
+	struct cgroup_subsys_state *parent;
 };
 
 struct css_set {
@@ -86,6 +87,26 @@ struct task_struct {
 	struct signal_struct *signal;
 	struct mm_struct *mm;
 	struct thread_struct thread;
+};
+
+/* include/linux/page_counter.h, in pages. */
+struct page_counter {
+	atomic_long_t usage;
+	unsigned long max;
+};
+
+/* include/linux/memcontrol.h: the memory cgroup's state begins with its css. */
+struct mem_cgroup {
+	struct cgroup_subsys_state css;
+	struct page_counter memory;
+};
+
+/* include/linux/oom.h: what oom_kill_process() is given. memcg is NULL for a system-wide
+ * OOM (and for sysrq-f); totalpages is the memcg's limit or the node's RAM + swap. */
+struct oom_control {
+	struct mem_cgroup *memcg;
+	unsigned long totalpages;
+	struct task_struct *chosen;
 };
 
 #pragma clang attribute pop

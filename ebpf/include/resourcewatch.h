@@ -36,6 +36,7 @@
 /* rw_mem_sample.kind */
 #define RW_SAMPLE_RSS 1u
 #define RW_SAMPLE_EXIT 2u
+#define RW_SAMPLE_OOM_KILL 3u /* the kernel's OOM killer chose this process (mem.bpf.h) */
 
 /* HashPipe stage multipliers: stage s hashes with RW_HASH_BASE + s * RW_HASH_STEP (odd). */
 #define RW_HASH_BASE 0x9E3779B1u
@@ -168,6 +169,11 @@ struct rw_mem_sample {
 	__u32 tgid;
 	__u32 kind; /* RW_SAMPLE_* */
 	char comm[16];
+	/* RW_SAMPLE_OOM_KILL only (0 otherwise): the id of the memory cgroup whose limit was
+	 * reached, 0 for a system-wide OOM; and what the killer measured against (the
+	 * cgroup's limit, or the node's RAM + swap), in pages. */
+	__u64 oom_cgroup_id;
+	__u64 oom_total_pages;
 };
 
 /* Allocation mode: key of the pointer -> size map. */

@@ -29,6 +29,8 @@ pub mod programs {
     pub const MUNMAP_ENTER: &str = "rw_munmap_enter";
     pub const PROFILE: &str = "rw_profile";
     pub const JVM_ALLOC: &str = "rw_jvm_alloc";
+    pub const OOM_KILL: &str = "rw_oom_kill";
+    pub const MARK_VICTIM: &str = "rw_mark_victim";
 }
 
 /// Names of the maps in [`OBJECT`].

@@ -51,6 +51,8 @@ static __always_inline void emit_sample(struct task_struct *owner, __u32 tgid, _
 	s->shmem_pages = r->shmem;
 	s->tgid = tgid;
 	s->kind = kind;
+	s->oom_cgroup_id = 0;
+	s->oom_total_pages = 0;
 	bpf_probe_read_kernel_str(s->comm, sizeof(s->comm), owner->comm);
 	bpf_ringbuf_submit(s, 0);
 	stat_inc(RW_STAT_SAMPLES);
@@ -198,6 +200,140 @@ int BPF_PROG(rw_process_exit, struct task_struct *task)
 		emit_sample(task, tgid, RW_SAMPLE_EXIT, &r, bpf_ktime_get_ns());
 	}
 	bpf_map_delete_elem(&rw_alloc_stats, &tgid);
+	return 0;
+}
+
+/* read_rss and task_cgroup_id for a kprobe, whose pointers the verifier does not know
+ * the types of: every load is a probe read. */
+static __always_inline void probe_rss(struct mm_struct *mm, struct rss *r)
+{
+	if (bpf_core_type_exists(struct mm_rss_stat)) {
+		struct mm_struct___pre62 *old = (void *)mm;
+		r->file = BPF_CORE_READ(old, rss_stat.count[MM_FILEPAGES].counter);
+		r->anon = BPF_CORE_READ(old, rss_stat.count[MM_ANONPAGES].counter);
+		r->swap = BPF_CORE_READ(old, rss_stat.count[MM_SWAPENTS].counter);
+		r->shmem = BPF_CORE_READ(old, rss_stat.count[MM_SHMEMPAGES].counter);
+	} else {
+		r->file = BPF_CORE_READ(mm, rss_stat[MM_FILEPAGES].count);
+		r->anon = BPF_CORE_READ(mm, rss_stat[MM_ANONPAGES].count);
+		r->swap = BPF_CORE_READ(mm, rss_stat[MM_SWAPENTS].count);
+		r->shmem = BPF_CORE_READ(mm, rss_stat[MM_SHMEMPAGES].count);
+	}
+	if ((__s64)r->file < 0) r->file = 0;
+	if ((__s64)r->anon < 0) r->anon = 0;
+	if ((__s64)r->swap < 0) r->swap = 0;
+	if ((__s64)r->shmem < 0) r->shmem = 0;
+}
+
+static __always_inline __u64 probe_task_cgroup_id(struct task_struct *task)
+{
+	struct css_set *cset = BPF_CORE_READ(task, cgroups);
+	if (!cset)
+		return 0;
+	if (!rw_config.cgroup_v1_memory)
+		return BPF_CORE_READ(cset, dfl_cgrp, kn, id);
+	struct cgroup_subsys_state *css = 0;
+	__u32 off = bpf_core_field_offset(struct css_set, subsys) +
+		    bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id) * sizeof(void *);
+	if (bpf_probe_read_kernel(&css, sizeof(css), (void *)cset + off) || !css)
+		return 0;
+	return BPF_CORE_READ(css, cgroup, kn, id);
+}
+
+/* The victim's memory cgroup (its css in the memory controller: v1 or v2). */
+static __always_inline struct cgroup_subsys_state *probe_memory_css(struct task_struct *task)
+{
+	struct css_set *cset = BPF_CORE_READ(task, cgroups);
+	if (!cset)
+		return 0;
+	struct cgroup_subsys_state *css = 0;
+	__u32 off = bpf_core_field_offset(struct css_set, subsys) +
+		    bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id) * sizeof(void *);
+	if (bpf_probe_read_kernel(&css, sizeof(css), (void *)cset + off))
+		return 0;
+	return css;
+}
+
+/* Streams one OOM kill: the victim's size and cgroup, read before it exits, and the
+ * cgroup whose limit was reached (0: the node's memory) with that limit in pages. */
+static __always_inline void oom_emit(struct task_struct *victim, __u64 limit_cgid, __u64 limit_pages)
+{
+	struct rw_mem_sample *s = bpf_ringbuf_reserve(&rw_samples, sizeof(*s), 0);
+	if (!s) {
+		stat_inc(RW_STAT_SAMPLES_LOST);
+		return;
+	}
+	struct rss r = {};
+	struct mm_struct *mm = BPF_CORE_READ(victim, mm);
+	if (mm)
+		probe_rss(mm, &r);
+	s->ts_ns = bpf_ktime_get_ns();
+	s->cgroup_id = probe_task_cgroup_id(victim);
+	s->file_pages = r.file;
+	s->anon_pages = r.anon;
+	s->swap_pages = r.swap;
+	s->shmem_pages = r.shmem;
+	s->tgid = BPF_CORE_READ(victim, tgid);
+	s->kind = RW_SAMPLE_OOM_KILL;
+	s->oom_cgroup_id = limit_cgid;
+	s->oom_total_pages = limit_pages;
+	bpf_probe_read_kernel_str(s->comm, sizeof(s->comm), victim->comm);
+	bpf_ringbuf_submit(s, 0);
+}
+
+/*
+ * An OOM kill, as it is decided: oom_kill_process() is where both the memory cgroup's OOM
+ * (a container or pod at its limit) and the system-wide one end, with the victim chosen
+ * and the cgroup whose limit was reached (NULL: the node ran out), as libbpf-tools'
+ * oomkill reads them. With memory.oom.group (the kubelet sets it on cgroup v2) the rest
+ * of the group is killed from inside this call: one record per OOM. Kernels built
+ * without kprobes (this project's dev VM) get rw_mark_victim instead.
+ */
+SEC("kprobe/oom_kill_process")
+int BPF_KPROBE(rw_oom_kill, struct oom_control *oc)
+{
+	struct task_struct *victim = BPF_CORE_READ(oc, chosen);
+	if (!victim)
+		return 0;
+	struct mem_cgroup *memcg = BPF_CORE_READ(oc, memcg);
+	oom_emit(victim, memcg ? BPF_CORE_READ(memcg, css.cgroup, kn, id) : 0,
+		 BPF_CORE_READ(oc, totalpages));
+	return 0;
+}
+
+/* A limit of this many pages or more is no limit (PAGE_COUNTER_MAX is 2^51 on 64-bit). */
+#define RW_NO_LIMIT_PAGES (1ULL << 50)
+/* A charge that fails may be a whole huge page: a cgroup whose usage is this close to its
+ * limit when a victim is marked is the one whose limit was reached. */
+#define RW_OOM_SLACK_PAGES 512
+
+/*
+ * The same from the oom:mark_victim tracepoint, where the kernel passes the victim's
+ * task (6.8 on; before, only its pid, and this program does not load). The tracepoint
+ * does not say which limit was reached: the victim's memory cgroup and its ancestors are
+ * read, and the first one at its limit (within a huge page) is it; none: the node's
+ * memory ran out. A container within 2 MiB of its own limit when the node runs out would
+ * be taken for a cgroup OOM: the kprobe above has no such blind spot.
+ */
+SEC("tp_btf/mark_victim")
+int BPF_PROG(rw_mark_victim, struct task_struct *victim)
+{
+	/* Before 6.8 the argument is a pid, never a kernel address: loaded there by mistake,
+	 * this program stays silent. */
+	if ((__u64)victim < 0xffff000000000000ULL || !BPF_CORE_READ(victim, tgid))
+		return 0;
+	struct cgroup_subsys_state *css = probe_memory_css(victim);
+	for (int i = 0; i < 8 && css; i++) {
+		struct mem_cgroup *memcg = (void *)css;
+		__u64 usage = BPF_CORE_READ(memcg, memory.usage.counter);
+		__u64 max = BPF_CORE_READ(memcg, memory.max);
+		if (max < RW_NO_LIMIT_PAGES && usage + RW_OOM_SLACK_PAGES >= max) {
+			oom_emit(victim, BPF_CORE_READ(css, cgroup, kn, id), max);
+			return 0;
+		}
+		css = BPF_CORE_READ(css, parent);
+	}
+	oom_emit(victim, 0, 0);
 	return 0;
 }
 

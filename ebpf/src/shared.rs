@@ -16,6 +16,8 @@ pub const ALLOC_MMAP: u32 = 2;
 pub const RING_LEN: usize = 16;
 pub const SAMPLE_RSS: u32 = 1;
 pub const SAMPLE_EXIT: u32 = 2;
+/// The kernel's OOM killer chose the process (`rw_oom_kill`).
+pub const SAMPLE_OOM_KILL: u32 = 3;
 /// Multiplier of stage 0's hash, and the step added per stage (see `hp_index` in C).
 pub const HASH_BASE: u32 = 0x9E37_79B1;
 pub const HASH_STEP: u32 = 0x6A09_E668;
@@ -176,6 +178,10 @@ pub struct RwMemSample {
     pub tgid: u32,
     pub kind: u32,
     pub comm: [u8; 16],
+    /// [`SAMPLE_OOM_KILL`] only: the memory cgroup whose limit was reached (0: the node's
+    /// memory), and what the killer measured against, in pages.
+    pub oom_cgroup_id: u64,
+    pub oom_total_pages: u64,
 }
 
 #[repr(C)]
@@ -333,7 +339,7 @@ mod tests {
             "rw_target_proc" => RwTargetProc { cpu_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, updated_ns, exited, _pad0 },
             "rw_target_slot" => RwTargetSlot { tgid, _pad0, v },
             "rw_proc_mem" => RwProcMem { last_emit_pages, last_emit_ns, ring_head, ring_count, ring_mib, ring_ds },
-            "rw_mem_sample" => RwMemSample { ts_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, tgid, kind, comm },
+            "rw_mem_sample" => RwMemSample { ts_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, tgid, kind, comm, oom_cgroup_id, oom_total_pages },
             "rw_alloc_key" => RwAllocKey { tgid, _pad0, ptr },
             "rw_alloc_pending" => RwAllocPending { size, old_ptr, kind, _pad0 },
             "rw_alloc_stats" => RwAllocStats { outstanding_bytes, allocs, frees, unknown_frees },
@@ -384,6 +390,7 @@ mod tests {
             ("RW_ALLOC_MMAP", u64::from(ALLOC_MMAP)),
             ("RW_SAMPLE_RSS", u64::from(SAMPLE_RSS)),
             ("RW_SAMPLE_EXIT", u64::from(SAMPLE_EXIT)),
+            ("RW_SAMPLE_OOM_KILL", u64::from(SAMPLE_OOM_KILL)),
             ("RW_RING_LEN", RING_LEN as u64),
             ("RW_HASH_BASE", u64::from(HASH_BASE)),
             ("RW_HASH_STEP", u64::from(HASH_STEP)),

@@ -262,6 +262,12 @@ fn kernel_version_checks(release: &str) -> [Check; 2] {
     ]
 }
 
+/// Whether the running kernel (`/proc/sys/kernel/osrelease`) is at least `major.minor`.
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    parse_release(release.trim()) >= (major, minor)
+}
+
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }

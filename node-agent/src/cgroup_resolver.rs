@@ -144,6 +144,40 @@ impl CgroupLayout {
             .map_err(|_| CgroupError::NoSuchCgroup(dir))
     }
 
+    /// The path in the hierarchy of the cgroup whose id is `id`, found by walking it (at
+    /// most [`MAX_CGROUPS_WALKED`] directories; the id is the directory's inode number, which
+    /// `readdir` gives without a `stat`). For what is rare (an OOM kill's victim that was
+    /// in no row): a node with a thousand containers has a few thousand cgroups.
+    pub fn path_of_id(&self, id: u64) -> Option<String> {
+        use std::os::unix::fs::DirEntryExt;
+        let root = self.root();
+        if fs::metadata(root).is_ok_and(|m| m.ino() == id) {
+            return Some("/".into());
+        }
+        let mut queue = std::collections::VecDeque::from([root.to_path_buf()]);
+        let mut walked = 0;
+        while let Some(dir) = queue.pop_front() {
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                walked += 1;
+                if walked > MAX_CGROUPS_WALKED {
+                    return None;
+                }
+                if e.ino() == id {
+                    let path = e.path();
+                    return Some(format!("/{}", path.strip_prefix(root).ok()?.to_str()?));
+                }
+                queue.push_back(e.path());
+            }
+        }
+        None
+    }
+
     /// Resolves a user's `--target-cgroup`: a path under the root, an absolute path to a
     /// cgroup directory, or a numeric id.
     pub fn resolve_target(&self, spec: &str) -> Result<u64, CgroupError> {

@@ -1346,6 +1346,134 @@ fn time_to_oom_predicts_the_real_kill() {
         within(tto, real, 0.15),
         "predicted {tto:.1} s at half-way, killed {real:.1} s later; at half-way: {basis}"
     );
+    // The kill itself, seen in the kernel, with the verdicts listed before it.
+    let kill = oom_kill_of(&mut pipes, &mut builder, kid_pid as u32);
+    let rel = format!("/rw-test-{}", std::process::id());
+    assert!(
+        !kill.system_wide,
+        "a cgroup's limit, not the node's memory: {kill:?}"
+    );
+    assert_eq!(kill.limit_cgroup.as_deref(), Some(rel.as_str()), "{kill:?}");
+    assert_eq!(kill.who.cgroup.as_deref(), Some(rel.as_str()), "{kill:?}");
+    assert_eq!(
+        kill.limit_bytes, limit,
+        "the limit the kill was decided against"
+    );
+    // (Resident, so file pages charged to the parent's cgroup, e.g. the test binary's own,
+    // count too: above the limit here.)
+    assert!(
+        kill.rss_bytes > limit / 2,
+        "victim's resident size {} MiB at the kill",
+        kill.rss_bytes >> 20
+    );
+    let kill_ms = (kill.ts_ns / 1_000_000) as i64;
+    let first = kill
+        .predictions
+        .first()
+        .expect("the verdicts listed before the kill");
+    let last = kill
+        .predictions
+        .last()
+        .expect("the verdicts listed before the kill");
+    assert!(
+        first.ts_ms < kill_ms
+            && last.ts_ms <= kill_ms
+            && first.ts_ms >= (start_ns / 1_000_000) as i64,
+        "verdicts from {} to {} ms, kill at {kill_ms} ms",
+        first.ts_ms,
+        last.ts_ms
+    );
+    assert!(
+        last.confidence >= 60 && last.time_to_oom_secs.is_some(),
+        "{last:?}"
+    );
+}
+
+/// Frames until the OOM kill of `pid` is in one (the kernel streams it beside the memory
+/// samples, at most a few seconds later).
+fn oom_kill_of(
+    pipes: &mut Pipelines,
+    builder: &mut resourcewatch_agent::snapshot::FrameBuilder,
+    pid: u32,
+) -> resourcewatch_agent::snapshot::oom::OomKill {
+    assert!(
+        pipes.oom_kills_unseen().is_none(),
+        "{:?}",
+        pipes.oom_kills_unseen()
+    );
+    let start = now();
+    loop {
+        let epoch = pipes.close_cpu_epoch();
+        pipes.drain_samples(|s| builder.observe_sample(s));
+        let f = builder.build(pipes, &epoch);
+        if let Some(k) = f.oom_kills.into_iter().find(|k| k.pid == pid) {
+            return k;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the OOM kill of {pid} was not seen"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A process that allocates past its cgroup's limit at once is OOM-killed with nothing
+/// predicted: the kill is seen, attributed to its cgroup, and carries no verdict (the
+/// miss the operator grades as "not predicted").
+#[test]
+fn a_sudden_allocation_is_killed_and_seen_with_no_prediction() {
+    use resourcewatch_agent::snapshot::FrameBuilder;
+    use resourcewatch_workloads::MIB;
+    let Some(_k) = kernel_or_skip("a_sudden_allocation_is_killed_and_seen_with_no_prediction")
+    else {
+        return;
+    };
+    let mut pipes = load(PipelineOptions::default());
+    let layout = pipes.cgroup_layout().clone();
+    let cg = TestCgroup::new(&layout);
+    let limit: u64 = 64 * MIB;
+    let limit_file = if cg.dir.join("memory.max").exists() {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    std::fs::write(cg.dir.join(limit_file), limit.to_string()).expect("set the limit");
+    let mut builder = FrameBuilder::new(1000, Some(layout));
+    builder.leak_min_confidence = 0;
+    let mut p = [0i32; 2];
+    // SAFETY: a pipe that gates the child until it is in the cgroup.
+    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+    let gate = p[0];
+    let kid = Child::spawn(move || {
+        let mut b = [0u8; 1];
+        // SAFETY: blocking read on our pipe end.
+        unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+        let r = Region::new((256 * MIB) as usize);
+        r.touch(0, (256 * MIB) as usize);
+    });
+    cg.add(kid.pid);
+    // SAFETY: releasing the child.
+    unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    let r = unsafe { libc::waitpid(kid.pid as i32, &mut status, 0) };
+    assert_eq!(r, kid.pid as i32);
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
+        "killed by the OOM killer (status {status:#x})"
+    );
+    let pid = kid.pid;
+    std::mem::forget(kid); // reaped
+    let kill = oom_kill_of(&mut pipes, &mut builder, pid);
+    let rel = format!("/rw-test-{}", std::process::id());
+    assert!(!kill.system_wide, "{kill:?}");
+    assert_eq!(kill.limit_cgroup.as_deref(), Some(rel.as_str()), "{kill:?}");
+    assert_eq!(kill.limit_bytes, limit);
+    assert!(
+        kill.predictions.is_empty(),
+        "nothing was predicted: {kill:?}"
+    );
+    assert!(kill.rss_bytes > limit / 2, "{kill:?}");
 }
 
 /// Under a seccomp filter that refuses bpf() with EPERM (the default profile of container

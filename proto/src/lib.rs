@@ -93,6 +93,12 @@ pub fn operator_server_name(service: &str, namespace: &str) -> String {
 /// The most profile requests a node runs per snapshot (and at once).
 pub const MAX_PROFILES_PER_NODE: usize = 2;
 
+/// How long an agent repeats an OOM kill in its reports (`Report.oom_kills`).
+pub const OOM_KILL_RESEND_SECS: u64 = 600;
+/// OOM kills in one report at most (the newest), and verdicts per kill at most.
+pub const MAX_OOM_KILLS_PER_REPORT: usize = 32;
+pub const MAX_PREDICTIONS_PER_KILL: usize = 64;
+
 /// The most bytes of a ProfileResult's outputs (folded + pprof + svg): under the message
 /// limit, and under what one ConfigMap holds (1 MiB) with room for its metadata.
 pub const MAX_PROFILE_BYTES: usize = 768 << 10;

@@ -52,6 +52,8 @@ pub struct AgentMetrics {
     pub stream_failures: AtomicU64,
     pub configs_applied: AtomicU64,
     pub configs_rejected: AtomicU64,
+    /// OOM kills the kernel made on this node (any process), since the agent started.
+    pub oom_kills: AtomicU64,
 }
 
 /// One report interval's view, replaced whole at each tick.
@@ -234,6 +236,12 @@ impl Collector for AgentMetrics {
             "resourcewatch_agent_configs_rejected",
             "Configuration snapshots refused (NACK)",
             &c(self.configs_rejected.load(Ordering::Relaxed)),
+        )?;
+        counter(
+            &mut e,
+            "resourcewatch_agent_oom_kills_observed",
+            "OOM kills the kernel made on this node (any process), seen by this agent",
+            &c(self.oom_kills.load(Ordering::Relaxed)),
         )?;
         counter(
             &mut e,

@@ -409,6 +409,9 @@ struct Engine {
     self_cpu: Option<u64>,
     metrics: Arc<metrics::AgentMetrics>,
     profiles: profiles::Runner,
+    /// OOM kills seen, repeated in every report for `OOM_KILL_RESEND_SECS` (a report
+    /// made while the stream is down is replaced by the next one, unsent).
+    oom_kills: std::collections::VecDeque<(Instant, pb::OomKill)>,
 }
 
 /// Before the first configuration arrives.
@@ -447,6 +450,16 @@ impl Engine {
             self_cpu: None,
             metrics,
             profiles,
+            oom_kills: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The kernel's sample stream read now, between reports: an OOM kill's victim is
+    /// named while its cgroup is still there (a runtime removes it when the container
+    /// exits), and the ring never fills between two reports.
+    fn drain_samples(&mut self) {
+        if let (Ok(pipes), Some(builder)) = (&mut self.pipes, &mut self.builder) {
+            pipes.drain_samples(|s| builder.observe_sample(s));
         }
     }
 
@@ -478,6 +491,7 @@ impl Engine {
                 Err(std_mpsc::RecvTimeoutError::Timeout) => {}
             }
             if Instant::now() < deadline {
+                self.drain_samples();
                 continue;
             }
             let elapsed = last.elapsed();
@@ -682,7 +696,21 @@ impl Engine {
         let epoch = pipes.close_cpu_epoch();
         pipes.drain_samples(|s| builder.observe_sample(s));
         let frame = builder.build(pipes, &epoch);
-        report::build(report::ReportInputs {
+        let now = Instant::now();
+        for k in &frame.oom_kills {
+            self.metrics.oom_kills.fetch_add(1, Ordering::Relaxed);
+            self.oom_kills.push_back((now, report::oom_kill(k)));
+        }
+        let resend = Duration::from_secs(pb::OOM_KILL_RESEND_SECS);
+        while self
+            .oom_kills
+            .front()
+            .is_some_and(|(seen, _)| now.duration_since(*seen) > resend)
+            || self.oom_kills.len() > pb::MAX_OOM_KILLS_PER_REPORT
+        {
+            self.oom_kills.pop_front();
+        }
+        let mut r = report::build(report::ReportInputs {
             frame: &frame,
             config: &self.config,
             containers: &self.resolved,
@@ -690,7 +718,9 @@ impl Engine {
             cgroup_root: self.layout.as_ref().map(|l| l.root()),
             agent_cpu_percent: (agent_cpu * 100.0).round() / 100.0,
             agent_rss_bytes: agent_rss,
-        })
+        });
+        r.oom_kills = self.oom_kills.iter().map(|(_, k)| k.clone()).collect();
+        r
     }
 }
 

@@ -8,7 +8,7 @@ use resourcewatch_proto as pb;
 use crate::{
     cluster::resolve::ResolvedContainer,
     leak::memory_limit,
-    snapshot::{Attribution, Frame, TargetRow},
+    snapshot::{Attribution, Frame, TargetRow, oom::OomKill},
 };
 
 pub struct ReportInputs<'a> {
@@ -130,6 +130,8 @@ pub fn build(i: ReportInputs<'_>) -> pb::Report {
             .map(|r| process(r.pid, 0.0, r.rss_bytes, &r.who))
             .collect(),
         leaks,
+        // Added by the engine, which repeats each kill (cluster/mod.rs).
+        oom_kills: Vec::new(),
         health: Some(pb::Health {
             samples: kernel.samples,
             samples_lost: kernel.samples_lost,
@@ -138,6 +140,37 @@ pub fn build(i: ReportInputs<'_>) -> pb::Report {
             agent_cpu_percent: i.agent_cpu_percent,
             agent_rss_bytes: i.agent_rss_bytes,
         }),
+    }
+}
+
+/// An OOM kill as the operator receives it.
+pub fn oom_kill(k: &OomKill) -> pb::OomKill {
+    let mut predictions: Vec<pb::Prediction> = k
+        .predictions
+        .iter()
+        .map(|p| pb::Prediction {
+            timestamp_unix_ms: p.ts_ms,
+            confidence: u32::from(p.confidence),
+            time_to_oom_seconds: p.time_to_oom_secs,
+            time_to_oom_low_seconds: p.time_to_oom_low_secs,
+        })
+        .collect();
+    // The first verdicts (the first alert) and the newest are what is graded.
+    if predictions.len() > pb::MAX_PREDICTIONS_PER_KILL {
+        let cut = predictions.len() - pb::MAX_PREDICTIONS_PER_KILL;
+        predictions.drain(pb::MAX_PREDICTIONS_PER_KILL / 2..pb::MAX_PREDICTIONS_PER_KILL / 2 + cut);
+    }
+    pb::OomKill {
+        pod_uid: k.who.pod_uid.clone().unwrap_or_default(),
+        container_id: k.who.container_id.clone().unwrap_or_default(),
+        pid: k.pid,
+        command: k.who.comm.clone().unwrap_or_default(),
+        timestamp_unix_ms: (k.ts_ns / 1_000_000) as i64,
+        system_wide: k.system_wide,
+        limit_bytes: k.limit_bytes,
+        memory_bytes: k.rss_bytes,
+        predictions,
+        limit_cgroup: k.limit_cgroup.clone().unwrap_or_default(),
     }
 }
 

@@ -143,6 +143,8 @@ pub struct Pipelines {
     alloc_pids: HashSet<u32>,
     /// The JVM allocation probes attached per captured JVM (see sites).
     jvm_alloc_links: HashMap<u32, Vec<aya::programs::uprobe::UProbeLinkId>>,
+    /// Why OOM kills are not seen (the kprobe on oom_kill_process did not attach), or None.
+    oom_kills_unseen: Option<String>,
     /// rw_cpu_sync, run on each CPU in turn (never attached).
     cpu_sync: ProgramFd,
     sync_failures: AtomicU64,
@@ -194,12 +196,22 @@ impl Pipelines {
             page: procfs::page_size(),
             alloc_pids: HashSet::new(),
             jvm_alloc_links: HashMap::new(),
+            oom_kills_unseen: None,
             cpu_sync,
             sync_failures: AtomicU64::new(0),
             bpf,
         };
         this.start_first_epoch();
         this.attach_tracepoints(&btf)?;
+        // OOM kills are a feature, not a requirement: a kernel without kprobes (or with
+        // oom_kill_process inlined) still gets every other pipeline, and says so.
+        match this.attach_oom_probe(&btf) {
+            Ok(how) => tracing::debug!(through = how, "OOM kills observed"),
+            Err(why) => {
+                tracing::warn!(reason = %why, "OOM kills will not be observed");
+                this.oom_kills_unseen = Some(why);
+            }
+        }
         // Learn what each CPU is running now rather than at its first switch, and find out
         // here, loudly, if this kernel cannot run the program on a given CPU.
         this.sync_cpus(false)?;
@@ -261,6 +273,52 @@ impl Pipelines {
             prog.attach().map_err(err)?;
         }
         Ok(())
+    }
+
+    /// OOM kills from the kprobe on oom_kill_process (which says exactly which limit was
+    /// reached), else from the oom:mark_victim tracepoint where it passes the victim's task
+    /// (6.8 on; kernels without kprobes). Err says why neither attached.
+    fn attach_oom_probe(&mut self, btf: &Btf) -> Result<&'static str, String> {
+        const FUNCTION: &str = "oom_kill_process";
+        let kprobe = (|| -> Result<(), String> {
+            let prog: &mut aya::programs::KProbe = self
+                .bpf
+                .program_mut(progs::OOM_KILL)
+                .ok_or("not in the object")?
+                .try_into()
+                .map_err(|e| format!("{e}"))?;
+            prog.load().map_err(|e| format!("{e}"))?;
+            prog.attach(FUNCTION, 0).map_err(|e| format!("{e}"))?;
+            Ok(())
+        })();
+        let Err(kprobe) = kprobe else {
+            return Ok("kprobe oom_kill_process");
+        };
+        let older = crate::capabilities::kernel_at_least(6, 8)
+            .then_some(())
+            .ok_or("the tracepoint passes the victim's task from Linux 6.8 on".to_owned());
+        let tracepoint = older.and_then(|()| {
+            let prog: &mut BtfTracePoint = self
+                .bpf
+                .program_mut(progs::MARK_VICTIM)
+                .ok_or("not in the object")?
+                .try_into()
+                .map_err(|e| format!("{e}"))?;
+            prog.load("mark_victim", btf).map_err(|e| format!("{e}"))?;
+            prog.attach().map_err(|e| format!("{e}"))?;
+            Ok(())
+        });
+        match tracepoint {
+            Ok(()) => Ok("tracepoint oom:mark_victim"),
+            Err(tp) => Err(format!(
+                "OOM kills are not observed: the kprobe on {FUNCTION}: {kprobe}; the oom:mark_victim tracepoint: {tp}"
+            )),
+        }
+    }
+
+    /// Why OOM kills are not observed on this node, or None when they are.
+    pub fn oom_kills_unseen(&self) -> Option<&str> {
+        self.oom_kills_unseen.as_deref()
     }
 
     pub fn options(&self) -> &PipelineOptions {

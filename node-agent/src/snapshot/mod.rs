@@ -7,7 +7,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use serde::Serialize;
 
-use resourcewatch_ebpf::shared::{RwMemSample, SAMPLE_EXIT};
+use resourcewatch_ebpf::shared::{RwMemSample, SAMPLE_EXIT, SAMPLE_OOM_KILL};
 
 use crate::{
     cgroup_resolver::{self, CgroupLayout},
@@ -17,8 +17,10 @@ use crate::{
     procfs,
 };
 
+pub mod oom;
 pub mod sites;
 
+use oom::{OomKill, Prediction, Trails};
 use sites::{GrowthSite, SiteTracker};
 
 /// Where a process runs. Fields are null when unknown (exited, or not in a container).
@@ -133,6 +135,8 @@ pub struct Frame {
     pub targets: Vec<TargetRow>,
     pub allocations: Vec<AllocationRow>,
     pub leaks: Vec<LeakRow>,
+    /// OOM kills the kernel decided since the last frame.
+    pub oom_kills: Vec<OomKill>,
     pub kernel: KernelStats,
 }
 
@@ -244,6 +248,11 @@ impl Attributor {
         self.cache.len()
     }
 
+    /// What is known of `pid` already, read from nowhere.
+    pub fn cached(&self, pid: u32) -> Option<Arc<Attribution>> {
+        self.cache.get(&pid).map(|(_, _, a)| a.clone())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.cache.is_empty()
     }
@@ -319,6 +328,10 @@ pub struct FrameBuilder {
     pub sites: Option<SiteTracker>,
     /// JVMs among the tracked processes, and where their counters are.
     jvms: HashMap<u32, JvmProbe>,
+    /// The verdicts listed for each series, for the OOM kill that may end it.
+    trails: Trails,
+    /// OOM kills seen since the last frame.
+    oom_kills: Vec<OomKill>,
 }
 
 /// Whether a tracked process publishes JVM counters (`leak::jvm`). Looked for when its
@@ -334,6 +347,15 @@ struct JvmProbe {
 
 const JVM_PROBE_FIRST_NS: u64 = 5_000_000_000;
 const JVM_PROBE_MAX_NS: u64 = 300_000_000_000;
+
+/// OOM kills kept between two frames, the newest.
+const MAX_OOM_KILLS_PER_FRAME: usize = 64;
+
+/// A kernel `comm` (NUL-padded) as text.
+fn comm_of(raw: &[u8; 16]) -> String {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
 
 /// Verdicts are recomputed at most this often: at a 10 ms interval the detectors would
 /// otherwise dominate the agent's CPU while the series barely changed.
@@ -358,12 +380,18 @@ impl FrameBuilder {
             watched_cgroups: Vec::new(),
             sites: Some(SiteTracker::new()),
             jvms: HashMap::new(),
+            trails: Trails::default(),
+            oom_kills: Vec::new(),
         }
     }
 
     /// Feeds one record of the kernel's sample stream to the leak tracker.
     pub fn observe_sample(&mut self, s: &RwMemSample) {
         let key = SeriesKey::Process { tgid: s.tgid };
+        if s.kind == SAMPLE_OOM_KILL {
+            self.observe_oom_kill(s);
+            return;
+        }
         if s.kind == SAMPLE_EXIT {
             self.leaks.forget(key);
             self.attributor.exited(s.tgid);
@@ -391,6 +419,95 @@ impl FrameBuilder {
             },
             seed,
         );
+    }
+
+    /// An OOM kill: its victim named (before its process and cgroup are gone), and the
+    /// verdicts listed for its container, or for the process when its container had no
+    /// series of its own (not targeted), taken with it.
+    fn observe_oom_kill(&mut self, s: &RwMemSample) {
+        let page = self.page;
+        // The kernel's clock is CLOCK_MONOTONIC; the kill is reported in wall-clock time.
+        let ago = procfs::monotonic_ns().saturating_sub(s.ts_ns);
+        let ts_ns = procfs::realtime_ns().saturating_sub(ago);
+        let comm = comm_of(&s.comm);
+        let who = self.victim(s.tgid, s.cgroup_id, comm);
+        let mut predictions = self.trails.take(SeriesKey::Cgroup { id: s.cgroup_id });
+        let of_process = self.trails.take(SeriesKey::Process { tgid: s.tgid });
+        if predictions.is_empty() {
+            predictions = of_process;
+        }
+        let system_wide = s.oom_cgroup_id == 0;
+        let limit_cgroup = (!system_wide)
+            .then(|| self.cgroup_path(s.oom_cgroup_id))
+            .flatten();
+        tracing::info!(
+            pid = s.tgid,
+            command = who.comm.as_deref().unwrap_or(""),
+            pod_uid = who.pod_uid.as_deref().unwrap_or(""),
+            container_id = who.container_id.as_deref().unwrap_or(""),
+            system_wide,
+            limit_cgroup = limit_cgroup.as_deref().unwrap_or(""),
+            predictions = predictions.len(),
+            "OOM kill"
+        );
+        self.oom_kills.push(OomKill {
+            ts_ns,
+            pid: s.tgid,
+            rss_bytes: (s.file_pages + s.anon_pages + s.shmem_pages) * page,
+            system_wide,
+            limit_cgroup,
+            limit_bytes: s.oom_total_pages * page,
+            predictions,
+            who,
+        });
+        // Bounded whatever happens between two frames (a fork bomb in a small cgroup).
+        if self.oom_kills.len() > MAX_OOM_KILLS_PER_FRAME {
+            self.oom_kills.remove(0);
+        }
+    }
+
+    /// Who an OOM kill's victim was: what a row already knew of it, else its cgroup (by
+    /// id: the exactly tracked containers', its /proc entry while it still has one, a walk
+    /// of the hierarchy), with the name the kernel gave.
+    fn victim(&mut self, tgid: u32, cgroup_id: u64, comm: String) -> Arc<Attribution> {
+        if let Some(a) = self.attributor.cached(tgid)
+            && a.cgroup.is_some()
+        {
+            return a;
+        }
+        let cgroup = self
+            .layout
+            .as_ref()
+            .and_then(|l| procfs::cgroup_text(tgid).and_then(|t| l.path_in_proc_cgroup(&t)))
+            .filter(|path| {
+                // The PID may already name another process: its cgroup must be the one
+                // the kernel named.
+                self.layout.as_ref().and_then(|l| l.cgroup_id(path).ok()) == Some(cgroup_id)
+            })
+            .or_else(|| self.cgroup_path(cgroup_id));
+        let ids = cgroup
+            .as_deref()
+            .map(cgroup_resolver::attribute)
+            .unwrap_or_default();
+        Arc::new(Attribution::new(
+            Some(comm),
+            cgroup,
+            ids.container_id,
+            ids.pod_uid,
+        ))
+    }
+
+    /// A cgroup's path from its id: an exactly tracked container's, or found in the
+    /// hierarchy.
+    fn cgroup_path(&self, id: u64) -> Option<String> {
+        if id == 0 {
+            return None;
+        }
+        self.watched_cgroups
+            .iter()
+            .find(|(c, _)| *c == id)
+            .map(|(_, p)| p.clone())
+            .or_else(|| self.layout.as_ref().and_then(|l| l.path_of_id(id)))
     }
 
     /// Container-level series: the cgroup's charge (what the OOM killer compares with the
@@ -564,8 +681,42 @@ impl FrameBuilder {
                 .then(a.who.cgroup.cmp(&b.who.cgroup))
         });
         rows.truncate(self.k);
+        self.record_trails(&rows);
         self.last_leak_rows = rows.clone();
         rows
+    }
+
+    /// Keeps each listed verdict with its series (for the OOM kill that may end it), and
+    /// drops the trails of series that ended.
+    fn record_trails(&mut self, rows: &[LeakRow]) {
+        let ts_ms = (procfs::realtime_ns() / 1_000_000) as i64;
+        for r in rows {
+            let key = match r.pid {
+                Some(tgid) => SeriesKey::Process { tgid },
+                None => {
+                    let Some(id) = self
+                        .watched_cgroups
+                        .iter()
+                        .find(|(_, p)| Some(p) == r.who.cgroup.as_ref())
+                        .map(|(id, _)| *id)
+                    else {
+                        continue;
+                    };
+                    SeriesKey::Cgroup { id }
+                }
+            };
+            self.trails.record(
+                key,
+                Prediction {
+                    ts_ms,
+                    confidence: r.confidence,
+                    time_to_oom_secs: r.time_to_oom_secs,
+                    time_to_oom_low_secs: r.time_to_oom_low_secs,
+                },
+            );
+        }
+        let leaks = &self.leaks;
+        self.trails.retain(|k| leaks.contains(k));
     }
 
     /// Reads each tracked JVM's counters; a young collection since the last read is a
@@ -680,6 +831,7 @@ impl FrameBuilder {
             targets,
             allocations,
             leaks,
+            oom_kills: std::mem::take(&mut self.oom_kills),
             kernel: pipes.kernel_stats(),
         }
     }

@@ -479,6 +479,7 @@ mod tests {
             targets: vec![],
             allocations: vec![],
             leaks: vec![],
+            oom_kills: vec![],
             kernel: KernelStats::default(),
         }
     }
