@@ -18,7 +18,7 @@ done
 # rss_stat changes made by another task, exact tracking of a v2 cgroup's processes, a
 # path seen from inside a cgroup namespace (the agent's own, under containerd), a late
 # target, the leak detector on real samples, time-to-OOM against a real memory.max
-# kill, allocation uprobes on libc, growth sites and a profile named through unwind
+# kill (and the kill itself, seen through the kprobe 6.1 has), allocation uprobes on libc, growth sites and a profile named through unwind
 # tables (C), the CPython walk, and a JVM's perf map (asked of the JVM by the agent).
 CI_SUBSET=(
   kernel:this_machine_has_what_the_pipelines_need
@@ -29,6 +29,7 @@ CI_SUBSET=(
   kernel:a_cgroup_path_seen_from_inside_a_cgroup_namespace_resolves_to_the_hierarchys
   kernel:a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters
   kernel:time_to_oom_predicts_the_real_kill
+  kernel:a_sudden_allocation_is_killed_and_seen_with_no_prediction
   kernel:allocation_mode_counts_outstanding_bytes
   stacks:a_c_profile_without_frame_pointers_reaches_main
   stacks:a_c_growth_site_without_frame_pointers_reaches_main

@@ -38,6 +38,8 @@ pub const MAX_LABEL_KEY: usize = 317;
 /// `status.truncated`.
 pub const MAX_STATUS_LEAKS: usize = 100;
 pub const MAX_STATUS_EXCEEDING: usize = 100;
+/// OOM kills kept in a watch's status: the newest.
+pub const MAX_STATUS_OOM_KILLS: usize = 20;
 pub const MAX_STATUS_NODES: usize = 100;
 pub const MAX_STATUS_REMEDIATIONS: usize = 50;
 /// Free text written into status (messages, reasons from agents) is cut to this many
@@ -84,6 +86,7 @@ pub const MAX_HOT_FUNCTIONS: u32 = 5;
     printcolumn = r#"{"name":"Ready","type":"string","description":"Whether the selector and thresholds are valid and the watch is configured","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"OOM Pod","type":"string","priority":1,"description":"Pod and container of the soonest predicted OOM kill","jsonPath":".status.summary.soonestOOMPod"}"#,
+    printcolumn = r#"{"name":"OOM Kills","type":"string","priority":1,"description":"OOM kills of the selected containers, and how many were predicted","jsonPath":".status.summary.oomKills"}"#,
     printcolumn = r#"{"name":"Nodes","type":"integer","priority":1,"description":"Nodes running selected pods","jsonPath":".status.expectedNodes"}"#,
     printcolumn = r#"{"name":"Reporting","type":"integer","priority":1,"description":"Nodes whose agent reported within the grace period","jsonPath":".status.reportingNodes"}"#,
     printcolumn = r#"{"name":"Degraded","type":"string","priority":1,"description":"Why the watch is degraded (e.g. AgentsMissing), AllAgentsReporting when not","jsonPath":".status.conditions[?(@.type==\"Degraded\")].reason"}"#,
@@ -400,6 +403,12 @@ pub struct ResourceWatchStatus {
     /// workload's own record, in the operator's namespace, holds the rails).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remediations: Vec<RemediationRecord>,
+    /// The selected pods' containers the kernel OOM-killed (seen by their node's agent),
+    /// the newest last (at most 20), each graded against what was predicted for it at
+    /// this watch's `minConfidence`. Evictions by remediation are not kills: they are in
+    /// `remediations`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub oom_kills: Vec<OomKillEntry>,
     /// What `kubectl get resourcewatch` shows.
     #[serde(default)]
     pub summary: Summary,
@@ -611,6 +620,59 @@ pub struct LeakEntry {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_GROWTH_SITES))]
     pub growth_sites: Vec<GrowthSiteEntry>,
+}
+
+/// An OOM kill of a selected pod's container, and how well it was predicted.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OomKillEntry {
+    /// The pod's name.
+    pub pod: String,
+    /// Absent when the container could not be named.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
+    pub container: String,
+    /// The node whose agent saw the kill.
+    pub node: String,
+    /// When the kernel chose the victim, RFC 3339 with milliseconds.
+    pub time: String,
+    /// The process killed.
+    pub pid: u32,
+    /// Its command name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
+    pub command: String,
+    /// `Cgroup`: the container's or the pod's memory limit was reached; `System`: the
+    /// node ran out of memory.
+    pub scope: OomScope,
+    /// The limit that was reached (a cgroup's; for `System`, the node's RAM + swap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
+    /// The process's resident memory when it was chosen.
+    pub memory_bytes: u64,
+    /// Whether a leak was listed for the container at `minConfidence` or above before
+    /// the kill.
+    pub predicted: bool,
+    /// How long before the kill the first such listing came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warned_seconds_before: Option<f64>,
+    /// The predicted time of the OOM kill less the real one, at the first listing:
+    /// negative, predicted early; positive, late. Absent without a time to OOM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_error_at_first_alert_seconds: Option<f64>,
+    /// The same for the listing nearest half-way between the first listing and the kill.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_error_at_halfway_seconds: Option<f64>,
+    /// Whether no listing put the lower bound of its time to OOM after the kill (what
+    /// remediation acts on). Absent without a lower bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_bound_held: Option<bool>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum OomScope {
+    Cgroup,
+    System,
 }
 
 /// Growth sites kept per leak in a status, frames per site, and characters per frame.
@@ -844,6 +906,10 @@ pub struct Summary {
         skip_serializing_if = "Option::is_none"
     )]
     pub soonest_oom_pod: Option<String>,
+    /// The kills in `oomKills` and how many were predicted, e.g. "2 (1 predicted)";
+    /// absent when there were none.
+    #[serde(default, rename = "oomKills", skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<String>,
 }
 
 /// The CRD as YAML, exactly what `crdgen` prints and the committed file holds.

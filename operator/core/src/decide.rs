@@ -181,6 +181,7 @@ pub fn decide(i: &Inputs<'_>, assessed: Assessment) -> Plan {
         .unwrap_or(Duration::from_secs(30));
     let urgent = !d.evictions.is_empty()
         || !d.ledger.is_empty()
+        || i.status.old.map_or(&[][..], |o| &o.oom_kills[..]) != &d.status.oom_kills[..]
         || d.events.iter().any(|e| e.reason.is_remediation())
         || d.status.profile.as_ref() != old_profile
         || profile.effect.is_some();
@@ -768,6 +769,7 @@ mod tests {
             name: format!("app-{i}"),
             node: Some("n1".into()),
             containers: [(format!("cid-{i}"), "app".to_string())].into(),
+            exited_containers: Default::default(),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod decide;
 pub mod ledger;
 pub mod model;
 pub mod nodes;
+pub mod oom;
 pub mod profile;
 pub mod remediation;
 pub mod spec;

@@ -39,6 +39,7 @@ names!(
         LeakDetected,
         LeakSiteFound,
         ThresholdCrossed,
+        OOMKilled,
         Restarted,
         RestartBlocked,
         WouldRestart,

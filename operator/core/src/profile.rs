@@ -535,6 +535,7 @@ mod tests {
                 ("cid-b".to_string(), "sidecar".to_string()),
             ]
             .into(),
+            exited_containers: Default::default(),
         }]
     }
 

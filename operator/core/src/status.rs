@@ -29,6 +29,9 @@ pub struct SelectedPod {
     pub node: Option<String>,
     /// container id (no scheme) -> container name
     pub containers: BTreeMap<String, String>,
+    /// The same for containers no longer running (the last instance of each restarted
+    /// container, init containers that finished): what names an OOM kill's container.
+    pub exited_containers: BTreeMap<String, String>,
 }
 
 /// An Event to publish: on the ResourceWatch, or on one of its pods when `pod` is set.
@@ -148,13 +151,27 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
     let (ranked, mut truncated) = f.rank(settings);
     let nodes = node_entries(i, &mut truncated);
     let (ready, degraded) = conditions(i, pending);
+    let oom_kills = crate::oom::merge(
+        settings.min_confidence,
+        i.old.map_or(&[][..], |o| &o.oom_kills[..]),
+        i.nodes.iter().flat_map(|n| {
+            n.last_report
+                .iter()
+                .flat_map(|r| r.oom_kills.iter())
+                .map(|k| (n.name.as_str(), k))
+        }),
+        &by_uid,
+    );
+    let mut summary = summary(&ranked);
+    summary.oom_kills = crate::oom::summary(&oom_kills);
     let mut status = ResourceWatchStatus {
         observed_generation: i.generation,
         conditions: vec![ready, degraded],
         matched_pods: i.pods.len() as u32,
         expected_nodes: i.nodes.len() as u32,
         reporting_nodes: i.nodes.iter().filter(|n| n.reporting).count() as u32,
-        summary: summary(&ranked),
+        summary,
+        oom_kills,
         top_cpu: ranked.top_cpu,
         top_memory: ranked.top_memory,
         leaks: ranked.leaks,
@@ -549,6 +566,8 @@ fn summary(r: &Ranked) -> Summary {
         soonest_oom: soonest
             .map(|(_, s)| format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))),
         soonest_oom_pod: soonest.map(|(l, _)| format!("{}/{}", l.pod, l.container)),
+        // Set by compute from the kills.
+        oom_kills: None,
     }
 }
 
@@ -629,7 +648,46 @@ fn transitions(
     node_transitions(old, new, rejecting, &mut out);
     leak_transitions(old, new, settings, &mut out);
     threshold_transitions(old, new, &mut out);
+    oom_kill_transitions(old, new, &mut out);
     out
+}
+
+/// One `OOMKilled` Event per kill the stored status did not hold yet.
+fn oom_kill_transitions(
+    old: Option<&ResourceWatchStatus>,
+    new: &ResourceWatchStatus,
+    out: &mut Vec<EventSpec>,
+) {
+    let known: BTreeSet<(&str, &str, u32)> = old
+        .map(|o| {
+            o.oom_kills
+                .iter()
+                .map(|k| (k.time.as_str(), k.node.as_str(), k.pid))
+                .collect()
+        })
+        .unwrap_or_default();
+    // Only kills newer than every stored one: a stored list cut to its bound must not
+    // announce again the older kills an agent still repeats.
+    let newest_known = old
+        .and_then(|o| o.oom_kills.last())
+        .map(|k| k.time.as_str());
+    for k in &new.oom_kills {
+        if known.contains(&(k.time.as_str(), k.node.as_str(), k.pid))
+            || newest_known.is_some_and(|t| k.time.as_str() < t)
+        {
+            continue;
+        }
+        out.push(
+            ev(
+                true,
+                EventReason::OOMKilled,
+                EventAction::Monitor,
+                crate::oom::note(k),
+                None,
+            )
+            .about(Subject::container(&k.pod, &k.container)),
+        );
+    }
 }
 
 fn became_ready(
@@ -1029,6 +1087,7 @@ mod tests {
             name: format!("pod-{uid}"),
             node: Some(node.into()),
             containers: [(format!("cid-{uid}"), "app".to_string())].into(),
+            exited_containers: Default::default(),
         }
     }
 
@@ -1234,6 +1293,65 @@ mod tests {
         );
         let (_, again) = write_at(&s, &pods, &nodes, Some(&st), "t1");
         assert!(again.is_empty(), "no repeat: {again:?}");
+    }
+
+    /// A kill an agent reports is kept in the status, graded, announced once (the agent
+    /// repeats it in its reports), counted in the summary, and left alone when its pod is
+    /// not selected.
+    #[test]
+    fn an_oom_kill_is_kept_graded_and_announced_once() {
+        let s = settings(serde_json::json!({"leakDetection": {"minConfidence": 80}}));
+        let pods = [pod("a", "n1")];
+        let kill = |uid: &str, at_ms: i64| pb::OomKill {
+            pod_uid: uid.into(),
+            container_id: format!("cid-{uid}"),
+            pid: 9,
+            command: "leak".into(),
+            timestamp_unix_ms: at_ms,
+            limit_bytes: 128 << 20,
+            memory_bytes: 127 << 20,
+            predictions: vec![pb::Prediction {
+                timestamp_unix_ms: at_ms - 40_000,
+                confidence: 90,
+                time_to_oom_seconds: Some(45.0),
+                time_to_oom_low_seconds: Some(30.0),
+            }],
+            ..Default::default()
+        };
+        let mut n = node("n1", vec![], vec![]);
+        let report = std::sync::Arc::new(pb::Report {
+            oom_kills: vec![
+                kill("a", 1_800_000_000_000),
+                kill("other", 1_800_000_001_000),
+            ],
+            ..Default::default()
+        });
+        n.last_report = Some(report);
+        let nodes = [n];
+        let (st, ev) = write_at(&s, &pods, &nodes, None, "t0");
+        assert_eq!(st.oom_kills.len(), 1, "{:?}", st.oom_kills);
+        let k = &st.oom_kills[0];
+        assert_eq!((k.pod.as_str(), k.container.as_str()), ("pod-a", "app"));
+        assert!(k.predicted);
+        assert_eq!(k.warned_seconds_before, Some(40.0));
+        assert_eq!(k.eta_error_at_first_alert_seconds, Some(5.0));
+        assert_eq!(k.lower_bound_held, Some(true));
+        assert_eq!(st.summary.oom_kills.as_deref(), Some("1 (1 predicted)"));
+        let kills: Vec<&EventSpec> = ev.iter().filter(|e| e.reason == "OOMKilled").collect();
+        assert_eq!(kills.len(), 1, "{ev:?}");
+        assert!(kills[0].warning);
+        assert!(
+            kills[0].note.contains("predicted 40 s ahead"),
+            "{}",
+            kills[0].note
+        );
+        assert_eq!(kills[0].about, Some(Subject::container("pod-a", "app")));
+        let (again, ev) = write_at(&s, &pods, &nodes, Some(&st), "t1");
+        assert_eq!(again.oom_kills, st.oom_kills);
+        assert!(
+            ev.iter().all(|e| e.reason != "OOMKilled"),
+            "announced again: {ev:?}"
+        );
     }
 
     #[test]
@@ -1530,6 +1648,7 @@ mod size_tests {
                 name: long("pod", i, 253),
                 node: Some(n.name.clone()),
                 containers: [(cid.clone(), long("c", i, 63))].into(),
+                exited_containers: Default::default(),
             });
             let r = std::sync::Arc::make_mut(n.last_report.as_mut().unwrap());
             r.containers.push(pb::ContainerReport {

@@ -75,6 +75,10 @@ impl NodeTargets {
         }
     }
 
+    fn has_pod(&self, pod_uid: &str) -> bool {
+        self.pods.contains_key(pod_uid)
+    }
+
     fn has(&self, pod_uid: &str, container_id: &str) -> bool {
         self.pods
             .get(pod_uid)
@@ -191,6 +195,31 @@ pub fn report(r: &mut pb::Report, targets: &NodeTargets) -> Dropped {
         truncate(&mut l.command, MAX_TEXT);
         Ok(())
     });
+    // A kill's container is usually gone from the targets already (restarted under a new
+    // id): its pod must be one this node was asked to track.
+    cap(&mut r.oom_kills, pb::MAX_OOM_KILLS_PER_REPORT, &mut d);
+    let mut seen = BTreeSet::new();
+    retain_counted(&mut r.oom_kills, &mut d, |k| {
+        if !targets.has_pod(&k.pod_uid) {
+            return Err(Drop::NotOnNode);
+        }
+        if !seen.insert((k.pid, k.timestamp_unix_ms)) {
+            return Err(Drop::Duplicate);
+        }
+        if k.timestamp_unix_ms <= 0 {
+            return Err(Drop::OutOfRange);
+        }
+        // Verdicts past the cap are cut.
+        k.predictions.truncate(pb::MAX_PREDICTIONS_PER_KILL);
+        let bad = |t: Option<f64>| t.is_some_and(|t| !finite_nonneg(t));
+        k.predictions.retain(|p| {
+            p.confidence <= 100 && !bad(p.time_to_oom_seconds) && !bad(p.time_to_oom_low_seconds)
+        });
+        truncate(&mut k.command, MAX_TEXT);
+        truncate(&mut k.container_id, MAX_ID);
+        truncate(&mut k.limit_cgroup, MAX_TEXT);
+        Ok(())
+    });
     if let Some(h) = &mut r.health {
         cap(&mut h.unresolved_containers, MAX_UNRESOLVED, &mut d);
         for c in &mut h.unresolved_containers {
@@ -279,6 +308,45 @@ mod tests {
         assert_eq!(d.get(&Drop::Duplicate), Some(&1));
         assert_eq!(d.get(&Drop::NonFinite), Some(&1));
         assert_eq!(d.get(&Drop::OutOfRange), Some(&1));
+    }
+
+    /// A kill speaks for a pod of this node (its container may be gone, restarted under a
+    /// new id), once, with bounded, finite verdicts.
+    #[test]
+    fn oom_kills_are_the_nodes_own_once_with_finite_verdicts() {
+        let verdict = |tto: f64| pb::Prediction {
+            timestamp_unix_ms: 1,
+            confidence: 90,
+            time_to_oom_seconds: Some(tto),
+            time_to_oom_low_seconds: None,
+        };
+        let kill = |uid: &str, pid: u32| pb::OomKill {
+            pod_uid: uid.into(),
+            container_id: "cid-gone".into(),
+            pid,
+            timestamp_unix_ms: 1_800_000_000_000,
+            command: "x".repeat(10_000),
+            predictions: std::iter::once(verdict(30.0))
+                .chain(std::iter::repeat_n(verdict(f64::NAN), 200))
+                .collect(),
+            ..Default::default()
+        };
+        let mut r = pb::Report {
+            oom_kills: vec![kill("u1", 7), kill("u1", 7), kill("elsewhere", 8)],
+            ..Default::default()
+        };
+        let d = report(&mut r, &targets());
+        assert_eq!(r.oom_kills.len(), 1, "{:?}", r.oom_kills);
+        assert_eq!(d.get(&Drop::Duplicate), Some(&1));
+        assert_eq!(d.get(&Drop::NotOnNode), Some(&1));
+        let k = &r.oom_kills[0];
+        assert!(k.predictions.len() <= pb::MAX_PREDICTIONS_PER_KILL);
+        assert!(
+            k.predictions
+                .iter()
+                .all(|p| p.time_to_oom_seconds.is_some_and(f64::is_finite))
+        );
+        assert_eq!(k.command.chars().count(), MAX_TEXT);
     }
 
     #[test]

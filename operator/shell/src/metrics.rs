@@ -68,6 +68,11 @@ pub struct Metrics {
     pub tasks: Tasks,
     /// What each watch found, for the `resourcewatch_*` series.
     pub findings: Arc<WatchSeries>,
+    /// OOM kills of watched containers, by namespace, watch, whether a leak was listed
+    /// before (at the watch's minConfidence) and scope (`resourcewatch_oom_kills_total`).
+    pub oom_kills: Family<Labels, Counter>,
+    /// How long before each predicted kill the first warning came.
+    pub oom_warning_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -75,6 +80,22 @@ impl Default for Metrics {
         let mut root = Registry::default();
         let findings = Arc::new(WatchSeries::default());
         root.register_collector(Box::new(findings.clone()));
+        let oom_kills = Family::<Labels, Counter>::default();
+        let oom_warning_seconds = Histogram::new([
+            5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0,
+        ]);
+        // Named like the findings (resourcewatch_*), not the operator's own series: they
+        // are about the cluster's workloads.
+        root.register(
+            "resourcewatch_oom_kills",
+            "OOM kills of watched containers seen in the kernel, by namespace, watch, predicted (a leak was listed at the watch's minConfidence before the kill) and scope (Cgroup: a memory limit; System: the node's memory); each kill once per watch",
+            oom_kills.clone(),
+        );
+        root.register(
+            "resourcewatch_oom_kill_warning_lead_seconds",
+            "How long before a predicted OOM kill its first warning came",
+            oom_warning_seconds.clone(),
+        );
         // process_* and resourcewatch_operator_build_info, named as the agents' are.
         resourcewatch_proto::telemetry::register(&mut root, "resourcewatch_operator");
         let registry = root.sub_registry_with_prefix("resourcewatch_operator");
@@ -102,8 +123,11 @@ impl Default for Metrics {
             ready: AtomicBool::new(false),
             tasks: Tasks::default(),
             findings,
+            oom_kills,
+            oom_warning_seconds,
             registry: Registry::default(),
         };
+
         m.register(registry);
         Self {
             registry: root,
@@ -286,6 +310,21 @@ impl Metrics {
         self.api_responses
             .get_or_create(&vec![("code", code)])
             .inc();
+    }
+
+    /// A kill a status now holds that the stored one did not.
+    pub fn oom_kill(&self, namespace: &str, watch: &str, k: &resourcewatch_crds::OomKillEntry) {
+        self.oom_kills
+            .get_or_create(&vec![
+                ("namespace", namespace.to_owned()),
+                ("watch", watch.to_owned()),
+                ("predicted", k.predicted.to_string()),
+                ("scope", format!("{:?}", k.scope)),
+            ])
+            .inc();
+        if let Some(s) = k.warned_seconds_before {
+            self.oom_warning_seconds.observe(s);
+        }
     }
 
     pub fn event(&self, reason: &str) {

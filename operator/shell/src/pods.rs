@@ -28,7 +28,7 @@ pub fn is_terminal(p: &Pod) -> bool {
 /// are kilobytes; at 20,000 pods they would be most of the operator's memory.
 pub fn slim_pod(p: &mut Pod) {
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStatus, PodCondition, PodSpec, PodStatus,
+        ContainerState, ContainerStateTerminated, ContainerStatus, PodCondition, PodSpec, PodStatus,
     };
     p.metadata.managed_fields = None;
     p.metadata.annotations = None;
@@ -41,14 +41,34 @@ pub fn slim_pod(p: &mut Pod) {
     let slim = |v: Option<Vec<ContainerStatus>>| {
         v.map(|v| {
             v.into_iter()
-                .map(|c| ContainerStatus {
-                    name: c.name,
-                    container_id: c.container_id,
-                    state: c.state.map(|s| ContainerState {
-                        running: s.running,
+                .map(|c| {
+                    // A terminated instance's runtime id alone: it names an OOM kill's
+                    // container after a restart replaced it.
+                    let terminated = |s: Option<ContainerState>| {
+                        s.and_then(|s| s.terminated)
+                            .map(|t| ContainerStateTerminated {
+                                container_id: t.container_id,
+                                ..Default::default()
+                            })
+                    };
+                    let (running, state_terminated) = match c.state {
+                        Some(s) => (s.running.clone(), terminated(Some(s))),
+                        None => (None, None),
+                    };
+                    ContainerStatus {
+                        name: c.name,
+                        container_id: c.container_id,
+                        state: Some(ContainerState {
+                            running,
+                            terminated: state_terminated,
+                            ..Default::default()
+                        }),
+                        last_state: terminated(c.last_state).map(|t| ContainerState {
+                            terminated: Some(t),
+                            ..Default::default()
+                        }),
                         ..Default::default()
-                    }),
-                    ..Default::default()
+                    }
                 })
                 .collect()
         })
@@ -96,10 +116,41 @@ pub fn selected_pod(p: &Pod) -> SelectedPod {
             Some((id.to_owned(), c.name.clone()))
         })
         .collect();
+    // Every other instance the pod's status still names: finished init containers, the
+    // last instance of each restarted container.
+    let strip = |id: &str| id.split_once("://").map_or(id, |(_, id)| id).to_owned();
+    let exited_containers = p
+        .status
+        .iter()
+        .flat_map(|s| {
+            s.container_statuses
+                .iter()
+                .flatten()
+                .chain(s.init_container_statuses.iter().flatten())
+        })
+        .flat_map(|c| {
+            let last = c
+                .last_state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .and_then(|t| t.container_id.as_deref());
+            let now = c
+                .state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .and_then(|t| t.container_id.as_deref().or(c.container_id.as_deref()));
+            [last, now]
+                .into_iter()
+                .flatten()
+                .map(|id| (strip(id), c.name.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
     SelectedPod {
         uid: p.uid().unwrap_or_default(),
         name: p.name_any(),
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         containers,
+        exited_containers,
     }
 }

@@ -331,6 +331,16 @@ fn status_written(run: &Run<'_>, step: &profile::Step, status: &ResourceWatchSta
     }
     let old_records = old.map_or(&[][..], |s| &s.remediations[..]);
     count_remediations(ctx, old_records, &status.remediations);
+    let old_kills = old.map_or(&[][..], |s| &s.oom_kills[..]);
+    for k in &status.oom_kills {
+        let known = old_kills
+            .iter()
+            .any(|o| o.time == k.time && o.node == k.node && o.pid == k.pid)
+            || old_kills.last().is_some_and(|o| k.time < o.time);
+        if !known {
+            ctx.metrics.oom_kill(&run.key.namespace, &run.key.name, k);
+        }
+    }
 }
 
 /// A node's result for the watch's Pending profile request, if one has arrived (a copy:
