@@ -739,6 +739,86 @@ async fn leak_listed_before_its_oom_kill(prefix: &str, node: cluster::Placement)
         leak.growing_for_seconds.is_some(),
         "growingForSeconds is reported"
     );
+    // The kill itself, seen by the node's agent in the kernel, graded in the status.
+    let s = status_where(&rws, "w", "the OOM kill in status", 60, |s| {
+        s.oom_kills.iter().any(|k| k.pod == "leaky")
+    })
+    .await;
+    let k = s.oom_kills.iter().find(|k| k.pod == "leaky").expect("kill");
+    eprintln!("graded kill: {k:?}");
+    assert_eq!(k.container, "main", "{k:?}");
+    assert_eq!(k.scope, resourcewatch_crds::OomScope::Cgroup, "{k:?}");
+    assert_eq!(k.limit_bytes, Some(128 << 20), "{k:?}");
+    assert!(k.predicted, "{k:?}");
+    let warned = k.warned_seconds_before.expect("warned");
+    // Listed at `first_seen_at` (read up to an interval late), killed at `killed_at`
+    // (seen up to a poll late).
+    let seen_lead = (killed_at - first_seen_at).as_secs_f64();
+    assert!(
+        warned >= seen_lead - 10.0,
+        "first warning {warned}s before the kill; the status listed it {seen_lead:.0}s before"
+    );
+    assert!(k.eta_error_at_first_alert_seconds.is_some(), "{k:?}");
+    assert_eq!(s.summary.oom_kills.as_deref(), Some("1 (1 predicted)"));
+    let notes: Vec<String> = cluster::events(&client, n, "OOMKilled")
+        .await
+        .into_iter()
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        notes.iter().any(|m| m.starts_with("leaky/main")
+            && m.contains("predicted")
+            && !m.contains("not predicted")),
+        "{notes:?}"
+    );
+    ns.delete().await;
+}
+
+/// A container that allocates past its limit at once is OOM-killed with nothing listed
+/// before: the status records the kill as not predicted (a miss), and an Event says so.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn a_sudden_allocation_is_an_oom_kill_nobody_predicted() {
+    let (client, ns) = cluster::test_namespace("rw-e2e-oom-miss").await;
+    let n = ns.name.as_str();
+    let rws = cluster::watch_app(&client, n, "w", "sudden").await;
+    // 20 MiB for 10 s, then 512 MiB/s into 64Mi: killed within a fraction of a second.
+    leak_sim_pod(
+        &client,
+        n,
+        "sudden",
+        "sudden",
+        &cluster::leak_args("512MiB/s", "10"),
+        "64Mi",
+    )
+    .await;
+    let s = status_where(&rws, "w", "the OOM kill in status", 90, |s| {
+        s.oom_kills.iter().any(|k| k.pod == "sudden")
+    })
+    .await;
+    let k = s
+        .oom_kills
+        .iter()
+        .find(|k| k.pod == "sudden")
+        .expect("kill");
+    eprintln!("graded kill: {k:?}");
+    assert_eq!(k.container, "main", "{k:?}");
+    assert_eq!(k.scope, resourcewatch_crds::OomScope::Cgroup, "{k:?}");
+    assert_eq!(k.limit_bytes, Some(64 << 20), "{k:?}");
+    assert!(!k.predicted && k.warned_seconds_before.is_none(), "{k:?}");
+    assert!(s.leaks.is_empty(), "nothing was listed: {:?}", s.leaks);
+    assert_eq!(s.summary.oom_kills.as_deref(), Some("1 (0 predicted)"));
+    let notes: Vec<String> = cluster::events(&client, n, "OOMKilled")
+        .await
+        .into_iter()
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|m| m.starts_with("sudden/main") && m.contains("not predicted")),
+        "{notes:?}"
+    );
     ns.delete().await;
 }
 

@@ -1280,6 +1280,7 @@ fn time_to_oom_predicts_the_real_kill() {
     // SAFETY: releasing the child.
     unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
     let mut half: Option<(f64, f64)> = None;
+    let mut seen_kills = Vec::new();
     // What the prediction at half-way was made from, for the failure message.
     let mut basis = String::new();
     // The kill's time, taken the moment it happens (a frame can take seconds to build in
@@ -1308,7 +1309,9 @@ fn time_to_oom_predicts_the_real_kill() {
         );
         let epoch = pipes.close_cpu_epoch();
         pipes.drain_samples(|s| builder.observe_sample(s));
-        let f = builder.build(&mut pipes, &epoch);
+        let mut f = builder.build(&mut pipes, &epoch);
+        // The kill may be streamed before waitpid returns: kept for the check below.
+        seen_kills.append(&mut f.oom_kills);
         let usage = memory_limit::read_one(&cg.dir)
             .map(|l| l.usage_bytes)
             .unwrap_or(0);
@@ -1347,7 +1350,10 @@ fn time_to_oom_predicts_the_real_kill() {
         "predicted {tto:.1} s at half-way, killed {real:.1} s later; at half-way: {basis}"
     );
     // The kill itself, seen in the kernel, with the verdicts listed before it.
-    let kill = oom_kill_of(&mut pipes, &mut builder, kid_pid as u32);
+    let kill = match seen_kills.into_iter().find(|k| k.pid == kid_pid as u32) {
+        Some(k) => k,
+        None => oom_kill_of(&mut pipes, &mut builder, kid_pid as u32),
+    };
     let rel = format!("/rw-test-{}", std::process::id());
     assert!(
         !kill.system_wide,
