@@ -312,15 +312,37 @@ impl Metrics {
             .inc();
     }
 
+    fn oom_labels(namespace: &str, watch: &str, predicted: bool, scope: &str) -> Labels {
+        vec![
+            ("namespace", namespace.to_owned()),
+            ("watch", watch.to_owned()),
+            ("predicted", predicted.to_string()),
+            ("scope", scope.to_owned()),
+        ]
+    }
+
+    /// A watch's kill counters, at 0 until its first kill: `increase()` over a series
+    /// that appears at 1 sees nothing, and the unpredicted-kill alert would miss a
+    /// watch's first kill.
+    pub fn oom_series(&self, namespace: &str, watch: &str) {
+        for predicted in [false, true] {
+            for scope in ["Cgroup", "System"] {
+                let _ = self
+                    .oom_kills
+                    .get_or_create(&Self::oom_labels(namespace, watch, predicted, scope));
+            }
+        }
+    }
+
     /// A kill a status now holds that the stored one did not.
     pub fn oom_kill(&self, namespace: &str, watch: &str, k: &resourcewatch_crds::OomKillEntry) {
         self.oom_kills
-            .get_or_create(&vec![
-                ("namespace", namespace.to_owned()),
-                ("watch", watch.to_owned()),
-                ("predicted", k.predicted.to_string()),
-                ("scope", format!("{:?}", k.scope)),
-            ])
+            .get_or_create(&Self::oom_labels(
+                namespace,
+                watch,
+                k.predicted,
+                &format!("{:?}", k.scope),
+            ))
             .inc();
         if let Some(s) = k.warned_seconds_before {
             self.oom_warning_seconds.observe(s);
@@ -804,6 +826,46 @@ mod tests {
                 .contains(r#"resourcewatch_operator_profiles_total{state="Succeeded"} 1"#),
             "{}",
             m.render()
+        );
+    }
+
+    /// A watch's kill counters exist at 0 before its first kill (the unpredicted-kill
+    /// alert's increase() sees the first one), then count each kill under its grade, and
+    /// a predicted kill's warning time goes into the histogram.
+    #[test]
+    fn oom_kills_are_counted_from_zero_by_grade() {
+        let m = Metrics::default();
+        m.oom_series("shop", "api");
+        let text = m.render();
+        assert!(
+            text.contains(r#"resourcewatch_oom_kills_total{namespace="shop",watch="api",predicted="false",scope="Cgroup"} 0"#),
+            "{text}"
+        );
+        let kill = resourcewatch_crds::OomKillEntry {
+            pod: "api-1".into(),
+            container: "app".into(),
+            node: "n1".into(),
+            time: "2026-11-28T00:00:00.000Z".into(),
+            pid: 7,
+            command: String::new(),
+            scope: resourcewatch_crds::OomScope::Cgroup,
+            limit_bytes: None,
+            memory_bytes: 0,
+            predicted: true,
+            warned_seconds_before: Some(42.0),
+            eta_error_at_first_alert_seconds: None,
+            eta_error_at_halfway_seconds: None,
+            lower_bound_held: None,
+        };
+        m.oom_kill("shop", "api", &kill);
+        let text = m.render();
+        assert!(
+            text.contains(r#"resourcewatch_oom_kills_total{namespace="shop",watch="api",predicted="true",scope="Cgroup"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"resourcewatch_oom_kill_warning_lead_seconds_bucket{le="60.0"} 1"#),
+            "{text}"
         );
     }
 

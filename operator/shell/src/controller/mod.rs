@@ -332,6 +332,7 @@ fn status_written(run: &Run<'_>, step: &profile::Step, status: &ResourceWatchSta
     let old_records = old.map_or(&[][..], |s| &s.remediations[..]);
     count_remediations(ctx, old_records, &status.remediations);
     let old_kills = old.map_or(&[][..], |s| &s.oom_kills[..]);
+    ctx.metrics.oom_series(&run.key.namespace, &run.key.name);
     for k in &status.oom_kills {
         let known = old_kills
             .iter()
