@@ -88,7 +88,7 @@ impl Default for Metrics {
         // are about the cluster's workloads.
         root.register(
             "resourcewatch_oom_kills",
-            "OOM kills of watched containers seen in the kernel, by namespace, watch, predicted (a leak was listed at the watch's minConfidence before the kill) and scope (Cgroup: a memory limit; System: the node's memory); each kill once per watch",
+            "OOM kills of watched containers seen in the kernel, by namespace, resourcewatch (the watch), predicted (a leak was listed at the watch's minConfidence before the kill) and scope (Cgroup: a memory limit; System: the node's memory); each kill once per watch",
             oom_kills.clone(),
         );
         root.register(
@@ -315,7 +315,7 @@ impl Metrics {
     fn oom_labels(namespace: &str, watch: &str, predicted: bool, scope: &str) -> Labels {
         vec![
             ("namespace", namespace.to_owned()),
-            ("watch", watch.to_owned()),
+            ("resourcewatch", watch.to_owned()),
             ("predicted", predicted.to_string()),
             ("scope", scope.to_owned()),
         ]
@@ -838,7 +838,7 @@ mod tests {
         m.oom_series("shop", "api");
         let text = m.render();
         assert!(
-            text.contains(r#"resourcewatch_oom_kills_total{namespace="shop",watch="api",predicted="false",scope="Cgroup"} 0"#),
+            text.contains(r#"resourcewatch_oom_kills_total{namespace="shop",resourcewatch="api",predicted="false",scope="Cgroup"} 0"#),
             "{text}"
         );
         let kill = resourcewatch_crds::OomKillEntry {
@@ -860,7 +860,7 @@ mod tests {
         m.oom_kill("shop", "api", &kill);
         let text = m.render();
         assert!(
-            text.contains(r#"resourcewatch_oom_kills_total{namespace="shop",watch="api",predicted="true",scope="Cgroup"} 1"#),
+            text.contains(r#"resourcewatch_oom_kills_total{namespace="shop",resourcewatch="api",predicted="true",scope="Cgroup"} 1"#),
             "{text}"
         );
         assert!(
