@@ -34,6 +34,7 @@ use crate::{Condition, DURATION_PATTERN, LabelSelector, MAX_STATUS_NODES, Proces
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Host CPU","type":"string","priority":1,"description":"Heaviest process outside any pod by CPU","jsonPath":".status.summary.topHostCPU"}"#,
     printcolumn = r#"{"name":"Host Memory","type":"string","priority":1,"description":"Heaviest process outside any pod by memory","jsonPath":".status.summary.topHostMemory"}"#,
+    printcolumn = r#"{"name":"OOM Kills","type":"string","priority":1,"description":"OOM kills on the selected nodes (how many for want of node memory)","jsonPath":".status.summary.oomKills"}"#,
     printcolumn = r#"{"name":"Updated","type":"string","priority":1,"description":"When the status was last written","jsonPath":".status.lastUpdateTime"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -104,6 +105,11 @@ pub struct ClusterResourceWatchStatus {
     /// Selected nodes left out of `nodes` by its cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncated_nodes: Option<u32>,
+    /// OOM kills on the selected nodes, every process (targeted by a watch or not, in a
+    /// pod or the host's), the newest last (at most 20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub oom_kills: Vec<NodeOomKill>,
     /// The heaviest processes in a few words, for `kubectl get`.
     #[serde(default)]
     pub summary: ClusterSummary,
@@ -144,6 +150,39 @@ pub struct NodeProcess {
     pub container: String,
 }
 
+/// An OOM kill on a node, as its agent saw it in the kernel.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeOomKill {
+    /// The node, the process and its command.
+    #[serde(flatten)]
+    pub process: ProcessFigure,
+    /// When the kernel chose the victim, RFC 3339 with milliseconds.
+    pub time: String,
+    /// `Pod` or `Host`.
+    pub owner: ProcessOwner,
+    /// The pod's namespace (absent for the host, or a pod the operator does not know).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
+    pub namespace: String,
+    /// The pod's name (absent for the host, or a pod the operator does not know).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
+    pub pod: String,
+    /// The container's name (absent when it could not be named).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(with = "Option<String>")]
+    pub container: String,
+    /// `Cgroup`: a memory limit was reached; `System`: the node ran out of memory.
+    pub scope: crate::OomScope,
+    /// The limit that was reached (a cgroup's; for `System`, the node's RAM + swap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
+    /// Whether the agent listed a leak for it before the kill (at the node's minimum
+    /// confidence; a watch's own grade of a kill is in its `status.oomKills`).
+    pub predicted: bool,
+}
+
 /// One node's heaviest processes.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -179,4 +218,7 @@ pub struct ClusterSummary {
     /// The heaviest process outside any pod by memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_host_memory: Option<String>,
+    /// The kills in `oomKills`, e.g. "3 (1 System)"; absent without any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<String>,
 }

@@ -16,7 +16,7 @@ pub mod cluster;
 pub mod policy;
 pub use cluster::{
     ClusterResourceWatch, ClusterResourceWatchSpec, ClusterResourceWatchStatus, ClusterSummary,
-    NodeProcess, NodeTop, ProcessOwner,
+    NodeOomKill, NodeProcess, NodeTop, ProcessOwner,
 };
 pub use policy::{RemediationPolicy, RemediationPolicySpec};
 

@@ -10,7 +10,8 @@ use std::{
 
 use resourcewatch_crds::{
     ClusterResourceWatchSpec, ClusterResourceWatchStatus, ClusterSummary, ConditionReason,
-    ConditionStatus, MAX_STATUS_NODES, NodeProcess, NodeTop, ProcessFigure, ProcessOwner,
+    ConditionStatus, MAX_STATUS_NODES, NodeOomKill, NodeProcess, NodeTop, OomScope, ProcessFigure,
+    ProcessOwner,
 };
 use resourcewatch_proto as pb;
 use resourcewatch_units::format_bytes;
@@ -113,12 +114,21 @@ pub fn compute(i: &Inputs<'_>) -> ClusterResourceWatchStatus {
         rows.truncate(MAX_STATUS_NODES);
     }
     status.nodes = rows;
+    status.oom_kills = node_kills(i, s);
     let host = |list: &[NodeProcess]| list.iter().find(|p| p.owner == ProcessOwner::Host).cloned();
     status.summary = ClusterSummary {
         top_cpu: status.top_cpu.first().map(|p| describe(p, true)),
         top_memory: status.top_memory.first().map(|p| describe(p, false)),
         top_host_cpu: host(&status.top_cpu).map(|p| describe(&p, true)),
         top_host_memory: host(&status.top_memory).map(|p| describe(&p, false)),
+        oom_kills: (!status.oom_kills.is_empty()).then(|| {
+            let system = status
+                .oom_kills
+                .iter()
+                .filter(|k| k.scope == OomScope::System)
+                .count();
+            format!("{} ({system} System)", status.oom_kills.len())
+        }),
     };
     let reporting = status.reporting_nodes;
     status.conditions = vec![cond(
@@ -204,6 +214,58 @@ fn attribute(node: &str, p: &pb::Process, cpu: bool, pods: &PodIndex) -> NodePro
             .and_then(|x| x.containers.get(&p.container_id).cloned())
             .unwrap_or_default(),
     }
+}
+
+/// Kills the view keeps: what it stored, and what the selected nodes' agents report
+/// (each kill once, by node, pid and time; an agent repeats one for ten minutes), the host's
+/// only with `includeHostProcesses`, the newest `MAX_NODE_KILLS`.
+fn node_kills(i: &Inputs<'_>, s: &ViewSettings) -> Vec<NodeOomKill> {
+    const MAX_NODE_KILLS: usize = 20;
+    let key = |k: &NodeOomKill| (k.time.clone(), k.process.node.clone(), k.process.pid);
+    let mut all: std::collections::BTreeMap<_, NodeOomKill> = i
+        .old
+        .iter()
+        .flat_map(|o| o.oom_kills.iter())
+        .filter(|k| i.selected.contains(&k.process.node))
+        .map(|k| (key(k), k.clone()))
+        .collect();
+    for n in i.nodes {
+        for k in n.last_report.iter().flat_map(|r| r.oom_kills.iter()) {
+            let as_process = pb::Process {
+                pid: k.pid,
+                command: k.command.clone(),
+                rss_bytes: k.memory_bytes,
+                pod_uid: k.pod_uid.clone(),
+                container_id: k.container_id.clone(),
+                ..Default::default()
+            };
+            let p = attribute(&n.name, &as_process, false, i.pods);
+            if !s.include_host && p.owner == ProcessOwner::Host {
+                continue;
+            }
+            let kill = NodeOomKill {
+                process: p.process,
+                time: crate::oom::rfc3339_ms(k.timestamp_unix_ms),
+                owner: p.owner,
+                namespace: p.namespace,
+                pod: p.pod,
+                container: p.container,
+                scope: if k.system_wide {
+                    OomScope::System
+                } else {
+                    OomScope::Cgroup
+                },
+                limit_bytes: (k.limit_bytes > 0).then_some(k.limit_bytes),
+                predicted: !k.predictions.is_empty(),
+            };
+            all.entry(key(&kill)).or_insert(kill);
+        }
+    }
+    let mut kills: Vec<NodeOomKill> = all.into_values().collect();
+    if kills.len() > MAX_NODE_KILLS {
+        kills.drain(..kills.len() - MAX_NODE_KILLS);
+    }
+    kills
 }
 
 /// Heaviest nodes first by CPU *or* memory: each node ranks by its better place in the two
@@ -350,6 +412,63 @@ mod tests {
             old: None,
             now: "2026-11-24T12:00:00Z",
         })
+    }
+
+    /// Every kill on the selected nodes is listed (the host's with includeHostProcesses),
+    /// named through the pod index, each once whatever the agents repeat.
+    #[test]
+    fn the_view_lists_the_nodes_oom_kills_once_named() {
+        let kill = |pid: u32, uid: &str, cid: &str, system_wide: bool| pb::OomKill {
+            pod_uid: uid.into(),
+            container_id: cid.into(),
+            pid,
+            command: "victim".into(),
+            timestamp_unix_ms: 1_800_000_000_000 + i64::from(pid),
+            system_wide,
+            memory_bytes: 64 << 20,
+            ..Default::default()
+        };
+        let mut n1 = node("n1", true, vec![], vec![]);
+        n1.last_report = Some(std::sync::Arc::new(pb::Report {
+            oom_kills: vec![kill(1, "uid-api", "cid-app", false), kill(2, "", "", true)],
+            ..Default::default()
+        }));
+        let nodes = [n1];
+        let pods_only = ViewSettings::from_spec(&spec(
+            serde_json::json!({"topK": 3, "includeHostProcesses": false}),
+        ));
+        let st = run(&pods_only, &nodes);
+        assert_eq!(st.oom_kills.len(), 1, "{:?}", st.oom_kills);
+        let k = &st.oom_kills[0];
+        assert_eq!(
+            (
+                k.namespace.as_str(),
+                k.pod.as_str(),
+                k.container.as_str(),
+                k.scope
+            ),
+            ("shop", "api-1", "app", OomScope::Cgroup)
+        );
+        assert_eq!(k.process.value, f64::from(64u32 << 20));
+        let with_host = ViewSettings::from_spec(&spec(
+            serde_json::json!({"topK": 3, "includeHostProcesses": true}),
+        ));
+        let st = run(&with_host, &nodes);
+        assert_eq!(st.oom_kills.len(), 2);
+        assert_eq!(st.oom_kills[1].owner, ProcessOwner::Host);
+        assert_eq!(st.summary.oom_kills.as_deref(), Some("2 (1 System)"));
+        // Reported again, with the stored status: still once.
+        let selected: BTreeSet<String> = ["n1".to_owned()].into();
+        let again = compute(&Inputs {
+            generation: Some(3),
+            settings: &with_host,
+            selected: &selected,
+            nodes: &nodes,
+            pods: &pods(),
+            old: Some(&st),
+            now: "2026-11-24T12:00:10Z",
+        });
+        assert_eq!(again.oom_kills, st.oom_kills);
     }
 
     #[test]

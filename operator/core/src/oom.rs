@@ -85,7 +85,11 @@ pub fn merge<'a>(
     let mut all: BTreeMap<(String, String, u32), OomKillEntry> =
         stored.iter().map(|e| (key(e), e.clone())).collect();
     for (node, k) in reported {
-        let Some(pod) = by_uid.get(k.pod_uid.as_str()) else {
+        // A node speaks for the pods it runs only.
+        let Some(pod) = by_uid
+            .get(k.pod_uid.as_str())
+            .filter(|p| p.node.as_deref() == Some(node))
+        else {
             continue;
         };
         let e = grade(min_confidence, node, pod, k);
@@ -141,7 +145,7 @@ pub fn note(k: &OomKillEntry) -> String {
     format!("{who} was OOM-killed on {}: {limit}; {graded}", k.node)
 }
 
-fn rfc3339_ms(unix_ms: i64) -> String {
+pub(crate) fn rfc3339_ms(unix_ms: i64) -> String {
     jiff::Timestamp::from_millisecond(unix_ms)
         .map(|t| format!("{t:.3}"))
         .unwrap_or_default()

@@ -75,10 +75,6 @@ impl NodeTargets {
         }
     }
 
-    fn has_pod(&self, pod_uid: &str) -> bool {
-        self.pods.contains_key(pod_uid)
-    }
-
     fn has(&self, pod_uid: &str, container_id: &str) -> bool {
         self.pods
             .get(pod_uid)
@@ -195,14 +191,12 @@ pub fn report(r: &mut pb::Report, targets: &NodeTargets) -> Dropped {
         truncate(&mut l.command, MAX_TEXT);
         Ok(())
     });
-    // A kill's container is usually gone from the targets already (restarted under a new
-    // id): its pod must be one this node was asked to track.
+    // Kills are node-wide (the node view lists every one; a kill's container is usually
+    // gone from the targets already, restarted under a new id): a watch keeps only those
+    // of its pods that run on the reporting node (oom::merge).
     cap(&mut r.oom_kills, pb::MAX_OOM_KILLS_PER_REPORT, &mut d);
     let mut seen = BTreeSet::new();
     retain_counted(&mut r.oom_kills, &mut d, |k| {
-        if !targets.has_pod(&k.pod_uid) {
-            return Err(Drop::NotOnNode);
-        }
         if !seen.insert((k.pid, k.timestamp_unix_ms)) {
             return Err(Drop::Duplicate);
         }
@@ -310,8 +304,8 @@ mod tests {
         assert_eq!(d.get(&Drop::OutOfRange), Some(&1));
     }
 
-    /// A kill speaks for a pod of this node (its container may be gone, restarted under a
-    /// new id), once, with bounded, finite verdicts.
+    /// A kill is kept once (any pod's: the node view lists all; a watch checks the pod's
+    /// node), with bounded, finite verdicts.
     #[test]
     fn oom_kills_are_the_nodes_own_once_with_finite_verdicts() {
         let verdict = |tto: f64| pb::Prediction {
@@ -336,9 +330,8 @@ mod tests {
             ..Default::default()
         };
         let d = report(&mut r, &targets());
-        assert_eq!(r.oom_kills.len(), 1, "{:?}", r.oom_kills);
+        assert_eq!(r.oom_kills.len(), 2, "{:?}", r.oom_kills);
         assert_eq!(d.get(&Drop::Duplicate), Some(&1));
-        assert_eq!(d.get(&Drop::NotOnNode), Some(&1));
         let k = &r.oom_kills[0];
         assert!(k.predictions.len() <= pb::MAX_PREDICTIONS_PER_KILL);
         assert!(
