@@ -54,7 +54,7 @@ fn run(ns: &str, args: &[&str]) -> (bool, String) {
     outcome(&out)
 }
 
-/// `kubectl resourcewatch profile POD --duration D -o DIR`, started (it waits for an answer).
+/// `kubectl resourcewatch profile POD --duration D --output-dir DIR`, started (it waits for an answer).
 fn start_profile(
     ns: &str,
     pod: &str,
@@ -71,7 +71,7 @@ fn start_profile(
             duration,
             "--timeout",
             "60s",
-            "-o",
+            "--output-dir",
         ])
         .arg(dir)
         .stdout(std::process::Stdio::piped())
@@ -155,7 +155,11 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
                    "growthBytesPerSecond": 2097152.0, "confidence": 91,
                    "timeToOOMSeconds": 125.0, "timeToOOMLowerBoundSeconds": 100.0,
                    "limitBytes": 268435456,
-                   "growthSites": [{"frames": ["grow_cache", "handle"], "bytes": 4096, "percent": 97.0}]}]
+                   "growthSites": [{"frames": ["grow_cache", "handle"], "bytes": 4096, "percent": 97.0}]}],
+        "oomKills": [{"pod": "api-1", "container": "app", "node": "n1", "time": "2026-11-26T10:05:00.000Z",
+                      "pid": 4243, "command": "java", "scope": "Cgroup", "limitBytes": 268435456,
+                      "memoryBytes": 268000000, "predicted": true, "warnedSecondsBefore": 121.0,
+                      "etaErrorAtFirstAlertSeconds": 4.0, "lowerBoundHeld": true}]
     }});
     rws.patch_status("api", &PatchParams::default(), &Patch::Merge(&status))
         .await
@@ -179,6 +183,50 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
     ] {
         assert!(out.contains(cell), "leaks: {cell} in\n{out}");
     }
+    // kubectl's conventions: the kills, as a table, headless, as JSON, by label, through
+    // an explicit kubeconfig and context, and the completion script.
+    let (ok, out) = run(n, &["kills"]);
+    assert!(ok, "{out}");
+    for cell in ["api-1", "Cgroup", "yes", "2m1s", "+4s"] {
+        assert!(out.contains(cell), "kills: {cell} in\n{out}");
+    }
+    let (ok, out) = run(n, &["kills", "--no-headers", "-o", "wide"]);
+    assert!(
+        ok && !out.contains("WATCH") && out.contains("256Mi"),
+        "{out}"
+    );
+    let (ok, out) = run(n, &["kills", "-o", "json"]);
+    assert!(ok, "{out}");
+    let list: serde_json::Value = serde_json::from_str(&out).expect("kills -o json is JSON");
+    assert_eq!(list["items"][0]["pid"], 4243, "{out}");
+    assert_eq!(list["items"][0]["resourcewatch"], "api", "{out}");
+    let (ok, out) = run(n, &["top", "-l", "nobody=here"]);
+    assert!(!ok && out.contains("matching nobody=here"), "{out}");
+    let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+    let contexts = Command::new(cluster::kubectl())
+        .args(["config", "current-context"])
+        .output()
+        .expect("kubectl");
+    let context = String::from_utf8_lossy(&contexts.stdout).trim().to_owned();
+    let (ok, out) = run(
+        n,
+        &[
+            "top",
+            "api",
+            "--kubeconfig",
+            &kubeconfig,
+            "--context",
+            &context,
+        ],
+    );
+    assert!(ok && out.contains("4242"), "{out}");
+    let (ok, out) = run(n, &["top", "--context", "no-such-context"]);
+    assert!(!ok && out.contains("context"), "{out}");
+    let (ok, out) = run(n, &["completion", "bash"]);
+    assert!(
+        ok && out.contains("kubectl-resourcewatch") && out.contains("kills"),
+        "{out}"
+    );
     let (ok, out) = run(n, &["explain", "api"]);
     assert!(ok, "{out}");
     assert!(out.contains("Degraded=True (AgentsMissing)"), "{out}");

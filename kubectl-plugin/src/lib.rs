@@ -10,6 +10,118 @@ use std::fmt::Write as _;
 
 use resourcewatch_crds::{ResourceWatch, ResourceWatchStatus, cluster::ClusterResourceWatch};
 use resourcewatch_units::{format_bytes, format_duration};
+use serde_json::Value;
+
+/// `-o`: kubectl's output formats that fit a listing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    /// The table with its extra columns.
+    Wide,
+    /// `{"kind": "List", "items": [...]}` as kubectl prints a list: each item is the
+    /// status entry as the API holds it, with its watch's namespace and name.
+    Json,
+    Yaml,
+}
+
+/// What a command lists: a row per entry for people, the entry itself for programs.
+pub struct Listing {
+    pub header: Vec<&'static str>,
+    /// How many of the last columns only `-o wide` shows.
+    pub wide: usize,
+    pub rows: Vec<Vec<String>>,
+    pub items: Vec<Value>,
+    /// What a table says when there is nothing (a bare header says nothing).
+    pub empty: &'static str,
+}
+
+/// `--sort-by`'s field: a JSONPath into each item, as kubectl takes it (`.process.value`,
+/// `{.warnedSecondsBefore}`); `[n]` indexes are not supported.
+fn field<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    let path = path.trim().trim_start_matches('{').trim_end_matches('}');
+    path.split('.')
+        .filter(|k| !k.is_empty())
+        .try_fold(v, |v, k| v.get(k))
+}
+
+impl Listing {
+    /// Orders rows and items by `path` in each item: numbers by value, text by its order,
+    /// entries without the field last (a stable sort: ties keep the command's order).
+    pub fn sort_by(&mut self, path: &str) -> Result<(), String> {
+        if !self.items.is_empty() && self.items.iter().all(|i| field(i, path).is_none()) {
+            return Err(format!(
+                "--sort-by {path}: no item has this field (see -o json for the fields)"
+            ));
+        }
+        let mut order: Vec<usize> = (0..self.items.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (field(&self.items[a], path), field(&self.items[b], path));
+            match (x, y) {
+                (Some(Value::Number(x)), Some(Value::Number(y))) => x
+                    .as_f64()
+                    .unwrap_or(0.0)
+                    .total_cmp(&y.as_f64().unwrap_or(0.0)),
+                (Some(x), Some(y)) => x.to_string().cmp(&y.to_string()),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (None, None) => std::cmp::Ordering::Equal,
+            }
+        });
+        self.items = order.iter().map(|&i| self.items[i].clone()).collect();
+        self.rows = order.iter().map(|&i| self.rows[i].clone()).collect();
+        Ok(())
+    }
+
+    pub fn render(&self, format: Format, headers: bool) -> Result<String, String> {
+        let list = || serde_json::json!({"apiVersion": "v1", "kind": "List", "items": self.items});
+        match format {
+            Format::Json => serde_json::to_string_pretty(&list())
+                .map(|s| s + "\n")
+                .map_err(|e| e.to_string()),
+            Format::Yaml => serde_saphyr::to_string(&list()).map_err(|e| e.to_string()),
+            Format::Table | Format::Wide if self.rows.is_empty() => Ok(if headers {
+                format!("{}\n", self.empty)
+            } else {
+                String::new()
+            }),
+            Format::Table | Format::Wide => {
+                let keep = if format == Format::Wide {
+                    self.header.len()
+                } else {
+                    self.header.len() - self.wide
+                };
+                let rows: Vec<Vec<String>> = self
+                    .rows
+                    .iter()
+                    .map(|r| r.iter().take(keep).cloned().collect())
+                    .collect();
+                let t = table(&self.header[..keep], &rows);
+                Ok(if headers {
+                    t
+                } else {
+                    t.split_once('\n')
+                        .map_or(String::new(), |(_, rest)| rest.to_owned())
+                })
+            }
+        }
+    }
+}
+
+/// An entry of a watch's status as an item: the entry's own fields and its watch's.
+fn item(w: &ResourceWatch, entry: &impl serde::Serialize) -> Value {
+    let mut v = serde_json::to_value(entry).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.insert(
+            "namespace".into(),
+            w.metadata.namespace.clone().unwrap_or_default().into(),
+        );
+        m.insert(
+            "resourcewatch".into(),
+            w.metadata.name.clone().unwrap_or_default().into(),
+        );
+    }
+    v
+}
 
 /// Left-aligned columns separated by three spaces, as `kubectl get` prints them.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
@@ -62,7 +174,16 @@ fn name(w: &ResourceWatch) -> String {
 
 /// The Top-K of each watch: CPU (percent of one core) or resident memory.
 pub fn top(watches: &[ResourceWatch], memory: bool) -> String {
+    render_table(top_listing(watches, memory))
+}
+
+fn render_table(l: Listing) -> String {
+    l.render(Format::Table, true).unwrap_or_default()
+}
+
+pub fn top_listing(watches: &[ResourceWatch], memory: bool) -> Listing {
     let mut rows = Vec::new();
+    let mut items = Vec::new();
     for w in watches {
         let st = w.status.clone().unwrap_or_default();
         let list = if memory { &st.top_memory } else { &st.top_cpu };
@@ -82,14 +203,12 @@ pub fn top(watches: &[ResourceWatch], memory: bool) -> String {
                 dash(&e.process.command),
                 value,
             ]);
+            items.push(item(w, e));
         }
     }
-    if rows.is_empty() {
-        return "No Top-K figures yet (no agent has reported for these watches).\n".into();
-    }
     let figure = if memory { "RSS" } else { "CPU" };
-    table(
-        &[
+    Listing {
+        header: vec![
             "WATCH",
             "RANK",
             "POD",
@@ -99,12 +218,19 @@ pub fn top(watches: &[ResourceWatch], memory: bool) -> String {
             "COMMAND",
             figure,
         ],
-        &rows,
-    )
+        wide: 0,
+        rows,
+        items,
+        empty: "No Top-K figures yet (no agent has reported for these watches).",
+    }
 }
 
 /// The node view (a ClusterResourceWatch): the heaviest processes of the selected nodes.
 pub fn node_top(w: &ClusterResourceWatch, memory: bool) -> String {
+    render_table(node_top_listing(w, memory))
+}
+
+pub fn node_top_listing(w: &ClusterResourceWatch, memory: bool) -> Listing {
     let st = w.status.clone().unwrap_or_default();
     let list = if memory { &st.top_memory } else { &st.top_cpu };
     let rows: Vec<Vec<String>> = list
@@ -130,16 +256,128 @@ pub fn node_top(w: &ClusterResourceWatch, memory: bool) -> String {
             ]
         })
         .collect();
-    if rows.is_empty() {
-        return "No figures yet (no agent of the selected nodes has reported).\n".into();
-    }
     let figure = if memory { "RSS" } else { "CPU" };
-    table(&["RANK", "NODE", "PID", "COMMAND", "OWNER", figure], &rows)
+    Listing {
+        header: vec!["RANK", "NODE", "PID", "COMMAND", "OWNER", figure],
+        wide: 0,
+        rows,
+        items: list
+            .iter()
+            .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
+            .collect(),
+        empty: "No figures yet (no agent of the selected nodes has reported).",
+    }
+}
+
+/// The node view's OOM kills, oldest first.
+pub fn node_kills_listing(w: &ClusterResourceWatch) -> Listing {
+    let st = w.status.clone().unwrap_or_default();
+    let rows = st
+        .oom_kills
+        .iter()
+        .map(|k| {
+            let owner = if k.pod.is_empty() {
+                format!("{:?}", k.owner).to_lowercase()
+            } else {
+                format!("{}/{}", k.namespace, k.pod)
+            };
+            vec![
+                k.time.clone(),
+                k.process.node.clone(),
+                k.process.pid.to_string(),
+                dash(&k.process.command),
+                owner,
+                dash(&k.container),
+                format!("{:?}", k.scope),
+                k.limit_bytes.map_or_else(|| "-".into(), format_bytes),
+                if k.predicted { "yes" } else { "no" }.into(),
+            ]
+        })
+        .collect();
+    Listing {
+        header: vec![
+            "TIME",
+            "NODE",
+            "PID",
+            "COMMAND",
+            "OWNER",
+            "CONTAINER",
+            "SCOPE",
+            "LIMIT",
+            "LEAK LISTED",
+        ],
+        wide: 0,
+        rows,
+        items: st
+            .oom_kills
+            .iter()
+            .map(|k| serde_json::to_value(k).unwrap_or(Value::Null))
+            .collect(),
+        empty: "No OOM kills seen on the selected nodes.",
+    }
+}
+
+/// The OOM kills of each watch's containers, graded, oldest first.
+pub fn kills_listing(watches: &[ResourceWatch]) -> Listing {
+    let mut rows = Vec::new();
+    let mut items = Vec::new();
+    for w in watches {
+        let st = w.status.clone().unwrap_or_default();
+        for k in &st.oom_kills {
+            let signed = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:+.0}s"));
+            rows.push(vec![
+                name(w),
+                k.pod.clone(),
+                dash(&k.container),
+                k.node.clone(),
+                k.time.clone(),
+                format!("{:?}", k.scope),
+                if k.predicted { "yes" } else { "no" }.into(),
+                secs(k.warned_seconds_before),
+                signed(k.eta_error_at_first_alert_seconds),
+                signed(k.eta_error_at_halfway_seconds),
+                k.lower_bound_held
+                    .map_or("-", |h| if h { "yes" } else { "no" })
+                    .into(),
+                k.limit_bytes.map_or_else(|| "-".into(), format_bytes),
+                k.pid.to_string(),
+                dash(&k.command),
+            ]);
+            items.push(item(w, k));
+        }
+    }
+    Listing {
+        header: vec![
+            "WATCH",
+            "POD",
+            "CONTAINER",
+            "NODE",
+            "TIME",
+            "SCOPE",
+            "PREDICTED",
+            "WARNED",
+            "ETA ERROR",
+            "AT HALF-WAY",
+            "LOWER BOUND HELD",
+            "LIMIT",
+            "PID",
+            "COMMAND",
+        ],
+        wide: 5,
+        rows,
+        items,
+        empty: "No OOM kills of the watched containers.",
+    }
 }
 
 /// Leaking containers, soonest OOM first, with the heaviest growth site's leaf frame.
 pub fn leaks(watches: &[ResourceWatch]) -> String {
+    render_table(leaks_listing(watches))
+}
+
+pub fn leaks_listing(watches: &[ResourceWatch]) -> Listing {
     let mut rows = Vec::new();
+    let mut items = Vec::new();
     for w in watches {
         let st = w.status.clone().unwrap_or_default();
         for l in &st.leaks {
@@ -163,13 +401,11 @@ pub fn leaks(watches: &[ResourceWatch]) -> String {
                 l.limit_bytes.map_or_else(|| "-".into(), format_bytes),
                 site,
             ]);
+            items.push(item(w, l));
         }
     }
-    if rows.is_empty() {
-        return "No leaks predicted.\n".into();
-    }
-    table(
-        &[
+    Listing {
+        header: vec![
             "WATCH",
             "POD",
             "CONTAINER",
@@ -181,8 +417,11 @@ pub fn leaks(watches: &[ResourceWatch]) -> String {
             "LIMIT",
             "GROWS IN",
         ],
-        &rows,
-    )
+        wide: 0,
+        rows,
+        items,
+        empty: "No leaks predicted.",
+    }
 }
 
 /// One watch's state in words: conditions, coverage, nodes, leaks, remediation, profile.
@@ -302,6 +541,7 @@ pub fn profile_files(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -344,10 +584,66 @@ mod tests {
                            "growthBytesPerSecond": 1048576.0, "confidence": 88,
                            "timeToOOMSeconds": 245.4, "timeToOOMLowerBoundSeconds": 200.0,
                            "limitBytes": 268435456,
-                           "growthSites": [{"frames": ["leak_here", "main"], "bytes": 1000, "percent": 93.0}]}]
+                           "growthSites": [{"frames": ["leak_here", "main"], "bytes": 1000, "percent": 93.0}]}],
+                "oomKills": [
+                    {"pod": "api-3", "container": "app", "node": "n1", "time": "2026-11-26T10:05:00.000Z",
+                     "pid": 9, "command": "java", "scope": "Cgroup", "limitBytes": 268435456,
+                     "memoryBytes": 268000000, "predicted": true, "warnedSecondsBefore": 48.0,
+                     "etaErrorAtFirstAlertSeconds": 4.0, "etaErrorAtHalfwaySeconds": -1.0,
+                     "lowerBoundHeld": true},
+                    {"pod": "api-1", "container": "app", "node": "n2", "time": "2026-11-26T10:01:00.000Z",
+                     "pid": 11, "scope": "System", "memoryBytes": 1000, "predicted": false}
+                ]
             }
         }))
         .expect("watch")
+    }
+
+    /// Kills as a table (graded), wide, headless, as a List of the status's entries, and
+    /// sorted by a field of those.
+    #[test]
+    fn kills_list_in_every_format_and_sort_by_a_field() {
+        let w = [watch()];
+        let mut l = kills_listing(&w);
+        let t = l.render(Format::Table, true).unwrap();
+        assert!(t.starts_with("WATCH"), "{t}");
+        assert!(!t.contains("LIMIT"), "LIMIT is a wide column: {t}");
+        let first = t.lines().nth(1).unwrap();
+        for cell in ["shop/api", "api-3", "Cgroup", "yes", "48s", "+4s"] {
+            assert!(first.contains(cell), "{cell} in {first}");
+        }
+        assert!(t.lines().nth(2).unwrap().contains("System"), "{t}");
+        let wide = l.render(Format::Wide, true).unwrap();
+        assert!(
+            wide.contains("LIMIT") && wide.contains("256Mi") && wide.contains("-1s"),
+            "{wide}"
+        );
+        let headless = l.render(Format::Table, false).unwrap();
+        assert_eq!(headless.lines().count(), 2, "{headless}");
+        assert!(!headless.contains("WATCH"));
+        let json: Value = serde_json::from_str(&l.render(Format::Json, true).unwrap()).unwrap();
+        assert_eq!(json["kind"], "List");
+        assert_eq!(json["items"][0]["warnedSecondsBefore"], 48.0);
+        assert_eq!(json["items"][0]["resourcewatch"], "api");
+        assert_eq!(json["items"][0]["namespace"], "shop");
+        let yaml = l.render(Format::Yaml, true).unwrap();
+        assert!(
+            yaml.contains("kind: List") && yaml.contains("pod: api-3"),
+            "{yaml}"
+        );
+        l.sort_by(".time").unwrap();
+        assert_eq!(l.items[0]["pod"], "api-1", "oldest first");
+        assert!(
+            l.rows[0].contains(&"api-1".to_string()),
+            "rows follow the items"
+        );
+        assert!(l.sort_by("{.noSuchField}").is_err());
+        let none = kills_listing(&[]);
+        assert_eq!(
+            none.render(Format::Table, true).unwrap(),
+            "No OOM kills of the watched containers.\n"
+        );
+        assert_eq!(none.render(Format::Table, false).unwrap(), "");
     }
 
     #[test]

@@ -8,13 +8,14 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{
     Api, Client,
     api::{ListParams, Patch, PatchParams},
     core::SelectorExt,
 };
+use kubectl_resourcewatch::{Format, Listing};
 use resourcewatch_crds::{
     PROFILE_ANNOTATION, ProfileState, ResourceWatch, cluster::ClusterResourceWatch,
 };
@@ -30,8 +31,51 @@ struct Args {
     /// The namespace (default: the kubeconfig context's).
     #[arg(short, long, global = true)]
     namespace: Option<String>,
+    /// The kubeconfig file to use (default: KUBECONFIG, then ~/.kube/config, then the
+    /// pod's service account).
+    #[arg(long, global = true, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// Output format of top, leaks and kills: a table (wide: with every column), or the
+    /// status entries as a JSON or YAML List.
+    #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Tables without their header line.
+    #[arg(long, global = true)]
+    no_headers: bool,
+    /// Only the watches with these labels (a label selector: `team=shop,tier!=batch`).
+    #[arg(short = 'l', long, global = true)]
+    selector: Option<String>,
+    /// Orders the entries by a field of each (a JSONPath as -o json shows the entries:
+    /// `.process.value`, `.warnedSecondsBefore`, `.time`).
+    #[arg(long, global = true, value_name = "JSONPATH")]
+    sort_by: Option<String>,
+    /// After the listing, print it again whenever it changes (until interrupted).
+    #[arg(short = 'w', long = "watch", global = true)]
+    follow: bool,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Output {
+    Table,
+    Wide,
+    Json,
+    Yaml,
+}
+
+impl From<Output> for Format {
+    fn from(o: Output) -> Self {
+        match o {
+            Output::Table => Format::Table,
+            Output::Wide => Format::Wide,
+            Output::Json => Format::Json,
+            Output::Yaml => Format::Yaml,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -56,14 +100,30 @@ enum Command {
         #[arg(short = 'A', long)]
         all_namespaces: bool,
     },
+    /// Containers the kernel OOM-killed and whether (how early, how accurately) each was
+    /// predicted; with --nodes, every OOM kill on a ClusterResourceWatch's nodes.
+    Kills {
+        watch: Option<String>,
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        /// The node view: a ClusterResourceWatch of this name.
+        #[arg(long, value_name = "CLUSTERRESOURCEWATCH")]
+        nodes: Option<String>,
+    },
+    /// A shell completion script: `source <(kubectl-resourcewatch completion bash)`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// A watch's state in words: conditions, nodes, leaks, remediation, the last profile.
     Explain { watch: String },
     /// Profile a pod's CPU: asks for it on the watch that selects the pod, waits, and
-    /// writes profile.folded, profile.svg and profile.pb.gz (pprof) into --output.
+    /// writes profile.folded, profile.svg and profile.pb.gz (pprof) into --output-dir.
     Profile {
         pod: String,
-        /// The watch to ask (default: the one watch of the namespace that selects the pod).
-        #[arg(long)]
+        /// The ResourceWatch to ask (default: the one watch of the namespace that selects
+        /// the pod). (-w/--watch is kubectl's "keep printing".)
+        #[arg(long = "resourcewatch", value_name = "WATCH")]
         watch: Option<String>,
         #[arg(short, long)]
         container: Option<String>,
@@ -71,8 +131,8 @@ enum Command {
         #[arg(short, long, default_value = "10s")]
         duration: String,
         /// The directory to write into (made if missing).
-        #[arg(short, long, default_value = ".")]
-        output: PathBuf,
+        #[arg(long, default_value = ".")]
+        output_dir: PathBuf,
         /// How long to wait for the result beyond the duration.
         #[arg(long, default_value = "90s")]
         timeout: String,
@@ -100,30 +160,70 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
-    let client = Client::try_default()
-        .await
-        .context("no Kubernetes configuration (KUBECONFIG or in-cluster)")?;
+/// A client for `--kubeconfig` and `--context` (as kubectl reads them), and the
+/// namespace to use.
+async fn client(args: &Args) -> anyhow::Result<(Client, String)> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .context("--context")?,
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster)")?,
+    };
     let ns = args
         .namespace
         .clone()
-        .unwrap_or_else(|| client.default_namespace().to_string());
-    match args.command {
+        .unwrap_or_else(|| config.default_namespace.clone());
+    Ok((
+        Client::try_from(config).context("the Kubernetes client")?,
+        ns,
+    ))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    if let Command::Completion { shell } = &args.command {
+        let mut cmd = Args::command();
+        clap_complete::generate(
+            *shell,
+            &mut cmd,
+            "kubectl-resourcewatch",
+            &mut std::io::stdout(),
+        );
+        return Ok(());
+    }
+    let (client, ns) = client(&args).await?;
+    let sel = args.selector.as_deref();
+    match &args.command {
         Command::Top {
             watch,
             memory,
             all_namespaces,
             nodes: Some(name),
         } => {
-            if watch.is_some() || all_namespaces {
+            if watch.is_some() || *all_namespaces {
                 bail!("--nodes shows a ClusterResourceWatch: no watch or -A with it");
             }
-            let api: Api<ClusterResourceWatch> = Api::all(client);
-            let w = api
-                .get(&name)
-                .await
-                .with_context(|| format!("ClusterResourceWatch {name}"))?;
-            print!("{}", kubectl_resourcewatch::node_top(&w, memory));
+            let memory = *memory;
+            list(&args, || async {
+                Ok(kubectl_resourcewatch::node_top_listing(
+                    &node_view(&client, name).await?,
+                    memory,
+                ))
+            })
+            .await?;
         }
         Command::Top {
             watch,
@@ -131,18 +231,51 @@ async fn run(args: Args) -> anyhow::Result<()> {
             all_namespaces,
             nodes: None,
         } => {
-            let ws = watches(&client, &ns, watch.as_deref(), all_namespaces).await?;
-            print!("{}", kubectl_resourcewatch::top(&ws, memory));
+            let memory = *memory;
+            list(&args, || async {
+                let ws = watches(&client, &ns, watch.as_deref(), *all_namespaces, sel).await?;
+                Ok(kubectl_resourcewatch::top_listing(&ws, memory))
+            })
+            .await?;
         }
         Command::Leaks {
             watch,
             all_namespaces,
         } => {
-            let ws = watches(&client, &ns, watch.as_deref(), all_namespaces).await?;
-            print!("{}", kubectl_resourcewatch::leaks(&ws));
+            list(&args, || async {
+                let ws = watches(&client, &ns, watch.as_deref(), *all_namespaces, sel).await?;
+                Ok(kubectl_resourcewatch::leaks_listing(&ws))
+            })
+            .await?;
+        }
+        Command::Kills {
+            watch,
+            all_namespaces,
+            nodes: Some(name),
+        } => {
+            if watch.is_some() || *all_namespaces {
+                bail!("--nodes shows a ClusterResourceWatch: no watch or -A with it");
+            }
+            list(&args, || async {
+                Ok(kubectl_resourcewatch::node_kills_listing(
+                    &node_view(&client, name).await?,
+                ))
+            })
+            .await?;
+        }
+        Command::Kills {
+            watch,
+            all_namespaces,
+            nodes: None,
+        } => {
+            list(&args, || async {
+                let ws = watches(&client, &ns, watch.as_deref(), *all_namespaces, sel).await?;
+                Ok(kubectl_resourcewatch::kills_listing(&ws))
+            })
+            .await?;
         }
         Command::Explain { watch } => {
-            let ws = watches(&client, &ns, Some(&watch), false).await?;
+            let ws = watches(&client, &ns, Some(watch), false, None).await?;
             for w in &ws {
                 print!("{}", kubectl_resourcewatch::explain(w));
             }
@@ -152,25 +285,62 @@ async fn run(args: Args) -> anyhow::Result<()> {
             watch,
             container,
             duration,
-            output,
+            output_dir,
             timeout,
         } => {
-            let duration = resourcewatch_units::parse_duration(&duration).context("--duration")?;
-            let timeout = resourcewatch_units::parse_duration(&timeout).context("--timeout")?;
+            let duration = resourcewatch_units::parse_duration(duration).context("--duration")?;
+            let timeout = resourcewatch_units::parse_duration(timeout).context("--timeout")?;
             profile(
                 &client,
                 &ns,
-                &pod,
-                watch,
+                pod,
+                watch.clone(),
                 container.as_deref(),
                 duration,
-                &output,
+                output_dir,
                 timeout,
             )
             .await?;
         }
+        Command::Completion { .. } => {}
     }
     Ok(())
+}
+
+async fn node_view(client: &Client, name: &str) -> anyhow::Result<ClusterResourceWatch> {
+    Api::<ClusterResourceWatch>::all(client.clone())
+        .get(name)
+        .await
+        .with_context(|| format!("ClusterResourceWatch {name}"))
+}
+
+/// Prints what `fetch` lists as `-o`, `--no-headers` and `--sort-by` ask; with `--watch`,
+/// again each time it changes (read every 2 s).
+async fn list<F, Fut>(args: &Args, fetch: F) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Listing>>,
+{
+    let mut last = String::new();
+    loop {
+        let mut l = fetch().await?;
+        if let Some(path) = &args.sort_by {
+            l.sort_by(path).map_err(anyhow::Error::msg)?;
+        }
+        let text = l
+            .render(args.output.into(), !args.no_headers)
+            .map_err(anyhow::Error::msg)?;
+        if text != last {
+            print!("{text}");
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+            last = text;
+        }
+        if !args.follow {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }
 
 async fn watches(
@@ -178,8 +348,12 @@ async fn watches(
     ns: &str,
     one: Option<&str>,
     all: bool,
+    selector: Option<&str>,
 ) -> anyhow::Result<Vec<ResourceWatch>> {
     if let Some(name) = one {
+        if selector.is_some() {
+            bail!("a watch's name and -l together: name it, or select by labels");
+        }
         let api: Api<ResourceWatch> = Api::namespaced(client.clone(), ns);
         return Ok(vec![
             api.get(name)
@@ -192,13 +366,15 @@ async fn watches(
     } else {
         Api::namespaced(client.clone(), ns)
     };
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .context("listing ResourceWatches")?;
+    let mut params = ListParams::default();
+    if let Some(s) = selector {
+        params = params.labels(s);
+    }
+    let list = api.list(&params).await.context("listing ResourceWatches")?;
     if list.items.is_empty() {
         bail!(
-            "no ResourceWatch in {}",
+            "no ResourceWatch{} in {}",
+            selector.map_or_else(String::new, |s| format!(" matching {s}")),
             if all { "any namespace" } else { ns }
         );
     }
@@ -237,10 +413,10 @@ async fn profile(
             match selecting.as_slice() {
                 [one] => one.clone(),
                 [] => bail!(
-                    "no ResourceWatch in {ns} selects pod {pod}: create one, or name it with --watch"
+                    "no ResourceWatch in {ns} selects pod {pod}: create one, or name it with --resourcewatch"
                 ),
                 many => bail!(
-                    "several ResourceWatches select pod {pod} ({}): pick one with --watch",
+                    "several ResourceWatches select pod {pod} ({}): pick one with --resourcewatch",
                     many.join(", ")
                 ),
             }
@@ -365,4 +541,62 @@ async fn profile(
         println!("wrote {}", p.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// clap's own consistency checks (unique flags across the global ones and each
+    /// command's: a clash panics only when that command is parsed).
+    #[test]
+    fn the_command_line_is_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn kubectls_flags_parse_where_kubectl_puts_them() {
+        let a = Args::try_parse_from([
+            "kubectl-resourcewatch",
+            "kills",
+            "-A",
+            "-o",
+            "json",
+            "--no-headers",
+            "-l",
+            "team=shop",
+            "--sort-by",
+            ".time",
+            "--context",
+            "prod",
+            "--kubeconfig",
+            "/tmp/kc",
+            "-w",
+        ])
+        .expect("parses");
+        assert!(matches!(a.output, Output::Json));
+        assert!(a.no_headers && a.follow);
+        assert_eq!(a.selector.as_deref(), Some("team=shop"));
+        assert_eq!(a.context.as_deref(), Some("prod"));
+        assert!(matches!(
+            a.command,
+            Command::Kills {
+                all_namespaces: true,
+                ..
+            }
+        ));
+        let p = Args::try_parse_from([
+            "kubectl-resourcewatch",
+            "profile",
+            "api-1",
+            "--resourcewatch",
+            "w",
+            "--output-dir",
+            "out",
+        ])
+        .expect("parses");
+        assert!(
+            matches!(p.command, Command::Profile { ref output_dir, .. } if output_dir == std::path::Path::new("out"))
+        );
+    }
 }
