@@ -106,6 +106,11 @@ pub struct Inputs<'a> {
     pub generation: Option<i64>,
     pub settings: &'a Result<WatchSettings, SpecError>,
     pub pods: &'a [SelectedPod],
+    /// Pods the selector matches that have finished (Succeeded, Failed): nothing is
+    /// tracked of them, but the OOM kill that ended one is still theirs.
+    pub finished: &'a [SelectedPod],
+    /// Nodes where only finished pods of the watch ran: read for their OOM kills alone.
+    pub kill_nodes: &'a [NodeView],
     pub nodes: &'a [NodeView],
     pub old: Option<&'a ResourceWatchStatus>,
     /// RFC 3339, seconds.
@@ -151,16 +156,22 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
     let (ranked, mut truncated) = f.rank(settings);
     let nodes = node_entries(i, &mut truncated);
     let (ready, degraded) = conditions(i, pending);
+    let with_finished: BTreeMap<&str, &SelectedPod> = i
+        .pods
+        .iter()
+        .chain(i.finished)
+        .map(|p| (p.uid.as_str(), p))
+        .collect();
     let oom_kills = crate::oom::merge(
         settings.min_confidence,
         i.old.map_or(&[][..], |o| &o.oom_kills[..]),
-        i.nodes.iter().flat_map(|n| {
+        i.nodes.iter().chain(i.kill_nodes).flat_map(|n| {
             n.last_report
                 .iter()
                 .flat_map(|r| r.oom_kills.iter())
                 .map(|k| (n.name.as_str(), k))
         }),
-        &by_uid,
+        &with_finished,
     );
     let mut summary = summary(&ranked);
     summary.oom_kills = crate::oom::summary(&oom_kills);
@@ -1143,6 +1154,8 @@ mod tests {
             generation: Some(1),
             settings,
             pods,
+            finished: &[],
+            kill_nodes: &[],
             nodes,
             old,
             now,
@@ -1354,6 +1367,44 @@ mod tests {
         );
     }
 
+    /// A pod that an OOM kill ended (restartPolicy Never: Failed) is no longer tracked,
+    /// and its node may run no other pod of the watch: its kill is still the watch's.
+    #[test]
+    fn the_kill_that_ended_a_pod_is_kept() {
+        let s = settings(serde_json::json!({}));
+        let mut done = pod("j", "n2");
+        done.exited_containers = std::mem::take(&mut done.containers);
+        let mut n2 = node("n2", vec![], vec![]);
+        n2.last_report = Some(std::sync::Arc::new(pb::Report {
+            oom_kills: vec![pb::OomKill {
+                pod_uid: "j".into(),
+                container_id: "cid-j".into(),
+                pid: 3,
+                timestamp_unix_ms: 1_800_000_000_000,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }));
+        let Outcome::Write { status, events, .. } = compute(&Inputs {
+            generation: Some(1),
+            settings: &s,
+            pods: &[],
+            finished: &[done],
+            kill_nodes: &[n2],
+            nodes: &[],
+            old: None,
+            now: "t0",
+        }) else {
+            panic!("held")
+        };
+        assert_eq!(status.matched_pods, 0, "a finished pod is not matched");
+        assert_eq!(status.oom_kills.len(), 1, "{:?}", status.oom_kills);
+        assert_eq!(status.oom_kills[0].pod, "pod-j");
+        assert_eq!(status.oom_kills[0].container, "app");
+        assert!(!status.oom_kills[0].predicted);
+        assert!(events.iter().any(|e| e.reason == "OOMKilled"));
+    }
+
     #[test]
     fn a_leak_is_listed_once_it_has_grown_the_minimum_time() {
         let s = settings(serde_json::json!({"leakDetection": {"minGrowingTime": "2m"}}));
@@ -1531,6 +1582,8 @@ mod tests {
                 generation: Some(1),
                 settings: &s,
                 pods: &pods,
+                finished: &[],
+                kill_nodes: &[],
                 nodes: &pending,
                 old: Some(&st),
                 now: "t1"
@@ -1542,6 +1595,8 @@ mod tests {
             generation: Some(2),
             settings: &s,
             pods: &pods,
+            finished: &[],
+            kill_nodes: &[],
             nodes: &pending,
             old: Some(&st),
             now: "t1",
@@ -1560,6 +1615,8 @@ mod tests {
             generation: Some(3),
             settings: &s,
             pods: &[],
+            finished: &[],
+            kill_nodes: &[],
             nodes: &[],
             old: None,
             now: "t0",
@@ -1576,6 +1633,8 @@ mod tests {
             generation: Some(3),
             settings: &s,
             pods: &[],
+            finished: &[],
+            kill_nodes: &[],
             nodes: &[],
             old: Some(&st),
             now: "t1",
@@ -1691,6 +1750,8 @@ mod size_tests {
             generation: Some(i64::MAX),
             settings: &s,
             pods: &pods,
+            finished: &[],
+            kill_nodes: &[],
             nodes: &nodes,
             old: Some(&old),
             now: "2026-11-23T20:00:00Z",

@@ -150,12 +150,28 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
     let pods: Vec<SelectedPod> = selected.iter().map(|p| selected_pod(p)).collect();
     let nodes: BTreeSet<String> = pods.iter().filter_map(|p| p.node.clone()).collect();
     let views = ctx.hub.view(&nodes);
+    let finished: Vec<SelectedPod> = match &settings {
+        Ok(s) => select_finished(ctx, &ns, s)
+            .iter()
+            .map(|p| selected_pod(p))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    // The nodes where only finished pods ran, read for their OOM kills alone.
+    let other_nodes: BTreeSet<String> = finished
+        .iter()
+        .filter_map(|p| p.node.clone())
+        .filter(|n| !nodes.contains(n))
+        .collect();
+    let other_views = ctx.hub.view(&other_nodes);
     let now_s = jiff::Timestamp::now().as_second();
     let now = jiff::Timestamp::from_second(now_s)?.to_string();
     let status_inputs = Inputs {
         generation: rw.meta().generation,
         settings: &settings,
         pods: &pods,
+        finished: &finished,
+        kill_nodes: &other_views,
         nodes: &views,
         old: rw.status.as_ref(),
         now: &now,
@@ -217,6 +233,21 @@ async fn not_now(ctx: &Context) -> Option<Duration> {
 /// The running pods of `ns` the watch's selector matches, from the pod cache (through the
 /// label index when the selector has an equality it can use).
 fn select_pods(ctx: &Context, ns: &str, s: &WatchSettings) -> Vec<Arc<Pod>> {
+    select_pods_where(ctx, ns, s, false)
+}
+
+/// Finished pods a reconcile looks at, at most: their OOM kills are named (a Job's pod
+/// killed by its limit fails), nothing else is read of them.
+const MAX_FINISHED_PODS: usize = 256;
+
+/// The watch's pods that have finished (Succeeded, Failed), at most `MAX_FINISHED_PODS`.
+fn select_finished(ctx: &Context, ns: &str, s: &WatchSettings) -> Vec<Arc<Pod>> {
+    let mut pods = select_pods_where(ctx, ns, s, true);
+    pods.truncate(MAX_FINISHED_PODS);
+    pods
+}
+
+fn select_pods_where(ctx: &Context, ns: &str, s: &WatchSettings, finished: bool) -> Vec<Arc<Pod>> {
     let candidates = ctx
         .pod_index
         .lock()
@@ -238,7 +269,7 @@ fn select_pods(ctx: &Context, ns: &str, s: &WatchSettings) -> Vec<Arc<Pod>> {
     };
     pods.into_iter()
         .filter(|p| selects(&s.pods, p.labels()))
-        .filter(|p| !is_terminal(p))
+        .filter(|p| is_terminal(p) == finished)
         .collect()
 }
 
