@@ -67,7 +67,7 @@ SKIPPED_TESTS := $(or $(CARGO_TARGET_DIR),target)/tmp/skipped-tests.txt
 
 unit: deps ## Unit and kernel integration tests (without root/BTF kernel tests skip and are listed; RW_REQUIRE_PRIVILEGED_TESTS=1 makes a skip a failure)
 	@rm -f $(SKIPPED_TESTS)
-	$(CARGO) test --workspace -- --test-threads=1
+	$(CARGO) test --workspace --no-fail-fast -- --test-threads=1
 	@if [ -s $(SKIPPED_TESTS) ]; then \
 	  echo "== $$(wc -l < $(SKIPPED_TESTS)) tests skipped (they need root, BTF and the kernel's tracepoints):"; \
 	  sed 's/^/   /' $(SKIPPED_TESTS); \
