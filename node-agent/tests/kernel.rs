@@ -1482,6 +1482,76 @@ fn a_sudden_allocation_is_killed_and_seen_with_no_prediction() {
     assert!(kill.rss_bytes > limit / 2, "{kill:?}");
 }
 
+/// The node running out of memory, no cgroup at its limit: the kill is seen as
+/// system-wide, against the node's memory. It fills the machine's memory, so it is ignored
+/// where `cargo test` runs it on a workstation or the CI host (24 GiB here) and run by
+/// `e2e/run-vm-kernel-tests.sh` in its 4 GiB VM, where the child (oom_score_adj 1000) is
+/// the kernel's choice.
+#[test]
+#[ignore = "fills the machine's memory: run in the VM by e2e/run-vm-kernel-tests.sh"]
+fn a_system_wide_oom_kill_is_seen_as_the_nodes() {
+    use resourcewatch_agent::snapshot::FrameBuilder;
+    use resourcewatch_workloads::MIB;
+    let Some(_k) = kernel_or_skip("a_system_wide_oom_kill_is_seen_as_the_nodes") else {
+        return;
+    };
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("MemTotal");
+    let total = total_kib * 1024;
+    assert!(
+        total <= 8 << 30,
+        "refusing to fill {} GiB of memory: run it in the VM (e2e/run-vm-kernel-tests.sh)",
+        total >> 30
+    );
+    let mut pipes = load(PipelineOptions::default());
+    let layout = pipes.cgroup_layout().clone();
+    let mut builder = FrameBuilder::new(1000, Some(layout));
+    let kid = Child::spawn(move || {
+        // Raising one's own oom_score_adj needs no privilege.
+        let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
+        let chunk = (256 * MIB) as usize;
+        let mut regions = Vec::new();
+        for _ in 0..(2 * total as usize / chunk + 1) {
+            let r = Region::new(chunk);
+            r.touch(0, chunk);
+            regions.push(r);
+        }
+    });
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    let r = unsafe { libc::waitpid(kid.pid as i32, &mut status, 0) };
+    assert_eq!(r, kid.pid as i32);
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
+        "killed by the OOM killer (status {status:#x})"
+    );
+    let pid = kid.pid;
+    std::mem::forget(kid); // reaped
+    let kill = oom_kill_of(&mut pipes, &mut builder, pid);
+    assert!(
+        kill.system_wide,
+        "the node's memory, not a cgroup's: {kill:?}"
+    );
+    assert_eq!(kill.limit_cgroup, None, "{kill:?}");
+    // Measured against the node's RAM (+ swap): about MemTotal.
+    assert!(
+        kill.limit_bytes >= total / 2 && kill.limit_bytes <= 2 * total,
+        "limit {} MiB, MemTotal {} MiB",
+        kill.limit_bytes >> 20,
+        total >> 20
+    );
+    assert!(
+        kill.rss_bytes > total / 4,
+        "victim's size {} MiB",
+        kill.rss_bytes >> 20
+    );
+}
+
 /// Under a seccomp filter that refuses bpf() with EPERM (the default profile of container
 /// runtimes that allow bpf only with CAP_SYS_ADMIN), the probe's privileges check fails
 /// and says what to change, although CAP_BPF is effective; without it the check holds.

@@ -347,5 +347,29 @@ pub fn render(f: &Frame, k: usize) -> String {
             );
         }
     }
+    if !f.oom_kills.is_empty() {
+        let _ = writeln!(s, "\nOOM KILLS (since the last frame)");
+        let _ = writeln!(
+            s,
+            "  PID     SCOPE          RSS       LIMIT  PREDICTED  COMMAND / CGROUP"
+        );
+        for k in &f.oom_kills {
+            let _ = writeln!(
+                s,
+                "  {:<7} {:<6}  {:>10}  {:>10}  {:<9}  {} {}",
+                k.pid,
+                if k.system_wide { "node" } else { "cgroup" },
+                format_bytes(k.rss_bytes),
+                format_bytes(k.limit_bytes),
+                if k.predictions.is_empty() {
+                    "no"
+                } else {
+                    "yes"
+                },
+                comm(&k.who.comm),
+                k.limit_cgroup.as_deref().unwrap_or("")
+            );
+        }
+    }
     s
 }
