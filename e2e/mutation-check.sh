@@ -9,9 +9,9 @@
 # The mutations of the RemediationPolicy change (closing note of that stop):
 #   ledger      operator/shell/src/ledger.rs     'let problem = last.filter(|t| known.now - t < known.counts_for).map(|t| {'
 #                                          'let problem = last.filter(|_| false).map(|t| {'           a_lost_or_unreadable
-#   podselector operator/shell/src/controller.rs 'granted_by: grants.covering(pod.labels()),'
+#   podselector operator/shell/src/controller/gather.rs 'granted_by: grants.covering(pod.labels()),'
 #                                          'granted_by: grants.policies.first().map(|p| p.0.clone()),'  restarts_are_granted
-#   evictright  operator/shell/src/controller.rs '            operator_may_evict(ctx, ns).await\n' '            Ok(())\n' restarts_are_granted
+#   evictright  operator/shell/src/controller/gather.rs '        operator_may_evict(ctx, ns).await\n' '        Ok(())\n' restarts_are_granted
 #   metrics     operator/shell/src/main.rs       'Some(auth)' -> 'None'  metrics_are_served
 set -uo pipefail
 cd "$(dirname "$0")/.."
