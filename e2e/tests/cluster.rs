@@ -774,6 +774,85 @@ async fn leak_listed_before_its_oom_kill(prefix: &str, node: cluster::Placement)
     ns.delete().await;
 }
 
+/// Kills are named by the container that died, also where no running container has its
+/// id any more: a sidecar killed beside a main container that keeps running, and an init
+/// container killed before the pod's containers could start (restartPolicy Never: that
+/// pod is then Failed).
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn kills_in_a_sidecar_and_an_init_container_are_named_by_their_container() {
+    let (client, ns) = cluster::test_namespace("rw-e2e-oom-named").await;
+    let n = ns.name.as_str();
+    let rws = cluster::watch_app(&client, n, "w", "named").await;
+    let sim = |name: &str, args: &[&str], limit: &str| {
+        serde_json::json!({
+            "name": name, "image": cluster::WORKLOADS_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/leak-sim"], "args": args,
+            "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
+        })
+    };
+    let flat = ["--pattern", "flat", "--baseline", "20MiB"];
+    let burst = cluster::leak_args("512MiB/s", "5");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), n);
+    for (name, spec) in [
+        (
+            "with-sidecar",
+            serde_json::json!({"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                "containers": [sim("main", &flat, "64Mi"), sim("sidecar", &burst, "48Mi")]}),
+        ),
+        (
+            "with-init",
+            serde_json::json!({"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                "initContainers": [sim("setup", &burst, "48Mi")],
+                "containers": [sim("main", &flat, "64Mi")]}),
+        ),
+    ] {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"app": "named"}},
+            "spec": spec,
+        }))
+        .expect("pod json");
+        pods.create(&PostParams::default(), &p)
+            .await
+            .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+    }
+    let s = status_where(&rws, "w", "both kills in status", 120, |s| {
+        ["with-sidecar", "with-init"]
+            .iter()
+            .all(|pod| s.oom_kills.iter().any(|k| k.pod == *pod))
+    })
+    .await;
+    let named: Vec<(&str, &str)> = s
+        .oom_kills
+        .iter()
+        .map(|k| (k.pod.as_str(), k.container.as_str()))
+        .collect();
+    eprintln!("kills: {named:?}");
+    assert!(named.contains(&("with-sidecar", "sidecar")), "{named:?}");
+    assert!(named.contains(&("with-init", "setup")), "{named:?}");
+    assert!(
+        s.oom_kills
+            .iter()
+            .all(|k| k.scope == resourcewatch_crds::OomScope::Cgroup
+                && k.limit_bytes == Some(48 << 20)),
+        "{:?}",
+        s.oom_kills
+    );
+    // The sidecar's neighbour kept running.
+    let p = pods.get("with-sidecar").await.expect("pod");
+    let main_running = p
+        .status
+        .and_then(|s| s.container_statuses)
+        .into_iter()
+        .flatten()
+        .any(|c| c.name == "main" && c.state.and_then(|s| s.running).is_some());
+    assert!(
+        main_running,
+        "the main container beside the killed sidecar runs"
+    );
+    ns.delete().await;
+}
+
 /// A container that allocates past its limit at once is OOM-killed with nothing listed
 /// before: the status records the kill as not predicted (a miss), and an Event says so.
 #[tokio::test]
