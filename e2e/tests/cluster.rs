@@ -791,7 +791,7 @@ async fn kills_in_a_sidecar_and_an_init_container_are_named_by_their_container()
             "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
         })
     };
-    let flat = ["--pattern", "flat", "--baseline", "20MiB"];
+    let flat = ["--pattern", "flat", "--size", "20MiB"];
     let burst = cluster::leak_args("512MiB/s", "5");
     let pods: Api<Pod> = Api::namespaced(client.clone(), n);
     for (name, spec) in [
@@ -838,18 +838,25 @@ async fn kills_in_a_sidecar_and_an_init_container_are_named_by_their_container()
         "{:?}",
         s.oom_kills
     );
-    // The sidecar's neighbour kept running.
-    let p = pods.get("with-sidecar").await.expect("pod");
-    let main_running = p
-        .status
-        .and_then(|s| s.container_statuses)
-        .into_iter()
-        .flatten()
-        .any(|c| c.name == "main" && c.state.and_then(|s| s.running).is_some());
-    assert!(
-        main_running,
-        "the main container beside the killed sidecar runs"
-    );
+    // The sidecar's neighbour keeps running (the pod's status may lag the kills).
+    wait_for(
+        "the main container beside the killed sidecar running",
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            async move {
+                let p = pods.get("with-sidecar").await?;
+                Ok(p.status
+                    .and_then(|s| s.container_statuses)
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c.name == "main" && c.state.and_then(|s| s.running).is_some())
+                    .then_some(()))
+            }
+        },
+    )
+    .await
+    .expect("main runs");
     ns.delete().await;
 }
 
