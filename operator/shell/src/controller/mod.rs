@@ -143,20 +143,14 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
         name: rw.name_any(),
     };
     let settings = WatchSettings::from_spec(&rw.spec, &ctx.remediation.floors);
-    let selected = match &settings {
+    let (selected, finished) = match &settings {
         Ok(s) => select_pods(ctx, &ns, s),
-        Err(_) => Vec::new(),
+        Err(_) => Default::default(),
     };
     let pods: Vec<SelectedPod> = selected.iter().map(|p| selected_pod(p)).collect();
     let nodes: BTreeSet<String> = pods.iter().filter_map(|p| p.node.clone()).collect();
     let views = ctx.hub.view(&nodes);
-    let finished: Vec<SelectedPod> = match &settings {
-        Ok(s) => select_finished(ctx, &ns, s)
-            .iter()
-            .map(|p| selected_pod(p))
-            .collect(),
-        Err(_) => Vec::new(),
-    };
+    let finished: Vec<SelectedPod> = finished.iter().map(|p| selected_pod(p)).collect();
     // The nodes where only finished pods ran, read for their OOM kills alone.
     let other_nodes: BTreeSet<String> = finished
         .iter()
@@ -230,24 +224,14 @@ async fn not_now(ctx: &Context) -> Option<Duration> {
         .then_some(Duration::from_millis(500))
 }
 
-/// The running pods of `ns` the watch's selector matches, from the pod cache (through the
-/// label index when the selector has an equality it can use).
-fn select_pods(ctx: &Context, ns: &str, s: &WatchSettings) -> Vec<Arc<Pod>> {
-    select_pods_where(ctx, ns, s, false)
-}
-
 /// Finished pods a reconcile looks at, at most: their OOM kills are named (a Job's pod
 /// killed by its limit fails), nothing else is read of them.
 const MAX_FINISHED_PODS: usize = 256;
 
-/// The watch's pods that have finished (Succeeded, Failed), at most `MAX_FINISHED_PODS`.
-fn select_finished(ctx: &Context, ns: &str, s: &WatchSettings) -> Vec<Arc<Pod>> {
-    let mut pods = select_pods_where(ctx, ns, s, true);
-    pods.truncate(MAX_FINISHED_PODS);
-    pods
-}
-
-fn select_pods_where(ctx: &Context, ns: &str, s: &WatchSettings, finished: bool) -> Vec<Arc<Pod>> {
+/// The pods of `ns` the watch's selector matches, from the pod cache (through the label
+/// index when the selector has an equality it can use), in one pass: the running ones,
+/// and those that finished (Succeeded, Failed; at most `MAX_FINISHED_PODS`).
+fn select_pods(ctx: &Context, ns: &str, s: &WatchSettings) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
     let candidates = ctx
         .pod_index
         .lock()
@@ -267,10 +251,13 @@ fn select_pods_where(ctx: &Context, ns: &str, s: &WatchSettings, finished: bool)
             .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
             .collect(),
     };
-    pods.into_iter()
+    let (finished, running): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) = pods
+        .into_iter()
         .filter(|p| selects(&s.pods, p.labels()))
-        .filter(|p| is_terminal(p) == finished)
-        .collect()
+        .partition(|p| is_terminal(p));
+    let mut finished = finished;
+    finished.truncate(MAX_FINISHED_PODS);
+    (running, finished)
 }
 
 /// One reconcile's watch and what was read for it, for carrying out its plan.
