@@ -225,22 +225,7 @@ static __always_inline void probe_rss(struct mm_struct *mm, struct rss *r)
 	if ((__s64)r->shmem < 0) r->shmem = 0;
 }
 
-static __always_inline __u64 probe_task_cgroup_id(struct task_struct *task)
-{
-	struct css_set *cset = BPF_CORE_READ(task, cgroups);
-	if (!cset)
-		return 0;
-	if (!rw_config.cgroup_v1_memory)
-		return BPF_CORE_READ(cset, dfl_cgrp, kn, id);
-	struct cgroup_subsys_state *css = 0;
-	__u32 off = bpf_core_field_offset(struct css_set, subsys) +
-		    bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id) * sizeof(void *);
-	if (bpf_probe_read_kernel(&css, sizeof(css), (void *)cset + off) || !css)
-		return 0;
-	return BPF_CORE_READ(css, cgroup, kn, id);
-}
-
-/* The victim's memory cgroup (its css in the memory controller: v1 or v2). */
+/* A task's memory cgroup (its css in the memory controller, v1 or v2): the limit. */
 static __always_inline struct cgroup_subsys_state *probe_memory_css(struct task_struct *task)
 {
 	struct css_set *cset = BPF_CORE_READ(task, cgroups);
@@ -252,6 +237,14 @@ static __always_inline struct cgroup_subsys_state *probe_memory_css(struct task_
 	if (bpf_probe_read_kernel(&css, sizeof(css), (void *)cset + off))
 		return 0;
 	return css;
+}
+
+static __always_inline __u64 probe_task_cgroup_id(struct task_struct *task)
+{
+	if (!rw_config.cgroup_v1_memory)
+		return BPF_CORE_READ(task, cgroups, dfl_cgrp, kn, id);
+	struct cgroup_subsys_state *css = probe_memory_css(task);
+	return css ? BPF_CORE_READ(css, cgroup, kn, id) : 0;
 }
 
 /* Streams one OOM kill: the victim's size and cgroup, read before it exits, and the

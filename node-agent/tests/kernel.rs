@@ -474,6 +474,37 @@ impl TestCgroup {
             .expect("move into the cgroup");
     }
 
+    /// A test cgroup whose memory limit is `bytes` (memory.max on v2,
+    /// memory.limit_in_bytes on v1).
+    fn with_limit(layout: &CgroupLayout, bytes: u64) -> TestCgroup {
+        let cg = TestCgroup::new(layout);
+        let file = if cg.dir.join("memory.max").exists() {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        std::fs::write(cg.dir.join(file), bytes.to_string()).expect("set the limit");
+        cg
+    }
+
+    /// Forks a child that runs `work` only once it is in this cgroup.
+    fn spawn(&self, work: impl FnOnce()) -> Child {
+        let mut p = [0i32; 2];
+        // SAFETY: a pipe that gates the child until it is in the cgroup.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        let gate = p[0];
+        let kid = Child::spawn(move || {
+            let mut b = [0u8; 1];
+            // SAFETY: blocking read on our pipe end.
+            unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+            work();
+        });
+        self.add(kid.pid);
+        // SAFETY: releasing the child.
+        unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
+        kid
+    }
+
     /// Makes this cgroup the pipelines' only exact target; its id.
     fn target(&self, layout: &CgroupLayout, pipes: &mut Pipelines) -> u64 {
         let rel = format!("/rw-test-{}", std::process::id());
@@ -1247,24 +1278,13 @@ fn time_to_oom_predicts_the_real_kill() {
     };
     let mut pipes = load(PipelineOptions::default());
     let layout = pipes.cgroup_layout().clone();
-    let cg = TestCgroup::new(&layout);
     let limit: u64 = 96 * MIB;
-    let limit_file = if cg.dir.join("memory.max").exists() {
-        "memory.max"
-    } else {
-        "memory.limit_in_bytes"
-    };
-    std::fs::write(cg.dir.join(limit_file), limit.to_string()).expect("set the limit");
+    let cg = TestCgroup::with_limit(&layout, limit);
     let mut builder = FrameBuilder::new(1000, Some(layout));
     builder.leak_min_confidence = 0;
-    let mut p = [0i32; 2];
-    // SAFETY: a pipe that gates the child until it is in the cgroup.
-    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-    let gate = p[0];
-    let kid = Child::spawn(move || {
-        let mut b = [0u8; 1];
-        // SAFETY: blocking read on our pipe end.
-        unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+    let start = now();
+    let start_ns = resourcewatch_agent::procfs::realtime_ns(); // frames are stamped in wall time
+    let kid = cg.spawn(|| {
         run(
             &Pattern::Leak {
                 baseline: 8 * MIB,
@@ -1274,11 +1294,6 @@ fn time_to_oom_predicts_the_real_kill() {
             &|| false,
         );
     });
-    cg.add(kid.pid);
-    let start = now();
-    let start_ns = resourcewatch_agent::procfs::realtime_ns(); // frames are stamped in wall time
-    // SAFETY: releasing the child.
-    unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
     let mut half: Option<(f64, f64)> = None;
     let mut seen_kills = Vec::new();
     // What the prediction at half-way was made from, for the failure message.
@@ -1436,30 +1451,14 @@ fn a_sudden_allocation_is_killed_and_seen_with_no_prediction() {
     };
     let mut pipes = load(PipelineOptions::default());
     let layout = pipes.cgroup_layout().clone();
-    let cg = TestCgroup::new(&layout);
     let limit: u64 = 64 * MIB;
-    let limit_file = if cg.dir.join("memory.max").exists() {
-        "memory.max"
-    } else {
-        "memory.limit_in_bytes"
-    };
-    std::fs::write(cg.dir.join(limit_file), limit.to_string()).expect("set the limit");
+    let cg = TestCgroup::with_limit(&layout, limit);
     let mut builder = FrameBuilder::new(1000, Some(layout));
     builder.leak_min_confidence = 0;
-    let mut p = [0i32; 2];
-    // SAFETY: a pipe that gates the child until it is in the cgroup.
-    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-    let gate = p[0];
-    let kid = Child::spawn(move || {
-        let mut b = [0u8; 1];
-        // SAFETY: blocking read on our pipe end.
-        unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+    let kid = cg.spawn(|| {
         let r = Region::new((256 * MIB) as usize);
         r.touch(0, (256 * MIB) as usize);
     });
-    cg.add(kid.pid);
-    // SAFETY: releasing the child.
-    unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
     let mut status = 0;
     // SAFETY: waiting for our own child.
     let r = unsafe { libc::waitpid(kid.pid as i32, &mut status, 0) };

@@ -69,14 +69,6 @@ impl Trails {
     pub fn retain(&mut self, mut keep: impl FnMut(SeriesKey) -> bool) {
         self.by_series.retain(|k, _| keep(*k));
     }
-
-    pub fn len(&self) -> usize {
-        self.by_series.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_series.is_empty()
-    }
 }
 
 /// Halves the older half of a trail, but keeps each verdict more confident than every one
