@@ -1064,9 +1064,10 @@ async fn leak_site_of(prefix: &str, leaker: Leaker<'_>, function: &str) -> Vec<S
         .iter()
         .find(|l| l.pod == "leaker")
         .map(|l| l.confidence);
-    // The first sites are named 5 s into the capture, when the program's start-up heap
-    // growth (charged to the allocator's own frames, which may not be walkable) may still
-    // weigh more than the leak; the goal is the leak's site on top within 60 s.
+    // The sites are named every 5 s into the capture and shown once two namings agree
+    // on the top one; the program's start-up heap growth (charged to the allocator's own
+    // frames, which may not be walkable) may weigh more than the leak at first; the goal
+    // is the leak's site on top within 60 s.
     let s = status_where(&rws, "w", "the function in the top growth site", 60, |s| {
         s.leaks.iter().any(|l| {
             l.pod == "leaker"
@@ -1079,7 +1080,7 @@ async fn leak_site_of(prefix: &str, leaker: Leaker<'_>, function: &str) -> Vec<S
     let named_after = listed_at.elapsed().as_secs_f64();
     let leak = s.leaks.iter().find(|l| l.pod == "leaker").expect("leak");
     let top = leak.growth_sites[0].clone();
-    wait_for(
+    if let Err(e) = wait_for(
         "a LeakDetected or LeakSiteFound Event naming the function",
         Duration::from_secs(30),
         || {
@@ -1100,7 +1101,21 @@ async fn leak_site_of(prefix: &str, leaker: Leaker<'_>, function: &str) -> Vec<S
         },
     )
     .await
-    .expect("an Event names the site");
+    {
+        // What was published instead, to tell a lost Event from one naming another site.
+        let events = Api::<Event>::namespaced(client.clone(), n)
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .map(|e| format!("{:?}: {:?}", e.reason, e.note))
+                    .collect::<Vec<_>>()
+            });
+        panic!(
+            "no Event names {function}: {e}; the namespace's Events: {events:#?}; top site {top:?}"
+        );
+    }
     eprintln!(
         "{command} leaking 6.4 MB/s: listed at confidence {conf:?}; top growth site named {named_after:.1} s later: {} ({} %)",
         top.frames.join(" < "),

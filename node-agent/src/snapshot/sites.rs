@@ -4,7 +4,8 @@
 //! each new high of its resident memory to the user stack that caused it
 //! ([`Pipelines::capture_growth_sites`]) for [`CAPTURE_FOR`]; no other process pays more
 //! than one load and branch per rss_stat event. The stacks are named every few seconds
-//! while the capture runs, so a site is known seconds after the leak is, and kept while
+//! while the capture runs; the sites are shown once two namings in a row agree on the top
+//! one (or the capture ends), about ten seconds after the leak is found, and kept while
 //! the process lives. A process is captured again only after [`RECAPTURE_AFTER`].
 //!
 //! What a site means: the code that first touched memory the process had never held
@@ -57,6 +58,8 @@ struct Capture {
     container_id: Option<String>,
     raw: HashMap<(Vec<u64>, u64), u64>,
     sites: Vec<GrowthSite>,
+    /// Whether `sites` are shown (see [`settled`]).
+    settled: bool,
     /// The process runs HotSpot (maps libjvm.so): see `drop_jvm_collector_growth`.
     jvm: bool,
 }
@@ -110,10 +113,13 @@ impl SiteTracker {
                 c.active = false;
                 c.ended_ns = now;
                 c.sites = name_sites(&self.sym, pid, &c.raw, c.jvm);
+                c.settled = true;
                 c.named_ns = now;
                 self.sym_used = true;
             } else if c.active && now.saturating_sub(c.named_ns) >= NAME_EVERY_NS {
-                c.sites = name_sites(&self.sym, pid, &c.raw, c.jvm);
+                let sites = name_sites(&self.sym, pid, &c.raw, c.jvm);
+                c.settled |= settled(&c.sites, &sites);
+                c.sites = sites;
                 c.named_ns = now;
                 self.sym_used = true;
             }
@@ -130,6 +136,7 @@ impl SiteTracker {
                 Some(pid) => self
                     .captures
                     .get(&pid)
+                    .filter(|c| c.settled)
                     .map(|c| c.sites.clone())
                     .unwrap_or_default(),
                 None => {
@@ -137,9 +144,10 @@ impl SiteTracker {
                         .captures
                         .values()
                         .filter(|c| {
-                            (c.cgroup.is_some() && c.cgroup == row.who.cgroup)
-                                || (c.container_id.is_some()
-                                    && c.container_id == row.who.container_id)
+                            c.settled
+                                && ((c.cgroup.is_some() && c.cgroup == row.who.cgroup)
+                                    || (c.container_id.is_some()
+                                        && c.container_id == row.who.container_id))
                         })
                         .flat_map(|c| c.sites.iter().cloned())
                         .collect();
@@ -178,6 +186,7 @@ impl SiteTracker {
                             container_id: row.who.container_id.clone(),
                             raw: HashMap::new(),
                             sites: Vec::new(),
+                            settled: false,
                             jvm: crate::stacks::maps::maps_jvm(pid),
                         },
                     );
@@ -193,6 +202,19 @@ impl SiteTracker {
                 *c.raw.entry((r.user, r.caller)).or_default() += r.value;
             }
         }
+    }
+}
+
+/// Whether a capture's sites are shown from this naming on: once its top site (`named`,
+/// from the growth so far) is the one named the time before (`before`, 5 s earlier), or
+/// once the capture has ended. The first namings may be topped by growth the process
+/// made as the capture started (a start-up heap, a cache filling) rather than by the
+/// leak, and what is shown first is what a `LeakDetected` or `LeakSiteFound` Event
+/// says, once: a site shown must not be the first guess.
+fn settled(before: &[GrowthSite], named: &[GrowthSite]) -> bool {
+    match (before.first(), named.first()) {
+        (Some(a), Some(b)) => a.frames == b.frames,
+        _ => false,
     }
 }
 
@@ -281,6 +303,35 @@ fn skip_runtime_frames(frames: Vec<String>, is_jit: impl Fn(&str) -> bool) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn site(frames: &[&str], percent: f64) -> GrowthSite {
+        GrowthSite {
+            frames: frames.iter().map(|f| f.to_string()).collect(),
+            bytes: (percent * 1000.0) as u64,
+            percent,
+        }
+    }
+
+    #[test]
+    fn sites_are_shown_once_the_top_one_is_named_twice_in_a_row() {
+        let startup = site(&["load_config", "main"], 70.0);
+        let leak = site(&["leak_here", "keep", "grow"], 30.0);
+        let leak_on_top = site(&["leak_here", "keep", "grow"], 60.0);
+        // The first naming: no earlier one to agree with.
+        assert!(!settled(&[], &[startup.clone(), leak.clone()]));
+        // The start-up growth topped the first naming, the leak the second: not yet.
+        assert!(!settled(
+            &[startup.clone(), leak.clone()],
+            &[leak_on_top.clone(), startup.clone()]
+        ));
+        // The same top site again (its share may move): shown.
+        assert!(settled(
+            std::slice::from_ref(&leak_on_top),
+            &[site(&["leak_here", "keep", "grow"], 75.0)]
+        ));
+        // Nothing named.
+        assert!(!settled(&[leak_on_top], &[]));
+    }
 
     #[test]
     fn a_jvms_growth_under_no_java_frame_is_left_out_unless_nothing_else_is_left() {

@@ -40,6 +40,8 @@ pub struct Metrics {
     pub status_writes: Family<Labels, Counter>,
     pub status_skipped: Counter,
     pub events: Family<Labels, Counter>,
+    /// Events given up on: refused for good, out of tries, or with the retry queue full.
+    pub events_dropped: Family<Labels, Counter>,
     pub agents_connected: Gauge,
     pub reports: Counter,
     pub config_pushes: Counter,
@@ -107,6 +109,7 @@ impl Default for Metrics {
             status_writes: Family::default(),
             status_skipped: Counter::default(),
             events: Family::default(),
+            events_dropped: Family::default(),
             agents_connected: Gauge::default(),
             reports: Counter::default(),
             config_pushes: Counter::default(),
@@ -163,6 +166,11 @@ impl Metrics {
             "events",
             "Kubernetes Events published, by reason",
             self.events.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Events not published (refused for good, or still failing after their tries), by reason",
+            self.events_dropped.clone(),
         );
         registry.register(
             "agents_connected",

@@ -237,25 +237,18 @@ pub(super) fn references(
 }
 
 pub(super) async fn publish(ctx: &Context, rw: &ResourceWatch, pods: &[Arc<Pod>], e: &EventSpec) {
-    let Some((reference, related)) = references(rw, pods, e) else {
+    let Some((regarding, related)) = references(rw, pods, e) else {
         return;
     };
-    let ev = KubeEvent {
-        type_: if e.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: e.reason.as_str().into(),
-        note: Some(e.note.chars().take(1000).collect()),
-        action: e.action.as_str().into(),
-        secondary: related,
-    };
-    match tokio::time::timeout(ctx.write_timeout, ctx.recorder.publish(&ev, &reference)).await {
-        Ok(Ok(())) => ctx.metrics.event(e.reason.as_str()),
-        Ok(Err(err)) => {
-            tracing::warn!(reason = %e.reason, error = %err, "could not publish an Event")
-        }
-        Err(_) => tracing::warn!(reason = %e.reason, "publishing an Event timed out"),
-    }
+    ctx.events
+        .publish(events::Publication {
+            warning: e.warning,
+            reason: e.reason.as_str().into(),
+            // events.k8s.io/v1 refuses a note over 1 kB.
+            note: e.note.chars().take(1000).collect(),
+            action: e.action.as_str().into(),
+            regarding,
+            related,
+        })
+        .await;
 }

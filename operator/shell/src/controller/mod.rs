@@ -19,7 +19,7 @@ use kube::{
     runtime::{
         Controller, Predicate, PredicateConfig, WatchStreamExt,
         controller::Action,
-        events::{Event as KubeEvent, EventType, Recorder, Reporter},
+        events::{Recorder, Reporter},
         predicates,
         reflector::{self, ObjectRef, Store},
         watcher,
@@ -48,6 +48,7 @@ use crate::{
 };
 
 mod effects;
+pub mod events;
 mod gather;
 mod watches;
 
@@ -81,8 +82,9 @@ pub const RECONCILE_CONCURRENCY: u16 = 8;
 pub struct Context {
     /// Writes status and publishes Events.
     pub client: Client,
-    /// Publishes Events as `resourcewatch-operator` (with this replica's name).
-    pub recorder: Recorder,
+    /// Publishes Events as `resourcewatch-operator` (with this replica's name), trying
+    /// again in the background those the API server did not take.
+    pub events: events::Publisher,
     /// Desired node configuration and the agents' latest reports.
     pub hub: Arc<Hub>,
     pub metrics: Arc<Metrics>,
@@ -839,17 +841,24 @@ mod tests {
             rw_writer.apply_watcher_event(&WatchEvent::InitApply(w));
         }
         rw_writer.apply_watcher_event(&WatchEvent::InitDone);
-        let ctx = Context {
-            recorder: Recorder::new(
+        let metrics = Arc::new(Metrics::default());
+        // The retrier is not run: an Event that fails is given up at once.
+        let (events, _retrier) = events::Publisher::new(
+            Recorder::new(
                 client.clone(),
                 Reporter {
                     controller: crate::FIELD_MANAGER.into(),
                     instance: None,
                 },
             ),
+            Duration::from_secs(5),
+            metrics.clone(),
+        );
+        let ctx = Context {
+            events,
             client,
             hub,
-            metrics: Arc::new(Metrics::default()),
+            metrics,
             pods: pod_store,
             watches: rw_store,
             policies: reflector::store().0,

@@ -145,8 +145,14 @@ pub async fn run(
         None => futures::stream::empty().boxed(),
     };
     let leader_changes = WatchStream::new(leader.clone()).map(|_| ());
+    let write_timeout = Duration::from_secs(10);
+    let (events, event_retries) = events::Publisher::new(
+        Recorder::new(client.clone(), settings.reporter),
+        write_timeout,
+        metrics.clone(),
+    );
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), settings.reporter),
+        events,
         client,
         hub,
         metrics: metrics.clone(),
@@ -156,7 +162,7 @@ pub async fn run(
         policies_failing,
         profile_requests: Default::default(),
         leader,
-        write_timeout: Duration::from_secs(10),
+        write_timeout,
         forgotten_at: Default::default(),
         pod_index,
         eviction_client: settings.eviction_client,
@@ -189,5 +195,5 @@ pub async fn run(
                 tracing::debug!(error = %e, "controller");
             }
         });
-    tokio::join!(watches, node_view);
+    tokio::join!(watches, node_view, event_retries);
 }
