@@ -810,7 +810,7 @@ reasons!(
 );
 
 reasons!(
-    /// Why a remediation was or was not carried out (README: "Pre-OOM remediation").
+    /// Why a remediation was or was not carried out (docs/api.md, "Pre-OOM remediation").
     RemediationReason {
         /// Recorded in the workload's ledger; the eviction is being attempted.
         Decided,

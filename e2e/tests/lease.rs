@@ -229,7 +229,7 @@ async fn kube_lease_manager_keeps_leading_when_cut_off_from_the_api_server() {
         p.leader_stepped_down
             .is_none_or(|down| down > p.standby_took_over),
         "kube-lease-manager now steps down before a standby takes over ({p:?}): replace \
-         operator/shell/src/leader.rs with it and update the README's hand-made parts"
+         operator/shell/src/leader.rs with it and update the hand-made parts in docs/development.md"
     );
 }
 

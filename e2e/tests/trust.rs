@@ -262,7 +262,7 @@ fn hello(node: &str) -> Msg {
     })
 }
 
-/// The skew policy (README: Upgrades and version skew), with the operator's real binary
+/// The skew policy (docs/operations.md, Upgrades and version skew), with the operator's real binary
 /// and API server: an agent one release older (its Hello from before negotiation names
 /// one version, no minimum) and one a release newer (offering this version and the next)
 /// are both served, their pods reported in the watch's status; an agent that speaks only

@@ -764,7 +764,7 @@ fn spoken(c: &pb::NodeConfig) -> Result<(), String> {
     } else {
         Err(format!(
             "the operator chose protocol version {v}; this agent speaks {min}..={max} \
-             (upgrade the older of the two: README, Upgrades and version skew)"
+             (upgrade the older of the two: docs/operations.md, Upgrades and version skew)"
         ))
     }
 }

@@ -114,7 +114,7 @@ fn ignored(invalid: &[String]) -> String {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum NoEvictRight {
     #[error(
-        "the operator may not evict pods in {namespace}: a namespace admin binds the ClusterRole {role} to its ServiceAccount there (README, Remediation)"
+        "the operator may not evict pods in {namespace}: a namespace admin binds the ClusterRole {role} to its ServiceAccount there (docs/security.md, Turning remediation on)"
     )]
     NotBound { namespace: String, role: String },
     /// The API server could not be asked (its error, as it said it).

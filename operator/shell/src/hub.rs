@@ -51,7 +51,7 @@ pub enum HubError {
     #[error("hello: node_name is empty")]
     NoNodeName,
     #[error(
-        "the agent speaks protocol versions {0}..={1}, this operator {min}..={max}: upgrade the older of the two (README: Upgrades and version skew)",
+        "the agent speaks protocol versions {0}..={1}, this operator {min}..={max}: upgrade the older of the two (docs/operations.md, Upgrades and version skew)",
         min = resourcewatch_proto::MIN_PROTOCOL_VERSION,
         max = resourcewatch_proto::PROTOCOL_VERSION
     )]

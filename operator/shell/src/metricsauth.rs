@@ -213,7 +213,7 @@ pub async fn require(State(auth): State<Arc<MetricsAuth>>, req: Request, next: N
     let Some(token) = token else {
         return (
             StatusCode::UNAUTHORIZED,
-            "a bearer token is required (README, Metrics)",
+            "a bearer token is required (docs/operations.md, Metrics and alerts)",
         )
             .into_response();
     };
