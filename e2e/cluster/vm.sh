@@ -43,6 +43,9 @@ fetch() {
   local need=()
   command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
   command -v cpio >/dev/null || need+=(cpio)
+  # depmod for the kernel package's modules here, modprobe for the guest (it runs this
+  # machine's /sbin/modprobe over 9p): Debian's kmod, absent from a minimal install.
+  [[ -x /sbin/depmod && -x /sbin/modprobe ]] || need+=(kmod)
   # A static busybox (Debian's busybox-static): the initramfs has no libraries.
   if [[ ! -x /bin/busybox ]] || ldd /bin/busybox >/dev/null 2>&1; then need+=(busybox-static); fi
   if ((${#need[@]})); then
@@ -76,7 +79,7 @@ fetch() {
     rm -rf "$RW_VM_CACHE/modules.new"
     mkdir -p "$RW_VM_CACHE/modules.new/lib/modules"
     mv "$tmp/x/lib/modules/$KREL" "$RW_VM_CACHE/modules.new/lib/modules/"
-    depmod -b "$RW_VM_CACHE/modules.new" "$KREL" || die "depmod failed on $RW_VM_KERNEL_PACKAGE's modules"
+    /sbin/depmod -b "$RW_VM_CACHE/modules.new" "$KREL" || die "depmod failed on $RW_VM_KERNEL_PACKAGE's modules"
     rm -rf "$RW_VM_CACHE/modules"
     mv "$RW_VM_CACHE/modules.new" "$RW_VM_CACHE/modules"
     mv "$RW_VM_CACHE/mods.new" "$RW_VM_CACHE/mods"
