@@ -106,8 +106,9 @@ pub struct Inputs<'a> {
     pub generation: Option<i64>,
     pub settings: &'a Result<WatchSettings, SpecError>,
     pub pods: &'a [SelectedPod],
-    /// Pods the selector matches that have finished (Succeeded, Failed): nothing is
-    /// tracked of them, but the OOM kill that ended one is still theirs.
+    /// Pods the selector matches that have finished (Succeeded, Failed) or were deleted
+    /// lately: nothing is tracked of them, but the OOM kill that ended one (reported after
+    /// it was deleted, maybe) is still theirs.
     pub finished: &'a [SelectedPod],
     /// Nodes where only finished pods of the watch ran: read for their OOM kills alone.
     pub kill_nodes: &'a [NodeView],

@@ -11,11 +11,13 @@
 //!
 //! The same memory indexes pods by namespace and label, so a reconcile looks up the pods
 //! of its selector's `matchLabels` instead of testing every pod of the cluster (at 20,000
-//! pods in one namespace that scan was most of a reconcile).
+//! pods in one namespace that scan was most of a reconcile), and keeps the pods deleted in
+//! the last ten minutes ([`Departed`]) for the OOM kills reported after them.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 use k8s_openapi::api::core::v1::Pod;
@@ -49,6 +51,8 @@ pub struct PodTriggers {
     listed: bool,
     /// Pod names by (namespace, label key, label value).
     by_label: HashMap<(String, String, String), BTreeSet<String>>,
+    /// Pods deleted lately.
+    pub departed: Departed,
 }
 
 impl PodTriggers {
@@ -81,6 +85,7 @@ impl PodTriggers {
                 concerned(watches, &now, before.as_ref())
             }
             Event::Delete(pod) => {
+                self.departed.record(pod, Instant::now());
                 let Some((uid, now)) = seen(pod) else {
                     return Vec::new();
                 };
@@ -183,6 +188,82 @@ fn seen(pod: &Pod) -> Option<(String, Seen)> {
     ))
 }
 
+/// How long a deleted pod is remembered: as long as an agent repeats an OOM kill in its
+/// reports (the agent's `OOM_KILL_RESEND_SECS`).
+pub const DEPARTED_FOR: Duration = Duration::from_secs(600);
+/// Deleted pods remembered per namespace, and in all, at most (the newest kept).
+pub const MAX_DEPARTED_PER_NAMESPACE: usize = 256;
+pub const MAX_DEPARTED: usize = 4096;
+
+/// Pods deleted in the last [`DEPARTED_FOR`], by namespace, oldest first. A container
+/// OOM-killed just before its pod is deleted (a Job cleaned up, a Deployment scaled down,
+/// a user who deletes what crashed) is reported by its node's agent after the pod has left
+/// the cache: without its pod the kill could not be named or graded, and would be lost.
+/// Only pods that ran on a node are kept (what an agent can report a kill of).
+#[derive(Debug, Default)]
+pub struct Departed {
+    by_namespace: HashMap<String, VecDeque<(Instant, Arc<Pod>)>>,
+    len: usize,
+}
+
+impl Departed {
+    pub fn record(&mut self, pod: &Pod, now: Instant) {
+        let (Some(ns), true) = (
+            pod.metadata.namespace.as_deref(),
+            pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()),
+        ) else {
+            return;
+        };
+        if self.len >= MAX_DEPARTED {
+            self.prune(now);
+            if self.len >= MAX_DEPARTED {
+                return;
+            }
+        }
+        let q = self.by_namespace.entry(ns.to_owned()).or_default();
+        while q
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= DEPARTED_FOR)
+        {
+            q.pop_front();
+            self.len -= 1;
+        }
+        if q.len() >= MAX_DEPARTED_PER_NAMESPACE {
+            q.pop_front();
+            self.len -= 1;
+        }
+        q.push_back((now, Arc::new(pod.clone())));
+        self.len += 1;
+    }
+
+    /// The pods of `namespace` deleted within [`DEPARTED_FOR`] of `now`.
+    pub fn in_namespace(&self, namespace: &str, now: Instant) -> Vec<Arc<Pod>> {
+        self.by_namespace
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .filter(|(at, _)| now.saturating_duration_since(*at) < DEPARTED_FOR)
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+
+    /// Forgets what is older than [`DEPARTED_FOR`].
+    pub fn prune(&mut self, now: Instant) {
+        let mut len = 0;
+        self.by_namespace.retain(|_, q| {
+            while q
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= DEPARTED_FOR)
+            {
+                q.pop_front();
+            }
+            len += q.len();
+            !q.is_empty()
+        });
+        self.len = len;
+    }
+}
+
 /// Watches of the pod's namespace whose selector matches its labels now or before.
 fn concerned(
     watches: &[Arc<ResourceWatch>],
@@ -221,6 +302,70 @@ mod tests {
             "metadata": {"name": format!("p-{uid}"), "namespace": ns, "uid": uid, "labels": labels}
         }))
         .unwrap()
+    }
+
+    fn on_node(mut p: Pod) -> Pod {
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: Some("n1".into()),
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn deleted_pods_are_remembered_ten_minutes_by_namespace_and_bounded() {
+        let t0 = Instant::now();
+        let mut d = Departed::default();
+        d.record(
+            &on_node(pod("a", "u1", serde_json::json!({"app": "x"}))),
+            t0,
+        );
+        // Never scheduled: nothing ran, nothing can be killed.
+        d.record(&pod("a", "u2", serde_json::json!({})), t0);
+        d.record(&on_node(pod("b", "u3", serde_json::json!({}))), t0);
+        let uids = |v: Vec<Arc<Pod>>| -> Vec<String> { v.iter().filter_map(|p| p.uid()).collect() };
+        assert_eq!(
+            uids(d.in_namespace("a", t0 + Duration::from_secs(599))),
+            ["u1"]
+        );
+        assert_eq!(uids(d.in_namespace("b", t0)), ["u3"]);
+        assert!(d.in_namespace("a", t0 + DEPARTED_FOR).is_empty());
+        d.prune(t0 + DEPARTED_FOR);
+        assert_eq!(d.len, 0);
+        assert!(d.by_namespace.is_empty());
+        // A namespace keeps its newest; the whole keeps at most MAX_DEPARTED.
+        for i in 0..MAX_DEPARTED_PER_NAMESPACE + 5 {
+            d.record(
+                &on_node(pod("c", &format!("c{i}"), serde_json::json!({}))),
+                t0,
+            );
+        }
+        let c = uids(d.in_namespace("c", t0));
+        assert_eq!(c.len(), MAX_DEPARTED_PER_NAMESPACE);
+        assert_eq!(c[0], "c5");
+        for i in 0..MAX_DEPARTED {
+            d.record(
+                &on_node(pod(&format!("n{i}"), "u", serde_json::json!({}))),
+                t0,
+            );
+        }
+        assert_eq!(d.len, MAX_DEPARTED);
+        // Once they expire, there is room again.
+        let later = t0 + DEPARTED_FOR;
+        d.record(&on_node(pod("z", "z1", serde_json::json!({}))), later);
+        assert_eq!(uids(d.in_namespace("z", later)), ["z1"]);
+        assert_eq!(d.len, 1);
+    }
+
+    #[test]
+    fn a_deleted_pod_is_kept_by_the_pod_triggers() {
+        let mut t = PodTriggers::default();
+        let p = on_node(pod("a", "u1", serde_json::json!({"app": "x"})));
+        t.on_event(&Event::InitApply(p.clone()), &[]);
+        t.on_event(&Event::InitDone, &[]);
+        assert!(t.departed.in_namespace("a", Instant::now()).is_empty());
+        t.on_event(&Event::Delete(p), &[]);
+        assert_eq!(t.departed.in_namespace("a", Instant::now()).len(), 1);
     }
 
     fn names(refs: Vec<ObjectRef<ResourceWatch>>) -> Vec<String> {

@@ -232,13 +232,16 @@ const MAX_FINISHED_PODS: usize = 256;
 
 /// The pods of `ns` the watch's selector matches, from the pod cache (through the label
 /// index when the selector has an equality it can use), in one pass: the running ones,
-/// and those that finished (Succeeded, Failed; at most `MAX_FINISHED_PODS`).
+/// and those that finished (Succeeded, Failed) or were deleted in the last ten minutes
+/// (at most `MAX_FINISHED_PODS`, the deleted last).
 fn select_pods(ctx: &Context, ns: &str, s: &WatchSettings) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
-    let candidates = ctx
-        .pod_index
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .candidates(ns, &s.selector);
+    let (candidates, departed) = {
+        let index = ctx.pod_index.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            index.candidates(ns, &s.selector),
+            index.departed.in_namespace(ns, std::time::Instant::now()),
+        )
+    };
     let pods: Vec<Arc<Pod>> = match candidates {
         Some(names) => names
             .iter()
@@ -258,6 +261,18 @@ fn select_pods(ctx: &Context, ns: &str, s: &WatchSettings) -> (Vec<Arc<Pod>>, Ve
         .filter(|p| selects(&s.pods, p.labels()))
         .partition(|p| is_terminal(p));
     let mut finished = finished;
+    // A deleted pod's name may be taken again (a StatefulSet's): its UID is what a kill
+    // names.
+    finished.extend(
+        departed
+            .into_iter()
+            .rev()
+            .filter(|p| selects(&s.pods, p.labels()))
+            .filter(|p| {
+                let uid = p.metadata.uid.as_deref();
+                !running.iter().any(|r| r.metadata.uid.as_deref() == uid)
+            }),
+    );
     finished.truncate(MAX_FINISHED_PODS);
     (running, finished)
 }
