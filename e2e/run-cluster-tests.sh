@@ -106,12 +106,22 @@ grep -q 'violates PodSecurity "restricted' <<<"$out" || { echo "== unexpected re
 lap "installed through config/ (and the chart dry-run)"
 
 # RW_E2E_ONLY=NAME runs only the tests whose name contains NAME (both suites), for iterating.
-# A real Prometheus for the metrics test (Debian's binaries, extracted and cached).
-RW_PROMETHEUS="$(e2e/prometheus/install.sh)/prometheus"
-export RW_PROMETHEUS
+# The metrics test's Prometheus: the Prometheus Operator's, scraping through the shipped
+# ServiceMonitor and PodMonitor (built from their Go modules once, cached).
+# (Left out when RW_E2E_ONLY names other tests.)
+prometheus_operator=0
+if [[ -z ${RW_E2E_ONLY:-} || $RW_E2E_ONLY == *prometheus* ]]; then
+  prometheus_operator=1
+  e2e/prometheus/operator.sh build >/dev/null
+  lap "Prometheus Operator and Prometheus built"
+  RW_PROMETHEUS_ADDR="$(KUBECTL="$K" e2e/prometheus/operator.sh up)"
+  export RW_PROMETHEUS_ADDR
+  lap "Prometheus Operator up"
+fi
 cargo test -p resourcewatch-e2e --test cluster --test metrics -- --ignored --test-threads=1 --nocapture \
   --skip on_the_cgroup_v2_node ${RW_E2E_ONLY:-}
 lap "e2e tests"
+((prometheus_operator == 0)) || KUBECTL="$K" e2e/prometheus/operator.sh down
 
 # Remediation: the master switch on (it is off in config/ and in the chart).
 "$K" -n resourcewatch-system patch deploy resourcewatch-operator --type=json \
