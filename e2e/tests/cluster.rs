@@ -860,6 +860,61 @@ async fn kills_in_a_sidecar_and_an_init_container_are_named_by_their_container()
     ns.delete().await;
 }
 
+/// A pod deleted as soon as the kubelet says its container was OOM-killed (what a Job's
+/// cleanup or a user deleting what crashed does): its agent reports the kill after the pod
+/// has left the API, and the kill is still named and graded in the watch's status. The
+/// watch's 30 s interval has the agent report every 15 s, so the deletion comes before
+/// the report in most runs (the kubelet says OOMKilled within a couple of seconds).
+#[tokio::test]
+#[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
+async fn an_oom_kill_of_a_pod_deleted_right_after_is_still_in_status() {
+    let (client, ns) = cluster::test_namespace("rw-e2e-oom-gone").await;
+    let n = ns.name.as_str();
+    let spec = serde_json::json!({"selector": {"matchLabels": {"app": "gone"}}, "interval": "30s"});
+    let (rws, _) = cluster::create_watch(&client, n, "w", spec).await;
+    leak_sim_pod(
+        &client,
+        n,
+        "gone",
+        "gone",
+        &cluster::leak_args("512MiB/s", "10"),
+        "64Mi",
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), n);
+    let killed = wait_for("the kubelet's OOMKilled", Duration::from_secs(90), || {
+        let pods = pods.clone();
+        async move { Ok(cluster::oom_killed(&pods.get("gone").await?).then_some(())) }
+    })
+    .await;
+    killed.expect("the pod's container OOM-killed");
+    let in_status_before = rws
+        .get("w")
+        .await
+        .ok()
+        .and_then(|w| w.status)
+        .is_some_and(|s| s.oom_kills.iter().any(|k| k.pod == "gone"));
+    pods.delete(
+        "gone",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("delete the pod");
+    let s = status_where(&rws, "w", "the deleted pod's kill in status", 90, |s| {
+        s.oom_kills.iter().any(|k| k.pod == "gone")
+    })
+    .await;
+    let k = s.oom_kills.iter().find(|k| k.pod == "gone").expect("kill");
+    eprintln!("kill of a deleted pod (in status before the deletion: {in_status_before}): {k:?}");
+    assert_eq!(k.container, "main", "{k:?}");
+    assert_eq!(k.limit_bytes, Some(64 << 20), "{k:?}");
+    assert!(!k.predicted, "{k:?}");
+    ns.delete().await;
+}
+
 /// A container that allocates past its limit at once is OOM-killed with nothing listed
 /// before: the status records the kill as not predicted (a miss), and an Event says so.
 #[tokio::test]
