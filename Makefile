@@ -152,7 +152,7 @@ ifeq ($(AS_ROOT),)
 # Each step runs even when one before it failed; the end of the output names the failed
 # tests and times every step (.ci/steps).
 test: deps
-	.ci/steps lint unit vm-kernel fuzz-ci rules e2e-api chart e2e
+	RW_PREBUILD=1 .ci/steps lint unit vm-kernel fuzz-ci rules e2e-api chart e2e
 else
 	$(AS_ROOT) $(MAKE) test
 endif

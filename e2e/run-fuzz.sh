@@ -8,6 +8,7 @@
 # <crate>/fuzz/artifacts/<target>/, to be made a regression test.
 #
 #   e2e/run-fuzz.sh [--keep] [SECONDS]
+#   e2e/run-fuzz.sh --build-only          builds the bounded run's targets (e2e/prebuild.sh)
 #
 # cargo-fuzz needs nightly flags (-Z sanitizer); the machine's stable Rust takes them
 # with RUSTC_BOOTSTRAP=1, so no second toolchain is installed.
@@ -16,8 +17,9 @@ cd "$(dirname "$0")/.."
 for d in /usr/local/go/bin "$HOME/.cargo/bin"; do
   [[ -d $d && ":$PATH:" != *":$d:"* ]] && export PATH="$d:$PATH"
 done
-keep=0
+keep=0 build_only=0
 [[ ${1:-} == --keep ]] && { keep=1; shift; }
+[[ ${1:-} == --build-only ]] && { build_only=1; shift; }
 seconds=${1:-20}
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz@0.13.2
 export RUSTC_BOOTSTRAP=1
@@ -34,6 +36,7 @@ failed=()
 for crate in node-agent operator; do
   fz=(cargo +stable fuzz)
   "${fz[@]}" build "$mode" --fuzz-dir "$crate/fuzz" --target-dir "$fuzz_target" || { echo "run-fuzz: $crate's targets do not build" >&2; exit 1; }
+  ((build_only)) && continue
   for target in $("${fz[@]}" list --fuzz-dir "$crate/fuzz"); do
     corpus="$crate/fuzz/corpus/$target"
     mkdir -p "$corpus"
@@ -59,6 +62,7 @@ for crate in node-agent operator; do
     ((keep)) || rm -rf "$work"
   done
 done
+((build_only)) && exit 0
 if ((${#failed[@]})); then
   echo "run-fuzz: crashes in ${failed[*]}" >&2
   exit 1

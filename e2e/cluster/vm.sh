@@ -40,6 +40,10 @@ MODULES=(
 die() { echo "vm.sh: $*" >&2; exit 125; }
 
 fetch() {
+  # One fetch at a time (e2e/prebuild.sh may run one beside the vm-kernel step's).
+  mkdir -p "$(dirname "$RW_VM_CACHE")"
+  exec 8>"$(dirname "$RW_VM_CACHE")/.fetch.lock"
+  flock 8
   local need=()
   command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
   command -v cpio >/dev/null || need+=(cpio)
