@@ -89,10 +89,10 @@ install_pkgs "${BUILD_PKGS[@]}"
 # The go.mod files say `go 1.26.0`; GOTOOLCHAIN=local makes an older go fail here instead
 # of fetching a toolchain behind our back.
 export GOTOOLCHAIN=local GOFLAGS=-mod=readonly GOMODCACHE="${RW_GO_CACHE}/mod" GOCACHE="${RW_GO_CACHE}/build"
-# The Go of this machine kind lives in /usr/local/go; a shell that did not read the profile
+# Go lives in /usr/local/go on the dev and CI machines; a shell that did not read the profile
 # setting PATH (sudo, a service) finds it there.
 if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then export PATH="/usr/local/go/bin:${PATH}"; fi
-command -v go >/dev/null || rw_die "go not found on PATH (Go >= 1.26 is needed: /usr/local/go/bin on this machine kind)"
+command -v go >/dev/null || rw_die "go not found on PATH (Go >= 1.26 is needed, e.g. in /usr/local/go/bin)"
 GOV=$(go env GOVERSION) || rw_die "go env failed"
 [[ "$(printf '%s\n' go1.26 "$GOV" | sort -V | head -n1)" == go1.26 ]] \
   || rw_die "$(command -v go) is ${GOV}; the pinned modules need Go >= 1.26"

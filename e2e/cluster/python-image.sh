@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The e2e's Python image: CPython 3.12 or newer (pyenv's, which this machine kind carries)
+# The e2e's Python image: CPython 3.12 or newer (pyenv's, where the machine has one)
 # at /usr/local/bin/python3, Debian bookworm's own CPython 3.11 at /usr/bin/python3.11
 # (whose frames the agent reads from the interpreter, with no flag), and the stack fixtures.
 # Usage: e2e/cluster/python-image.sh NAME:TAG OUT.tar

@@ -914,7 +914,8 @@ mod tests {
 
     #[test]
     fn r2_is_not_a_constant_for_positive_slopes() {
-        // The anchor's flaw: any positive slope scored the same "R²".
+        // An R² that scores every positive slope the same is no measure of fit: points on a
+        // line must score higher than scattered points that also rise.
         let clean = fit(&[0.0, 1.0, 2.0, 3.0, 4.0], &[0.0, 1.0, 2.0, 3.0, 4.0]).expect("fit");
         let noisy = fit(&[0.0, 1.0, 2.0, 3.0, 4.0], &[0.0, 3.0, 0.5, 4.0, 2.5]).expect("fit");
         assert!(clean.slope > 0.0 && noisy.slope > 0.0);
