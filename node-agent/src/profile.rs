@@ -449,7 +449,9 @@ pub fn command(
     let out = match opts.format {
         Format::Folded => rendered.folded().into_bytes(),
         Format::Svg => rendered.svg().map_err(CommandError::Render)?,
-        Format::Pprof => rendered.pprof().map_err(CommandError::Render)?,
+        Format::Pprof => rendered
+            .pprof(|_| Vec::new())
+            .map_err(CommandError::Render)?,
     };
     Ok((out, rendered.summary))
 }
@@ -511,7 +513,13 @@ impl Rendered {
         stacks::output::svg(&self.named, &title, "samples")
     }
 
-    pub fn pprof(&self) -> std::io::Result<Vec<u8>> {
+    /// pprof, each sample labelled with its process (`pid`, `process`) and the labels
+    /// `more` gives its stack (the pod and container of a cluster profile).
+    pub fn pprof(
+        &self,
+        more: impl Fn(&stacks::Stack) -> Vec<stacks::output::Label>,
+    ) -> std::io::Result<Vec<u8>> {
+        use stacks::output::Label;
         stacks::output::pprof(
             &self.named,
             stacks::output::PprofKind {
@@ -519,6 +527,14 @@ impl Rendered {
                 sample_unit: "count",
                 scaled: Some(("cpu", "nanoseconds", self.period_ns)),
                 duration: self.summary.duration,
+            },
+            |s| {
+                let mut labels = vec![Label::Number("pid", s.tgid.into())];
+                if let Some(c) = &s.comm {
+                    labels.push(Label::Text("process", c.clone()));
+                }
+                labels.extend(more(s));
+                labels
             },
         )
     }

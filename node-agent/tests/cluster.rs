@@ -427,6 +427,9 @@ async fn check_profile(op: &FakeOperator, leaf: &Path) {
         container_ids: vec![CID.into()],
         duration_ms: 3000,
         frequency_hz: 99,
+        namespace: "team-a".into(),
+        pod: "api-7f9c".into(),
+        container_names: [(CID.to_owned(), "app".to_owned())].into(),
     };
     let push = op.push.lock().expect("lock").clone().expect("stream open");
     push.send(Ok(config_with(3, 1024, vec![request.clone()])))
@@ -451,6 +454,25 @@ async fn check_profile(op: &FakeOperator, leaf: &Path) {
     );
     assert!(r.svg.starts_with(b"<?xml"), "an SVG flame graph");
     assert_eq!(r.pprof[..2], [0x1f, 0x8b], "gzipped pprof");
+    // Its samples' labels (their encoding is tests/pprof.rs's, read by go tool pprof):
+    // the strings are in its string table.
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&r.pprof[..]), &mut raw)
+        .expect("gunzip");
+    let has = |s: &str| raw.windows(s.len()).any(|w| w == s.as_bytes());
+    for s in [
+        "namespace",
+        "team-a",
+        "pod",
+        "api-7f9c",
+        "container",
+        "app",
+        "process",
+        "yes",
+        "pid",
+    ] {
+        assert!(has(s), "no {s:?} in the pprof's strings");
+    }
     assert!(!r.hottest.is_empty());
     push.send(Ok(config_with(4, 1024, vec![request])))
         .await

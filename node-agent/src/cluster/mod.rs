@@ -129,11 +129,12 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         let applied = applied.clone();
         let metrics = metrics.clone();
         let span = span.clone();
+        let node = opts.node_name.clone();
         std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || {
                 let _entered = span.enter();
-                let profiles = profiles::Runner::new(profile_tx);
+                let profiles = profiles::Runner::new(profile_tx, &node);
                 Engine::new(ack_tx, report_tx, applied, metrics, profiles).run(config_rx, &stop)
             })
             .map_err(|source| RunError::Start {

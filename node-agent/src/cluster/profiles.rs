@@ -7,7 +7,8 @@
 //! kept (the last few) and sent again whenever a snapshot still asks for them.
 
 use std::{
-    collections::VecDeque,
+    cell::RefCell,
+    collections::{HashMap, VecDeque},
     path::Path,
     sync::{
         Arc, Mutex,
@@ -21,8 +22,9 @@ use tokio::sync::mpsc;
 
 use super::resolve;
 use crate::{
+    cgroup_resolver, procfs,
     profile::{MAX_FREQUENCY_HZ, ProfileTarget, Profiler, Rendered},
-    stacks,
+    stacks::{self, output::Label},
 };
 
 /// Request ids remembered as started (a snapshot holds at most MAX_PROFILES_PER_NODE).
@@ -36,6 +38,8 @@ const STACK_ENTRIES: u32 = 4096;
 
 pub struct Runner {
     results: mpsc::UnboundedSender<pb::ProfileResult>,
+    /// This node's name: a label of every sample.
+    node: String,
     started: VecDeque<String>,
     done: Arc<Mutex<VecDeque<pb::ProfileResult>>>,
     running: Arc<AtomicUsize>,
@@ -43,9 +47,10 @@ pub struct Runner {
 }
 
 impl Runner {
-    pub fn new(results: mpsc::UnboundedSender<pb::ProfileResult>) -> Self {
+    pub fn new(results: mpsc::UnboundedSender<pb::ProfileResult>, node: &str) -> Self {
         Self {
             results,
+            node: node.to_owned(),
             started: VecDeque::new(),
             done: Arc::new(Mutex::new(VecDeque::new())),
             running: Arc::new(AtomicUsize::new(0)),
@@ -95,6 +100,7 @@ impl Runner {
     }
 
     fn spawn(&self, r: pb::ProfileRequest, cgroups: Vec<u64>) {
+        let node = self.node.clone();
         let (results, done, running, stop) = (
             self.results.clone(),
             self.done.clone(),
@@ -106,7 +112,7 @@ impl Runner {
         let spawned = std::thread::Builder::new()
             .name("profile".into())
             .spawn(move || {
-                let result = run(&r, cgroups, &stop);
+                let result = run(&r, cgroups, &stop, &node);
                 tracing::info!(id = %r.id, samples = result.samples, error = %result.error, "profile done");
                 keep(&done, result.clone());
                 let _ = results.send(result);
@@ -153,7 +159,12 @@ fn failed(r: &pb::ProfileRequest, why: &str) -> pb::ProfileResult {
 }
 
 /// Samples, names and renders one request; its outputs bounded by MAX_PROFILE_BYTES.
-fn run(r: &pb::ProfileRequest, cgroups: Vec<u64>, stop: &AtomicBool) -> pb::ProfileResult {
+fn run(
+    r: &pb::ProfileRequest,
+    cgroups: Vec<u64>,
+    stop: &AtomicBool,
+    node: &str,
+) -> pb::ProfileResult {
     let hz = u64::from(r.frequency_hz).clamp(1, MAX_FREQUENCY_HZ);
     let duration = Duration::from_millis(r.duration_ms.into()).min(MAX_DURATION);
     let target = ProfileTarget {
@@ -166,7 +177,21 @@ fn run(r: &pb::ProfileRequest, cgroups: Vec<u64>, stop: &AtomicBool) -> pb::Prof
             Err(e) => return failed(r, &format!("profiling: {e}")),
         };
     let rendered = Rendered::new(&profile, &stacks::Symbolizer::new());
-    let (pprof, svg) = match (rendered.pprof(), rendered.svg()) {
+    // Each process's container, from its cgroup, once per process.
+    let containers: RefCell<HashMap<u32, Option<String>>> = RefCell::new(HashMap::new());
+    let container_of = |tgid: u32| {
+        containers
+            .borrow_mut()
+            .entry(tgid)
+            .or_insert_with(|| {
+                procfs::cgroup_text(tgid)?
+                    .lines()
+                    .find_map(|l| cgroup_resolver::attribute(l.splitn(3, ':').nth(2)?).container_id)
+            })
+            .clone()
+    };
+    let pprof = rendered.pprof(|s| labels(r, node, container_of(s.tgid).as_deref()));
+    let (pprof, svg) = match (pprof, rendered.svg()) {
         (Ok(p), Ok(s)) => (p, s),
         (Err(e), _) | (_, Err(e)) => return failed(r, &format!("rendering: {e}")),
     };
@@ -192,6 +217,23 @@ fn run(r: &pb::ProfileRequest, cgroups: Vec<u64>, stop: &AtomicBool) -> pb::Prof
     };
     bound(&mut result, pb::MAX_PROFILE_BYTES);
     result
+}
+
+/// A cluster profile's sample labels beyond the process's: where it ran (namespace, pod,
+/// container when the process's container is one of the request's, node).
+fn labels(r: &pb::ProfileRequest, node: &str, container_id: Option<&str>) -> Vec<Label> {
+    let mut out = Vec::new();
+    if !r.namespace.is_empty() {
+        out.push(Label::Text("namespace", r.namespace.clone()));
+    }
+    if !r.pod.is_empty() {
+        out.push(Label::Text("pod", r.pod.clone()));
+    }
+    if let Some(name) = container_id.and_then(|id| r.container_names.get(id)) {
+        out.push(Label::Text("container", name.clone()));
+    }
+    out.push(Label::Text("node", node.to_owned()));
+    out
 }
 
 /// Keeps the outputs within `max` bytes: the flame graph goes first (the largest, and
@@ -241,13 +283,44 @@ mod tests {
             container_ids: vec!["nowhere".into()],
             duration_ms: 1000,
             frequency_hz: 99,
+            ..Default::default()
         }
+    }
+
+    #[test]
+    fn samples_are_labelled_with_their_pod_container_and_node() {
+        let r = pb::ProfileRequest {
+            namespace: "team-a".into(),
+            pod: "api-7f9c".into(),
+            container_names: [("cid-1".to_owned(), "app".to_owned())].into(),
+            ..request("a")
+        };
+        let text = |k: &'static str, v: &str| Label::Text(k, v.to_owned());
+        assert_eq!(
+            labels(&r, "n1", Some("cid-1")),
+            [
+                text("namespace", "team-a"),
+                text("pod", "api-7f9c"),
+                text("container", "app"),
+                text("node", "n1")
+            ]
+        );
+        // A process of another container (a sidecar not asked for), or of none.
+        assert_eq!(
+            labels(&r, "n1", Some("cid-2")),
+            [
+                text("namespace", "team-a"),
+                text("pod", "api-7f9c"),
+                text("node", "n1")
+            ]
+        );
+        assert_eq!(labels(&request("b"), "n1", None), [text("node", "n1")]);
     }
 
     #[test]
     fn a_request_runs_once_and_its_result_is_resent_while_asked() {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut runner = Runner::new(tx);
+        let mut runner = Runner::new(tx, "n1");
         let root = std::env::temp_dir().join(format!("rw-profiles-{}", std::process::id()));
         std::fs::create_dir_all(&root).expect("a scratch directory");
         // The container is not on this node: the request fails at once, with the reason.

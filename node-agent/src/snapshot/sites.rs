@@ -337,6 +337,7 @@ mod tests {
     fn a_jvms_growth_under_no_java_frame_is_left_out_unless_nothing_else_is_left() {
         let stack = |frames: &[&str], value| crate::stacks::Stack {
             tgid: 1,
+            comm: None,
             frames: frames.iter().map(|s| s.to_string()).collect(),
             kernel_frames: 0,
             value,

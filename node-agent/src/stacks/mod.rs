@@ -39,6 +39,8 @@ pub struct RawStack {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Stack {
     pub tgid: u32,
+    /// The process's name when the stack was named (also its first frame then).
+    pub comm: Option<String>,
     pub frames: Vec<String>,
     /// How many of `frames`, from the end, are kernel frames.
     pub kernel_frames: usize,
@@ -211,10 +213,11 @@ pub fn name(
     comm: impl Fn(u32) -> Option<String>,
 ) -> Vec<Stack> {
     let mut merged: HashMap<(u32, Vec<String>, usize), u64> = HashMap::new();
+    let mut comms: HashMap<u32, Option<String>> = HashMap::new();
     for r in raw {
         let mut frames: Vec<String> = Vec::new();
-        if let Some(c) = comm(r.tgid) {
-            frames.push(c);
+        if let Some(c) = comms.entry(r.tgid).or_insert_with(|| comm(r.tgid)) {
+            frames.push(c.clone());
         }
         // The demanglers and parsers read names a workload chose: a panic in one costs
         // that stack its user frames, not the agent.
@@ -234,6 +237,7 @@ pub fn name(
         .into_iter()
         .map(|((tgid, frames, kernel_frames), value)| Stack {
             tgid,
+            comm: comms.get(&tgid).cloned().flatten(),
             frames,
             kernel_frames,
             value,

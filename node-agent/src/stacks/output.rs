@@ -59,8 +59,21 @@ pub struct PprofKind<'a> {
     pub duration: Duration,
 }
 
-/// A gzipped pprof protobuf (`profile.proto`) of the stacks.
-pub fn pprof(stacks: &[Stack], kind: PprofKind<'_>) -> std::io::Result<Vec<u8>> {
+/// A pprof sample label: text, or a number with its unit (`go tool pprof -tags` lists
+/// them, `-tagfocus` filters on them; Pyroscope and Parca keep them as series labels).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Label {
+    Text(&'static str, String),
+    Number(&'static str, i64),
+}
+
+/// A gzipped pprof protobuf (`profile.proto`) of the stacks, each sample carrying the
+/// labels `labels` gives its stack (its process, its pod...).
+pub fn pprof(
+    stacks: &[Stack],
+    kind: PprofKind<'_>,
+    labels: impl Fn(&Stack) -> Vec<Label>,
+) -> std::io::Result<Vec<u8>> {
     let mut b = PprofBuilder::default();
     b.string(""); // index 0 is the empty string, by the format's rule
     let mut sample_type = vec![ValueType {
@@ -81,7 +94,26 @@ pub fn pprof(stacks: &[Stack], kind: PprofKind<'_>) -> std::io::Result<Vec<u8>> 
         if let Some((_, _, scale)) = kind.scaled {
             value.push((s.value as i64).saturating_mul(scale));
         }
-        samples.push(Sample { location_id, value });
+        let label = labels(s)
+            .into_iter()
+            .map(|l| match l {
+                Label::Text(k, v) => PprofLabel {
+                    key: b.string(k),
+                    str: b.string(&v),
+                    num: 0,
+                },
+                Label::Number(k, n) => PprofLabel {
+                    key: b.string(k),
+                    str: 0,
+                    num: n,
+                },
+            })
+            .collect();
+        samples.push(Sample {
+            location_id,
+            value,
+            label,
+        });
     }
     let period_type = kind.scaled.map(|(t, u, _)| ValueType {
         r#type: b.string(t),
@@ -192,6 +224,20 @@ struct Sample {
     location_id: Vec<u64>,
     #[prost(int64, repeated, tag = "2")]
     value: Vec<i64>,
+    #[prost(message, repeated, tag = "3")]
+    label: Vec<PprofLabel>,
+}
+
+/// pprof's `Label`: a key with a text (`str`) or a numeric (`num`) value, both string
+/// table indexes but `num`.
+#[derive(Clone, PartialEq, Message)]
+struct PprofLabel {
+    #[prost(int64, tag = "1")]
+    key: i64,
+    #[prost(int64, tag = "2")]
+    str: i64,
+    #[prost(int64, tag = "3")]
+    num: i64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -232,6 +278,7 @@ mod tests {
         vec![
             Stack {
                 tgid: 1,
+                comm: Some("app".into()),
                 frames: vec![
                     "app".into(),
                     "main".into(),
@@ -243,6 +290,7 @@ mod tests {
             },
             Stack {
                 tgid: 1,
+                comm: Some("app".into()),
                 frames: vec!["app".into(), "main".into(), "idle".into()],
                 kernel_frames: 0,
                 value: 10,
@@ -290,6 +338,12 @@ mod tests {
                 scaled: Some(("cpu", "nanoseconds", 10_101_010)),
                 duration: Duration::from_secs(10),
             },
+            |s| {
+                vec![
+                    Label::Number("pid", s.tgid.into()),
+                    Label::Text("pod", "api-1".into()),
+                ]
+            },
         )
         .expect("pprof");
         let mut raw = Vec::new();
@@ -329,5 +383,26 @@ mod tests {
         let first: Vec<String> = p.sample[0].location_id.iter().map(|&l| name(l)).collect();
         assert_eq!(first, ["clear_page", "burn cpu;now", "main", "app"]);
         assert_eq!(p.sample[0].value, [90, 909_090_900]);
+        // Every sample's labels, by the string table.
+        for sample in &p.sample {
+            let labels: Vec<(String, String, i64)> = sample
+                .label
+                .iter()
+                .map(|l| {
+                    (
+                        p.string_table[l.key as usize].clone(),
+                        p.string_table[l.str as usize].clone(),
+                        l.num,
+                    )
+                })
+                .collect();
+            assert_eq!(
+                labels,
+                [
+                    ("pid".to_owned(), String::new(), 1),
+                    ("pod".to_owned(), "api-1".to_owned(), 0)
+                ]
+            );
+        }
     }
 }

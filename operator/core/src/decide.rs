@@ -249,7 +249,7 @@ fn targets(i: &Inputs<'_>, profile: Option<&ProfileStatus>) -> Option<WatchTarge
         horizon: s.horizon,
         remediates: s.action == RemediationAction::Restart,
         pods: target_pods(i.namespace, i.status.pods),
-        profile: profile.and_then(|p| profile::order(p, i.status.pods)),
+        profile: profile.and_then(|p| profile::order(p, i.namespace, i.status.pods)),
     })
 }
 

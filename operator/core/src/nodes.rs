@@ -60,6 +60,11 @@ pub struct ProfileOrder {
     pub pod_uid: String,
     pub node: String,
     pub container_ids: Vec<String>,
+    /// The pod's namespace and name and its containers' names by id: the labels of the
+    /// profile's samples.
+    pub namespace: String,
+    pub pod: String,
+    pub container_names: BTreeMap<String, String>,
     pub duration: Duration,
     pub frequency_hz: u32,
 }
@@ -133,6 +138,9 @@ pub fn desired<'a>(
                 container_ids: o.container_ids.clone(),
                 duration_ms: o.duration.as_millis() as u32,
                 frequency_hz: o.frequency_hz,
+                namespace: o.namespace.clone(),
+                pod: o.pod.clone(),
+                container_names: o.container_names.clone().into_iter().collect(),
             });
         }
     }

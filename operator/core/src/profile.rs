@@ -15,7 +15,7 @@
 //! bounded time at a fixed low frequency; the kernel sees nothing of the request but
 //! cgroup ids the agent resolves itself. One request per namespace per [`MIN_GAP`].
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use resourcewatch_crds::{
     HotFunction, MAX_FRAME_LENGTH, MAX_HOT_FUNCTIONS, MAX_MESSAGE, ProfileState, ProfileStatus,
@@ -339,22 +339,25 @@ fn node_for(t: &Take<'_>, req: &Request) -> Result<String, Refusal> {
 
 /// What the hub sends the pod's node while the request is Pending. None once the pod is
 /// gone (the request then fails at its deadline) or for any other state.
-pub fn order(p: &ProfileStatus, pods: &[SelectedPod]) -> Option<ProfileOrder> {
+pub fn order(p: &ProfileStatus, namespace: &str, pods: &[SelectedPod]) -> Option<ProfileOrder> {
     if p.state != ProfileState::Pending {
         return None;
     }
     let pod = pods.iter().find(|x| x.name == p.pod)?;
-    let container_ids: Vec<String> = pod
+    let containers: BTreeMap<String, String> = pod
         .containers
         .iter()
         .filter(|(_, name)| p.container.is_empty() || **name == p.container)
-        .map(|(id, _)| id.clone())
+        .map(|(id, name)| (id.clone(), name.clone()))
         .collect();
     Some(ProfileOrder {
         id: p.id.clone(),
         pod_uid: pod.uid.clone(),
         node: pod.node.clone()?,
-        container_ids,
+        container_ids: containers.keys().cloned().collect(),
+        namespace: namespace.to_owned(),
+        pod: pod.name.clone(),
+        container_names: containers,
         duration: Duration::from_secs(p.duration_seconds.into()),
         frequency_hz: p.frequency_hz,
     })
@@ -593,13 +596,19 @@ mod tests {
         let p = take_at("pod=api-1,container=app,duration=5s", None, None).unwrap();
         assert_eq!(p.state, ProfileState::Pending);
         assert_eq!((p.node.as_str(), p.duration_seconds), ("n1", 5));
-        let o = order(&p, &pods()).unwrap();
+        let o = order(&p, "ns", &pods()).unwrap();
         assert_eq!(o.container_ids, ["cid-a"]);
         assert_eq!((o.pod_uid.as_str(), o.node.as_str()), ("uid-1", "n1"));
         assert_eq!(o.frequency_hz, FREQUENCY_HZ);
+        // What the samples are labelled with.
+        assert_eq!((o.namespace.as_str(), o.pod.as_str()), ("ns", "api-1"));
+        assert_eq!(
+            o.container_names,
+            BTreeMap::from([("cid-a".to_owned(), "app".to_owned())])
+        );
         // No container named: all of the pod's.
         let all = take_at("api-1", None, None).unwrap();
-        assert_eq!(order(&all, &pods()).unwrap().container_ids.len(), 2);
+        assert_eq!(order(&all, "ns", &pods()).unwrap().container_ids.len(), 2);
     }
 
     #[test]
@@ -613,7 +622,7 @@ mod tests {
             let p = take_at(annotation, None, None).unwrap();
             assert_eq!(p.state, ProfileState::Refused, "{annotation}");
             assert!(p.message.contains(why), "{annotation}: {}", p.message);
-            assert!(order(&p, &pods()).is_none());
+            assert!(order(&p, "ns", &pods()).is_none());
         }
     }
 

@@ -756,6 +756,9 @@ mod tests {
             container_ids: vec!["cid-1".into()],
             duration: Duration::from_secs(10),
             frequency_hz: 99,
+            namespace: "ns".into(),
+            pod: "p1".into(),
+            container_names: [("cid-1".to_owned(), "app".to_owned())].into(),
         };
         let mut t = targets(5, 30, vec![pod("1", "n1"), pod("2", "n2")]);
         t.profile = Some(order);
