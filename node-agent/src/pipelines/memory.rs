@@ -2,7 +2,7 @@
 //! the sketch `rw_mem_sketch`, each tracked process's `rw_proc_mem`, and sends coalesced
 //! samples to the ring `rw_samples` for the leak detector).
 
-use std::{collections::HashMap, os::fd::AsRawFd};
+use std::collections::HashMap;
 
 use aya::maps::HashMap as BpfHashMap;
 use resourcewatch_ebpf::{
@@ -67,10 +67,5 @@ impl Pipelines {
                 f(&s);
             }
         }
-    }
-
-    /// The ring buffer's fd, to wait on it with epoll/poll.
-    pub fn samples_fd(&self) -> i32 {
-        self.samples.as_raw_fd()
     }
 }

@@ -568,12 +568,6 @@ impl Hub {
             .filter(|n| n.session.is_some())
             .count()
     }
-
-    /// True once every node that was targeted at start had its grace: before that, a
-    /// missing report means "not reconnected yet", not "lost".
-    pub fn past_startup_grace(&self) -> bool {
-        self.started.elapsed() > self.opts.agent_grace
-    }
 }
 
 const TRIGGER_CAPACITY: usize = 256;
