@@ -31,7 +31,38 @@ struct Child {
     pid: u32,
 }
 
+/// Releases a child made by [`Child::gated`].
+struct Gate(i32);
+
+impl Gate {
+    fn open(self) {
+        // SAFETY: our pipe's write end, written once and closed.
+        unsafe {
+            libc::write(self.0, b"x".as_ptr().cast(), 1);
+            libc::close(self.0);
+        }
+    }
+}
+
 impl Child {
+    /// Forks a child that runs `work` only once the gate is opened: what must see it from
+    /// its first instruction (a cgroup, uprobes) is set up in between.
+    fn gated(work: impl FnOnce()) -> (Child, Gate) {
+        let mut p = [0i32; 2];
+        // SAFETY: a pipe that gates the child.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        let gate = p[0];
+        let kid = Child::spawn(move || {
+            let mut b = [0u8; 1];
+            // SAFETY: blocking read on our pipe end.
+            unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+            work();
+        });
+        // SAFETY: the child holds its own copy; ours is not needed.
+        unsafe { libc::close(p[0]) };
+        (kid, Gate(p[1]))
+    }
+
     /// Forks and runs `work` in the child, which never returns to the test harness.
     fn spawn(work: impl FnOnce()) -> Child {
         // SAFETY: the child only runs `work` (busy loops, mmap/touch, malloc, which glibc
@@ -489,19 +520,9 @@ impl TestCgroup {
 
     /// Forks a child that runs `work` only once it is in this cgroup.
     fn spawn(&self, work: impl FnOnce()) -> Child {
-        let mut p = [0i32; 2];
-        // SAFETY: a pipe that gates the child until it is in the cgroup.
-        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-        let gate = p[0];
-        let kid = Child::spawn(move || {
-            let mut b = [0u8; 1];
-            // SAFETY: blocking read on our pipe end.
-            unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
-            work();
-        });
+        let (kid, gate) = Child::gated(work);
         self.add(kid.pid);
-        // SAFETY: releasing the child.
-        unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
+        gate.open();
         kid
     }
 
@@ -607,15 +628,7 @@ fn exact_targets_cover_every_process_of_a_cgroup() {
         mem: geo,
         ..Default::default()
     });
-    let (mut rd, mut wr) = ([0i32; 2], 0);
-    // SAFETY: a pipe that the child waits on before it starts working.
-    assert_eq!(unsafe { libc::pipe(rd.as_mut_ptr()) }, 0);
-    std::mem::swap(&mut wr, &mut rd[1]);
-    let gate = rd[0];
-    let kid = Child::spawn(move || {
-        let mut b = [0u8; 1];
-        // SAFETY: blocking read on our pipe end.
-        unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+    let (kid, gate) = Child::gated(|| {
         let r = Region::new(48 << 20);
         r.touch(0, 48 << 20);
         // A process started inside the cgroup after tracking began is covered too.
@@ -624,8 +637,7 @@ fn exact_targets_cover_every_process_of_a_cgroup() {
     });
     cg.add(kid.pid);
     cg.target(&layout, &mut pipes);
-    // SAFETY: releasing the child.
-    unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
+    gate.open();
 
     wait_until("two target processes", Duration::from_secs(5), || {
         pipes.targets().map(|t| t.len() >= 2).unwrap_or(false)
@@ -718,15 +730,8 @@ fn exited_targets_are_reported_and_free_their_slots_under_churn() {
     let mut pipes = load(PipelineOptions::default());
     cg.target(&layout, &mut pipes);
     let before = pipes.kernel_stats();
-    let mut p = [0i32; 2];
-    // SAFETY: a pipe the spawner waits on until it is in the cgroup.
-    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-    let (gate, release) = (p[0], p[1]);
     // Forks N children that exit at once, once it is in the cgroup (its children are too).
-    let spawner = Child::spawn(move || {
-        let mut b = [0u8; 1];
-        // SAFETY: blocking read on our pipe end.
-        unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+    let (spawner, gate) = Child::gated(|| {
         // Each grandchild is a process of its own (a new tgid, seen by sched_process_fork
         // and exit like any other) made with CLONE_VM | CLONE_VFORK on a stack of its own:
         // fork() copied the debug harness's page tables 20,000 times (~80 s here, so a busy
@@ -758,8 +763,7 @@ fn exited_targets_are_reported_and_free_their_slots_under_churn() {
         }
     });
     cg.add(spawner.pid);
-    // SAFETY: releasing the spawner.
-    unsafe { libc::write(release, b"x".as_ptr().cast(), 1) };
+    gate.open();
     let mut exits = 0u64;
     let mut live_max = 0usize;
     let end = now() + Duration::from_secs(120);
@@ -927,14 +931,8 @@ fn allocation_mode_counts_outstanding_bytes() {
         allocation_mode: true,
         ..Default::default()
     });
-    let mut p = [0i32; 2];
-    // SAFETY: a pipe that gates the child until the probes are attached.
-    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-    let gate = p[0];
-    let kid = Child::spawn(move || {
-        let mut b = [0u8; 1];
-        // SAFETY: blocking read on our pipe end.
-        unsafe { libc::read(gate, b.as_mut_ptr().cast(), 1) };
+    // Gated until the probes are attached.
+    let (kid, gate) = Child::gated(move || {
         // 40 blocks of 64 KiB (heap) and 10 of 1 MiB (glibc mmaps these itself); free half.
         // Fixed arrays, not Vecs: their buffers would be (correctly) counted as well.
         let mut small = [std::ptr::null_mut(); 40];
@@ -956,8 +954,7 @@ fn allocation_mode_counts_outstanding_bytes() {
         }
     });
     pipes.trace_allocations(kid.pid).expect("uprobes attach");
-    // SAFETY: releasing the child.
-    unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
+    gate.open();
     let want = 20 * (64 << 10) + 5 * (1 << 20);
     wait_until(
         "outstanding bytes to settle",
