@@ -261,17 +261,13 @@ fn select_pods(ctx: &Context, ns: &str, s: &WatchSettings) -> (Vec<Arc<Pod>>, Ve
         .filter(|p| selects(&s.pods, p.labels()))
         .partition(|p| is_terminal(p));
     let mut finished = finished;
-    // A deleted pod's name may be taken again (a StatefulSet's): its UID is what a kill
-    // names.
+    // Newest first. (A deleted pod's UID is in no running pod, even where its name was
+    // taken again, a StatefulSet's: kills are matched by UID.)
     finished.extend(
         departed
             .into_iter()
             .rev()
-            .filter(|p| selects(&s.pods, p.labels()))
-            .filter(|p| {
-                let uid = p.metadata.uid.as_deref();
-                !running.iter().any(|r| r.metadata.uid.as_deref() == uid)
-            }),
+            .filter(|p| selects(&s.pods, p.labels())),
     );
     finished.truncate(MAX_FINISHED_PODS);
     (running, finished)
