@@ -48,7 +48,8 @@ dump() {
 }
 cleanup() {
   rc=$?
-  [[ $rc -ne 0 ]] && dump
+  # The lap that failed (the tests, usually) gets its own line, not the teardown's.
+  [[ $rc -ne 0 ]] && { lap "the step that failed"; dump; }
   if [[ $started -eq 1 ]]; then
     e2e/cluster/down.sh >/dev/null || rc=1
     # Checked against the baseline up.sh recorded, before --purge deletes it.

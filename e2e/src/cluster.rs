@@ -1027,6 +1027,33 @@ pub async fn events(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
         .collect()
 }
 
+/// Waits up to `secs` for an Event of `reason` in `ns` whose note satisfies `want`, and
+/// returns the Events of that reason. The operator publishes an Event after the status
+/// write it announces (and tries a failed one again 10 s later), so a test that has just
+/// seen the status must wait for its Event, not list once. Panics naming what it saw.
+pub async fn event_where(
+    client: &Client,
+    ns: &str,
+    reason: &str,
+    secs: u64,
+    want: impl Fn(&str) -> bool,
+) -> Vec<Event> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let got = events(client, ns, reason).await;
+        if got.iter().any(|e| e.note.as_deref().is_some_and(&want)) {
+            return got;
+        }
+        if Instant::now() > deadline {
+            let notes: Vec<_> = got.iter().filter_map(|e| e.note.as_deref()).collect();
+            panic!(
+                "no {reason} Event as wanted in {ns} within {secs} s; the {reason} notes: {notes:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// `$KUBECTL` (the run scripts export the harness's, the cluster's own version), else
 /// `kubectl` on PATH.
 pub fn kubectl() -> PathBuf {

@@ -760,17 +760,10 @@ async fn leak_listed_before_its_oom_kill(prefix: &str, node: cluster::Placement)
     );
     assert!(k.eta_error_at_first_alert_seconds.is_some(), "{k:?}");
     assert_eq!(s.summary.oom_kills.as_deref(), Some("1 (1 predicted)"));
-    let notes: Vec<String> = cluster::events(&client, n, "OOMKilled")
-        .await
-        .into_iter()
-        .filter_map(|e| e.note)
-        .collect();
-    assert!(
-        notes.iter().any(|m| m.starts_with("leaky/main")
-            && m.contains("predicted")
-            && !m.contains("not predicted")),
-        "{notes:?}"
-    );
+    cluster::event_where(&client, n, "OOMKilled", 30, |m| {
+        m.starts_with("leaky/main") && m.contains("predicted") && !m.contains("not predicted")
+    })
+    .await;
     ns.delete().await;
 }
 
@@ -949,17 +942,10 @@ async fn a_sudden_allocation_is_an_oom_kill_nobody_predicted() {
     assert!(!k.predicted && k.warned_seconds_before.is_none(), "{k:?}");
     assert!(s.leaks.is_empty(), "nothing was listed: {:?}", s.leaks);
     assert_eq!(s.summary.oom_kills.as_deref(), Some("1 (0 predicted)"));
-    let notes: Vec<String> = cluster::events(&client, n, "OOMKilled")
-        .await
-        .into_iter()
-        .filter_map(|e| e.note)
-        .collect();
-    assert!(
-        notes
-            .iter()
-            .any(|m| m.starts_with("sudden/main") && m.contains("not predicted")),
-        "{notes:?}"
-    );
+    cluster::event_where(&client, n, "OOMKilled", 30, |m| {
+        m.starts_with("sudden/main") && m.contains("not predicted")
+    })
+    .await;
     ns.delete().await;
 }
 
@@ -1844,13 +1830,10 @@ async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
     );
     let pprof = &cm.binary_data.unwrap_or_default()["profile.pb.gz"];
     assert_eq!(pprof.0[..2], [0x1f, 0x8b], "gzipped pprof");
-    let succeeded = cluster::events(&client, n, "ProfileSucceeded").await;
-    assert!(
-        succeeded
-            .iter()
-            .any(|e| e.note.as_deref().is_some_and(|t| t.contains("burn_here"))),
-        "{succeeded:?}"
-    );
+    cluster::event_where(&client, n, "ProfileSucceeded", 30, |t| {
+        t.contains("burn_here")
+    })
+    .await;
     // The value stays on the watch: it is not taken again.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let again = rws.get("w").await.expect("rw").status.unwrap_or_default();
