@@ -46,11 +46,6 @@ pub const MAX_STATUS_REMEDIATIONS: usize = 50;
 /// characters.
 pub const MAX_MESSAGE: usize = 1024;
 
-/// The annotation earlier operators (with an admission webhook) wrote on a `Restart`
-/// watch (an HMAC over its author). It grants nothing any more: a `RemediationPolicy` does. The operator only
-/// names it in the `Remediation` condition of a watch that still carries it.
-pub const LEGACY_AUTHORIZATION_ANNOTATION: &str = "resourcewatch.io/remediation-authorized-by";
-
 /// The Namespace label a cluster admin sets to allow evictions there.
 pub const NAMESPACE_OPT_IN_LABEL: &str = "resourcewatch.io/remediation";
 /// Its value that allows evictions.

@@ -1072,14 +1072,14 @@ pub async fn https_get(
     token: Option<&str>,
     path: &str,
 ) -> anyhow::Result<(u16, String)> {
-    let req = resourcewatch_https::Get {
+    let req = resourcewatch_runtime::https::Get {
         server_name,
         ca_pem,
         identity: None,
         token,
         path,
     };
-    Ok(resourcewatch_https::get(addr, &req).await?)
+    Ok(resourcewatch_runtime::https::get(addr, &req).await?)
 }
 
 /// A token of a ServiceAccount `name` in `ns` bound to the ClusterRole `role` (e.g.

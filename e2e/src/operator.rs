@@ -123,9 +123,7 @@ impl OperatorProcess {
             .args(extra)
             .env(
                 "RESOURCEWATCH_LOG",
-                std::env::var("RESOURCEWATCH_LOG")
-                    .or_else(|_| std::env::var("RUST_LOG"))
-                    .unwrap_or_else(|_| "info,kube=warn".into()),
+                std::env::var("RESOURCEWATCH_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
             )
             .stdout(Stdio::null())
             .stderr(out)

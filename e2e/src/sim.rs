@@ -272,10 +272,9 @@ async fn session(
                 if let Some(operator_message::Msg::Config(c)) = m.msg {
                     stats.configs.fetch_add(1, Ordering::Relaxed);
                     stats.last_version.store(c.version, Ordering::Relaxed);
-                    let chosen = pb::config_protocol_version(&c);
+                    let chosen = c.protocol_version;
                     stats.protocol.store(u64::from(chosen), Ordering::Relaxed);
-                    let lowest = if offered.0 == 0 { offered.1 } else { offered.0 };
-                    if !(lowest..=offered.1).contains(&chosen) {
+                    if !(offered.0..=offered.1).contains(&chosen) {
                         let reason = format!("protocol version {chosen} is not spoken here");
                         tx.send(pb::AgentMessage { msg: Some(Msg::Ack(pb::ConfigAck { version: c.version, accepted: false, reason })) }).await?;
                         continue;

@@ -132,14 +132,14 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
         .expect("agent address");
     let agent_cert = cluster::leaf_secret(&client, "resourcewatch-agent-tls").await;
     for (identity, want) in [(None, 401), (Some(&agent_cert), 403), (Some(&scraper), 200)] {
-        let req = resourcewatch_https::Get {
+        let req = resourcewatch_runtime::https::Get {
             server_name: "resourcewatch-agent",
             ca_pem: &ca,
             identity: identity.map(|(c, k)| (c.as_str(), k.as_str())),
             token: None,
             path: "/metrics",
         };
-        let (code, body) = resourcewatch_https::get(agent_addr, &req)
+        let (code, body) = resourcewatch_runtime::https::get(agent_addr, &req)
             .await
             .expect("HTTPS to the agent");
         assert_eq!(code, want, "{body}");

@@ -258,13 +258,14 @@ fn hello(node: &str) -> Msg {
         node_name: node.into(),
         agent_version: "forger".into(),
         protocol_version: pb::PROTOCOL_VERSION,
+        min_protocol_version: pb::MIN_PROTOCOL_VERSION,
         ..Default::default()
     })
 }
 
 /// The skew policy (docs/operations.md, Upgrades and version skew), with the operator's real binary
-/// and API server: an agent one release older (its Hello from before negotiation names
-/// one version, no minimum) and one a release newer (offering this version and the next)
+/// and API server: an agent one release older (offering the versions this release
+/// speaks) and one a release newer (offering this version and the next)
 /// are both served, their pods reported in the watch's status; an agent that speaks only
 /// a newer version is refused with FAILED_PRECONDITION naming both ranges, and counted.
 #[tokio::test]
@@ -273,7 +274,7 @@ async fn agents_a_release_older_and_newer_are_served_and_a_stranger_is_refused()
     let env = Env::new("rw-trust-skew", true, false).await;
     let mut agents = Vec::new();
     for (name, offered) in [
-        ("older", (0, pb::PROTOCOL_VERSION)),
+        ("older", (pb::MIN_PROTOCOL_VERSION, pb::PROTOCOL_VERSION)),
         ("newer", (pb::PROTOCOL_VERSION, pb::PROTOCOL_VERSION + 1)),
     ] {
         let (node, token) = env.node(name).await;
@@ -513,7 +514,7 @@ async fn restarts_are_granted_by_a_namespace_admin_and_nothing_else() {
         Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
         other => panic!("`edit` created a RemediationPolicy: {other:?}"),
     }
-    // Nor does the old webhook's annotation, or any edit by anyone (a label on every
+    // Nor does an annotation claiming approval, or any edit by anyone (a label on every
     // watch, as `kubectl label --all` or a GitOps apply would).
     let dev_watches: Api<ResourceWatch> = Api::namespaced(dev.clone(), env.n());
     dev_watches
@@ -521,7 +522,7 @@ async fn restarts_are_granted_by_a_namespace_admin_and_nothing_else() {
             "w",
             &PatchParams::default(),
             &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION: "{\"user\":\"admin\",\"sig\":\"AAAA\"}"}}})),
+                "resourcewatch.io/remediation-authorized-by": "{\"user\":\"admin\",\"sig\":\"AAAA\"}"}}})),
         )
         .await
         .expect("patch");
@@ -534,15 +535,15 @@ async fn restarts_are_granted_by_a_namespace_admin_and_nothing_else() {
         .await
         .expect("admin label");
     wait_for(
-        "the condition naming the old annotation",
+        "the condition saying no policy grants it",
         Duration::from_secs(30),
         || async {
-            Ok(env.status("w").await.conditions.into_iter().find(|c| {
-                c.type_ == "Remediation"
-                    && c.reason == "NoRemediationPolicy"
-                    && c.message
-                        .contains(resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION)
-            }))
+            Ok(env
+                .status("w")
+                .await
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Remediation" && c.reason == "NoRemediationPolicy"))
         },
     )
     .await

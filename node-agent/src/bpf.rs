@@ -19,19 +19,17 @@ pub enum PipelineError {
     /// Between unloading the pipelines and loading them again (a new sketch geometry).
     #[error("the pipelines were unloaded to be loaded again")]
     Unloaded,
-    #[error(
-        "the kernel has no BTF at /sys/kernel/btf/vmlinux (needs CONFIG_DEBUG_INFO_BTF=y): {0}"
-    )]
+    #[error("the kernel has no BTF at /sys/kernel/btf/vmlinux (needs CONFIG_DEBUG_INFO_BTF=y)")]
     NoBtf(#[source] aya::BtfError),
-    #[error("cannot read the CPU list: {0}")]
+    #[error("cannot read the CPU list")]
     Cpus(#[source] std::io::Error),
-    #[error("cgroups: {0}")]
+    #[error("cgroups")]
     Cgroup(#[from] crate::cgroup_resolver::CgroupError),
     #[error(
-        "loading the BPF object failed (are you root, or do you have CAP_BPF and CAP_PERFMON?): {0}"
+        "loading the BPF object failed (are you root, or do you have CAP_BPF and CAP_PERFMON?)"
     )]
     Load(#[source] Box<aya::EbpfError>),
-    #[error("program {program}: the kernel refused it for tracepoint {tracepoint}: {source}")]
+    #[error("program {program}: the kernel refused it for tracepoint {tracepoint}")]
     Program {
         program: &'static str,
         tracepoint: &'static str,
@@ -47,20 +45,20 @@ pub enum PipelineError {
         name: &'static str,
         want: &'static str,
     },
-    #[error("map {name}: {source}")]
+    #[error("map {name}")]
     Map {
         name: &'static str,
         #[source]
         source: Box<aya::maps::MapError>,
     },
-    #[error("mmap of map {name} failed: {source}")]
+    #[error("mmap of map {name} failed")]
     Mmap {
         name: &'static str,
         #[source]
         source: std::io::Error,
     },
     #[error(
-        "running rw_cpu_sync on CPU {cpu} failed (BPF_PROG_TEST_RUN on a CPU needs kernel >= 5.10): {source}"
+        "running rw_cpu_sync on CPU {cpu} failed (BPF_PROG_TEST_RUN on a CPU needs kernel >= 5.10)"
     )]
     CpuSync {
         cpu: u32,
@@ -75,7 +73,7 @@ pub enum PipelineError {
     SiteCapturesFull { max: usize },
     #[error("PID {pid}: no libc found in /proc/{pid}/maps (statically linked, or exited)")]
     NoLibc { pid: u32 },
-    #[error("PID {pid}: attaching the {symbol} uprobe failed: {source}")]
+    #[error("PID {pid}: attaching the {symbol} uprobe failed")]
     Uprobe {
         pid: u32,
         symbol: &'static str,

@@ -128,7 +128,10 @@ pub fn probe() -> CapabilityReport {
                 l.version_name(),
                 l.root().display()
             ),
-            Err(e) => format!("{e}: processes cannot be attributed to containers"),
+            Err(e) => format!(
+                "{}: processes cannot be attributed to containers",
+                resourcewatch_runtime::error_chain(&e)
+            ),
         },
         required: false,
     });

@@ -24,7 +24,7 @@ pub enum CgroupLayout {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,

@@ -13,18 +13,6 @@ pub mod snapshot;
 pub mod stacks;
 pub mod top;
 
-/// An error with its causes, as one line (`a: b: c`): what logs, nacks and the CLI show.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 /// Entry points for the fuzz targets (`node-agent/fuzz/`): everything the agent reads
 /// from a workload, from bytes. Not an API.
 #[doc(hidden)]

@@ -27,7 +27,7 @@ struct Cli {
         env = "RESOURCEWATCH_LOG_FORMAT",
         default_value = "text"
     )]
-    log_format: resourcewatch_proto::logging::Format,
+    log_format: resourcewatch_runtime::logging::Format,
     /// Never ask a JVM for its perf map. By default a JVM whose stacks are captured (a
     /// profile, a leak's growth sites) is asked every 5 s through HotSpot's attach
     /// mechanism to write /tmp/perf-<pid>.map (what `jcmd PID Compiler.perfmap` does), so
@@ -207,7 +207,7 @@ fn main() -> ExitCode {
     } else {
         "warn"
     };
-    if let Err(e) = resourcewatch_proto::logging::init(cli.log_format, default, "RW_LOG") {
+    if let Err(e) = resourcewatch_runtime::logging::init(cli.log_format, default) {
         eprintln!("resourcewatch-agent: {e}");
         return ExitCode::from(64);
     }
@@ -282,7 +282,7 @@ fn run_agent(a: RunArgs) -> ExitCode {
         Err(e) => {
             eprintln!(
                 "resourcewatch-agent run: {}",
-                resourcewatch_agent::error_chain(&e)
+                resourcewatch_runtime::error_chain(&e)
             );
             ExitCode::FAILURE
         }
@@ -329,7 +329,7 @@ fn run_top(a: TopArgs) -> ExitCode {
         Err(e) => {
             eprintln!(
                 "resourcewatch-agent top: {}",
-                resourcewatch_agent::error_chain(&e)
+                resourcewatch_runtime::error_chain(&e)
             );
             ExitCode::from(2)
         }
@@ -366,7 +366,7 @@ fn run_profile(a: ProfileArgs) -> ExitCode {
         Err(e) => {
             eprintln!(
                 "resourcewatch-agent profile: {}",
-                resourcewatch_agent::error_chain(&e)
+                resourcewatch_runtime::error_chain(&e)
             );
             return ExitCode::from(2);
         }

@@ -544,13 +544,13 @@ impl Rendered {
 pub enum CommandError {
     #[error(transparent)]
     Profile(#[from] ProfileError),
-    #[error("--cgroup {spec}: {source}")]
+    #[error("--cgroup {spec}")]
     Cgroup {
         spec: String,
         #[source]
         source: crate::cgroup_resolver::CgroupError,
     },
-    #[error("rendering the profile failed: {0}")]
+    #[error("rendering the profile failed")]
     Render(#[source] std::io::Error),
 }
 

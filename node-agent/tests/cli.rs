@@ -68,6 +68,44 @@ fn without_privileges_top_says_why_and_exits_2() {
         stderr.contains("CAP_BPF"),
         "names the missing capability: {stderr}"
     );
+    each_cause_once(&stderr);
+}
+
+/// An error chain as the command line prints it (`a: b: c`) names no cause twice.
+fn each_cause_once(line: &str) {
+    let parts: Vec<&str> = line.trim().split(": ").collect();
+    for (i, p) in parts.iter().enumerate() {
+        assert!(
+            !parts[i + 1..]
+                .iter()
+                .any(|q| q.contains(p) || p.contains(q)),
+            "{p:?} is printed twice in {line:?}"
+        );
+    }
+}
+
+/// A target that is no cgroup: the command line names the flag and the cause, once each.
+#[test]
+fn a_target_cgroup_that_does_not_exist_is_named_with_its_cause_once() {
+    if let Some(why) = common::kernel_missing() {
+        common::skip(
+            "a_target_cgroup_that_does_not_exist_is_named_with_its_cause_once",
+            &why,
+        );
+        return;
+    }
+    let spec = "/sys/fs/cgroup/rw-no-such-cgroup";
+    let out = agent()
+        .args(["top", "--count", "1", "--target-cgroup", spec])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "stderr: {stderr}");
+    assert_eq!(
+        stderr.trim(),
+        format!("resourcewatch-agent top: --target-cgroup {spec}: cgroup {spec} does not exist")
+    );
+    each_cause_once(&stderr);
 }
 
 #[test]
@@ -267,7 +305,6 @@ fn json_logs_carry_the_node_and_the_events_fields() {
         .args(["--operator", "https://127.0.0.1:1", "--metrics-addr", "off"])
         .arg("--tls-dir")
         .arg(&dir)
-        .env_remove("RW_LOG")
         .env("RESOURCEWATCH_LOG", "info")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

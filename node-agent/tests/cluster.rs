@@ -70,8 +70,7 @@ fn config_with(version: u64, width: u32, profiles: Vec<pb::ProfileRequest>) -> p
                 }],
             }],
             profiles,
-            // An operator from before negotiation (version 1).
-            protocol_version: 0,
+            protocol_version: pb::PROTOCOL_VERSION,
         })),
     }
 }
@@ -533,14 +532,14 @@ async fn check_metrics_listener(addr: std::net::SocketAddr, tmp: &Path) {
         let ca = ca.clone();
         let identity = identity.map(|(c, k)| (c.to_owned(), k.to_owned()));
         async move {
-            let req = resourcewatch_https::Get {
+            let req = resourcewatch_runtime::https::Get {
                 server_name: pb::AGENT_CERT_NAME,
                 ca_pem: &ca,
                 identity: identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
                 token: None,
                 path,
             };
-            resourcewatch_https::get(addr, &req)
+            resourcewatch_runtime::https::get(addr, &req)
                 .await
                 .expect("HTTPS to the agent")
         }

@@ -1,14 +1,12 @@
-//! The gRPC contract between the resourcewatch operator and its node agents
-//! (`proto/resourcewatch/v1alpha1/agent.proto`). Kept in its own crate so the operator
-//! does not link aya and the agent does not link the controller. Beside it, what else
-//! both binaries must agree on: how they log ([`logging`]).
-
-pub mod logging;
-pub mod telemetry;
+//! The contract between the resourcewatch operator and its node agents
+//! (`proto/resourcewatch/v1alpha1/agent.proto`): its messages, and the constants both
+//! sides must agree on (protocol versions, message and report bounds). Kept in its own
+//! crate so the operator does not link aya and the agent does not link the controller.
+//! The gRPC client and server are generated only with the `grpc` feature.
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1alpha1 {
-    tonic::include_proto!("resourcewatch.v1alpha1");
+    include!(concat!(env!("OUT_DIR"), "/resourcewatch.v1alpha1.rs"));
 }
 
 pub use v1alpha1::*;
@@ -22,30 +20,11 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// newer (the agent offers its range, the operator picks: [`negotiate`]).
 pub const MIN_PROTOCOL_VERSION: u32 = 1;
 
-/// What peers before negotiation spoke (their Hello's `min_protocol_version` and their
-/// NodeConfig's `protocol_version` are 0).
-pub const UNNEGOTIATED_PROTOCOL_VERSION: u32 = 1;
-
-/// The highest version both ranges contain, or `None`. `theirs_min` 0 means `theirs_max`
-/// only (a peer from before negotiation).
+/// The highest version both ranges contain, or `None`. Versions start at 1: a range
+/// with a 0 (a field left unset) is no range.
 pub fn negotiate(ours: (u32, u32), theirs_min: u32, theirs_max: u32) -> Option<u32> {
-    let theirs_min = if theirs_min == 0 {
-        theirs_max
-    } else {
-        theirs_min
-    };
     let (lo, hi) = (ours.0.max(theirs_min), ours.1.min(theirs_max));
-    (lo <= hi && lo > 0).then_some(hi)
-}
-
-/// The version a NodeConfig says its operator chose (0: an operator from before
-/// negotiation, which speaks [`UNNEGOTIATED_PROTOCOL_VERSION`]).
-pub fn config_protocol_version(c: &NodeConfig) -> u32 {
-    if c.protocol_version == 0 {
-        UNNEGOTIATED_PROTOCOL_VERSION
-    } else {
-        c.protocol_version
-    }
+    (theirs_min > 0 && lo <= hi).then_some(hi)
 }
 
 /// This build's range, for [`negotiate`].
@@ -112,23 +91,32 @@ mod tests {
         // An operator that speaks 3 and 4 (it bumped to 4 one release ago).
         let op = (3, 4);
         assert_eq!(negotiate(op, 3, 4), Some(4), "same release");
+        assert_eq!(negotiate(op, 3, 3), Some(3), "an agent of N-1");
         assert_eq!(
-            negotiate(op, 0, 3),
+            negotiate(op, 2, 3),
             Some(3),
-            "an agent of N-1 from before negotiation"
+            "an agent of N-1 that speaks N-2"
         );
-        assert_eq!(negotiate(op, 2, 3), Some(3), "an agent of N-1");
         assert_eq!(
             negotiate(op, 4, 5),
             Some(4),
             "an agent of N+1 still speaks 4"
         );
-        assert_eq!(negotiate(op, 0, 5), None, "an N+1 agent that offers only 5");
+        assert_eq!(negotiate(op, 5, 5), None, "an N+1 agent that offers only 5");
         assert_eq!(negotiate(op, 1, 2), None, "two releases behind");
+        assert_eq!(
+            negotiate(op, 0, 4),
+            None,
+            "no minimum: a Hello missing a field"
+        );
         assert_eq!(negotiate(op, 0, 0), None, "no version at all");
         assert_eq!(negotiate(op, 5, 4), None, "an empty range");
         assert_eq!(
-            negotiate(SPOKEN_PROTOCOL_VERSIONS, 0, PROTOCOL_VERSION),
+            negotiate(
+                SPOKEN_PROTOCOL_VERSIONS,
+                MIN_PROTOCOL_VERSION,
+                PROTOCOL_VERSION
+            ),
             Some(PROTOCOL_VERSION)
         );
     }
@@ -147,7 +135,7 @@ mod tests {
     }
 
     #[test]
-    fn fields_of_a_newer_release_are_skipped_and_an_older_hello_has_no_minimum() {
+    fn fields_of_a_newer_release_are_skipped() {
         use prost::Message;
         let newer = NewerHello {
             node_name: "n1".into(),
@@ -165,28 +153,5 @@ mod tests {
             ),
             Some(PROTOCOL_VERSION)
         );
-        // What an agent from before negotiation sends: no field 6.
-        let older = NewerHello {
-            node_name: "n1".into(),
-            protocol_version: 1,
-            ..Default::default()
-        };
-        let h = Hello::decode(older.encode_to_vec().as_slice()).expect("decodes");
-        assert_eq!(h.min_protocol_version, 0);
-        assert_eq!(
-            negotiate((1, 2), h.min_protocol_version, h.protocol_version),
-            Some(1)
-        );
-    }
-
-    #[test]
-    fn an_operator_from_before_negotiation_speaks_version_1() {
-        let c = NodeConfig::default();
-        assert_eq!(config_protocol_version(&c), 1);
-        let c = NodeConfig {
-            protocol_version: 7,
-            ..Default::default()
-        };
-        assert_eq!(config_protocol_version(&c), 7);
     }
 }

@@ -123,7 +123,11 @@ impl AgentMetrics {
         // The agent's own CPU and memory as every Prometheus client names them
         // (process_cpu_seconds_total, process_resident_memory_bytes, ...), and
         // resourcewatch_agent_build_info.
-        resourcewatch_proto::telemetry::register(&mut registry, "resourcewatch_agent");
+        resourcewatch_runtime::telemetry::register(
+            &mut registry,
+            "resourcewatch_agent",
+            resourcewatch_proto::PROTOCOL_VERSION,
+        );
         let mut s = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut s, &registry);
@@ -343,7 +347,7 @@ pub fn router(metrics: Arc<AgentMetrics>) -> Router {
 /// it, and a node should not read another's counters.
 async fn serve_metrics(
     State(m): State<Arc<AgentMetrics>>,
-    ConnectInfo(peer): ConnectInfo<resourcewatch_https::Peer>,
+    ConnectInfo(peer): ConnectInfo<resourcewatch_runtime::https::Peer>,
 ) -> Response {
     let name = resourcewatch_proto::METRICS_CLIENT_CERT_NAME;
     if peer.certificates.is_empty() {

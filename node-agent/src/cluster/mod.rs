@@ -60,21 +60,21 @@ pub struct RunOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("reading the token {path}: {source}")]
+    #[error("reading the token {path}")]
     Token {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Tls {
         path: PathBuf,
         source: std::io::Error,
     },
     #[error("operator address {0:?}: {1}")]
     Address(String, String),
-    #[error("connecting to the operator: {0}")]
+    #[error("connecting to the operator")]
     Connect(#[from] tonic::transport::Error),
-    #[error("operator: {0}")]
+    #[error("operator")]
     Status(#[from] tonic::Status),
     #[error("the operator did not answer within {0:?} ({1})")]
     Timeout(Duration, &'static str),
@@ -82,9 +82,9 @@ pub enum RunError {
     EngineGone,
     #[error("the stream to the operator closed")]
     StreamClosed,
-    #[error("the /metrics listener: {0}")]
-    MetricsListener(#[source] resourcewatch_https::Error),
-    #[error("starting the agent's {what}: {source}")]
+    #[error("the /metrics listener")]
+    MetricsListener(#[source] resourcewatch_runtime::https::Error),
+    #[error("starting the agent's {what}")]
     Start {
         what: &'static str,
         source: std::io::Error,
@@ -135,7 +135,9 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
             .spawn(move || {
                 let _entered = span.enter();
                 let profiles = profiles::Runner::new(profile_tx, &node);
-                Engine::new(ack_tx, report_tx, applied, metrics, profiles).run(config_rx, &stop)
+                let pipes = Pipelines::load(PipelineOptions::default());
+                Engine::new(ack_tx, report_tx, applied, metrics, profiles, pipes)
+                    .run(config_rx, &stop)
             })
             .map_err(|source| RunError::Start {
                 what: "engine thread",
@@ -154,16 +156,16 @@ pub fn run(opts: RunOptions) -> Result<(), RunError> {
         if let Some(addr) = opts.metrics_addr {
             // HTTPS with the agent's own certificate (issued for AGENT_CERT_NAME), taken
             // from the mounted Secret at every connection so a reissued one is served.
-            let listener = resourcewatch_https::TlsListener::bind(
+            let listener = resourcewatch_runtime::https::TlsListener::bind(
                 addr,
-                Arc::new(resourcewatch_https::SecretDir::new(&opts.tls_dir)),
+                Arc::new(resourcewatch_runtime::https::SecretDir::new(&opts.tls_dir)),
             )
             .await
             .map_err(RunError::MetricsListener)?;
             let router = metrics::router(metrics.clone());
             tokio::spawn(async move {
                 let service =
-                    router.into_make_service_with_connect_info::<resourcewatch_https::Peer>();
+                    router.into_make_service_with_connect_info::<resourcewatch_runtime::https::Peer>();
                 if let Err(e) = axum::serve(listener, service).await {
                     tracing::error!(error = %e, "the metrics server stopped");
                 }
@@ -249,7 +251,9 @@ async fn session_loop(
         match outcome {
             Ok(()) => tracing::warn!("the operator closed the stream"),
             Err(RunError::EngineGone) => return Err(RunError::EngineGone),
-            Err(e) => tracing::warn!(error = %e, "stream to the operator failed"),
+            Err(e) => {
+                tracing::warn!(error = %resourcewatch_runtime::error_chain(&e), "stream to the operator failed")
+            }
         }
         // A stream that lived a while resets the backoff: this is a new failure.
         if started.elapsed() > LIVED {
@@ -425,11 +429,11 @@ impl Engine {
         applied: Arc<AtomicU64>,
         metrics: Arc<metrics::AgentMetrics>,
         profiles: profiles::Runner,
+        pipes: Result<Pipelines, PipelineError>,
     ) -> Self {
-        let pipes = Pipelines::load(PipelineOptions::default());
         let layout = pipes.as_ref().ok().map(|p| p.cgroup_layout().clone());
         if let Err(e) = &pipes {
-            tracing::error!(error = %crate::error_chain(e), "kernel pipelines unavailable: reporting health only");
+            tracing::error!(error = %resourcewatch_runtime::error_chain(e), "kernel pipelines unavailable: reporting health only");
         }
         Self {
             acks,
@@ -541,7 +545,7 @@ impl Engine {
             Err(e) => {
                 return nack(format!(
                     "kernel pipelines unavailable: {}",
-                    crate::error_chain(e)
+                    resourcewatch_runtime::error_chain(e)
                 ));
             }
         };
@@ -562,7 +566,7 @@ impl Engine {
             if let Err(e) = &self.pipes {
                 return nack(format!(
                     "reloading the pipelines with a new sketch: {}",
-                    crate::error_chain(e)
+                    resourcewatch_runtime::error_chain(e)
                 ));
             }
         }
@@ -649,8 +653,12 @@ impl Engine {
         }
         let ids: Vec<u64> = found.iter().map(|c| c.cgroup_id).collect();
         if let Ok(p) = &mut self.pipes {
-            p.set_targets(&[], &ids)
-                .map_err(|e| format!("programming targets: {e}"))?;
+            p.set_targets(&[], &ids).map_err(|e| {
+                format!(
+                    "programming targets: {}",
+                    resourcewatch_runtime::error_chain(&e)
+                )
+            })?;
         }
         if let Some(b) = &mut self.builder {
             b.watched_cgroups = found
@@ -758,7 +766,7 @@ fn fit(mut r: pb::Report) -> pb::Report {
 /// cannot know what the snapshot means): the snapshot is refused with the reason, which
 /// the operator shows in the watch's status.
 fn spoken(c: &pb::NodeConfig) -> Result<(), String> {
-    let v = pb::config_protocol_version(c);
+    let v = c.protocol_version;
     let (min, max) = pb::SPOKEN_PROTOCOL_VERSIONS;
     if (min..=max).contains(&v) {
         Ok(())
@@ -792,10 +800,46 @@ mod tests {
     }
     use crate::capabilities::{CapabilityReport, Check};
 
+    /// A NACK's reason names each cause once (the message leaves out what the error
+    /// attaches as its source; the chain is printed by `error_chain`).
+    #[test]
+    fn a_nack_names_each_cause_once() {
+        let (acks, _) = mpsc::unbounded_channel();
+        let (reports, _) = watch::channel(None);
+        let (results, _) = mpsc::unbounded_channel();
+        let broken = PipelineError::Cgroup(crate::cgroup_resolver::CgroupError::Read {
+            path: "/proc/self/mountinfo".into(),
+            source: std::io::Error::from_raw_os_error(libc::EACCES),
+        });
+        let mut engine = Engine::new(
+            acks,
+            reports,
+            Arc::default(),
+            Arc::default(),
+            profiles::Runner::new(results, "n1"),
+            Err(broken),
+        );
+        let ack = engine.apply(pb::NodeConfig {
+            version: 3,
+            top_k: 10,
+            report_interval_ms: 10_000,
+            sketch_depth: 4,
+            sketch_width: 1024,
+            protocol_version: pb::PROTOCOL_VERSION,
+            ..Default::default()
+        });
+        assert!(!ack.accepted);
+        assert_eq!(
+            ack.reason,
+            "kernel pipelines unavailable: cgroups: cannot read /proc/self/mountinfo: \
+             Permission denied (os error 13)"
+        );
+    }
+
     #[test]
     fn a_snapshot_of_a_protocol_version_this_agent_does_not_speak_is_refused() {
-        // An operator from before negotiation (0) speaks version 1.
-        assert!(spoken(&pb::NodeConfig::default()).is_ok());
+        // A snapshot that names no version (0) is not understood either.
+        assert!(spoken(&pb::NodeConfig::default()).is_err());
         let chosen = |v| pb::NodeConfig {
             protocol_version: v,
             ..Default::default()

@@ -174,7 +174,12 @@ fn run(
     let profile =
         match Profiler::load(STACK_ENTRIES).and_then(|mut p| p.run(&target, hz, duration, stop)) {
             Ok(p) => p,
-            Err(e) => return failed(r, &format!("profiling: {e}")),
+            Err(e) => {
+                return failed(
+                    r,
+                    &format!("profiling: {}", resourcewatch_runtime::error_chain(&e)),
+                );
+            }
         };
     let rendered = Rendered::new(&profile, &stacks::Symbolizer::new());
     // Each process's container, from its cgroup, once per process.
@@ -193,7 +198,12 @@ fn run(
     let pprof = rendered.pprof(|s| labels(r, node, container_of(s.tgid).as_deref()));
     let (pprof, svg) = match (pprof, rendered.svg()) {
         (Ok(p), Ok(s)) => (p, s),
-        (Err(e), _) | (_, Err(e)) => return failed(r, &format!("rendering: {e}")),
+        (Err(e), _) | (_, Err(e)) => {
+            return failed(
+                r,
+                &format!("rendering: {}", resourcewatch_runtime::error_chain(&e)),
+            );
+        }
     };
     let mut result = pb::ProfileResult {
         id: r.id.clone(),

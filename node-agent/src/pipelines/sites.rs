@@ -65,15 +65,10 @@ impl Pipelines {
             Ok(false) => {}
             Err(e) => {
                 // The whole chain: the kernel's errno is at its end.
-                let mut why = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    why.push_str(&format!(": {s}"));
-                    source = s.source();
-                }
                 tracing::warn!(
                     pid = tgid,
-                    "cannot sample the heap allocations of a JVM: {why}"
+                    "cannot sample the heap allocations of a JVM: {}",
+                    resourcewatch_runtime::error_chain(&e)
                 );
             }
         }

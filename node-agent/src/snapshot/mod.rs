@@ -797,7 +797,10 @@ impl FrameBuilder {
                 rows
             }
             Err(e) => {
-                tracing::warn!("reading exact targets failed: {e}");
+                tracing::warn!(
+                    "reading exact targets failed: {}",
+                    resourcewatch_runtime::error_chain(&e)
+                );
                 Vec::new()
             }
         };

@@ -94,12 +94,18 @@ impl SiteTracker {
         if self.captures.values().any(|c| c.active)
             && let Err(e) = pipes.read_growth_samples()
         {
-            tracing::warn!("reading growth-site stack samples failed: {e}");
+            tracing::warn!(
+                "reading growth-site stack samples failed: {}",
+                resourcewatch_runtime::error_chain(&e)
+            );
         }
         if self.captures.iter().any(|(pid, c)| due(pid, c)) {
             match pipes.drain_growth_sites() {
                 Ok(raw) => self.accumulate(raw),
-                Err(e) => tracing::warn!("reading growth sites failed: {e}"),
+                Err(e) => tracing::warn!(
+                    "reading growth sites failed: {}",
+                    resourcewatch_runtime::error_chain(&e)
+                ),
             }
         }
         let pids: Vec<u32> = self.captures.keys().copied().collect();
@@ -191,7 +197,10 @@ impl SiteTracker {
                         },
                     );
                 }
-                Err(e) => tracing::debug!("capturing the growth sites of {pid}: {e}"),
+                Err(e) => tracing::debug!(
+                    "capturing the growth sites of {pid}: {}",
+                    resourcewatch_runtime::error_chain(&e)
+                ),
             }
         }
     }

@@ -70,7 +70,7 @@ pub enum AttachError {
     Gone,
     #[error("the JVM answered {0:?}")]
     Refused(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 

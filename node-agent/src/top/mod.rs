@@ -44,13 +44,13 @@ pub struct TopOptions {
 pub enum TopError {
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
-    #[error("--target-cgroup {spec}: {source}")]
+    #[error("--target-cgroup {spec}")]
     Target {
         spec: String,
         #[source]
         source: crate::cgroup_resolver::CgroupError,
     },
-    #[error("writing output failed: {0}")]
+    #[error("writing output failed")]
     Output(#[from] std::io::Error),
 }
 

@@ -94,12 +94,6 @@ pub enum NoGrant {
     PoliciesFailing(String),
     #[error("the operator has not listed RemediationPolicies yet")]
     PoliciesNotListed,
-    /// The watch carries the annotation an older operator's admission webhook granted.
-    #[error(
-        "{0}; its {annotation} annotation, from an operator with an admission webhook, grants nothing any more",
-        annotation = resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION
-    )]
-    LegacyAnnotation(Box<NoGrant>),
 }
 
 fn ignored(invalid: &[String]) -> String {

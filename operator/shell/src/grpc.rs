@@ -106,7 +106,7 @@ impl AgentService {
         }
         let agent_cert = request.peer_certs().is_some_and(|c| {
             c.first().is_some_and(|leaf| {
-                resourcewatch_https::issued_for(leaf, resourcewatch_proto::AGENT_CERT_NAME)
+                resourcewatch_runtime::https::issued_for(leaf, resourcewatch_proto::AGENT_CERT_NAME)
             })
         });
         if !agent_cert {

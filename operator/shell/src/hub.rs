@@ -349,11 +349,10 @@ impl Hub {
             hello.min_protocol_version,
             hello.protocol_version,
         ) else {
-            let min = match hello.min_protocol_version {
-                0 => hello.protocol_version,
-                m => m,
-            };
-            return Err(HubError::Protocol(min, hello.protocol_version));
+            return Err(HubError::Protocol(
+                hello.min_protocol_version,
+                hello.protocol_version,
+            ));
         };
         let mut inner = self.lock();
         if !inner.nodes.contains_key(&hello.node_name) {
@@ -736,6 +735,7 @@ mod tests {
         pb::Hello {
             node_name: node.into(),
             protocol_version: resourcewatch_proto::PROTOCOL_VERSION,
+            min_protocol_version: resourcewatch_proto::MIN_PROTOCOL_VERSION,
             ..Default::default()
         }
     }
@@ -1063,8 +1063,12 @@ mod tests {
         assert_eq!(hub.connected_agents(), 0);
         assert_eq!(hub.connect(&hello("")).err(), Some(HubError::NoNodeName));
         let mut old = hello("n1");
-        old.protocol_version = 99;
+        (old.min_protocol_version, old.protocol_version) = (99, 99);
         assert!(matches!(hub.connect(&old), Err(HubError::Protocol(99, 99))));
+        // A Hello without its minimum is no offer.
+        let mut bare = hello("n1");
+        bare.min_protocol_version = 0;
+        assert!(matches!(hub.connect(&bare), Err(HubError::Protocol(0, _))));
         // One release newer: it offers this operator's version too, and gets it.
         let newer = pb::Hello {
             min_protocol_version: resourcewatch_proto::PROTOCOL_VERSION,

@@ -31,13 +31,13 @@ pub const FIELD_MANAGER: &str = "resourcewatch-operator";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
     #[error("{0} timed out")]
     Timeout(&'static str),
     #[error("a ResourceWatch without a namespace")]
     NotNamespaced,
-    #[error("certificates: {0}")]
+    #[error("certificates")]
     Certificate(#[from] rcgen::Error),
     /// The CA Secret exists without a CA in it.
     #[error("Secret {0} lacks ca.crt or ca.key; delete it to have a new CA generated")]
@@ -45,9 +45,9 @@ pub enum Error {
     /// Other writers kept changing the object between our reads and writes.
     #[error("could not write {0}: it kept changing under us")]
     Contended(String),
-    #[error("the clock: {0}")]
+    #[error("the clock")]
     Clock(#[from] jiff::Error),
-    #[error("encoding: {0}")]
+    #[error("encoding")]
     Encode(#[from] serde_json::Error),
 }
 

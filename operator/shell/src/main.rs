@@ -50,7 +50,7 @@ struct Args {
     node_name: Option<String>,
     /// Log lines as text or JSON (the filter is RESOURCEWATCH_LOG, e.g. info,kube=warn).
     #[arg(long, env = "RESOURCEWATCH_LOG_FORMAT", default_value = "text")]
-    log_format: resourcewatch_proto::logging::Format,
+    log_format: resourcewatch_runtime::logging::Format,
     /// Where agents connect (gRPC over mTLS).
     #[arg(long, default_value = "0.0.0.0:9443")]
     grpc_addr: SocketAddr,
@@ -172,7 +172,7 @@ fn check_ready(
         }
     };
     let addr = SocketAddr::new(host, port);
-    let req = resourcewatch_https::Get {
+    let req = resourcewatch_runtime::https::Get {
         server_name,
         ca_pem: &ca_pem,
         identity: None,
@@ -182,7 +182,7 @@ fn check_ready(
     let answer = rt.block_on(async {
         tokio::time::timeout(
             Duration::from_secs(10),
-            resourcewatch_https::get(addr, &req),
+            resourcewatch_runtime::https::get(addr, &req),
         )
         .await
     });
@@ -229,11 +229,9 @@ fn main() -> ExitCode {
     {
         return check_ready(*host, *port, ca, server_name);
     }
-    if let Err(e) = resourcewatch_proto::logging::init(
-        args.log_format,
-        "info,kube=warn,tower=warn,h2=warn",
-        "RUST_LOG",
-    ) {
+    if let Err(e) =
+        resourcewatch_runtime::logging::init(args.log_format, "info,kube=warn,tower=warn,h2=warn")
+    {
         eprintln!("resourcewatch-operator: {e}");
         return ExitCode::from(64);
     }
@@ -464,11 +462,11 @@ async fn serve_metrics(
                 .await
         }));
     }
-    let tls = resourcewatch_https::server_config(&leaf.cert, &leaf.key, None)
+    let tls = resourcewatch_runtime::https::server_config(&leaf.cert, &leaf.key, None)
         .context("the metrics listener's certificate")?;
-    let listener = resourcewatch_https::TlsListener::bind(
+    let listener = resourcewatch_runtime::https::TlsListener::bind(
         args.metrics_addr,
-        Arc::new(resourcewatch_https::Fixed(Arc::new(tls))),
+        Arc::new(resourcewatch_runtime::https::Fixed(Arc::new(tls))),
     )
     .await
     .context("metrics listener")?;

@@ -99,7 +99,11 @@ impl Default for Metrics {
             oom_warning_seconds.clone(),
         );
         // process_* and resourcewatch_operator_build_info, named as the agents' are.
-        resourcewatch_proto::telemetry::register(&mut root, "resourcewatch_operator");
+        resourcewatch_runtime::telemetry::register(
+            &mut root,
+            "resourcewatch_operator",
+            resourcewatch_proto::PROTOCOL_VERSION,
+        );
         let registry = root.sub_registry_with_prefix("resourcewatch_operator");
         let m = Self {
             reconciliations: Family::default(),

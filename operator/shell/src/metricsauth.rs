@@ -194,7 +194,7 @@ impl MetricsAuth {
 enum ReviewError {
     #[error("{0} timed out")]
     Timeout(&'static str),
-    #[error("{review}: {source}")]
+    #[error("{review}")]
     Api {
         review: &'static str,
         source: kube::Error,
@@ -235,7 +235,7 @@ pub async fn require(State(auth): State<Arc<MetricsAuth>>, req: Request, next: N
                     a
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "could not review a /metrics client");
+                    tracing::warn!(error = %resourcewatch_runtime::error_chain(&e), "could not review a /metrics client");
                     return (
                         StatusCode::SERVICE_UNAVAILABLE,
                         "could not review the token",

@@ -164,7 +164,7 @@ async fn write_status(
 }
 
 pub fn error_policy(crw: Arc<ClusterResourceWatch>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(view = %crw.name_any(), %error, "node view reconcile failed");
+    tracing::warn!(view = %crw.name_any(), error = %resourcewatch_runtime::error_chain(error), "node view reconcile failed");
     ctx.metrics.reconciled("error_policy");
     Action::requeue(Duration::from_secs(10))
 }
@@ -222,7 +222,7 @@ pub async fn run(
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
-                tracing::debug!(error = %e, "node view controller");
+                tracing::debug!(error = %resourcewatch_runtime::error_chain(&e), "node view controller");
             }
         })
         .await;

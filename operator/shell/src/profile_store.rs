@@ -58,7 +58,7 @@ pub fn config_map(rw: &ResourceWatch, p: &ProfileStatus, r: &pb::ProfileResult) 
 pub enum StoreError {
     #[error("the result could not be stored in ConfigMap {name}: timed out")]
     Timeout { name: String },
-    #[error("the result could not be stored in ConfigMap {name}: {source}")]
+    #[error("the result could not be stored in ConfigMap {name}")]
     Api { name: String, source: kube::Error },
     #[error(
         "the result could not be stored: a ConfigMap {0} exists that this watch does not own; it is left as it is (rename or delete it)"
@@ -81,7 +81,7 @@ pub async fn store(
     let ns = rw.namespace().unwrap_or_default();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let failed = |e: StoreError| {
-        tracing::warn!(configmap = %name, error = %e, "could not store a profile");
+        tracing::warn!(configmap = %name, error = %resourcewatch_runtime::error_chain(&e), "could not store a profile");
         e
     };
     let api_error = |source| {

@@ -20,9 +20,6 @@ pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
 pub const TLS_CERT: &str = "tls.crt";
 pub const TLS_KEY: &str = "tls.key";
-/// The HMAC key earlier operators kept beside the CA for their admission webhook; it
-/// signs nothing now and is removed from the Secret at start.
-const LEGACY_AUTHZ_KEY: &str = "authz.key";
 
 /// A CA certificate and its key, PEM.
 #[derive(Clone, Debug)]
@@ -153,20 +150,7 @@ pub async fn ensure_ca(client: &Client, ns: &str, name: &str) -> Result<Pki> {
             let (Some(ca_cert), Some(ca_key)) = (get(&s, CA_CERT), get(&s, CA_KEY)) else {
                 return Err(Error::BrokenCa(format!("{ns}/{name}")));
             };
-            if get(&s, LEGACY_AUTHZ_KEY).is_none() {
-                return Ok(Pki { ca_cert, ca_key });
-            }
-            // An older operator's Secret: its webhook key is dead, so it goes (a conflict
-            // means another replica just did it).
-            let mut without = s.clone();
-            if let Some(d) = without.data.as_mut() {
-                d.remove(LEGACY_AUTHZ_KEY);
-            }
-            match api.replace(name, &PostParams::default(), &without).await {
-                Ok(_) => continue,
-                Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                Err(e) => return Err(e.into()),
-            }
+            return Ok(Pki { ca_cert, ca_key });
         }
         let pki = Pki::generate()?;
         let s = secret(ns, name, &[(CA_CERT, &pki.ca_cert), (CA_KEY, &pki.ca_key)]);

@@ -14,14 +14,15 @@ async fn serve(m: Arc<Metrics>, pki: &Pki) -> SocketAddr {
     let leaf = pki
         .server(&["resourcewatch-operator".into()])
         .expect("leaf");
-    let tls = resourcewatch_https::server_config(&leaf.cert, &leaf.key, None).expect("tls");
+    let tls =
+        resourcewatch_runtime::https::server_config(&leaf.cert, &leaf.key, None).expect("tls");
     // A free port: the listener does not say which one it got.
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port");
-    let listener = resourcewatch_https::TlsListener::bind(
+    let listener = resourcewatch_runtime::https::TlsListener::bind(
         addr,
-        Arc::new(resourcewatch_https::Fixed(Arc::new(tls))),
+        Arc::new(resourcewatch_runtime::https::Fixed(Arc::new(tls))),
     )
     .await
     .expect("bind");

@@ -339,11 +339,11 @@ async fn bad_first_messages_get_precise_codes() {
     assert!(s.message().contains("99"), "{s}");
 
     // An agent one release newer offers this operator's version too: served, and every
-    // snapshot names the version chosen. One from before negotiation (no minimum) is
-    // served at the version it names.
+    // snapshot names the version chosen. One a release older names the versions it
+    // speaks: served at the newest.
     for (min, max) in [
         (pb::PROTOCOL_VERSION, pb::PROTOCOL_VERSION + 1),
-        (0, pb::PROTOCOL_VERSION),
+        (pb::MIN_PROTOCOL_VERSION, pb::PROTOCOL_VERSION),
     ] {
         let (_tx, resp) = f
             .open(Msg::Hello(pb::Hello {

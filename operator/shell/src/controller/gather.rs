@@ -59,7 +59,7 @@ pub(super) async fn gather(
         facts.pods.insert(f.uid.clone(), f);
     }
     if restart {
-        facts.gate = Some(gate(ctx, rw, ns, &grants).await?);
+        facts.gate = Some(gate(ctx, ns, &grants).await?);
     }
     Ok(facts)
 }
@@ -67,28 +67,13 @@ pub(super) async fn gather(
 /// The gate of a `Restart` watch: the master switch, the namespace's opt-in, the grant of
 /// a RemediationPolicy, and (asked of the API server only when it can matter: it is the
 /// last gate) the operator's own eviction right in the namespace.
-pub(super) async fn gate(
-    ctx: &Context,
-    rw: &ResourceWatch,
-    ns: &str,
-    grants: &Grants,
-) -> Result<Gate> {
+pub(super) async fn gate(ctx: &Context, ns: &str, grants: &Grants) -> Result<Gate> {
     let master_switch = ctx.remediation.enabled;
     let namespace_opted_in = namespace_opted_in(ctx, ns).await?;
     let grant = match policies_unknown(ctx) {
         Some(why) => Err(why),
         None => grants.gate(ns),
-    }
-    .map_err(|why| {
-        if rw
-            .annotations()
-            .contains_key(resourcewatch_crds::LEGACY_AUTHORIZATION_ANNOTATION)
-        {
-            NoGrant::LegacyAnnotation(Box::new(why))
-        } else {
-            why
-        }
-    });
+    };
     let operator_may_evict = if master_switch && namespace_opted_in && grant.is_ok() {
         operator_may_evict(ctx, ns).await
     } else {

@@ -310,7 +310,9 @@ async fn carry_out(
     let mut events = std::mem::take(&mut plan.events);
     match (&plan.profile.effect, plan.status.profile.as_mut(), &result) {
         (Some(profile::Effect::Store), Some(p), Some(r)) => {
-            let stored = profile_store::store(&ctx.client, ctx.write_timeout, run.rw, p, r).await;
+            let stored = profile_store::store(&ctx.client, ctx.write_timeout, run.rw, p, r)
+                .await
+                .map_err(|e| resourcewatch_runtime::error_chain(&e));
             events.push(profile::stored(p, r, stored, run.now_s));
         }
         (Some(profile::Effect::Delete), _, _) => {
@@ -428,7 +430,7 @@ fn profile_inputs<'a>(
 pub fn error_policy(rw: Arc<ResourceWatch>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(
         watch = %format!("{}/{}", rw.namespace().unwrap_or_default(), rw.name_any()),
-        %error,
+        error = %resourcewatch_runtime::error_chain(error),
         "reconcile failed"
     );
     ctx.metrics.reconciled("error_policy");
@@ -988,6 +990,7 @@ mod tests {
             .connect(&pb::Hello {
                 node_name: node.into(),
                 protocol_version: pb::PROTOCOL_VERSION,
+                min_protocol_version: pb::MIN_PROTOCOL_VERSION,
                 ..Default::default()
             })
             .expect("connect");

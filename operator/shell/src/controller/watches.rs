@@ -53,7 +53,7 @@ pub(super) fn pod_triggers(
                 .unwrap_or_else(|e| e.into_inner())
                 .on_event(&event, &watches.state()),
             Err(e) => {
-                tracing::warn!(error = %e, "pod watch");
+                tracing::warn!(error = %resourcewatch_runtime::error_chain(&e), "pod watch");
                 Vec::new()
             }
         };
@@ -93,8 +93,8 @@ pub(super) fn policy_triggers(
             }
             Ok(_) => Vec::new(),
             Err(e) => {
-                tracing::warn!(error = %e, "RemediationPolicy watch");
-                *failing = Some(e.to_string());
+                tracing::warn!(error = %resourcewatch_runtime::error_chain(&e), "RemediationPolicy watch");
+                *failing = Some(resourcewatch_runtime::error_chain(&e));
                 Vec::new()
             }
         };
@@ -192,7 +192,7 @@ pub async fn run(
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
-                tracing::debug!(error = %e, "controller");
+                tracing::debug!(error = %resourcewatch_runtime::error_chain(&e), "controller");
             }
         });
     tokio::join!(watches, node_view, event_retries);

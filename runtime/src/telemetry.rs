@@ -80,14 +80,15 @@ impl Collector for ProcessCollector {
 
 /// Registers `process_*` and `<prefix>_build_info{version, protocol}` (value 1) in
 /// `registry`, which must be unprefixed: `process_*` names are fixed by convention.
-pub fn register(registry: &mut Registry, prefix: &str) {
+/// `protocol` is the operator-agent protocol version the binary speaks.
+pub fn register(registry: &mut Registry, prefix: &str, protocol: u32) {
     registry.register_collector(Box::new(ProcessCollector));
     registry.register(
         format!("{prefix}_build"),
         "The version of this binary and the version of the operator-agent protocol it speaks",
         Info::new(vec![
             ("version", env!("CARGO_PKG_VERSION").to_string()),
-            ("protocol", crate::PROTOCOL_VERSION.to_string()),
+            ("protocol", protocol.to_string()),
         ]),
     );
 }
@@ -99,7 +100,7 @@ mod tests {
     #[test]
     fn the_standard_process_series_and_build_info_are_exposed() {
         let mut r = Registry::default();
-        register(&mut r, "resourcewatch_agent");
+        register(&mut r, "resourcewatch_agent", 7);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &r).expect("encode");
         let value = |name: &str| -> f64 {
@@ -122,9 +123,8 @@ mod tests {
             "{start} vs {now}"
         );
         let info = format!(
-            r#"resourcewatch_agent_build_info{{version="{}",protocol="{}"}} 1"#,
+            r#"resourcewatch_agent_build_info{{version="{}",protocol="7"}} 1"#,
             env!("CARGO_PKG_VERSION"),
-            crate::PROTOCOL_VERSION
         );
         assert!(
             text.lines().any(|l| l == info),

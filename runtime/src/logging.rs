@@ -31,18 +31,12 @@ impl FromStr for Format {
 }
 
 /// Installs the global subscriber, writing to stderr. The filter is [`FILTER_ENV`], else
-/// `legacy_env` (the variable this binary read before: `RUST_LOG` for the operator,
-/// `RW_LOG` for the agent), else `default_filter`. A filter that does not parse is an
-/// error, not a silent default.
-pub fn init(format: Format, default_filter: &str, legacy_env: &str) -> Result<(), String> {
-    let (var, directives) = [FILTER_ENV, legacy_env]
-        .iter()
-        .find_map(|v| {
-            std::env::var(v)
-                .ok()
-                .filter(|s| !s.trim().is_empty())
-                .map(|s| (*v, s))
-        })
+/// `default_filter`. A filter that does not parse is an error, not a silent default.
+pub fn init(format: Format, default_filter: &str) -> Result<(), String> {
+    let (var, directives) = std::env::var(FILTER_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| (FILTER_ENV, s))
         .unwrap_or(("the default", default_filter.to_owned()));
     let filter = tracing_subscriber::EnvFilter::try_new(&directives)
         .map_err(|e| format!("log filter {var}={directives:?}: {e}"))?;

@@ -45,7 +45,7 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Read {
         what: String,
         #[source]
@@ -53,11 +53,11 @@ pub enum Error {
     },
     #[error("{what}: no usable PEM ({detail})")]
     Pem { what: String, detail: String },
-    #[error("TLS configuration: {0}")]
+    #[error("TLS configuration")]
     Config(#[from] rustls::Error),
-    #[error("client CA: {0}")]
+    #[error("client CA")]
     ClientCa(#[from] rustls::server::VerifierBuilderError),
-    #[error("binding {addr}: {source}")]
+    #[error("binding {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]
@@ -207,7 +207,7 @@ impl ConfigSource for SecretDir {
             // A Secret caught half-written, or replaced by a broken one: keep serving
             // what worked, say so once per change of the files.
             (Err(e), Some(built)) => {
-                tracing::warn!(error = %e, dir = %self.dir.display(), "the changed TLS files do not load; serving the previous ones");
+                tracing::warn!(error = %crate::error_chain(&e), dir = %self.dir.display(), "the changed TLS files do not load; serving the previous ones");
                 *failed = Some(stamps);
                 Ok(built.config.clone())
             }
@@ -334,7 +334,7 @@ impl TlsListener {
                 let acceptor = match source.current() {
                     Ok(cfg) => TlsAcceptor::from(cfg),
                     Err(e) => {
-                        tracing::warn!(error = %e, "TLS configuration; connection dropped");
+                        tracing::warn!(error = %crate::error_chain(&e), "TLS configuration; connection dropped");
                         continue;
                     }
                 };
