@@ -12,9 +12,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub mod cluster;
+pub mod node_view;
 pub mod policy;
-pub use cluster::{
+pub use node_view::{
     ClusterResourceWatch, ClusterResourceWatchSpec, ClusterResourceWatchStatus, ClusterSummary,
     NodeOomKill, NodeProcess, NodeTop, ProcessOwner,
 };

@@ -2,6 +2,6 @@
 //! cluster, condition waits with deadlines, the operator as a child process, and
 //! simulated node agents speaking the real protocol over mTLS.
 
-pub mod cluster;
+pub mod harness;
 pub mod operator;
 pub mod sim;

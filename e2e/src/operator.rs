@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::Context;
 
-use crate::cluster::wait_for;
+use crate::harness::wait_for;
 
 pub struct OperatorProcess {
     child: Child,
@@ -163,12 +163,12 @@ impl OperatorProcess {
         extra: &[&str],
         secure_metrics: bool,
     ) -> anyhow::Result<Self> {
-        crate::cluster::operator_rbac(namespace).await?;
+        crate::harness::operator_rbac(namespace).await?;
         let token =
-            crate::cluster::service_account_token(client, namespace, "resourcewatch-operator")
+            crate::harness::service_account_token(client, namespace, "resourcewatch-operator")
                 .await?;
         let path = std::env::temp_dir().join(format!("resourcewatch-e2e-{namespace}.kubeconfig"));
-        crate::cluster::write_token_kubeconfig(&path, &token)?;
+        crate::harness::write_token_kubeconfig(&path, &token)?;
         Self::spawn_at(
             namespace,
             identity,

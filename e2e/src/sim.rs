@@ -28,7 +28,7 @@ pub struct AgentTls {
     pub ca: String,
     pub cert: String,
     pub key: String,
-    /// The node's token (`cluster::agent_token`); set per node with [`AgentTls::for_node`].
+    /// The node's token (`harness::agent_token`); set per node with [`AgentTls::for_node`].
     pub token: Option<String>,
 }
 

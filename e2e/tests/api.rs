@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, process::Command, sync::Arc, time::Duration};
 use kube::{Api, Client, ResourceExt, api::PostParams};
 use resourcewatch_crds::{ConditionStatus, ResourceWatch};
 use resourcewatch_e2e::{
-    cluster::{self, TestNamespace, events, wait_for},
+    harness::{self, TestNamespace, events, wait_for},
     operator::OperatorProcess,
     sim::{AgentTls, PodPlan, SimAgent},
 };
@@ -23,7 +23,7 @@ fn labels(app: &str) -> BTreeMap<String, String> {
 
 fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     use std::io::Write;
-    let mut cmd = Command::new(cluster::kubectl());
+    let mut cmd = Command::new(harness::kubectl());
     cmd.args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -43,8 +43,8 @@ fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
 }
 
 async fn setup(prefix: &str) -> (Client, TestNamespace) {
-    let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
-    cluster::install_crd(&client).await.expect("CRD installs");
+    let client = harness::client().await.expect("a cluster (KUBECONFIG)");
+    harness::install_crd(&client).await.expect("CRD installs");
     let ns = TestNamespace::create(&client, prefix)
         .await
         .expect("namespace");
@@ -54,13 +54,13 @@ async fn setup(prefix: &str) -> (Client, TestNamespace) {
 /// Running pods (name, app label) on `node`, as kubelet would report them.
 async fn fake_pods(client: &Client, ns: &str, node: &str, pods: &[(&str, &str)]) {
     for (name, app) in pods {
-        cluster::fake_running_pod(
+        harness::fake_running_pod(
             client,
             ns,
             name,
             &labels(app),
             node,
-            &cluster::container_id(&format!("{ns}/{name}")),
+            &harness::container_id(&format!("{ns}/{name}")),
         )
         .await
         .expect("pod");
@@ -73,7 +73,7 @@ async fn node_agent_tls(client: &Client, ns: &str, node: &str) -> AgentTls {
         .await
         .expect("agent secret")
         .for_node(
-            cluster::agent_token(client, ns, node)
+            harness::agent_token(client, ns, node)
                 .await
                 .expect("the node's agent token"),
         )
@@ -90,7 +90,7 @@ async fn an_eviction_never_reaches_a_pod_replaced_under_the_same_name() {
     let (client, ns) = setup("rw-uid").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let decided =
-        cluster::fake_running_pod(&client, &ns.name, "db-0", &labels("db"), "node-a", "c1")
+        harness::fake_running_pod(&client, &ns.name, "db-0", &labels("db"), "node-a", "c1")
             .await
             .expect("pod");
     let old_uid = decided.uid().expect("uid");
@@ -103,7 +103,7 @@ async fn an_eviction_never_reaches_a_pod_replaced_under_the_same_name() {
     .await
     .expect("the decided pod is deleted");
     let replacement =
-        cluster::fake_running_pod(&client, &ns.name, "db-0", &labels("db"), "node-a", "c2")
+        harness::fake_running_pod(&client, &ns.name, "db-0", &labels("db"), "node-a", "c2")
             .await
             .expect("replacement");
     let new_uid = replacement.uid().expect("uid");
@@ -170,7 +170,7 @@ async fn bad_specs_are_refused_by_the_api_server_with_a_readable_message() {
     assert!(ok, "a valid spec was refused: {err}");
     // The sample in config/ is accepted as is.
     let sample =
-        std::fs::read_to_string(cluster::repo_root().join("config/samples/resourcewatch.yaml"))
+        std::fs::read_to_string(harness::repo_root().join("config/samples/resourcewatch.yaml"))
             .expect("sample");
     let (ok, _, err) = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&sample));
     assert!(ok, "the sample was refused: {err}");
@@ -259,7 +259,7 @@ async fn status_columns_events_agent_loss_and_operator_restart() {
         OperatorProcess::start(&n, "op-1", &["--agent-grace", "4s"]).expect("operator starts");
     op.wait_ready().await.expect("operator ready");
     let node = format!("sim-{n}");
-    cluster::fake_node(&client, &node).await.expect("node");
+    harness::fake_node(&client, &node).await.expect("node");
     let pods = [
         ("api-burn", "api"),
         ("api-leak", "api"),
@@ -601,7 +601,7 @@ async fn two_leaks_and_two_thresholds_in_one_watch_are_two_events_each() {
     let mut op = OperatorProcess::start(&n, "op-fold", &[]).expect("operator starts");
     op.wait_ready().await.expect("operator ready");
     let node = format!("sim-{n}");
-    cluster::fake_node(&client, &node).await.expect("node");
+    harness::fake_node(&client, &node).await.expect("node");
     fake_pods(
         &client,
         &n,

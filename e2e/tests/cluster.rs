@@ -13,12 +13,12 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use resourcewatch_crds::{ConditionReason, ConditionStatus, ResourceWatch, ResourceWatchStatus};
-use resourcewatch_e2e::cluster::{self, leak_sim_pod, wait_for};
+use resourcewatch_e2e::harness::{self, leak_sim_pod, wait_for};
 
 const SYSTEM: &str = "resourcewatch-system";
 
 fn kubectl(args: &[&str]) -> (bool, String) {
-    let out = Command::new(cluster::kubectl())
+    let out = Command::new(harness::kubectl())
         .args(args)
         .output()
         .expect("kubectl runs");
@@ -99,7 +99,7 @@ fn condition(s: &ResourceWatchStatus, t: &str) -> Option<(ConditionStatus, Condi
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-top").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-top").await;
     let n = ns.name.as_str();
     leak_sim_pod(
         &client,
@@ -150,7 +150,7 @@ async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
         "-n",
         n,
         "-f",
-        &cluster::repo_root()
+        &harness::repo_root()
             .join("config/samples/resourcewatch.yaml")
             .to_string_lossy(),
     ]);
@@ -217,8 +217,8 @@ async fn the_sample_ranks_the_selected_pods_within_two_intervals() {
 
 /// A namespace with one pod burning CPU (`app=api`) and a watch `w` selecting it, once the
 /// watch reports it from the node.
-async fn burning_watch(prefix: &str) -> (Client, cluster::TestNamespace, Api<ResourceWatch>) {
-    let (client, ns) = cluster::test_namespace(prefix).await;
+async fn burning_watch(prefix: &str) -> (Client, harness::TestNamespace, Api<ResourceWatch>) {
+    let (client, ns) = harness::test_namespace(prefix).await;
     let n = ns.name.as_str();
     leak_sim_pod(
         &client,
@@ -230,7 +230,7 @@ async fn burning_watch(prefix: &str) -> (Client, cluster::TestNamespace, Api<Res
     )
     .await;
     wait_running(&client, n, &["api-burn"]).await;
-    let rws = cluster::watch_app(&client, n, "w", "api").await;
+    let rws = harness::watch_app(&client, n, "w", "api").await;
     status_where(&rws, "w", "a reporting watch", 60, |s| {
         !s.top_cpu.is_empty() && s.reporting_nodes == 1
     })
@@ -377,7 +377,7 @@ async fn every_agent_available(client: &Client) {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_leak_is_listed_with_its_time_to_oom_before_the_kernel_kills_it() {
-    leak_listed_before_its_oom_kill("rw-e2e-leak", cluster::Placement::Host).await;
+    leak_listed_before_its_oom_kill("rw-e2e-leak", harness::Placement::Host).await;
 }
 
 /// The same on the VM node (e2e/cluster/vm-node.sh): Debian's Linux 6.1 with cgroup v2
@@ -386,7 +386,7 @@ async fn a_leak_is_listed_with_its_time_to_oom_before_the_kernel_kills_it() {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with its VM node: make e2e"]
 async fn on_the_cgroup_v2_node_a_leak_is_listed_with_its_time_to_oom_before_the_kernel_kills_it() {
-    leak_listed_before_its_oom_kill("rw-e2e-leak-v2", cluster::Placement::Vm).await;
+    leak_listed_before_its_oom_kill("rw-e2e-leak-v2", harness::Placement::Vm).await;
 }
 
 /// A limit set on the pod (`spec.resources`, PodLevelResources) and none on its container:
@@ -395,27 +395,27 @@ async fn on_the_cgroup_v2_node_a_leak_is_listed_with_its_time_to_oom_before_the_
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_pod_level_limit_is_the_limit_of_a_container_without_one() {
-    pod_level_limit_is_used("rw-e2e-podlimit", cluster::Placement::Host).await;
+    pod_level_limit_is_used("rw-e2e-podlimit", harness::Placement::Host).await;
 }
 
 #[tokio::test]
 #[ignore = "needs the e2e cluster with its VM node: make e2e"]
 async fn on_the_cgroup_v2_node_a_pod_level_limit_is_the_limit_of_a_container_without_one() {
-    pod_level_limit_is_used("rw-e2e-podlimit-v2", cluster::Placement::Vm).await;
+    pod_level_limit_is_used("rw-e2e-podlimit-v2", harness::Placement::Vm).await;
 }
 
-async fn pod_level_limit_is_used(prefix: &str, node: cluster::Placement) {
-    let (client, ns) = cluster::test_namespace(prefix).await;
+async fn pod_level_limit_is_used(prefix: &str, node: harness::Placement) {
+    let (client, ns) = harness::test_namespace(prefix).await;
     let n = ns.name.as_str();
-    let rws = cluster::watch_app(&client, n, "w", "leaky").await;
+    let rws = harness::watch_app(&client, n, "w", "leaky").await;
     let mut spec = node.pod_spec_fields();
     spec["resources"] = serde_json::json!({"limits": {"memory": "160Mi"}});
-    let pod = cluster::leak_sim_pod_with(
+    let pod = harness::leak_sim_pod_with(
         &client,
         n,
         "leaky",
         "leaky",
-        &cluster::leak_args("2MiB/s", "10"),
+        &harness::leak_args("2MiB/s", "10"),
         "",
         spec,
     )
@@ -437,10 +437,10 @@ async fn pod_level_limit_is_used(prefix: &str, node: cluster::Placement) {
     let leak = s.leaks.iter().find(|l| l.pod == "leaky").expect("leak");
     eprintln!("{leak:?}");
     assert_eq!(leak.limit_bytes, Some(160 << 20), "the pod's limit");
-    let expected_node = (node == cluster::Placement::Vm).then_some(cluster::VM_NODE);
+    let expected_node = (node == harness::Placement::Vm).then_some(harness::VM_NODE);
     match expected_node {
         Some(vm) => assert_eq!(leak.node, vm),
-        None => assert_ne!(leak.node, cluster::VM_NODE),
+        None => assert_ne!(leak.node, harness::VM_NODE),
     }
     // 160 MiB at 2 MiB/s from about 20 MiB: at most ~70 s left, far below what the
     // node's free memory would give.
@@ -458,14 +458,14 @@ async fn pod_level_limit_is_used(prefix: &str, node: cluster::Placement) {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with its VM node: make e2e"]
 async fn on_the_cgroup_v2_node_pods_reach_the_other_nodes_pods_and_the_operators_service() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-net").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-net").await;
     let n = ns.name.as_str();
     let args = ["--pattern", "flat", "--size", "4MiB", "--listen", "8080"];
     for (name, node) in [
-        ("on-host", cluster::Placement::Host),
-        ("on-vm", cluster::Placement::Vm),
+        ("on-host", harness::Placement::Host),
+        ("on-vm", harness::Placement::Vm),
     ] {
-        cluster::leak_sim_pod_on(&client, n, name, "net", &args, "64Mi", node).await;
+        harness::leak_sim_pod_on(&client, n, name, "net", &args, "64Mi", node).await;
     }
     wait_running(&client, n, &["on-host", "on-vm"]).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), n);
@@ -473,7 +473,7 @@ async fn on_the_cgroup_v2_node_pods_reach_the_other_nodes_pods_and_the_operators
     for name in ["on-host", "on-vm"] {
         let p = pods.get(name).await.expect("pod");
         let spec = p.spec.clone().unwrap_or_default();
-        let on_vm = spec.node_name.as_deref() == Some(cluster::VM_NODE);
+        let on_vm = spec.node_name.as_deref() == Some(harness::VM_NODE);
         assert_eq!(on_vm, name == "on-vm", "{name} on {:?}", spec.node_name);
         ip.insert(name, p.status.and_then(|s| s.pod_ip).expect("pod IP"));
     }
@@ -515,30 +515,30 @@ async fn on_the_cgroup_v2_node_pods_reach_the_other_nodes_pods_and_the_operators
 #[tokio::test]
 #[ignore = "needs the e2e cluster with its VM node: make e2e"]
 async fn on_the_cgroup_v2_node_a_watch_over_both_nodes_aggregates_both() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-both").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-both").await;
     let n = ns.name.as_str();
     let pods = [
         (
             "mem-host",
             &["--pattern", "flat", "--size", "200MiB"][..],
-            cluster::Placement::Host,
+            harness::Placement::Host,
         ),
         (
             "mem-vm",
             &["--pattern", "flat", "--size", "120MiB"][..],
-            cluster::Placement::Vm,
+            harness::Placement::Vm,
         ),
         (
             "burn-vm",
             &["--pattern", "burn"][..],
-            cluster::Placement::Vm,
+            harness::Placement::Vm,
         ),
     ];
     for (name, args, node) in pods {
-        cluster::leak_sim_pod_on(&client, n, name, "both", args, "320Mi", node).await;
+        harness::leak_sim_pod_on(&client, n, name, "both", args, "320Mi", node).await;
     }
     wait_running(&client, n, &["mem-host", "mem-vm", "burn-vm"]).await;
-    let rws = cluster::watch_app(&client, n, "w", "both").await;
+    let rws = harness::watch_app(&client, n, "w", "both").await;
     let node_of = |s: &ResourceWatchStatus, pod: &str| {
         s.top_memory
             .iter()
@@ -558,10 +558,10 @@ async fn on_the_cgroup_v2_node_a_watch_over_both_nodes_aggregates_both() {
     })
     .await;
     assert_eq!(s.matched_pods, 3);
-    assert_eq!(node_of(&s, "mem-vm").as_deref(), Some(cluster::VM_NODE));
-    assert_eq!(node_of(&s, "burn-vm").as_deref(), Some(cluster::VM_NODE));
+    assert_eq!(node_of(&s, "mem-vm").as_deref(), Some(harness::VM_NODE));
+    assert_eq!(node_of(&s, "burn-vm").as_deref(), Some(harness::VM_NODE));
     let host = node_of(&s, "mem-host").expect("mem-host ranked");
-    assert_ne!(host, cluster::VM_NODE);
+    assert_ne!(host, harness::VM_NODE);
     // The two largest by memory, in order, whichever node they are on.
     let order: Vec<&str> = s.top_memory.iter().map(|e| e.pod.as_str()).collect();
     let (h, v) = (
@@ -581,17 +581,17 @@ async fn on_the_cgroup_v2_node_a_watch_over_both_nodes_aggregates_both() {
     ns.delete().await;
 }
 
-async fn leak_listed_before_its_oom_kill(prefix: &str, node: cluster::Placement) {
-    let (client, ns) = cluster::test_namespace(prefix).await;
+async fn leak_listed_before_its_oom_kill(prefix: &str, node: harness::Placement) {
+    let (client, ns) = harness::test_namespace(prefix).await;
     let n = ns.name.as_str();
-    let rws = cluster::watch_app(&client, n, "w", "leaky").await;
+    let rws = harness::watch_app(&client, n, "w", "leaky").await;
     // 20 MiB, flat for 20 s, then 2 MiB/s against a 128Mi limit: OOM about 74 s after start.
-    cluster::leak_sim_pod_on(
+    harness::leak_sim_pod_on(
         &client,
         n,
         "leaky",
         "leaky",
-        &cluster::leak_args("2MiB/s", "20"),
+        &harness::leak_args("2MiB/s", "20"),
         "128Mi",
         node,
     )
@@ -620,9 +620,9 @@ async fn leak_listed_before_its_oom_kill(prefix: &str, node: cluster::Placement)
         .find(|l| l.pod == "leaky")
         .map(|l| l.node.clone());
     match node {
-        cluster::Placement::Vm => assert_eq!(on.as_deref(), Some(cluster::VM_NODE), "reported by"),
-        cluster::Placement::Host => {
-            assert_ne!(on.as_deref(), Some(cluster::VM_NODE), "reported by")
+        harness::Placement::Vm => assert_eq!(on.as_deref(), Some(harness::VM_NODE), "reported by"),
+        harness::Placement::Host => {
+            assert_ne!(on.as_deref(), Some(harness::VM_NODE), "reported by")
         }
     }
     let seen_at = started.elapsed();
@@ -653,7 +653,7 @@ async fn leak_listed_before_its_oom_kill(prefix: &str, node: cluster::Placement)
     // against the kill either way.
     let first_low = leak.time_to_oom_lower_bound_seconds;
     let settled;
-    let (leak, seen_at) = if node == cluster::Placement::Vm {
+    let (leak, seen_at) = if node == harness::Placement::Vm {
         settled = status_where(&rws, "w", "the leak grown for 10 s", 60, |s| {
             s.leaks.iter().any(|l| {
                 l.pod == "leaky"
@@ -760,7 +760,7 @@ async fn leak_listed_before_its_oom_kill(prefix: &str, node: cluster::Placement)
     );
     assert!(k.eta_error_at_first_alert_seconds.is_some(), "{k:?}");
     assert_eq!(s.summary.oom_kills.as_deref(), Some("1 (1 predicted)"));
-    cluster::event_where(&client, n, "OOMKilled", 30, |m| {
+    harness::event_where(&client, n, "OOMKilled", 30, |m| {
         m.starts_with("leaky/main") && m.contains("predicted") && !m.contains("not predicted")
     })
     .await;
@@ -774,18 +774,18 @@ async fn leak_listed_before_its_oom_kill(prefix: &str, node: cluster::Placement)
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn kills_in_a_sidecar_and_an_init_container_are_named_by_their_container() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-oom-named").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-oom-named").await;
     let n = ns.name.as_str();
-    let rws = cluster::watch_app(&client, n, "w", "named").await;
+    let rws = harness::watch_app(&client, n, "w", "named").await;
     let sim = |name: &str, args: &[&str], limit: &str| {
         serde_json::json!({
-            "name": name, "image": cluster::WORKLOADS_IMAGE, "imagePullPolicy": "Never",
+            "name": name, "image": harness::WORKLOADS_IMAGE, "imagePullPolicy": "Never",
             "command": ["/leak-sim"], "args": args,
             "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
         })
     };
     let flat = ["--pattern", "flat", "--size", "20MiB"];
-    let burst = cluster::leak_args("512MiB/s", "5");
+    let burst = harness::leak_args("512MiB/s", "5");
     let pods: Api<Pod> = Api::namespaced(client.clone(), n);
     for (name, spec) in [
         (
@@ -861,23 +861,23 @@ async fn kills_in_a_sidecar_and_an_init_container_are_named_by_their_container()
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn an_oom_kill_of_a_pod_deleted_right_after_is_still_in_status() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-oom-gone").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-oom-gone").await;
     let n = ns.name.as_str();
     let spec = serde_json::json!({"selector": {"matchLabels": {"app": "gone"}}, "interval": "30s"});
-    let (rws, _) = cluster::create_watch(&client, n, "w", spec).await;
+    let (rws, _) = harness::create_watch(&client, n, "w", spec).await;
     leak_sim_pod(
         &client,
         n,
         "gone",
         "gone",
-        &cluster::leak_args("512MiB/s", "10"),
+        &harness::leak_args("512MiB/s", "10"),
         "64Mi",
     )
     .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), n);
     let killed = wait_for("the kubelet's OOMKilled", Duration::from_secs(90), || {
         let pods = pods.clone();
-        async move { Ok(cluster::oom_killed(&pods.get("gone").await?).then_some(())) }
+        async move { Ok(harness::oom_killed(&pods.get("gone").await?).then_some(())) }
     })
     .await;
     killed.expect("the pod's container OOM-killed");
@@ -913,16 +913,16 @@ async fn an_oom_kill_of_a_pod_deleted_right_after_is_still_in_status() {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_sudden_allocation_is_an_oom_kill_nobody_predicted() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-oom-miss").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-oom-miss").await;
     let n = ns.name.as_str();
-    let rws = cluster::watch_app(&client, n, "w", "sudden").await;
+    let rws = harness::watch_app(&client, n, "w", "sudden").await;
     // 20 MiB for 10 s, then 512 MiB/s into 64Mi: killed within a fraction of a second.
     leak_sim_pod(
         &client,
         n,
         "sudden",
         "sudden",
-        &cluster::leak_args("512MiB/s", "10"),
+        &harness::leak_args("512MiB/s", "10"),
         "64Mi",
     )
     .await;
@@ -942,7 +942,7 @@ async fn a_sudden_allocation_is_an_oom_kill_nobody_predicted() {
     assert!(!k.predicted && k.warned_seconds_before.is_none(), "{k:?}");
     assert!(s.leaks.is_empty(), "nothing was listed: {:?}", s.leaks);
     assert_eq!(s.summary.oom_kills.as_deref(), Some("1 (0 predicted)"));
-    cluster::event_where(&client, n, "OOMKilled", 30, |m| {
+    harness::event_where(&client, n, "OOMKilled", 30, |m| {
         m.starts_with("sudden/main") && m.contains("not predicted")
     })
     .await;
@@ -955,9 +955,9 @@ async fn a_sudden_allocation_is_an_oom_kill_nobody_predicted() {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_leak_from_the_container_start_is_reported_before_its_oom_kill() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-startleak").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-startleak").await;
     let n = ns.name.as_str();
-    let rws = cluster::watch_app(&client, n, "w", "fast").await;
+    let rws = harness::watch_app(&client, n, "w", "fast").await;
     // The watch is in place (its nodes configured) before the pod exists.
     status_where(&rws, "w", "the watch reconciled", 60, |s| {
         condition(s, "Ready").is_some_and(|(st, _)| st == ConditionStatus::True)
@@ -1069,29 +1069,29 @@ async fn leak_site(prefix: &str, command: &str, function: &str) -> Vec<String> {
 }
 
 async fn leak_site_of(prefix: &str, leaker: Leaker<'_>, function: &str) -> Vec<String> {
-    let (client, ns) = cluster::test_namespace(prefix).await;
+    let (client, ns) = harness::test_namespace(prefix).await;
     let n = ns.name.as_str();
-    let rws = cluster::watch_app(&client, n, "w", "leaker").await;
+    let rws = harness::watch_app(&client, n, "w", "leaker").await;
     let command = match leaker {
         Leaker::C(command) => {
-            cluster::c_workload_pod(&client, n, "leaker", command, "1Gi").await;
+            harness::c_workload_pod(&client, n, "leaker", command, "1Gi").await;
             command.to_owned()
         }
         Leaker::CVm(command) => {
-            let vm = cluster::Placement::Vm;
-            cluster::c_workload_pod_on(&client, n, "leaker", command, "1Gi", vm).await;
-            format!("{command} on {}", cluster::VM_NODE)
+            let vm = harness::Placement::Vm;
+            harness::c_workload_pod_on(&client, n, "leaker", command, "1Gi", vm).await;
+            format!("{command} on {}", harness::VM_NODE)
         }
         Leaker::Node(args) => {
-            cluster::node_workload_pod(&client, n, "leaker", args, "1Gi").await;
+            harness::node_workload_pod(&client, n, "leaker", args, "1Gi").await;
             format!("node {}", args.join(" "))
         }
         Leaker::Python(args) => {
-            cluster::python_workload_pod(&client, n, "leaker", args, "1Gi").await;
+            harness::python_workload_pod(&client, n, "leaker", args, "1Gi").await;
             args.join(" ")
         }
         Leaker::Java(args) => {
-            cluster::java_workload_pod(&client, n, "leaker", args, "1Gi").await;
+            harness::java_workload_pod(&client, n, "leaker", args, "1Gi").await;
             format!("java {}", args.join(" "))
         }
     };
@@ -1196,8 +1196,8 @@ async fn agent_restarts(client: &Client) -> (i32, bool) {
         .expect("agent pods");
     assert!(!pods.items.is_empty(), "no agent pod");
     (
-        pods.items.iter().map(cluster::restarts).sum(),
-        pods.items.iter().any(cluster::oom_killed),
+        pods.items.iter().map(harness::restarts).sum(),
+        pods.items.iter().any(harness::oom_killed),
     )
 }
 
@@ -1229,13 +1229,13 @@ async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_
         .status()
         .expect("cc");
     assert!(built.success(), "building the node's secret file");
-    let (client, ns) = cluster::test_namespace("rw-e2e-hostile").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-hostile").await;
     let n = ns.name.clone();
-    cluster::bind_to_operator(&n, "resourcewatch-profiler", SYSTEM)
+    harness::bind_to_operator(&n, "resourcewatch-profiler", SYSTEM)
         .expect("bind the profiler role");
     let (restarts_before, _) = agent_restarts(&client).await;
-    let rws = cluster::watch_app(&client, &n, "w", "hostile").await;
-    cluster::hostile_pod(
+    let rws = harness::watch_app(&client, &n, "w", "hostile").await;
+    harness::hostile_pod(
         &client,
         &n,
         "hostile",
@@ -1244,10 +1244,10 @@ async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_
     .await;
     wait_running(&client, &n, &["hostile"]).await;
     // A well-behaved leak elsewhere, started with the attack.
-    let (_, other) = cluster::test_namespace("rw-e2e-bystander").await;
+    let (_, other) = harness::test_namespace("rw-e2e-bystander").await;
     let o = other.name.clone();
-    let rws2 = cluster::watch_app(&client, &o, "w", "leaker").await;
-    cluster::c_workload_pod(&client, &o, "leaker", "/leak-c", "1Gi").await;
+    let rws2 = harness::watch_app(&client, &o, "w", "leaker").await;
+    harness::c_workload_pod(&client, &o, "leaker", "/leak-c", "1Gi").await;
     let s = status_where(
         &rws,
         "w",
@@ -1448,7 +1448,7 @@ fn proc_cpu_seconds(pid: u32) -> f64 {
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
     use resourcewatch_crds::{ClusterResourceWatch, ProcessOwner};
-    let (client, ns) = cluster::test_namespace("rw-e2e-nodes").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-nodes").await;
     let n = ns.name.as_str();
     leak_sim_pod(&client, n, "nv-burn", "nv", &["--pattern", "burn"], "64Mi").await;
     leak_sim_pod(
@@ -1491,9 +1491,9 @@ async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
         .to_string()
     };
     let (ok, _, err) =
-        cluster::kubectl_apply(&view("e2e-all", serde_json::json!({"interval": "5s"})));
+        harness::kubectl_apply(&view("e2e-all", serde_json::json!({"interval": "5s"})));
     assert!(ok, "{err}");
-    let (ok, _, err) = cluster::kubectl_apply(&view(
+    let (ok, _, err) = harness::kubectl_apply(&view(
         "e2e-none",
         serde_json::json!({"nodeSelector": {"matchLabels": {"rw-e2e": "no-such-node"}}}),
     ));
@@ -1660,7 +1660,7 @@ async fn the_node_view_lists_every_namespaces_pods_and_the_hosts_processes() {
     let _ = kubectl(&["delete", "clusterrolebinding", "rw-e2e-viewer"]);
 
     // Without host processes: only pods remain.
-    let (ok, _, err) = cluster::kubectl_apply(&view(
+    let (ok, _, err) = harness::kubectl_apply(&view(
         "e2e-all",
         serde_json::json!({"interval": "5s", "includeHostProcesses": false}),
     ));
@@ -1692,7 +1692,7 @@ async fn profiled(
     command: &str,
 ) -> (
     Client,
-    cluster::TestNamespace,
+    harness::TestNamespace,
     Api<ResourceWatch>,
     resourcewatch_crds::ProfileStatus,
     k8s_openapi::api::core::v1::ConfigMap,
@@ -1706,37 +1706,37 @@ async fn profiled_of(
     program: Leaker<'_>,
 ) -> (
     Client,
-    cluster::TestNamespace,
+    harness::TestNamespace,
     Api<ResourceWatch>,
     resourcewatch_crds::ProfileStatus,
     k8s_openapi::api::core::v1::ConfigMap,
 ) {
-    let (client, ns) = cluster::test_namespace(prefix).await;
+    let (client, ns) = harness::test_namespace(prefix).await;
     let n = ns.name.clone();
     // The operator may write ConfigMaps only where a namespace admin let it.
-    cluster::bind_to_operator(&n, "resourcewatch-profiler", "resourcewatch-system")
+    harness::bind_to_operator(&n, "resourcewatch-profiler", "resourcewatch-system")
         .expect("bind the profiler role");
-    let rws = cluster::watch_app(&client, &n, "w", "burner").await;
+    let rws = harness::watch_app(&client, &n, "w", "burner").await;
     let command = match program {
         Leaker::C(command) => {
-            cluster::c_workload_pod(&client, &n, "burner", command, "64Mi").await;
+            harness::c_workload_pod(&client, &n, "burner", command, "64Mi").await;
             command.to_owned()
         }
         Leaker::CVm(command) => {
-            let vm = cluster::Placement::Vm;
-            cluster::c_workload_pod_on(&client, &n, "burner", command, "64Mi", vm).await;
-            format!("{command} on {}", cluster::VM_NODE)
+            let vm = harness::Placement::Vm;
+            harness::c_workload_pod_on(&client, &n, "burner", command, "64Mi", vm).await;
+            format!("{command} on {}", harness::VM_NODE)
         }
         Leaker::Node(args) => {
-            cluster::node_workload_pod(&client, &n, "burner", args, "256Mi").await;
+            harness::node_workload_pod(&client, &n, "burner", args, "256Mi").await;
             format!("node {}", args.join(" "))
         }
         Leaker::Python(args) => {
-            cluster::python_workload_pod(&client, &n, "burner", args, "64Mi").await;
+            harness::python_workload_pod(&client, &n, "burner", args, "64Mi").await;
             args.join(" ")
         }
         Leaker::Java(args) => {
-            cluster::java_workload_pod(&client, &n, "burner", args, "256Mi").await;
+            harness::java_workload_pod(&client, &n, "burner", args, "256Mi").await;
             format!("java {}", args.join(" "))
         }
     };
@@ -1830,7 +1830,7 @@ async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
     );
     let pprof = &cm.binary_data.unwrap_or_default()["profile.pb.gz"];
     assert_eq!(pprof.0[..2], [0x1f, 0x8b], "gzipped pprof");
-    cluster::event_where(&client, n, "ProfileSucceeded", 30, |t| {
+    harness::event_where(&client, n, "ProfileSucceeded", 30, |t| {
         t.contains("burn_here")
     })
     .await;
@@ -1855,7 +1855,7 @@ async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
     wait_for("a ProfileRefused Event", Duration::from_secs(30), || {
         let client = client.clone();
         async move {
-            Ok((!cluster::events(&client, n, "ProfileRefused")
+            Ok((!harness::events(&client, n, "ProfileRefused")
                 .await
                 .is_empty())
             .then_some(()))
@@ -1871,7 +1871,7 @@ async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
     })
     .await
     .expect("gone");
-    let rws = cluster::watch_app(&client, n, "w", "burner").await;
+    let rws = harness::watch_app(&client, n, "w", "burner").await;
     annotate(&rws, "pod=burner,duration=5s,request=3").await;
     let s = status_where(
         &rws,
@@ -1899,9 +1899,9 @@ async fn a_profile_asked_for_on_the_watch_names_the_hot_function() {
 async fn a_profile_never_overwrites_a_configmap_it_does_not_own() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use resourcewatch_crds::ProfileState;
-    let (client, ns) = cluster::test_namespace("rw-e2e-profile-owner").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-profile-owner").await;
     let n = ns.name.clone();
-    cluster::bind_to_operator(&n, "resourcewatch-profiler", "resourcewatch-system")
+    harness::bind_to_operator(&n, "resourcewatch-profiler", "resourcewatch-system")
         .expect("bind the profiler role");
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &n);
     let theirs: ConfigMap = serde_json::from_value(serde_json::json!({
@@ -1911,8 +1911,8 @@ async fn a_profile_never_overwrites_a_configmap_it_does_not_own() {
     cms.create(&PostParams::default(), &theirs)
         .await
         .expect("someone else's ConfigMap");
-    let rws = cluster::watch_app(&client, &n, "w", "burner").await;
-    cluster::c_workload_pod(&client, &n, "burner", "/burn-c", "64Mi").await;
+    let rws = harness::watch_app(&client, &n, "w", "burner").await;
+    harness::c_workload_pod(&client, &n, "burner", "/burn-c", "64Mi").await;
     wait_running(&client, &n, &["burner"]).await;
     status_where(&rws, "w", "the burner in topCPU", 60, |s| {
         s.top_cpu.iter().any(|e| e.pod == "burner")
@@ -2019,7 +2019,7 @@ async fn on_the_cgroup_v2_node_a_c_profile_names_the_hot_function_and_its_caller
 }
 
 async fn c_profile_names_burn_here(
-    ns: cluster::TestNamespace,
+    ns: harness::TestNamespace,
     p: resourcewatch_crds::ProfileStatus,
     cm: k8s_openapi::api::core::v1::ConfigMap,
 ) {
@@ -2157,7 +2157,7 @@ async fn replica_metric(pod: &Pod, name: &str, token: &str, ca: &str) -> Option<
     let addr = format!("{ip}:8080").parse().ok()?;
     let (code, body) = tokio::time::timeout(
         Duration::from_secs(5),
-        cluster::https_get(addr, "resourcewatch-operator", ca, Some(token), "/metrics"),
+        harness::https_get(addr, "resourcewatch-operator", ca, Some(token), "/metrics"),
     )
     .await
     .ok()?
@@ -2334,7 +2334,7 @@ async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_fol
         leader.name_any()
     );
 
-    let token = cluster::token_with_role(
+    let token = harness::token_with_role(
         &client,
         SYSTEM,
         "e2e-scraper",
@@ -2342,7 +2342,7 @@ async fn a_standby_takes_over_a_frozen_leader_within_the_lease_and_the_agent_fol
     )
     .await
     .expect("a token for /metrics");
-    let ca = cluster::ca_bundle(&client).await;
+    let ca = harness::ca_bundle(&client).await;
     // The leader stops answering, its sockets open: no reset reaches the agent.
     let t0 = std::time::Instant::now();
     let stopped = Stopped::new(pids);

@@ -16,7 +16,7 @@ use std::{
 };
 
 use kube::{Client, Config};
-use resourcewatch_e2e::cluster::{self, TestNamespace};
+use resourcewatch_e2e::harness::{self, TestNamespace};
 use resourcewatch_operator::leader::LeaderElection;
 use tokio::{
     net::{TcpListener, TcpStream},
@@ -150,7 +150,7 @@ struct Partitioned {
 }
 
 async fn partition(elector: Elector) -> Partitioned {
-    let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
+    let client = harness::client().await.expect("a cluster (KUBECONFIG)");
     let ns = TestNamespace::create(&client, "rw-e2e-lease")
         .await
         .expect("namespace");
@@ -253,7 +253,7 @@ async fn the_services_endpoint_names_the_leader_and_only_the_leader() {
 
     const SERVICE: &str = "resourcewatch-operator";
     const LEASE: &str = "resourcewatch-operator";
-    let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
+    let client = harness::client().await.expect("a cluster (KUBECONFIG)");
     let ns = TestNamespace::create(&client, "rw-e2e-endpoint")
         .await
         .expect("namespace");
@@ -273,14 +273,14 @@ async fn the_services_endpoint_names_the_leader_and_only_the_leader() {
         .expect("create the Service");
     // The replicas write as the operator's ServiceAccount, with exactly the RBAC of
     // config/rbac/operator.yaml (no pod writes; this one slice by name).
-    cluster::operator_rbac(&ns.name)
+    harness::operator_rbac(&ns.name)
         .await
         .expect("the operator's RBAC");
-    let token = cluster::service_account_token(&client, &ns.name, "resourcewatch-operator")
+    let token = harness::service_account_token(&client, &ns.name, "resourcewatch-operator")
         .await
         .expect("a token of the operator's ServiceAccount");
     let path = std::env::temp_dir().join(format!("rw-e2e-endpoint-{}.kubeconfig", ns.name));
-    cluster::write_token_kubeconfig(&path, &token).expect("a kubeconfig");
+    harness::write_token_kubeconfig(&path, &token).expect("a kubeconfig");
     let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("read it");
     let operator = Client::try_from(
         Config::from_custom_kubeconfig(kubeconfig, &Default::default())
@@ -406,7 +406,7 @@ async fn the_services_endpoint_names_the_leader_and_only_the_leader() {
         .delete(SERVICE, &DeleteParams::default())
         .await
         .expect("delete the Service");
-    cluster::wait_for(
+    harness::wait_for(
         "the slice collected with its Service",
         Duration::from_secs(60),
         || {

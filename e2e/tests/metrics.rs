@@ -18,7 +18,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client, api::ListParams};
-use resourcewatch_e2e::cluster::{self, wait_for};
+use resourcewatch_e2e::harness::{self, wait_for};
 use serde_json::Value;
 
 const SYSTEM: &str = "resourcewatch-system";
@@ -80,22 +80,22 @@ async fn pod_ips(client: &Client, app: &str) -> Vec<String> {
 }
 
 async fn workload(client: &Client, ns: &str, name: &str, args: &[&str], limit: &str) {
-    cluster::leak_sim_pod(client, ns, name, "scraped", args, limit).await;
+    harness::leak_sim_pod(client, ns, name, "scraped", args, limit).await;
 }
 
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_only() {
-    let (client, ns) = cluster::test_namespace("rw-e2e-metrics").await;
+    let (client, ns) = harness::test_namespace("rw-e2e-metrics").await;
     let n = ns.name.clone();
-    cluster::watch_app(&client, &n, "scraped", "scraped").await;
+    harness::watch_app(&client, &n, "scraped", "scraped").await;
     // 1 MiB/s from 20 MiB into 256Mi: an OOM predicted about 4 minutes ahead, under the
     // alert's 10 minutes from the first report. And two pods that do not grow.
     workload(
         &client,
         &n,
         "leaky",
-        &cluster::leak_args("1MiB/s", "0"),
+        &harness::leak_args("1MiB/s", "0"),
         "256Mi",
     )
     .await;
@@ -113,7 +113,7 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
         &client,
         &n,
         "sudden",
-        &cluster::leak_args("512MiB/s", "10"),
+        &harness::leak_args("512MiB/s", "10"),
         "64Mi",
     )
     .await;
@@ -122,15 +122,15 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
     let agents = pod_ips(&client, "resourcewatch-agent").await;
     assert_eq!(operator.len(), 1, "one operator pod: {operator:?}");
     assert!(!agents.is_empty(), "agent pods");
-    let ca = cluster::ca_bundle(&client).await;
-    let scraper = cluster::leaf_secret(&client, "resourcewatch-metrics-client").await;
+    let ca = harness::ca_bundle(&client).await;
+    let scraper = harness::leaf_secret(&client, "resourcewatch-metrics-client").await;
 
     // An agent's /metrics, asked directly: nothing without the scrapers' certificate,
     // nothing for the agents' own (every node holds it).
     let agent_addr: std::net::SocketAddr = format!("{}:9479", agents[0])
         .parse()
         .expect("agent address");
-    let agent_cert = cluster::leaf_secret(&client, "resourcewatch-agent-tls").await;
+    let agent_cert = harness::leaf_secret(&client, "resourcewatch-agent-tls").await;
     for (identity, want) in [(None, 401), (Some(&agent_cert), 403), (Some(&scraper), 200)] {
         let req = resourcewatch_runtime::https::Get {
             server_name: "resourcewatch-agent",
@@ -352,7 +352,7 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
     // the panels about this watch show data.
     let dashboard: Value = serde_json::from_str(
         &std::fs::read_to_string(
-            cluster::repo_root().join("config/prometheus/grafana-dashboard.json"),
+            harness::repo_root().join("config/prometheus/grafana-dashboard.json"),
         )
         .expect("read the dashboard"),
     )

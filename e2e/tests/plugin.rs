@@ -12,7 +12,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use resourcewatch_crds::{PROFILE_ANNOTATION, ResourceWatch};
-use resourcewatch_e2e::cluster::{self, TestNamespace, wait_for};
+use resourcewatch_e2e::harness::{self, TestNamespace, wait_for};
 
 /// The plugin built beside this test (`cargo build -p kubectl-resourcewatch`).
 fn plugin() -> PathBuf {
@@ -122,22 +122,22 @@ async fn pod(client: &kube::Client, ns: &str, name: &str, app: &str) {
 #[tokio::test]
 #[ignore = "needs a cluster: make e2e-api"]
 async fn the_plugin_reads_statuses_and_fetches_a_profile() {
-    let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
-    cluster::install_crd(&client).await.expect("CRD");
+    let client = harness::client().await.expect("a cluster (KUBECONFIG)");
+    harness::install_crd(&client).await.expect("CRD");
     let ns = TestNamespace::create(&client, "rw-plugin")
         .await
         .expect("namespace");
     let n = ns.name.as_str();
     pod(&client, n, "api-1", "api").await;
     pod(&client, n, "web-1", "web").await;
-    let (rws, _) = cluster::create_watch(
+    let (rws, _) = harness::create_watch(
         &client,
         n,
         "api",
         serde_json::json!({"selector": {"matchLabels": {"app": "api"}}}),
     )
     .await;
-    cluster::create_watch(
+    harness::create_watch(
         &client,
         n,
         "web",
@@ -203,7 +203,7 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
     let (ok, out) = run(n, &["top", "-l", "nobody=here"]);
     assert!(!ok && out.contains("matching nobody=here"), "{out}");
     let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
-    let contexts = Command::new(cluster::kubectl())
+    let contexts = Command::new(harness::kubectl())
         .args(["config", "current-context"])
         .output()
         .expect("kubectl");

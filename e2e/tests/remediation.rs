@@ -16,11 +16,11 @@ use kube::{
     api::{ListParams, Patch, PatchParams, PostParams},
 };
 use resourcewatch_crds::{RemediationOutcome, ResourceWatch};
-use resourcewatch_e2e::cluster::{self, TestNamespace, oom_killed, restarts, wait_for};
+use resourcewatch_e2e::harness::{self, TestNamespace, oom_killed, restarts, wait_for};
 
 fn container(args: &[&str], limit: &str) -> serde_json::Value {
     serde_json::json!({
-        "name": "main", "image": cluster::WORKLOADS_IMAGE, "imagePullPolicy": "Never",
+        "name": "main", "image": harness::WORKLOADS_IMAGE, "imagePullPolicy": "Never",
         "command": ["/leak-sim"], "args": args,
         "resources": {"limits": {"memory": limit}, "requests": {"memory": "8Mi", "cpu": "10m"}}
     })
@@ -31,7 +31,7 @@ async fn deployment(client: &Client, ns: &str, name: &str, args: &[&str], limit:
 }
 
 async fn create_deployment(client: &Client, ns: &str, name: &str, container: serde_json::Value) {
-    create_deployment_on(client, ns, name, container, cluster::Placement::Host).await
+    create_deployment_on(client, ns, name, container, harness::Placement::Host).await
 }
 
 async fn create_deployment_on(
@@ -39,7 +39,7 @@ async fn create_deployment_on(
     ns: &str,
     name: &str,
     container: serde_json::Value,
-    node: cluster::Placement,
+    node: harness::Placement,
 ) {
     let mut d = serde_json::json!({
         "metadata": {"name": name},
@@ -68,7 +68,7 @@ async fn watch(
     selector: serde_json::Value,
     remediation: serde_json::Value,
 ) {
-    cluster::create_watch(
+    harness::create_watch(
         client,
         ns,
         "w",
@@ -79,7 +79,7 @@ async fn watch(
 
 /// A client and a fresh namespace opted in to remediation.
 async fn opted_in(prefix: &str) -> (Client, TestNamespace) {
-    let (client, ns) = cluster::test_namespace(prefix).await;
+    let (client, ns) = harness::test_namespace(prefix).await;
     ns.opt_in().await.expect("opt in");
     (client, ns)
 }
@@ -114,7 +114,7 @@ async fn running_pod(client: &Client, ns: &str, app: &str) -> Pod {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with remediation on: make e2e"]
 async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_is_killed() {
-    restarted_before_its_oom_kill("rw-e2e-restart", cluster::Placement::Host).await;
+    restarted_before_its_oom_kill("rw-e2e-restart", harness::Placement::Host).await;
 }
 
 /// The same on the VM node (Linux 6.1, cgroup v2, emulated): its agent's prediction
@@ -123,10 +123,10 @@ async fn a_leaking_deployment_is_restarted_before_its_oom_kill_and_the_control_i
 #[tokio::test]
 #[ignore = "needs the e2e cluster with its VM node and remediation on: make e2e"]
 async fn on_the_cgroup_v2_node_a_leaking_deployment_is_restarted_before_its_oom_kill() {
-    restarted_before_its_oom_kill("rw-e2e-restart-v2", cluster::Placement::Vm).await;
+    restarted_before_its_oom_kill("rw-e2e-restart-v2", harness::Placement::Vm).await;
 }
 
-async fn restarted_before_its_oom_kill(prefix: &str, node: cluster::Placement) {
+async fn restarted_before_its_oom_kill(prefix: &str, node: harness::Placement) {
     let (client, ns) = opted_in(prefix).await;
     let n = ns.name.as_str();
     // Only `fixed` is watched; `control` leaks the same way with nobody watching.
@@ -137,7 +137,7 @@ async fn restarted_before_its_oom_kill(prefix: &str, node: cluster::Placement) {
         serde_json::json!({"action": "Restart", "minTimeToOOM": "40s", "cooldown": "10m"}),
     )
     .await;
-    let leak = cluster::leak_args("2MiB/s", "20");
+    let leak = harness::leak_args("2MiB/s", "20");
     for name in ["control", "fixed"] {
         create_deployment_on(&client, n, name, container(&leak, "128Mi"), node).await;
     }
@@ -191,8 +191,8 @@ async fn restarted_before_its_oom_kill(prefix: &str, node: cluster::Placement) {
     .expect("restarted");
     assert_eq!(rec.pod_uid, first_uid);
     assert_eq!(rec.workload.as_deref(), Some("Deployment/fixed"));
-    let on_vm = first.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(cluster::VM_NODE);
-    assert_eq!(on_vm, node == cluster::Placement::Vm, "placed on {node:?}");
+    let on_vm = first.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(harness::VM_NODE);
+    assert_eq!(on_vm, node == harness::Placement::Vm, "placed on {node:?}");
     let replacement = wait_for(
         "the replacement pod Running",
         Duration::from_secs(60),
@@ -210,12 +210,12 @@ async fn restarted_before_its_oom_kill(prefix: &str, node: cluster::Placement) {
     .await
     .expect("replacement");
     assert!(!oom_killed(&replacement));
-    cluster::event_where(&client, n, "Restarted", 30, |_| true).await;
+    harness::event_where(&client, n, "Restarted", 30, |_| true).await;
     // The first pod's restart was never blocked. The replacement leaks the same way, so a
     // RestartBlocked for *it* (cooldown 10m) is the rail working and may already exist;
     // the note names the pod.
     let first_name = first.name_any();
-    let blocked: Vec<_> = cluster::events(&client, n, "RestartBlocked")
+    let blocked: Vec<_> = harness::events(&client, n, "RestartBlocked")
         .await
         .into_iter()
         .filter(|e| {
@@ -248,8 +248,8 @@ async fn stable_pods_near_their_limit_are_never_restarted() {
         serde_json::json!({"action": "Restart", "minTimeToOOM": "5m"}),
     )
     .await;
-    deployment(&client, n, "flat", cluster::FLAT_ARGS, "128Mi").await;
-    deployment(&client, n, "gc", cluster::SAWTOOTH_ARGS, "128Mi").await;
+    deployment(&client, n, "flat", harness::FLAT_ARGS, "128Mi").await;
+    deployment(&client, n, "gc", harness::SAWTOOTH_ARGS, "128Mi").await;
     let rws: Api<ResourceWatch> = Api::namespaced(client.clone(), n);
     wait_for("both pods in status", Duration::from_secs(60), || {
         let rws = rws.clone();
@@ -305,7 +305,7 @@ async fn a_node_js_warm_up_is_never_restarted() {
         n,
         "warmup",
         serde_json::json!({
-            "name": "main", "image": cluster::NODE_WORKLOADS_IMAGE, "imagePullPolicy": "Never",
+            "name": "main", "image": harness::NODE_WORKLOADS_IMAGE, "imagePullPolicy": "Never",
             "command": ["/usr/bin/node", "/mem.js", "warmup", "target=120m", "secs=100"],
             "resources": {"limits": {"memory": "320Mi"}, "requests": {"memory": "8Mi", "cpu": "10m"}}
         }),
@@ -362,7 +362,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
         "metadata": {"name": "guarded", "namespace": n},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}
     });
-    let (ok, _, out) = cluster::kubectl_apply(&pdb.to_string());
+    let (ok, _, out) = harness::kubectl_apply(&pdb.to_string());
     assert!(ok, "PDB: {out}");
     watch(
         &client,
@@ -375,7 +375,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
         &client,
         n,
         "guarded",
-        &cluster::leak_args("2MiB/s", "20"),
+        &harness::leak_args("2MiB/s", "20"),
         "128Mi",
     )
     .await;
@@ -388,7 +388,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
     let blocked = wait_for("a RestartBlocked Event", Duration::from_secs(120), || {
         let client = client.clone();
         async move {
-            Ok(cluster::events(&client, n, "RestartBlocked")
+            Ok(harness::events(&client, n, "RestartBlocked")
                 .await
                 .into_iter()
                 .next())
@@ -434,7 +434,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
         &client,
         n,
         "dry",
-        &cluster::leak_args("2MiB/s", "20"),
+        &harness::leak_args("2MiB/s", "20"),
         "128Mi",
     )
     .await;
@@ -446,7 +446,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
     .expect("pod");
     wait_for("a WouldRestart Event", Duration::from_secs(120), || {
         let client = client.clone();
-        async move { Ok((!cluster::events(&client, n, "WouldRestart").await.is_empty()).then_some(())) }
+        async move { Ok((!harness::events(&client, n, "WouldRestart").await.is_empty()).then_some(())) }
     })
     .await
     .expect("WouldRestart");
@@ -468,7 +468,7 @@ async fn a_pdb_blocks_the_eviction_and_dry_run_only_reports() {
     )
     .await
     .expect("OOM-killed");
-    assert!(cluster::events(&client, n, "Restarted").await.is_empty());
+    assert!(harness::events(&client, n, "Restarted").await.is_empty());
     ns.delete().await;
 }
 
@@ -550,7 +550,7 @@ async fn a_pending_record_written_into_status_is_never_carried_out() {
             .any(|p| p.uid() == pod.uid() && p.metadata.deletion_timestamp.is_none()),
         "the victim was evicted on a record nobody decided"
     );
-    assert!(cluster::events(&client, n, "Restarted").await.is_empty());
+    assert!(harness::events(&client, n, "Restarted").await.is_empty());
     ns.delete().await;
 }
 

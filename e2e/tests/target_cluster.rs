@@ -1,10 +1,10 @@
-//! Which cluster the e2e tests may touch (`e2e/target-cluster.sh`, `cluster::client`):
+//! Which cluster the e2e tests may touch (`e2e/target-cluster.sh`, `harness::client`):
 //! an exported KUBECONFIG is ignored, another cluster is an explicit opt-in, and a context
 //! named like production is refused. Runs without a cluster.
 
 use std::process::Command;
 
-use resourcewatch_e2e::cluster::{context_names, looks_like_production};
+use resourcewatch_e2e::harness::{context_names, looks_like_production};
 
 const NAMES: &[(&str, bool)] = &[
     ("prod", true),
@@ -28,7 +28,7 @@ const NAMES: &[(&str, bool)] = &[
 ];
 
 fn shell(script: &str, env: &[(&str, &str)]) -> (bool, String, String) {
-    let root = resourcewatch_e2e::cluster::repo_root();
+    let root = resourcewatch_e2e::harness::repo_root();
     let mut cmd = Command::new("bash");
     cmd.arg("-c")
         .arg(format!("source e2e/target-cluster.sh\n{script}"))

@@ -20,7 +20,7 @@ use kube::{
 };
 use resourcewatch_crds::{ConditionStatus, RemediationOutcome, RemediationReason, ResourceWatch};
 use resourcewatch_e2e::{
-    cluster::{self, TestNamespace, wait_for},
+    harness::{self, TestNamespace, wait_for},
     operator::OperatorProcess,
     sim::{AgentTls, PodPlan, SimAgent},
 };
@@ -41,8 +41,8 @@ struct Env {
 
 impl Env {
     async fn new(prefix: &str, opted_in: bool, switch: bool) -> Self {
-        let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
-        cluster::install_crd(&client).await.expect("CRD");
+        let client = harness::client().await.expect("a cluster (KUBECONFIG)");
+        harness::install_crd(&client).await.expect("CRD");
         let ns = TestNamespace::create(&client, prefix)
             .await
             .expect("namespace");
@@ -76,8 +76,8 @@ impl Env {
 
     async fn node(&self, name: &str) -> (String, String) {
         let node = format!("{name}-{}", self.n());
-        cluster::fake_node(&self.client, &node).await.expect("node");
-        let token = cluster::agent_token(&self.client, self.n(), &node)
+        harness::fake_node(&self.client, &node).await.expect("node");
+        let token = harness::agent_token(&self.client, self.n(), &node)
             .await
             .expect("token");
         (node, token)
@@ -154,7 +154,7 @@ impl Env {
     }
 
     async fn events(&self, reason: &str) -> Vec<Event> {
-        cluster::events(&self.client, self.n(), reason).await
+        harness::events(&self.client, self.n(), reason).await
     }
 
     /// Waits for a first eviction (a pod with a deletionTimestamp) and returns them.
@@ -184,7 +184,7 @@ impl Env {
     /// Pods on simulated nodes never finish a graceful deletion (no kubelet): remove them
     /// at once so the namespace can go.
     async fn end(self) {
-        cluster::delete_pods_now(&self.client, self.n()).await;
+        harness::delete_pods_now(&self.client, self.n()).await;
         drop(self.op);
         self.ns.delete().await;
     }
@@ -278,7 +278,7 @@ async fn agents_a_release_older_and_newer_are_served_and_a_stranger_is_refused()
         ("newer", (pb::PROTOCOL_VERSION, pb::PROTOCOL_VERSION + 1)),
     ] {
         let (node, token) = env.node(name).await;
-        cluster::fake_deployment(&env.client, env.n(), name, 1, &labels(name), &node)
+        harness::fake_deployment(&env.client, env.n(), name, 1, &labels(name), &node)
             .await
             .expect("deployment");
         env.watch(
@@ -349,7 +349,7 @@ async fn a_node_can_speak_only_for_itself() {
     let env = Env::new("rw-trust-node", true, true).await;
     let (node_a, token_a) = env.node("a").await;
     let (node_b, token_b) = env.node("b").await;
-    let pods = cluster::fake_deployment(
+    let pods = harness::fake_deployment(
         &env.client,
         env.n(),
         "victim",
@@ -464,10 +464,10 @@ async fn restarts_are_granted_by_a_namespace_admin_and_nothing_else() {
     let env = Env::new("rw-trust-authz", false, true).await;
     label_opt_in(&env).await;
     let (node, token) = env.node("n").await;
-    cluster::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
+    harness::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
         .await
         .expect("deployment");
-    cluster::fake_deployment(&env.client, env.n(), "other", 1, &labels("other"), &node)
+    harness::fake_deployment(&env.client, env.n(), "other", 1, &labels("other"), &node)
         .await
         .expect("deployment");
     // A developer with the built-in `edit` role, and a namespace admin with `admin`.
@@ -616,7 +616,7 @@ async fn label_opt_in(env: &Env) {
 /// A ServiceAccount `name` of the test namespace bound to the built-in ClusterRole
 /// `role` there, and a client impersonating it.
 async fn user(env: &Env, name: &str, role: &str) -> Client {
-    let (ok, _, err) = cluster::kubectl_apply(&format!(
+    let (ok, _, err) = harness::kubectl_apply(&format!(
         r#"
 apiVersion: v1
 kind: ServiceAccount
@@ -650,7 +650,7 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
 async fn a_lost_or_unreadable_ledger_blocks_restarts() {
     let env = Env::new("rw-trust-ledger", true, true).await;
     let (node, token) = env.node("n").await;
-    cluster::fake_deployment(&env.client, env.n(), "app", 2, &labels("app"), &node)
+    harness::fake_deployment(&env.client, env.n(), "app", 2, &labels("app"), &node)
         .await
         .expect("deployment");
     env.watch(
@@ -723,14 +723,14 @@ async fn a_lost_or_unreadable_ledger_blocks_restarts() {
 async fn a_namespace_must_be_opted_in() {
     let env = Env::new("rw-trust-optin", false, true).await;
     let (node, token) = env.node("n").await;
-    cluster::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
+    harness::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
         .await
         .expect("deployment");
     // Everything but the cluster admin's label: the policy and the evictor binding.
-    cluster::grant_restarts(&env.client, env.n(), "restarts", serde_json::json!({}))
+    harness::grant_restarts(&env.client, env.n(), "restarts", serde_json::json!({}))
         .await
         .expect("policy");
-    cluster::bind_to_operator(env.n(), "resourcewatch-evictor", env.n()).expect("binding");
+    harness::bind_to_operator(env.n(), "resourcewatch-evictor", env.n()).expect("binding");
     env.watch(
         &env.client,
         "w",
@@ -797,7 +797,7 @@ async fn deployment_ready(client: &Client, ns: &str, name: &str, n: i32) {
 async fn the_last_ready_replica_of_a_workload_is_not_evicted() {
     let env = Env::new("rw-trust-ready", true, true).await;
     let (node, token) = env.node("n").await;
-    let pods = cluster::fake_deployment(&env.client, env.n(), "app", 3, &labels("app"), &node)
+    let pods = harness::fake_deployment(&env.client, env.n(), "app", 3, &labels("app"), &node)
         .await
         .expect("deployment");
     let names: Vec<String> = pods.iter().map(|(p, _)| p.name_any()).collect();
@@ -864,7 +864,7 @@ async fn two_watches_of_one_deployment_evict_once_per_cooldown() {
     let (node, token) = env.node("n").await;
     let mut l = labels("app");
     l.insert("tier".into(), "web".into());
-    cluster::fake_deployment(&env.client, env.n(), "app", 3, &l, &node)
+    harness::fake_deployment(&env.client, env.n(), "app", 3, &l, &node)
         .await
         .expect("deployment");
     env.watch(
@@ -909,10 +909,10 @@ async fn a_pending_intent_expires_when_the_switch_is_off_and_status_alone_evicts
     // The operator runs without --enable-remediation.
     let env = Env::new("rw-trust-pending", true, false).await;
     let (node, token) = env.node("n").await;
-    let leaky = cluster::fake_deployment(&env.client, env.n(), "leaky", 1, &labels("leaky"), &node)
+    let leaky = harness::fake_deployment(&env.client, env.n(), "leaky", 1, &labels("leaky"), &node)
         .await
         .expect("deployment");
-    let calm = cluster::fake_deployment(&env.client, env.n(), "calm", 1, &labels("calm"), &node)
+    let calm = harness::fake_deployment(&env.client, env.n(), "calm", 1, &labels("calm"), &node)
         .await
         .expect("deployment");
     let (p, _) = &leaky[0];
@@ -1006,7 +1006,7 @@ async fn a_pending_intent_expires_when_the_switch_is_off_and_status_alone_evicts
 async fn oversized_and_malformed_reports_cost_bounded_memory_and_reach_nothing() {
     let mut env = Env::new("rw-trust-bounds", true, true).await;
     let (node, token) = env.node("n").await;
-    let pods = cluster::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
+    let pods = harness::fake_deployment(&env.client, env.n(), "app", 1, &labels("app"), &node)
         .await
         .expect("deployment");
     let (pod, cid) = pods[0].clone();
@@ -1115,8 +1115,8 @@ async fn oversized_and_malformed_reports_cost_bounded_memory_and_reach_nothing()
 #[tokio::test]
 #[ignore = "needs a cluster: make e2e-api"]
 async fn metrics_are_served_only_to_a_reviewed_token() {
-    let client = cluster::client().await.expect("a cluster (KUBECONFIG)");
-    cluster::install_crd(&client).await.expect("CRD");
+    let client = harness::client().await.expect("a cluster (KUBECONFIG)");
+    harness::install_crd(&client).await.expect("CRD");
     let ns = TestNamespace::create(&client, "rw-trust-metrics")
         .await
         .expect("namespace");
@@ -1136,7 +1136,7 @@ async fn metrics_are_served_only_to_a_reviewed_token() {
         let ca = ca.clone();
         let addr = op.metrics;
         async move {
-            cluster::https_get(addr, "resourcewatch-operator", &ca, token.as_deref(), path)
+            harness::https_get(addr, "resourcewatch-operator", &ca, token.as_deref(), path)
                 .await
                 .expect("HTTPS")
         }
@@ -1145,7 +1145,7 @@ async fn metrics_are_served_only_to_a_reviewed_token() {
     // (a handshake cut short until then).
     let ready = wait_for("/readyz over HTTPS", Duration::from_secs(30), || async {
         let answer =
-            cluster::https_get(op.metrics, "resourcewatch-operator", &ca, None, "/readyz").await;
+            harness::https_get(op.metrics, "resourcewatch-operator", &ca, None, "/readyz").await;
         Ok(answer
             .ok()
             .and_then(|(code, body)| (code == 200).then_some(body)))
@@ -1159,11 +1159,11 @@ async fn metrics_are_served_only_to_a_reviewed_token() {
         401,
         "a forged token"
     );
-    let nobody = cluster::token_with_role(&client, &n, "nobody", None)
+    let nobody = harness::token_with_role(&client, &n, "nobody", None)
         .await
         .expect("token");
     assert_eq!(get(Some(nobody), "/metrics").await.0, 403, "no role");
-    let reader = cluster::token_with_role(
+    let reader = harness::token_with_role(
         &client,
         &n,
         "prometheus",
@@ -1192,7 +1192,7 @@ async fn metrics_are_served_only_to_a_reviewed_token() {
                 i += 1;
                 let junk = format!("junk-{w}-{i}-{}", "x".repeat(64));
                 if let Ok((code, _)) =
-                    cluster::https_get(addr, "resourcewatch-operator", &ca, Some(&junk), "/metrics")
+                    harness::https_get(addr, "resourcewatch-operator", &ca, Some(&junk), "/metrics")
                         .await
                 {
                     *codes.entry(code).or_default() += 1;
@@ -1253,7 +1253,7 @@ async fn metrics_are_served_only_to_a_reviewed_token() {
             .contains("resourcewatch_"),
         "served over plain HTTP"
     );
-    let _ = std::process::Command::new(cluster::kubectl())
+    let _ = std::process::Command::new(harness::kubectl())
         .args([
             "delete",
             "clusterrolebinding",

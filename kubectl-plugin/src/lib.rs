@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 
-use resourcewatch_crds::{ResourceWatch, ResourceWatchStatus, cluster::ClusterResourceWatch};
+use resourcewatch_crds::{ClusterResourceWatch, ResourceWatch, ResourceWatchStatus};
 use resourcewatch_units::{format_bytes, format_duration};
 use serde_json::Value;
 

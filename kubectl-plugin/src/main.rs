@@ -16,9 +16,7 @@ use kube::{
     core::SelectorExt,
 };
 use kubectl_resourcewatch::{Format, Listing};
-use resourcewatch_crds::{
-    PROFILE_ANNOTATION, ProfileState, ResourceWatch, cluster::ClusterResourceWatch,
-};
+use resourcewatch_crds::{ClusterResourceWatch, PROFILE_ANNOTATION, ProfileState, ResourceWatch};
 
 #[derive(Parser)]
 #[command(

@@ -3,7 +3,7 @@
 pub mod bpf;
 pub mod capabilities;
 pub mod cgroup_resolver;
-pub mod cluster;
+pub mod daemon;
 pub mod hashpipe;
 pub mod leak;
 pub mod pipelines;

@@ -266,7 +266,7 @@ fn run_agent(a: RunArgs) -> ExitCode {
         );
         return ExitCode::from(64);
     }
-    let opts = resourcewatch_agent::cluster::RunOptions {
+    let opts = resourcewatch_agent::daemon::RunOptions {
         server_name: resourcewatch_proto::operator_server_name(
             &a.operator_service,
             &a.operator_namespace,
@@ -277,7 +277,7 @@ fn run_agent(a: RunArgs) -> ExitCode {
         token_path: a.token_path,
         metrics_addr: a.metrics_addr.0,
     };
-    match resourcewatch_agent::cluster::run(opts) {
+    match resourcewatch_agent::daemon::run(opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!(

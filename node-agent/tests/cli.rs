@@ -210,7 +210,7 @@ fn json_prints_one_object_per_interval_with_the_documented_fields() {
 
 /// The DaemonSet grants the agent CAP_BPF and CAP_PERFMON and nothing else (root uid, but
 /// no CAP_DAC_OVERRIDE, CAP_SYS_PTRACE or CAP_SYS_ADMIN). This runs `top` the same way and
-/// checks that what cluster mode needs still works on another user's process: exact
+/// checks that what the DaemonSet mode needs still works on another user's process: exact
 /// tracking of a targeted PID and its attribution (comm, cgroup) from /proc.
 #[test]
 fn with_only_cap_bpf_and_cap_perfmon_other_users_processes_are_tracked_and_attributed() {

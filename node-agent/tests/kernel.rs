@@ -204,7 +204,7 @@ fn this_machine_has_what_the_pipelines_need() {
         let c = r.checks.iter().find(|c| c.id == id).expect("check present");
         assert!(c.ok, "{}: {}", c.name, c.detail);
     }
-    let hello = resourcewatch_agent::cluster::hello_capabilities(&r);
+    let hello = resourcewatch_agent::daemon::hello_capabilities(&r);
     assert!(
         hello.btf && hello.sched_switch && hello.rss_stat,
         "{hello:?}"

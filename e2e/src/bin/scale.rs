@@ -37,7 +37,7 @@ use kube::{
 };
 use resourcewatch_crds::{ConditionStatus, ResourceWatch};
 use resourcewatch_e2e::{
-    cluster::{self, wait_for},
+    harness::{self, wait_for},
     operator::OperatorProcess,
     sim::{AgentTls, Planner, PodPlan, SimAgent},
 };
@@ -221,9 +221,9 @@ async fn main() -> anyhow::Result<()> {
         a.big_watches,
         a.watches
     );
-    let client = cluster::client().await?;
-    cluster::install_crd(&client).await?;
-    let ns = cluster::TestNamespace::create(&client, &a.namespace).await?;
+    let client = harness::client().await?;
+    harness::install_crd(&client).await?;
+    let ns = harness::TestNamespace::create(&client, &a.namespace).await?;
     let n = ns.name.clone();
     let plan = Plan::new(&a);
     let total = *a.pods.iter().max().unwrap_or(&0);
@@ -233,7 +233,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let started = Instant::now();
     let nodes: Vec<String> = (0..a.nodes).map(|i| format!("scale-{i:04}")).collect();
-    futures::stream::iter(nodes.iter().map(|node| cluster::fake_node(&client, node)))
+    futures::stream::iter(nodes.iter().map(|node| harness::fake_node(&client, node)))
         .buffer_unordered(a.concurrency)
         .try_collect::<Vec<()>>()
         .await?;
@@ -241,7 +241,7 @@ async fn main() -> anyhow::Result<()> {
         let client = client.clone();
         let n = n.clone();
         async move {
-            let t = cluster::agent_token(&client, &n, node).await?;
+            let t = harness::agent_token(&client, &n, node).await?;
             anyhow::Ok((node.clone(), t))
         }
     }))
@@ -419,7 +419,7 @@ async fn main() -> anyhow::Result<()> {
     }
     drop(op);
     // No kubelet confirms a graceful deletion: the pods go at once, then their nodes.
-    cluster::delete_pods_now(&client, &n).await;
+    harness::delete_pods_now(&client, &n).await;
     let nodes_api: Api<Node> = Api::all(client.clone());
     futures::stream::iter(nodes.iter().map(|node| {
         let api = nodes_api.clone();
@@ -485,13 +485,13 @@ fn planner() -> Planner {
 }
 
 async fn make_pod(client: &Client, ns: &str, p: &Live) -> anyhow::Result<()> {
-    cluster::fake_running_pod(
+    harness::fake_running_pod(
         client,
         ns,
         &p.name,
         &p.labels,
         &p.node,
-        &cluster::container_id(&format!("{ns}/{}", p.name)),
+        &harness::container_id(&format!("{ns}/{}", p.name)),
     )
     .await
     .with_context(|| format!("pod {}", p.name))

@@ -19,7 +19,7 @@ use kube::{
     api::{ListParams, PostParams},
 };
 use resourcewatch_crds::{RemediationOutcome, ResourceWatch};
-use resourcewatch_e2e::cluster::{self, TestNamespace};
+use resourcewatch_e2e::harness::{self, TestNamespace};
 
 #[derive(Parser)]
 struct Args {
@@ -44,7 +44,7 @@ fn deployment(name: &str, watched: bool, args: Vec<String>) -> Deployment {
             "template": {
                 "metadata": {"labels": {"app": name, "watched": if watched { "yes" } else { "no" }}},
                 "spec": {"terminationGracePeriodSeconds": 2, "automountServiceAccountToken": false, "containers": [{
-                    "name": "main", "image": cluster::WORKLOADS_IMAGE, "imagePullPolicy": "Never",
+                    "name": "main", "image": harness::WORKLOADS_IMAGE, "imagePullPolicy": "Never",
                     "command": ["/leak-sim"], "args": args,
                     "resources": {"limits": {"memory": "128Mi"}, "requests": {"memory": "8Mi", "cpu": "5m"}}
                 }]}
@@ -57,7 +57,7 @@ fn deployment(name: &str, watched: bool, args: Vec<String>) -> Deployment {
 /// Killed by the kernel: an OOMKilled state, or any restart (a leaking container restarts
 /// only when OOM-killed in place).
 fn oom_killed(p: &Pod) -> bool {
-    cluster::oom_killed(p) || cluster::restarts(p) > 0
+    harness::oom_killed(p) || harness::restarts(p) > 0
 }
 
 fn started(p: &Pod) -> Option<i64> {
@@ -94,7 +94,7 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    let client = cluster::client().await?;
+    let client = harness::client().await?;
     let ns = TestNamespace::create(&client, "rw-trials").await?;
     ns.opt_in().await?;
     let n = ns.name.clone();
@@ -111,7 +111,7 @@ async fn main() -> anyhow::Result<()> {
     let deps: Api<Deployment> = Api::namespaced(client.clone(), &n);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &n);
     for i in 0..a.stable {
-        for (kind, args) in [("flat", cluster::FLAT_ARGS), ("gc", cluster::SAWTOOTH_ARGS)] {
+        for (kind, args) in [("flat", harness::FLAT_ARGS), ("gc", harness::SAWTOOTH_ARGS)] {
             let args = args.iter().map(|a| a.to_string()).collect();
             deps.create(
                 &PostParams::default(),

@@ -12,10 +12,10 @@
 //! - [`nodes`]: what is asked of each node and known of it; [`validate`]: reports checked
 //!   and bounded; [`model`]: condition types and reasons as enums.
 
-pub mod cluster;
 pub mod decide;
 pub mod ledger;
 pub mod model;
+pub mod node_view;
 pub mod nodes;
 pub mod oom;
 pub mod profile;

@@ -2,13 +2,13 @@
 //! agent configuration, serves the agents' gRPC streams, and writes each watch's status,
 //! Events and evictions. What it decides is the core's (`resourcewatch-operator-core`,
 //! re-exported below under the same module names); every module here talks to something:
-//! the API server ([`controller`], [`nodeview`], [`pods`], [`status_write`], [`ledger`],
+//! the API server ([`controller`], [`node_view`], [`pods`], [`status_write`], [`ledger`],
 //! [`profile_store`],
 //! [`triggers`], [`identity`], [`metricsauth`], [`tls`], [`leader`]), the agents ([`grpc`],
 //! [`hub`]), Prometheus ([`metrics`]).
 
 pub use resourcewatch_operator_core::{
-    cluster, decide, model, nodes, profile, remediation, spec, status, validate,
+    decide, model, nodes, profile, remediation, spec, status, validate,
 };
 
 pub mod controller;
@@ -19,7 +19,7 @@ pub mod leader;
 pub mod ledger;
 pub mod metrics;
 pub mod metricsauth;
-pub mod nodeview;
+pub mod node_view;
 pub mod pods;
 pub mod profile_store;
 pub mod status_write;

@@ -298,9 +298,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
         metrics,
         shutdown,
     } = parts;
+    // The cache of pods: the ResourceWatch controller keeps it, the node view reads it.
+    let (pods, pods_writer) = kube::runtime::reflector::store();
+    let node_view_task = metrics.spawn_task(
+        "node-view",
+        resourcewatch_operator::node_view::run(
+            client.clone(),
+            hub.clone(),
+            pods.clone(),
+            metrics.clone(),
+            leader.clone(),
+            shutdown.clone(),
+        ),
+    );
     let controller_task = metrics.spawn_task(
         "controller",
-        controller::run(client, hub, metrics.clone(), leader, shutdown, settings),
+        controller::run(
+            client,
+            hub,
+            metrics.clone(),
+            leader,
+            shutdown,
+            settings,
+            (pods, pods_writer),
+        ),
     );
 
     wait_for_signal().await;
@@ -309,6 +330,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     shutdown_tx.send_replace(true);
     let drain = async {
         let _ = controller_task.await;
+        let _ = node_view_task.await;
         let _ = grpc_task.await;
         let _ = election_task.await;
         let _ = metrics_task.await;

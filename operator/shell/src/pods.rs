@@ -154,3 +154,125 @@ pub fn selected_pod(p: &Pod) -> SelectedPod {
         exited_containers,
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests {
+    //! Recorded pods of Kubernetes 1.20 and 1.37 (tests/fixtures/README.md).
+
+    use super::*;
+
+    fn pod(json: &str) -> Pod {
+        serde_json::from_str(json).expect("a Pod")
+    }
+
+    fn names(p: &Pod) -> Vec<String> {
+        let mut n: Vec<String> = selected_pod(p).containers.into_values().collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn a_slimmed_pod_reads_the_same_and_sheds_the_rest() {
+        for json in [
+            include_str!("../tests/fixtures/k8s-1.20/pod-running.json"),
+            include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"),
+            include_str!("../tests/fixtures/k8s-1.37/pod-running.json"),
+            include_str!("../tests/fixtures/k8s-1.37/pod-init-running.json"),
+            include_str!("../tests/fixtures/k8s-1.37/pod-sidecar.json"),
+        ] {
+            let full = pod(json);
+            let mut slim = full.clone();
+            slim_pod(&mut slim);
+            assert_eq!(selected_pod(&slim), selected_pod(&full));
+            assert_eq!(is_terminal(&slim), is_terminal(&full));
+            assert_eq!(slim.labels(), full.labels());
+            assert_eq!(slim.owner_references(), full.owner_references());
+            assert_eq!(
+                slim.metadata.deletion_timestamp,
+                full.metadata.deletion_timestamp
+            );
+            assert_eq!(is_ready(&slim), is_ready(&full));
+            // What is shed: the spec but the node, conditions but Ready's status,
+            // images, annotations.
+            let spec = slim.spec.as_ref().unwrap();
+            assert_eq!(spec.node_name, full.spec.as_ref().unwrap().node_name);
+            assert!(spec.containers.is_empty() && spec.volumes.is_none());
+            let status = slim.status.as_ref().unwrap();
+            assert!(status.pod_ip.is_none());
+            assert!(
+                status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .all(|c| c.type_ == "Ready"
+                        && c.message.is_none()
+                        && c.last_transition_time.is_none())
+            );
+            assert!(
+                status
+                    .container_statuses
+                    .iter()
+                    .flatten()
+                    .all(|c| c.image.is_empty())
+            );
+            assert!(slim.metadata.annotations.is_none());
+            let size = |p: &Pod| serde_json::to_vec(p).map(|v| v.len()).unwrap_or(0);
+            assert!(
+                size(&slim) < size(&full) * 2 / 3,
+                "{} of {}",
+                size(&slim),
+                size(&full)
+            );
+        }
+    }
+
+    #[test]
+    fn containers_of_running_and_initialising_pods() {
+        for (running, init) in [
+            (
+                include_str!("../tests/fixtures/k8s-1.20/pod-running.json"),
+                include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"),
+            ),
+            (
+                include_str!("../tests/fixtures/k8s-1.37/pod-running.json"),
+                include_str!("../tests/fixtures/k8s-1.37/pod-init-running.json"),
+            ),
+        ] {
+            let running = pod(running);
+            assert_eq!(names(&running), ["app"]);
+            let id = selected_pod(&running)
+                .containers
+                .into_keys()
+                .next()
+                .unwrap();
+            assert_eq!(id.len(), 64, "the runtime prefix is cut: {id}");
+            // Pending with its init container running: that one is tracked meanwhile.
+            assert_eq!(names(&pod(init)), ["init"]);
+        }
+    }
+
+    #[test]
+    fn restartable_sidecars_are_tracked() {
+        // Recorded on 1.37.2: the sidecar (an init container with restartPolicy
+        // Always) runs beside the app; the completed migration is not tracked.
+        let p = pod(include_str!("../tests/fixtures/k8s-1.37/pod-sidecar.json"));
+        assert_eq!(names(&p), ["app", "log-shipper"]);
+        let sidecar = p.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[1].clone();
+        assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+        let done = &p
+            .status
+            .as_ref()
+            .unwrap()
+            .init_container_statuses
+            .as_ref()
+            .unwrap()[0];
+        assert!(
+            done.state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 0),
+            "the migration completed: {done:?}"
+        );
+    }
+}

@@ -114,6 +114,8 @@ pub(super) fn policy_triggers(
 }
 
 /// Builds the controller and runs it until `shutdown`.
+/// The ResourceWatch controller until `shutdown`. It keeps the cache of pods `pods`
+/// (through `pods_writer`), which the node view reads too.
 pub async fn run(
     client: Client,
     hub: Arc<Hub>,
@@ -121,8 +123,8 @@ pub async fn run(
     leader: watch::Receiver<bool>,
     shutdown: watch::Receiver<bool>,
     settings: Settings,
+    (pods, pods_writer): (Store<Pod>, reflector::store::Writer<Pod>),
 ) {
-    let (pods, pods_writer) = reflector::store();
     let (rw_store, rw_writer) = reflector::store();
     let controller = controller(&client, rw_writer, rw_store.clone());
     // A pod's change reaches only the watches that select it now or did before it
@@ -168,14 +170,6 @@ pub async fn run(
         eviction_client: settings.eviction_client,
         remediation: settings.remediation,
     });
-    let node_view = crate::nodeview::run(
-        ctx.client.clone(),
-        ctx.hub.clone(),
-        ctx.pods.clone(),
-        metrics.clone(),
-        ctx.leader.clone(),
-        shutdown.clone(),
-    );
     let mut shutdown_signal = shutdown.clone();
     metrics
         .ready
@@ -195,5 +189,5 @@ pub async fn run(
                 tracing::debug!(error = %resourcewatch_runtime::error_chain(&e), "controller");
             }
         });
-    tokio::join!(watches, node_view, event_retries);
+    tokio::join!(watches, event_retries);
 }

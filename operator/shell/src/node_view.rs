@@ -2,7 +2,7 @@
 //! report at least its K at its cadence) and a status built from what the agents' HashPipe
 //! sketches saw, node-wide: every namespace's pods and the hosts' own processes.
 //!
-//! The status itself is the core's (`cluster::compute`, pure and unit-tested); [`run`] is
+//! The status itself is the core's (`resourcewatch_operator_core::node_view::compute`, pure and unit-tested); [`run`] is
 //! the controller around it (one [`Context`], leader-only writes, like the ResourceWatch
 //! controller).
 
@@ -20,7 +20,7 @@ use kube::{
     },
 };
 use resourcewatch_crds::{ClusterResourceWatch, ClusterResourceWatchStatus};
-pub use resourcewatch_operator_core::cluster::{
+pub use resourcewatch_operator_core::node_view::{
     Inputs, PodIndex, PodInfo, ViewSettings, compute, same_content,
 };
 use tokio::sync::watch;

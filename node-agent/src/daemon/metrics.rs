@@ -1,4 +1,4 @@
-//! The agent's own `/metrics`, `/healthz` and `/readyz` (cluster mode only).
+//! The agent's own `/metrics`, `/healthz` and `/readyz` (the DaemonSet mode, `run`, only).
 //!
 //! `/metrics` is what an SRE needs to trust the agent: its CPU and memory, whether the
 //! kernel pipelines loaded, the programs' own counters (samples lost to a full ring,

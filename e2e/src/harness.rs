@@ -1,4 +1,4 @@
-//! The test cluster: a client from `KUBECONFIG`, the CRD, namespaces per test, fake nodes
+//! The harness of the tests against a cluster: a client from `KUBECONFIG`, the CRD, namespaces per test, fake nodes
 //! and pods for API-only runs, and waits with deadlines (never fixed sleeps).
 
 use std::{

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, path::Path};
 use resourcewatch_proto as pb;
 
 use crate::{
-    cluster::resolve::ResolvedContainer,
+    daemon::resolve::ResolvedContainer,
     leak::memory_limit,
     snapshot::{Attribution, Frame, TargetRow, oom::OomKill},
 };

@@ -1,7 +1,7 @@
 //! A ClusterResourceWatch's status from its nodes' reports: the cluster's Top-K by CPU and
 //! memory from what the agents' HashPipe sketches saw node-wide (every namespace's pods
 //! and the hosts' own processes), and each node's heaviest process. Pure: the shell's
-//! node view (`nodeview.rs`) gathers the inputs and writes the result.
+//! node view (`operator/shell/src/node_view.rs`) gathers the inputs and writes the result.
 
 use std::{
     collections::{BTreeSet, HashMap},
