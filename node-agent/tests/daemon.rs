@@ -472,6 +472,15 @@ async fn check_profile(op: &FakeOperator, leaf: &Path) {
     ] {
         assert!(has(s), "no {s:?} in the pprof's strings");
     }
+    // Its mappings: the file the burner's frames are in, with its GNU build ID (Debian's
+    // binaries have one: 40 hex digits).
+    assert!(has("/usr/bin/yes"), "no mapping of /usr/bin/yes");
+    let hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
+    assert!(
+        raw.windows(41)
+            .any(|w| w[0] == 40 && w[1..].iter().all(hex)),
+        "no build ID in the pprof's strings"
+    );
     assert!(!r.hottest.is_empty());
     push.send(Ok(config_with(4, 1024, vec![request])))
         .await

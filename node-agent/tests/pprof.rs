@@ -4,10 +4,10 @@
 
 mod common;
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::{path::PathBuf, process::Command, sync::Arc, time::Duration};
 
 use resourcewatch_agent::stacks::{
-    Stack,
+    Module, Stack,
     output::{Label, PprofKind, pprof},
 };
 
@@ -22,12 +22,20 @@ fn go() -> Option<PathBuf> {
 }
 
 fn stack(tgid: u32, comm: &str, frames: &[&str], value: u64) -> Stack {
+    // The command has no file; the rest are in the program.
+    let program = Arc::new(Module {
+        path: format!("/usr/bin/{comm}").into(),
+        build_id: Some(format!("{tgid:08x}").into()),
+    });
     Stack {
         tgid,
         comm: Some(comm.into()),
         frames: std::iter::once(comm)
             .chain(frames.iter().copied())
             .map(String::from)
+            .collect(),
+        modules: std::iter::once(None)
+            .chain(frames.iter().map(|_| Some(program.clone())))
             .collect(),
         kernel_frames: 0,
         value,
@@ -108,5 +116,15 @@ fn go_tool_pprof_reads_the_samples_labels_and_filters_on_them() {
         top.contains("burn_here") && !top.contains("poll_here"),
         "{top}"
     );
+    // The files the functions are in, with their build IDs (`-raw` lists the mappings).
+    let raw = pprof_tool(&["-raw"]);
+    for want in [
+        "/usr/bin/api",
+        "/usr/bin/envoy",
+        &format!("{:08x}", 4242),
+        &format!("{:08x}", 4343),
+    ] {
+        assert!(raw.contains(want), "{want} not in:\n{raw}");
+    }
     let _ = std::fs::remove_file(&path);
 }

@@ -348,6 +348,7 @@ mod tests {
             tgid: 1,
             comm: None,
             frames: frames.iter().map(|s| s.to_string()).collect(),
+            modules: Vec::new(),
             kernel_frames: 0,
             value,
         };

@@ -230,7 +230,14 @@ pub struct Symbols {
     /// with no symbol of their own, which the nearest sizeless symbol below them
     /// (`_init`) would otherwise name (9 % of a CPython profile's leaves read so).
     plt: Vec<Range<u64>>,
+    /// The GNU build ID (`.note.gnu.build-id`), lowercase hex: what symbol servers and
+    /// pprof's mappings identify a binary by.
+    pub build_id: Option<String>,
 }
+
+/// The most bytes of a build ID kept (GNU's are 20: SHA-1; a longer note is a workload's
+/// own choice).
+const MAX_BUILD_ID: usize = 64;
 
 impl Symbols {
     /// Reads the symbols of an open file; None if it is not an ELF file or breaks a bound.
@@ -290,11 +297,18 @@ impl Symbols {
         }
         funcs.shrink_to_fit();
         names.shrink_to_fit();
+        let build_id = elf
+            .build_id()
+            .ok()
+            .flatten()
+            .filter(|id| !id.is_empty() && id.len() <= MAX_BUILD_ID)
+            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
         Some(Self {
             funcs,
             names,
             loads: loads(&elf),
             plt,
+            build_id,
         })
     }
 

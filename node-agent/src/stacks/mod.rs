@@ -11,7 +11,7 @@ pub mod python;
 pub mod symbolize;
 pub mod unwind;
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use aya::{
     Ebpf,
@@ -21,7 +21,7 @@ use resourcewatch_ebpf::shared::{RwStackKey, RwStackSample};
 use serde::Serialize;
 
 use crate::bpf::PipelineError;
-pub use symbolize::Symbolizer;
+pub use symbolize::{Module, Symbolizer};
 
 /// One counter of the kernel: a process's user and kernel stacks (innermost first, as
 /// the kernel walked them) and its count (samples, or bytes of growth).
@@ -42,6 +42,10 @@ pub struct Stack {
     /// The process's name when the stack was named (also its first frame then).
     pub comm: Option<String>,
     pub frames: Vec<String>,
+    /// The file each frame was found in, beside `frames` (pprof's mappings); empty when
+    /// not known, None for a frame in no file (the command, interpreted or JIT code).
+    #[serde(skip)]
+    pub modules: Vec<Option<Arc<Module>>>,
     /// How many of `frames`, from the end, are kernel frames.
     pub kernel_frames: usize,
     pub value: u64,
@@ -212,18 +216,26 @@ pub fn name(
     sym: &Symbolizer,
     comm: impl Fn(u32) -> Option<String>,
 ) -> Vec<Stack> {
-    let mut merged: HashMap<(u32, Vec<String>, usize), u64> = HashMap::new();
+    // Stacks naming the same frames merge; the files of the first one are kept.
+    type Key = (u32, Vec<String>, usize);
+    type Files = Vec<Option<Arc<Module>>>;
+    let mut merged: HashMap<Key, (u64, Files)> = HashMap::new();
     let mut comms: HashMap<u32, Option<String>> = HashMap::new();
     for r in raw {
         let mut frames: Vec<String> = Vec::new();
+        let mut modules: Files = Vec::new();
         if let Some(c) = comms.entry(r.tgid).or_insert_with(|| comm(r.tgid)) {
             frames.push(c.clone());
+            modules.push(None);
         }
         // The demanglers and parsers read names a workload chose: a panic in one costs
         // that stack its user frames, not the agent.
         let user = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| user_frames(r, sym)))
-            .unwrap_or_else(|_| vec![symbolize::UNKNOWN.to_owned(); r.user.len()]);
-        frames.extend(user.into_iter().rev());
+            .unwrap_or_else(|_| vec![(symbolize::UNKNOWN.to_owned(), None); r.user.len()]);
+        for (name, module) in user.into_iter().rev() {
+            frames.push(name);
+            modules.push(module);
+        }
         let kernel = if r.kernel.is_empty() {
             Vec::new()
         } else {
@@ -231,14 +243,22 @@ pub fn name(
         };
         let kernel_frames = kernel.len();
         frames.extend(kernel.into_iter().rev());
-        *merged.entry((r.tgid, frames, kernel_frames)).or_default() += r.value;
+        modules.extend(std::iter::repeat_n(
+            Some(symbolize::kernel_module()),
+            kernel_frames,
+        ));
+        merged
+            .entry((r.tgid, frames, kernel_frames))
+            .or_insert_with(|| (0, modules))
+            .0 += r.value;
     }
     let mut out: Vec<Stack> = merged
         .into_iter()
-        .map(|((tgid, frames, kernel_frames), value)| Stack {
+        .map(|((tgid, frames, kernel_frames), (value, modules))| Stack {
             tgid,
             comm: comms.get(&tgid).cloned().flatten(),
             frames,
+            modules,
             kernel_frames,
             value,
         })
@@ -249,22 +269,23 @@ pub fn name(
 
 /// The user frames of one stack, innermost first, with the leaf's caller put back when
 /// the frame-pointer walk skipped it.
-fn user_frames(r: &RawStack, sym: &Symbolizer) -> Vec<String> {
+fn user_frames(r: &RawStack, sym: &Symbolizer) -> Vec<symbolize::Named> {
     let Some((&leaf, rest)) = r.user.split_first() else {
         return Vec::new();
     };
-    let mut names = sym.user(r.tgid, &[leaf], false);
-    names.extend(sym.user(r.tgid, rest, true));
+    let mut names = sym.user_in_files(r.tgid, &[leaf], false);
+    names.extend(sym.user_in_files(r.tgid, rest, true));
     if r.user.iter().any(|&a| python::is_python(a)) {
         // The kernel's walk named the Python functions: the `-X perf` trampolines of the
         // same calls (3.12+) would name each one twice.
         let mut keep = r.user.iter().map(|&a| python::is_python(a));
-        names.retain(|n| keep.next().unwrap_or(true) || !n.starts_with("py::"));
+        names.retain(|(n, _)| keep.next().unwrap_or(true) || !n.starts_with("py::"));
     }
     if r.caller != 0 && sym.in_file(r.tgid, r.caller) {
-        let caller = sym.user(r.tgid, &[r.caller], true).remove(0);
+        let caller = sym.user_in_files(r.tgid, &[r.caller], true).remove(0);
         // The walk found it already (the leaf kept a frame): nothing was skipped.
-        if names.get(1) != Some(&caller) && names.first() != Some(&caller) {
+        let named = |i: usize| names.get(i).map(|(n, _)| n);
+        if named(1) != Some(&caller.0) && named(0) != Some(&caller.0) {
             names.insert(1, caller);
         }
     }

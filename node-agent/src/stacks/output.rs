@@ -2,11 +2,11 @@
 //! flamegraph.pl, inferno, speedscope), an SVG flame graph (inferno), and pprof (Go's
 //! `go tool pprof`, Pyroscope, Parca, Grafana).
 
-use std::{io::Write, time::Duration};
+use std::{io::Write, sync::Arc, time::Duration};
 
 use prost::Message;
 
-use super::Stack;
+use super::{Module, Stack};
 
 /// One line per stack, root first, frames joined by `;`, then the count. Kernel frames
 /// carry perf's `_[k]` suffix, which flame graph tools colour apart.
@@ -89,7 +89,13 @@ pub fn pprof(
     let mut samples = Vec::new();
     for s in stacks {
         // pprof lists a sample's locations leaf first.
-        let location_id = s.frames.iter().rev().map(|f| b.location(f)).collect();
+        let location_id = s
+            .frames
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, f)| b.location(f, s.modules.get(i).and_then(Option::as_ref)))
+            .collect();
         let mut value = vec![s.value as i64];
         if let Some((_, _, scale)) = kind.scaled {
             value.push((s.value as i64).saturating_mul(scale));
@@ -122,6 +128,7 @@ pub fn pprof(
     let profile = Profile {
         sample_type,
         sample: samples,
+        mapping: b.mappings,
         location: b.locations,
         function: b.functions,
         string_table: b.strings,
@@ -138,15 +145,18 @@ pub fn pprof(
     gz.finish()
 }
 
-/// Interns strings, functions and locations (one location per function: the stacks are
-/// already named, addresses are not kept).
+/// Interns strings, functions, mappings and locations (one location per function and
+/// file: the stacks are already named, addresses are not kept).
 #[derive(Default)]
 struct PprofBuilder {
     strings: Vec<String>,
     string_ids: std::collections::HashMap<String, i64>,
     functions: Vec<Function>,
+    function_ids: std::collections::HashMap<String, u64>,
+    mappings: Vec<Mapping>,
+    mapping_ids: std::collections::HashMap<Arc<Module>, u64>,
     locations: Vec<Location>,
-    location_ids: std::collections::HashMap<String, u64>,
+    location_ids: std::collections::HashMap<(String, u64), u64>,
 }
 
 impl PprofBuilder {
@@ -160,25 +170,58 @@ impl PprofBuilder {
         i
     }
 
-    fn location(&mut self, frame: &str) -> u64 {
-        if let Some(&id) = self.location_ids.get(frame) {
+    /// The mapping of a file (0: none).
+    fn mapping(&mut self, module: Option<&Arc<Module>>) -> u64 {
+        let Some(m) = module else { return 0 };
+        if let Some(&id) = self.mapping_ids.get(m) {
             return id;
         }
-        let id = self.locations.len() as u64 + 1; // ids start at 1; 0 means none
+        let id = self.mappings.len() as u64 + 1; // ids start at 1; 0 means none
+        let filename = self.string(&m.path);
+        let build_id = m.build_id.as_deref().map_or(0, |b| self.string(b));
+        self.mappings.push(Mapping {
+            id,
+            filename,
+            build_id,
+            // The frames are named already: a reader must not symbolize them again.
+            has_functions: true,
+            ..Default::default()
+        });
+        self.mapping_ids.insert(m.clone(), id);
+        id
+    }
+
+    fn function(&mut self, frame: &str) -> u64 {
+        if let Some(&id) = self.function_ids.get(frame) {
+            return id;
+        }
+        let id = self.functions.len() as u64 + 1;
         let name = self.string(frame);
         self.functions.push(Function {
             id,
             name,
             system_name: name,
         });
+        self.function_ids.insert(frame.to_owned(), id);
+        id
+    }
+
+    fn location(&mut self, frame: &str, module: Option<&Arc<Module>>) -> u64 {
+        let mapping_id = self.mapping(module);
+        if let Some(&id) = self.location_ids.get(&(frame.to_owned(), mapping_id)) {
+            return id;
+        }
+        let id = self.locations.len() as u64 + 1;
+        let function_id = self.function(frame);
         self.locations.push(Location {
             id,
+            mapping_id,
             line: vec![Line {
-                function_id: id,
+                function_id,
                 line: 0,
             }],
         });
-        self.location_ids.insert(frame.to_owned(), id);
+        self.location_ids.insert((frame.to_owned(), mapping_id), id);
         id
     }
 }
@@ -194,6 +237,8 @@ struct Profile {
     sample_type: Vec<ValueType>,
     #[prost(message, repeated, tag = "2")]
     sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "3")]
+    mapping: Vec<Mapping>,
     #[prost(message, repeated, tag = "4")]
     location: Vec<Location>,
     #[prost(message, repeated, tag = "5")]
@@ -240,10 +285,32 @@ struct PprofLabel {
     num: i64,
 }
 
+/// pprof's `Mapping`: a file the profiled code was in. Addresses are not kept, so the
+/// address range and offset stay 0.
+#[derive(Clone, PartialEq, Message)]
+struct Mapping {
+    #[prost(uint64, tag = "1")]
+    id: u64,
+    #[prost(uint64, tag = "2")]
+    memory_start: u64,
+    #[prost(uint64, tag = "3")]
+    memory_limit: u64,
+    #[prost(uint64, tag = "4")]
+    file_offset: u64,
+    #[prost(int64, tag = "5")]
+    filename: i64,
+    #[prost(int64, tag = "6")]
+    build_id: i64,
+    #[prost(bool, tag = "7")]
+    has_functions: bool,
+}
+
 #[derive(Clone, PartialEq, Message)]
 struct Location {
     #[prost(uint64, tag = "1")]
     id: u64,
+    #[prost(uint64, tag = "2")]
+    mapping_id: u64,
     #[prost(message, repeated, tag = "4")]
     line: Vec<Line>,
 }
@@ -275,6 +342,10 @@ mod tests {
     use super::*;
 
     fn stacks() -> Vec<Stack> {
+        let app = Some(Arc::new(Module {
+            path: "/usr/bin/app".into(),
+            build_id: Some("0badc0de".into()),
+        }));
         vec![
             Stack {
                 tgid: 1,
@@ -285,6 +356,12 @@ mod tests {
                     "burn cpu;now".into(),
                     "clear_page".into(),
                 ],
+                modules: vec![
+                    None,
+                    app.clone(),
+                    app.clone(),
+                    Some(super::super::symbolize::kernel_module()),
+                ],
                 kernel_frames: 1,
                 value: 90,
             },
@@ -292,6 +369,7 @@ mod tests {
                 tgid: 1,
                 comm: Some("app".into()),
                 frames: vec!["app".into(), "main".into(), "idle".into()],
+                modules: Vec::new(),
                 kernel_frames: 0,
                 value: 10,
             },
@@ -350,15 +428,16 @@ mod tests {
         flate2::read::GzDecoder::new(&gz[..])
             .read_to_end(&mut raw)
             .expect("gzip");
-        // profile.proto: sample_type 1, sample 2, location 4, function 5, string_table 6
-        // (messages and strings: length-delimited), time_nanos 9, duration_nanos 10,
-        // period_type 11 (a message), period 12.
+        // profile.proto: sample_type 1, sample 2, mapping 3, location 4, function 5,
+        // string_table 6 (messages and strings: length-delimited), time_nanos 9,
+        // duration_nanos 10, period_type 11 (a message), period 12.
         use WireType::{LengthDelimited as Len, Varint};
         assert_eq!(
             top_level_fields(&raw).into_iter().collect::<Vec<_>>(),
             [
                 (1, Len),
                 (2, Len),
+                (3, Len),
                 (4, Len),
                 (5, Len),
                 (6, Len),
@@ -382,6 +461,34 @@ mod tests {
         };
         let first: Vec<String> = p.sample[0].location_id.iter().map(|&l| name(l)).collect();
         assert_eq!(first, ["clear_page", "burn cpu;now", "main", "app"]);
+        // Each frame's file: the kernel's, the program's (with its build ID), none for
+        // the command; a frame of no known file has none either.
+        let file = |loc: u64| {
+            let l = p.location.iter().find(|l| l.id == loc).expect("location");
+            p.mapping.iter().find(|m| m.id == l.mapping_id).map(|m| {
+                (
+                    p.string_table[m.filename as usize].clone(),
+                    p.string_table[m.build_id as usize].clone(),
+                    m.has_functions,
+                )
+            })
+        };
+        let files: Vec<_> = p.sample[0].location_id.iter().map(|&l| file(l)).collect();
+        let app = Some(("/usr/bin/app".to_owned(), "0badc0de".to_owned(), true));
+        assert_eq!(
+            files,
+            [
+                Some(("[kernel.kallsyms]".to_owned(), String::new(), true)),
+                app.clone(),
+                app,
+                None
+            ]
+        );
+        assert_eq!(p.mapping.len(), 2);
+        // `main` of the program and `main` of no known file are two locations of one
+        // function.
+        assert_eq!(p.location.len(), 6);
+        assert_eq!(p.function.len(), 5);
         assert_eq!(p.sample[0].value, [90, 909_090_900]);
         // Every sample's labels, by the string table.
         for sample in &p.sample {

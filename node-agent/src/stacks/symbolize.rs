@@ -39,6 +39,31 @@ pub const UNKNOWN: &str = "[unknown]";
 /// /proc/kallsyms shows zero addresses).
 pub const KERNEL: &str = "[kernel]";
 
+/// The file a frame was found in: what pprof calls its mapping.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Module {
+    /// The file's path in the process's mount namespace, or `[kernel.kallsyms]` (as
+    /// perf names the kernel).
+    pub path: Arc<str>,
+    /// Its GNU build ID in hex, when the file has one.
+    pub build_id: Option<Arc<str>>,
+}
+
+/// The kernel as a frame's module.
+pub fn kernel_module() -> Arc<Module> {
+    static KERNEL_MODULE: std::sync::LazyLock<Arc<Module>> = std::sync::LazyLock::new(|| {
+        Arc::new(Module {
+            path: "[kernel.kallsyms]".into(),
+            build_id: None,
+        })
+    });
+    KERNEL_MODULE.clone()
+}
+
+/// A frame's name and the file it was found in (None for interpreted and JIT-compiled
+/// code, and for an address outside every file).
+pub type Named = (String, Option<Arc<Module>>);
+
 /// A symboliser kept across calls: it caches each file's symbols, and `perf_maps` each
 /// process's JIT code names.
 pub struct Symbolizer {
@@ -87,9 +112,18 @@ impl Symbolizer {
     /// but the first): they are looked up one byte back, inside the call instruction, so
     /// that a call at the very end of a function is not named after the next one.
     pub fn user(&self, pid: u32, addrs: &[u64], return_addrs: bool) -> Vec<String> {
+        self.user_in_files(pid, addrs, return_addrs)
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// As [`Self::user`], each name with the file it was found in.
+    pub fn user_in_files(&self, pid: u32, addrs: &[u64], return_addrs: bool) -> Vec<Named> {
         let mut names = vec![UNKNOWN.to_owned(); addrs.len()];
+        let mut modules: Vec<Option<Arc<Module>>> = vec![None; addrs.len()];
         if addrs.is_empty() || pid == 0 {
-            return names;
+            return names.into_iter().zip(modules).collect();
         }
         let lookup: Vec<u64> = addrs
             .iter()
@@ -108,7 +142,7 @@ impl Symbolizer {
         }
         let Some(maps) = self.maps(pid) else {
             // The process is gone, or its maps are not readable (or over their bound).
-            return names;
+            return names.into_iter().zip(modules).collect();
         };
         let mappings = super::maps::executable(&maps);
         // File offsets grouped by file, so each file is looked up once.
@@ -153,14 +187,22 @@ impl Symbolizer {
                     .unwrap_or(m.path)
             );
             let symbols = self.symbols_of(pid, m);
+            let file = Arc::new(Module {
+                path: m.path.into(),
+                build_id: symbols
+                    .as_ref()
+                    .and_then(|s| s.build_id.as_deref())
+                    .map(Into::into),
+            });
             for &(i, offset) in &items {
                 names[i] = symbols
                     .as_ref()
                     .and_then(|s| s.name_at(offset))
                     .unwrap_or_else(|| module.clone());
+                modules[i] = Some(file.clone());
             }
         }
-        names
+        names.into_iter().zip(modules).collect()
     }
 
     /// The maps of `pid`, read again only after `MAPS_FOR` (one stack asks several times,
