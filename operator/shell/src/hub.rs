@@ -74,7 +74,31 @@ struct NodeState {
     nack: Option<(u64, String)>,
     sent: BTreeSet<u64>,
     capabilities: Option<pb::Capabilities>,
-    last_report: Option<(Instant, Arc<pb::Report>)>,
+    last_report: Option<LastReport>,
+}
+
+/// A node's latest report, and the report interval its agent was configured with when
+/// it sent it.
+struct LastReport {
+    at: Instant,
+    report: Arc<pb::Report>,
+    interval: Duration,
+}
+
+impl LastReport {
+    /// Whether it still stands for the node at `now`: within three intervals (at least
+    /// 5 s), of the interval it was made under or the node's current one, whichever is
+    /// longer. A node moved from the idle 30 s cadence to a watch's 5 s one keeps its
+    /// last report until its first one at the new cadence, instead of reading as not
+    /// reporting (and showing no process) in between.
+    fn fresh(&self, now: Instant, current: Duration) -> bool {
+        let fresh_for = self
+            .interval
+            .max(current)
+            .saturating_mul(3)
+            .max(Duration::from_secs(5));
+        now.duration_since(self.at) < fresh_for
+    }
 }
 
 struct SessionState {
@@ -446,7 +470,11 @@ impl Hub {
             crate::validate::report(&mut report, &crate::validate::NodeTargets::new(&n.config));
         let first = n.last_report.is_none();
         let leaking = leaking_watches(&inner.watches, &report);
-        n.last_report = Some((Instant::now(), Arc::new(report)));
+        n.last_report = Some(LastReport {
+            at: Instant::now(),
+            report: Arc::new(report),
+            interval: Duration::from_millis(n.config.report_interval_ms),
+        });
         drop(guard);
         if first {
             self.notify();
@@ -529,15 +557,13 @@ impl Hub {
                     ..Default::default()
                 },
                 Some(n) => {
-                    let fresh_for = Duration::from_millis(n.config.report_interval_ms)
-                        .saturating_mul(3)
-                        .max(Duration::from_secs(5));
+                    let interval = Duration::from_millis(n.config.report_interval_ms);
                     let reporting = n.session.is_some()
                         && n.last_report
                             .as_ref()
-                            .is_some_and(|(at, _)| now.duration_since(*at) < fresh_for);
+                            .is_some_and(|r| r.fresh(now, interval));
                     let lost_since = match (&n.session, &n.last_report) {
-                        (Some(_), Some((at, _))) => *at,
+                        (Some(_), Some(r)) => r.at,
                         _ => n.lost_at,
                     };
                     NodeView {
@@ -552,7 +578,7 @@ impl Hub {
                         nack: n.nack.clone(),
                         capabilities: n.capabilities.clone(),
                         last_report: reporting
-                            .then(|| n.last_report.as_ref().map(|(_, r)| r.clone()))
+                            .then(|| n.last_report.as_ref().map(|r| r.report.clone()))
                             .flatten(),
                     }
                 }
@@ -1109,5 +1135,32 @@ mod tests {
         assert!(!v.reporting && !v.missing, "just lost: still within grace");
         std::thread::sleep(Duration::from_millis(80));
         assert!(hub.view(&nodes)[0].missing);
+    }
+
+    /// A report made at a long interval stands until the agent reports at the new, shorter
+    /// one: moved from the idle cadence to a watch's, the node does not read as silent.
+    #[test]
+    fn a_report_stays_fresh_for_the_interval_it_was_made_under() {
+        let t0 = Instant::now();
+        let r = LastReport {
+            at: t0,
+            report: Arc::default(),
+            interval: Duration::from_secs(30),
+        };
+        let at = |s| t0 + Duration::from_secs(s);
+        // Now at a 1 s cadence: 20 s later, still the node's latest word.
+        assert!(r.fresh(at(20), Duration::from_secs(1)));
+        assert!(r.fresh(at(89), Duration::from_secs(1)));
+        assert!(!r.fresh(at(91), Duration::from_secs(1)));
+        // Made at 1 s, now at 30 s: the longer one counts too.
+        let r = LastReport {
+            interval: Duration::from_secs(1),
+            ..r
+        };
+        assert!(r.fresh(at(60), Duration::from_secs(30)));
+        assert!(
+            !r.fresh(at(6), Duration::from_secs(1)),
+            "5 s at least, 3 intervals"
+        );
     }
 }
