@@ -11,6 +11,8 @@ pub mod v1alpha1 {
 
 pub use v1alpha1::*;
 
+pub mod pprof;
+
 /// The newest protocol version this build speaks. Bumped only for a change that peers
 /// of the previous version cannot understand.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -2,11 +2,11 @@
 //! flamegraph.pl, inferno, speedscope), an SVG flame graph (inferno), and pprof (Go's
 //! `go tool pprof`, Pyroscope, Parca, Grafana).
 
-use std::{io::Write, sync::Arc, time::Duration};
+use std::time::Duration;
 
-use prost::Message;
+use resourcewatch_proto::pprof;
 
-use super::{Module, Stack};
+use super::Stack;
 
 /// One line per stack, root first, frames joined by `;`, then the count. Kernel frames
 /// carry perf's `_[k]` suffix, which flame graph tools colour apart.
@@ -59,287 +59,56 @@ pub struct PprofKind<'a> {
     pub duration: Duration,
 }
 
-/// A pprof sample label: text, or a number with its unit (`go tool pprof -tags` lists
-/// them, `-tagfocus` filters on them; Pyroscope and Parca keep them as series labels).
-#[derive(Clone, Debug, PartialEq)]
-pub enum Label {
-    Text(&'static str, String),
-    Number(&'static str, i64),
-}
+/// A pprof sample label (its process, its pod...).
+pub use resourcewatch_proto::pprof::Tag as Label;
 
 /// A gzipped pprof protobuf (`profile.proto`) of the stacks, each sample carrying the
-/// labels `labels` gives its stack (its process, its pod...).
+/// labels `labels` gives its stack (its process, its pod...) and each frame the file it
+/// is in (pprof's mappings).
 pub fn pprof(
     stacks: &[Stack],
     kind: PprofKind<'_>,
     labels: impl Fn(&Stack) -> Vec<Label>,
 ) -> std::io::Result<Vec<u8>> {
-    let mut b = PprofBuilder::default();
-    b.string(""); // index 0 is the empty string, by the format's rule
-    let mut sample_type = vec![ValueType {
-        r#type: b.string(kind.sample_type),
-        unit: b.string(kind.sample_unit),
-    }];
+    let mut types = vec![(kind.sample_type, kind.sample_unit)];
     if let Some((t, u, _)) = kind.scaled {
-        sample_type.push(ValueType {
-            r#type: b.string(t),
-            unit: b.string(u),
-        });
+        types.push((t, u));
     }
-    let mut samples = Vec::new();
+    let mut b = pprof::Builder::new(&types);
     for s in stacks {
-        // pprof lists a sample's locations leaf first.
-        let location_id = s
-            .frames
-            .iter()
-            .enumerate()
-            .rev()
-            .map(|(i, f)| b.location(f, s.modules.get(i).and_then(Option::as_ref)))
-            .collect();
         let mut value = vec![s.value as i64];
         if let Some((_, _, scale)) = kind.scaled {
             value.push((s.value as i64).saturating_mul(scale));
         }
-        let label = labels(s)
-            .into_iter()
-            .map(|l| match l {
-                Label::Text(k, v) => PprofLabel {
-                    key: b.string(k),
-                    str: b.string(&v),
-                    num: 0,
-                },
-                Label::Number(k, n) => PprofLabel {
-                    key: b.string(k),
-                    str: 0,
-                    num: n,
-                },
-            })
-            .collect();
-        samples.push(Sample {
-            location_id,
-            value,
-            label,
+        // pprof lists a sample's locations leaf first.
+        let frames = s.frames.iter().enumerate().rev().map(|(i, f)| {
+            let file = s
+                .modules
+                .get(i)
+                .and_then(Option::as_ref)
+                .map(|m| pprof::File {
+                    path: &m.path,
+                    build_id: m.build_id.as_deref(),
+                });
+            (f.as_str(), file)
         });
+        b.sample(frames, value, labels(s));
     }
-    let period_type = kind.scaled.map(|(t, u, _)| ValueType {
-        r#type: b.string(t),
-        unit: b.string(u),
-    });
-    let profile = Profile {
-        sample_type,
-        sample: samples,
-        mapping: b.mappings,
-        location: b.locations,
-        function: b.functions,
-        string_table: b.strings,
-        time_nanos: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64)
-            - kind.duration.as_nanos() as i64,
-        duration_nanos: kind.duration.as_nanos() as i64,
-        period: kind.scaled.map_or(0, |(_, _, p)| p),
-        period_type,
-    };
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    gz.write_all(&profile.encode_to_vec())?;
-    gz.finish()
-}
-
-/// Interns strings, functions, mappings and locations (one location per function and
-/// file: the stacks are already named, addresses are not kept).
-#[derive(Default)]
-struct PprofBuilder {
-    strings: Vec<String>,
-    string_ids: std::collections::HashMap<String, i64>,
-    functions: Vec<Function>,
-    function_ids: std::collections::HashMap<String, u64>,
-    mappings: Vec<Mapping>,
-    mapping_ids: std::collections::HashMap<Arc<Module>, u64>,
-    locations: Vec<Location>,
-    location_ids: std::collections::HashMap<(String, u64), u64>,
-}
-
-impl PprofBuilder {
-    fn string(&mut self, s: &str) -> i64 {
-        if let Some(&i) = self.string_ids.get(s) {
-            return i;
-        }
-        let i = self.strings.len() as i64;
-        self.strings.push(s.to_owned());
-        self.string_ids.insert(s.to_owned(), i);
-        i
-    }
-
-    /// The mapping of a file (0: none).
-    fn mapping(&mut self, module: Option<&Arc<Module>>) -> u64 {
-        let Some(m) = module else { return 0 };
-        if let Some(&id) = self.mapping_ids.get(m) {
-            return id;
-        }
-        let id = self.mappings.len() as u64 + 1; // ids start at 1; 0 means none
-        let filename = self.string(&m.path);
-        let build_id = m.build_id.as_deref().map_or(0, |b| self.string(b));
-        self.mappings.push(Mapping {
-            id,
-            filename,
-            build_id,
-            // The frames are named already: a reader must not symbolize them again.
-            has_functions: true,
-            ..Default::default()
-        });
-        self.mapping_ids.insert(m.clone(), id);
-        id
-    }
-
-    fn function(&mut self, frame: &str) -> u64 {
-        if let Some(&id) = self.function_ids.get(frame) {
-            return id;
-        }
-        let id = self.functions.len() as u64 + 1;
-        let name = self.string(frame);
-        self.functions.push(Function {
-            id,
-            name,
-            system_name: name,
-        });
-        self.function_ids.insert(frame.to_owned(), id);
-        id
-    }
-
-    fn location(&mut self, frame: &str, module: Option<&Arc<Module>>) -> u64 {
-        let mapping_id = self.mapping(module);
-        if let Some(&id) = self.location_ids.get(&(frame.to_owned(), mapping_id)) {
-            return id;
-        }
-        let id = self.locations.len() as u64 + 1;
-        let function_id = self.function(frame);
-        self.locations.push(Location {
-            id,
-            mapping_id,
-            line: vec![Line {
-                function_id,
-                line: 0,
-            }],
-        });
-        self.location_ids.insert((frame.to_owned(), mapping_id), id);
-        id
-    }
-}
-
-// The messages of pprof's profile.proto that are written, with its field numbers. Written
-// as prost derives rather than generated from the .proto: eight small messages, and the
-// agent then needs no protoc at build time for them. Field numbers are the format's
-// (github.com/google/pprof/proto/profile.proto), checked by the test below on the wire
-// format itself.
-#[derive(Clone, PartialEq, Message)]
-struct Profile {
-    #[prost(message, repeated, tag = "1")]
-    sample_type: Vec<ValueType>,
-    #[prost(message, repeated, tag = "2")]
-    sample: Vec<Sample>,
-    #[prost(message, repeated, tag = "3")]
-    mapping: Vec<Mapping>,
-    #[prost(message, repeated, tag = "4")]
-    location: Vec<Location>,
-    #[prost(message, repeated, tag = "5")]
-    function: Vec<Function>,
-    #[prost(string, repeated, tag = "6")]
-    string_table: Vec<String>,
-    #[prost(int64, tag = "9")]
-    time_nanos: i64,
-    #[prost(int64, tag = "10")]
-    duration_nanos: i64,
-    #[prost(message, optional, tag = "11")]
-    period_type: Option<ValueType>,
-    #[prost(int64, tag = "12")]
-    period: i64,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct ValueType {
-    #[prost(int64, tag = "1")]
-    r#type: i64,
-    #[prost(int64, tag = "2")]
-    unit: i64,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct Sample {
-    #[prost(uint64, repeated, tag = "1")]
-    location_id: Vec<u64>,
-    #[prost(int64, repeated, tag = "2")]
-    value: Vec<i64>,
-    #[prost(message, repeated, tag = "3")]
-    label: Vec<PprofLabel>,
-}
-
-/// pprof's `Label`: a key with a text (`str`) or a numeric (`num`) value, both string
-/// table indexes but `num`.
-#[derive(Clone, PartialEq, Message)]
-struct PprofLabel {
-    #[prost(int64, tag = "1")]
-    key: i64,
-    #[prost(int64, tag = "2")]
-    str: i64,
-    #[prost(int64, tag = "3")]
-    num: i64,
-}
-
-/// pprof's `Mapping`: a file the profiled code was in. Addresses are not kept, so the
-/// address range and offset stay 0.
-#[derive(Clone, PartialEq, Message)]
-struct Mapping {
-    #[prost(uint64, tag = "1")]
-    id: u64,
-    #[prost(uint64, tag = "2")]
-    memory_start: u64,
-    #[prost(uint64, tag = "3")]
-    memory_limit: u64,
-    #[prost(uint64, tag = "4")]
-    file_offset: u64,
-    #[prost(int64, tag = "5")]
-    filename: i64,
-    #[prost(int64, tag = "6")]
-    build_id: i64,
-    #[prost(bool, tag = "7")]
-    has_functions: bool,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct Location {
-    #[prost(uint64, tag = "1")]
-    id: u64,
-    #[prost(uint64, tag = "2")]
-    mapping_id: u64,
-    #[prost(message, repeated, tag = "4")]
-    line: Vec<Line>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct Line {
-    #[prost(uint64, tag = "1")]
-    function_id: u64,
-    #[prost(int64, tag = "2")]
-    line: i64,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct Function {
-    #[prost(uint64, tag = "1")]
-    id: u64,
-    #[prost(int64, tag = "2")]
-    name: i64,
-    #[prost(int64, tag = "3")]
-    system_name: i64,
+    let profile = b.finish(kind.duration, kind.scaled.map(|(t, u, p)| ((t, u), p)));
+    pprof::gzip(&profile)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
+    use std::{io::Read, sync::Arc};
 
-    use prost::encoding::{DecodeContext, WireType, decode_key, skip_field};
+    use prost::{
+        Message,
+        encoding::{DecodeContext, WireType, decode_key, skip_field},
+    };
+    use resourcewatch_proto::pprof::Profile;
 
-    use super::*;
+    use super::{super::Module, *};
 
     fn stacks() -> Vec<Stack> {
         let app = Some(Arc::new(Module {
