@@ -119,6 +119,12 @@ if [[ -z ${RW_E2E_ONLY:-} || $RW_E2E_ONLY == *prometheus* ]]; then
   export RW_PROMETHEUS_ADDR
   lap "Prometheus Operator up"
 fi
+# The OTLP test's collector (built from its Go modules once, cached; the test runs it).
+if [[ -z ${RW_E2E_ONLY:-} || $RW_E2E_ONLY == *otlp* ]]; then
+  RW_OTELCOL="$(e2e/otel/collector.sh build)"
+  export RW_OTELCOL
+  lap "OpenTelemetry Collector built"
+fi
 cargo test -p resourcewatch-e2e --test cluster --test metrics -- --ignored --test-threads=1 --nocapture \
   --skip on_the_cgroup_v2_node ${RW_E2E_ONLY:-}
 lap "e2e tests"

@@ -183,6 +183,25 @@ async fn the_plugin_reads_statuses_and_fetches_a_profile() {
     ] {
         assert!(out.contains(cell), "leaks: {cell} in\n{out}");
     }
+    // The growth sites as a memory profile, read by Go's own pprof.
+    let dir = std::env::temp_dir().join(format!("rw-plugin-growth-{}", std::process::id()));
+    let dir_arg = dir.display().to_string();
+    let (ok, out) = run(n, &["leaks", "--output-dir", &dir_arg]);
+    assert!(ok, "{out}");
+    let file = dir.join(format!("{n}_api-1_app.growth.pb.gz"));
+    assert!(out.contains(&file.display().to_string()), "{out}");
+    let pprof = Command::new("/usr/local/go/bin/go")
+        .args(["tool", "pprof", "-top", "-sample_index=resident_growth"])
+        .arg(&file)
+        .output()
+        .expect("go tool pprof runs");
+    let top = String::from_utf8_lossy(&pprof.stdout);
+    assert!(
+        pprof.status.success() && top.contains("grow_cache") && top.contains("4kB"),
+        "{top}{}",
+        String::from_utf8_lossy(&pprof.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     // kubectl's conventions: the kills, as a table, headless, as JSON, by label, through
     // an explicit kubeconfig and context, and the completion script.
     let (ok, out) = run(n, &["kills"]);

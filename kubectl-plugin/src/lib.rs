@@ -375,6 +375,40 @@ pub fn leaks(watches: &[ResourceWatch]) -> String {
     render_table(leaks_listing(watches))
 }
 
+/// Each leak's growth sites as a memory profile (pprof, gzipped: `go tool pprof`, or any
+/// tool that reads pprof): the file name, `NAMESPACE_POD_CONTAINER.growth.pb.gz`, and its
+/// bytes. Leaks with no site yet have none.
+pub fn growth_profiles(watches: &[ResourceWatch]) -> std::io::Result<Vec<(String, Vec<u8>)>> {
+    use resourcewatch_proto::pprof;
+    let mut out = Vec::new();
+    for w in watches {
+        let ns = w.metadata.namespace.as_deref().unwrap_or_default();
+        for l in w.status.iter().flat_map(|s| &s.leaks) {
+            if l.growth_sites.is_empty() {
+                continue;
+            }
+            let tags = [
+                pprof::Tag::Text("namespace", ns.to_owned()),
+                pprof::Tag::Text("pod", l.pod.clone()),
+                pprof::Tag::Text("container", l.container.clone()),
+                pprof::Tag::Text("node", l.node.clone()),
+            ];
+            let p = pprof::growth(
+                l.growth_sites
+                    .iter()
+                    .map(|s| (s.frames.as_slice(), s.bytes)),
+                &tags,
+                std::time::Duration::ZERO,
+            );
+            // Names a workload chose stay inside the directory: no separator survives.
+            let file = format!("{ns}_{}_{}.growth.pb.gz", l.pod, dash(&l.container))
+                .replace(['/', '\\'], "-");
+            out.push((file, pprof::gzip(&p)?));
+        }
+    }
+    Ok(out)
+}
+
 pub fn leaks_listing(watches: &[ResourceWatch]) -> Listing {
     let mut rows = Vec::new();
     let mut items = Vec::new();
@@ -661,6 +695,37 @@ mod tests {
         for cell in ["1Mi/s", "88", "4m5s", "3m20s", "256Mi", "leak_here"] {
             assert!(l.contains(cell), "{cell} in {l}");
         }
+    }
+
+    /// Each leak with a site is a memory profile named after it, read back by pprof's
+    /// rules: the site's frames, its bytes, the leak's pod and container as labels.
+    #[test]
+    fn growth_sites_are_written_as_memory_profiles() {
+        let mut w = watch();
+        w.metadata.namespace = Some("shop".into());
+        let files = growth_profiles(&[w]).unwrap();
+        assert_eq!(
+            files.len(),
+            1,
+            "{:?}",
+            files.iter().map(|f| &f.0).collect::<Vec<_>>()
+        );
+        let (name, bytes) = &files[0];
+        assert_eq!(name, "shop_api-1_app.growth.pb.gz");
+        let p = resourcewatch_proto::pprof::read(bytes, 1 << 20).unwrap();
+        let strings = &p.string_table;
+        for s in [
+            "resident_growth",
+            "bytes",
+            "leak_here",
+            "main",
+            "api-1",
+            "app",
+            "shop",
+        ] {
+            assert!(strings.iter().any(|x| x == s), "{s} not in {strings:?}");
+        }
+        assert!(p.sample.iter().all(|s| s.value[0] > 0));
     }
 
     #[test]

@@ -97,6 +97,10 @@ enum Command {
         watch: Option<String>,
         #[arg(short = 'A', long)]
         all_namespaces: bool,
+        /// Also write each leak's growth sites as a memory profile (pprof: bytes added by
+        /// stack) into this directory, NAMESPACE_POD_CONTAINER.growth.pb.gz.
+        #[arg(long, value_name = "DIR")]
+        output_dir: Option<PathBuf>,
     },
     /// Containers the kernel OOM-killed and whether (how early, how accurately) each was
     /// predicted; with --nodes, every OOM kill on a ClusterResourceWatch's nodes.
@@ -239,6 +243,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Leaks {
             watch,
             all_namespaces,
+            output_dir: Some(dir),
+        } => {
+            let ws = watches(&client, &ns, watch.as_deref(), *all_namespaces, sel).await?;
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            for (file, bytes) in kubectl_resourcewatch::growth_profiles(&ws)? {
+                let path = dir.join(&file);
+                std::fs::write(&path, bytes)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                println!("{}", path.display());
+            }
+        }
+        Command::Leaks {
+            watch,
+            all_namespaces,
+            output_dir: None,
         } => {
             list(&args, || async {
                 let ws = watches(&client, &ns, watch.as_deref(), *all_namespaces, sel).await?;

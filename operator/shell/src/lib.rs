@@ -20,6 +20,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod metricsauth;
 pub mod node_view;
+pub mod otlp;
 pub mod pods;
 pub mod profile_store;
 pub mod status_write;

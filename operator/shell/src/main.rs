@@ -558,6 +558,11 @@ fn controller_settings(
             instance: Some(args.pod_name.clone()),
         },
         eviction_client,
+        otlp: resourcewatch_operator::otlp::Exporter::new(
+            parts.client.clone(),
+            &args.namespace,
+            parts.metrics.clone(),
+        ),
         remediation: RemediationContext {
             enabled: args.enable_remediation,
             floors: Floors {

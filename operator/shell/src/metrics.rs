@@ -50,6 +50,7 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Remediation decisions and outcomes, by reason.
     pub remediations: Family<Labels, Counter>,
+    pub otlp_exports: Family<Labels, Counter>,
     /// CPU profile requests by the state a status write gave them.
     pub profiles: Family<Labels, Counter>,
     pub watches: Gauge,
@@ -121,6 +122,7 @@ impl Default for Metrics {
             protocol_errors: Family::default(),
             leader: Gauge::default(),
             remediations: Family::default(),
+            otlp_exports: Family::default(),
             profiles: Family::default(),
             watches: Gauge::default(),
             agent_auth_failures: Family::default(),
@@ -207,6 +209,7 @@ impl Metrics {
             self.leader.clone(),
         );
         registry.register("profiles", "CPU profile requests (the resourcewatch.io/profile annotation) by the state each reached: Pending when taken, then Succeeded, Failed or Expired; Refused", self.profiles.clone());
+        registry.register("otlp_exports", "Profiles sent to the OTLP collector the Secret resourcewatch-otlp names, by result (sent, failed: unreachable or timed out, refused by the collector, misconfigured: the Secret, unreadable: the profile)", self.otlp_exports.clone());
         registry.register("remediations", "Remediation decisions recorded in status, by reason (Decided, Evicted, PodDisruptionBudget, Gone, DryRun, Cooldown, MaxRestarts, NotAuthorized, NamespaceNotOptedIn, ...), each once; LedgerConflict when another watch decided first", self.remediations.clone());
         self.register_api(registry);
     }
@@ -292,6 +295,12 @@ impl Metrics {
 
     pub fn status_write(&self, result: &'static str) {
         self.status_writes
+            .get_or_create(&vec![("result", result.to_string())])
+            .inc();
+    }
+
+    pub fn otlp_export(&self, result: &'static str) {
+        self.otlp_exports
             .get_or_create(&vec![("result", result.to_string())])
             .inc();
     }

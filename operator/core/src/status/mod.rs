@@ -27,6 +27,7 @@ use crate::{
 };
 
 use figures::*;
+pub use transitions::announced_site;
 use transitions::*;
 
 /// A pod the watch's selector matched (scheduled or not).

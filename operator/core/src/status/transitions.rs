@@ -278,7 +278,7 @@ pub(super) fn threshold_transitions(
 /// unwalkable code, named first while the capture is young) says nothing a user can act
 /// on, and the Event recorder keeps a series' first note: announcing it would hide the
 /// leak's real site when it takes the top a few seconds later.
-pub(super) fn announced_site(l: &LeakEntry) -> Option<String> {
+pub fn announced_site(l: &LeakEntry) -> Option<String> {
     l.growth_sites
         .first()
         .filter(|g| g.frames.iter().any(|f| !f.starts_with('[')))

@@ -98,7 +98,7 @@ pub(super) fn context(
         events,
         client,
         hub,
-        metrics,
+        metrics: metrics.clone(),
         pods: pod_store,
         watches: rw_store,
         policies: reflector::store().0,
@@ -109,6 +109,12 @@ pub(super) fn context(
         forgotten_at: Default::default(),
         pod_index: Default::default(),
         eviction_client: eviction_client_for_tests.clone(),
+        // No scenario stores a profile: nothing is sent.
+        otlp: crate::otlp::Exporter::new(
+            eviction_client_for_tests.clone(),
+            "rw-system",
+            metrics.clone(),
+        ),
         remediation: RemediationContext {
             enabled: false,
             floors: Floors::default(),

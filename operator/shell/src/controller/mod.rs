@@ -109,6 +109,8 @@ pub struct Context {
     pub eviction_client: Client,
     /// Switch, floors, authorization and ledgers of pre-OOM remediation.
     pub remediation: RemediationContext,
+    /// Sends each stored CPU profile to the cluster's OTLP collector, when one is named.
+    pub otlp: crate::otlp::Exporter,
     /// Each status write and Event is bounded by this, so a slow API server cannot stall
     /// reconciliation of every other watch.
     pub write_timeout: Duration,
@@ -313,6 +315,16 @@ async fn carry_out(
             let stored = profile_store::store(&ctx.client, ctx.write_timeout, run.rw, p, r)
                 .await
                 .map_err(|e| resourcewatch_runtime::error_chain(&e));
+            if stored.is_ok() && r.error.is_empty() && !r.pprof.is_empty() {
+                ctx.otlp.send(
+                    crate::otlp::Source::Pprof(r.pprof.clone()),
+                    crate::otlp::PodRef {
+                        namespace: ns.to_owned(),
+                        pod: p.pod.clone(),
+                        node: p.node.clone(),
+                    },
+                );
+            }
             events.push(profile::stored(p, r, stored, run.now_s));
         }
         (Some(profile::Effect::Delete), _, _) => {
@@ -338,7 +350,54 @@ async fn carry_out(
     for e in &events {
         publish(ctx, run.rw, run.selected, e).await;
     }
+    send_growth_sites(ctx, ns, &status, &events);
     Ok(Action::requeue(plan.requeue))
+}
+
+/// The growth sites of each leak whose site an Event just announced, sent as a memory
+/// profile to the cluster's OTLP collector (when one is named): once per announcement.
+fn send_growth_sites(ctx: &Context, ns: &str, status: &ResourceWatchStatus, events: &[EventSpec]) {
+    let announced: std::collections::BTreeSet<(&str, &str)> = events
+        .iter()
+        .filter(|e| {
+            e.pod.is_none()
+                && matches!(
+                    e.reason,
+                    crate::model::EventReason::LeakDetected
+                        | crate::model::EventReason::LeakSiteFound
+                )
+        })
+        .filter_map(|e| match &e.about {
+            Some(Subject::Container { pod, container }) => Some((pod.as_str(), container.as_str())),
+            _ => None,
+        })
+        .collect();
+    for l in &status.leaks {
+        if !announced.contains(&(l.pod.as_str(), l.container.as_str()))
+            || crate::status::announced_site(l).is_none()
+        {
+            continue;
+        }
+        let tags = [resourcewatch_proto::pprof::Tag::Text(
+            "container",
+            l.container.clone(),
+        )];
+        let profile = resourcewatch_proto::pprof::growth(
+            l.growth_sites
+                .iter()
+                .map(|s| (s.frames.as_slice(), s.bytes)),
+            &tags,
+            Duration::ZERO,
+        );
+        ctx.otlp.send(
+            crate::otlp::Source::Profile(profile),
+            crate::otlp::PodRef {
+                namespace: ns.to_owned(),
+                pod: l.pod.clone(),
+                node: l.node.clone(),
+            },
+        );
+    }
 }
 
 /// What follows a status write: the profile's count, its namespace's rate limit and the
@@ -466,6 +525,8 @@ fn forget_deleted(ctx: &Context) {
 /// What the controller is given besides its inputs.
 pub struct Settings {
     pub reporter: Reporter,
+    /// See [`Context::otlp`].
+    pub otlp: crate::otlp::Exporter,
     /// See [`Context::eviction_client`].
     pub eviction_client: Client,
     /// See [`Context::remediation`].

@@ -169,6 +169,7 @@ pub async fn run(
         pod_index,
         eviction_client: settings.eviction_client,
         remediation: settings.remediation,
+        otlp: settings.otlp,
     });
     let mut shutdown_signal = shutdown.clone();
     metrics
