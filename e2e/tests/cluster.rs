@@ -949,6 +949,63 @@ async fn a_sudden_allocation_is_an_oom_kill_nobody_predicted() {
     ns.delete().await;
 }
 
+/// When the node's memory runs out (the cgroup v2 node: Linux 6.1, 3 GiB), not a
+/// container's limit: a pod with no limit (BestEffort, so the kernel's first victim)
+/// allocates 256 MiB/s until the kernel kills it. The status records the kill with scope
+/// System and no limit, told apart from a cgroup's, and an Event says so; the node stays
+/// Ready and no agent restarted (they were not the victims). Last of the VM node's tests by
+/// name: the others do not run on a node that just ran out of memory.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with its VM node: make e2e"]
+async fn on_the_cgroup_v2_node_when_memory_runs_out_the_system_wide_oom_kill_is_told_apart() {
+    use resourcewatch_crds::OomScope;
+    let (client, ns) = harness::test_namespace("rw-e2e-oom-system").await;
+    let n = ns.name.as_str();
+    let rws = harness::watch_app(&client, n, "w", "hog").await;
+    let (restarts_before, _) = agent_restarts(&client).await;
+    harness::leak_sim_pod_on(
+        &client,
+        n,
+        "hog",
+        "hog",
+        &harness::leak_args("256MiB/s", "5"),
+        "",
+        harness::Placement::Vm,
+    )
+    .await;
+    let s = status_where(&rws, "w", "the system-wide OOM kill in status", 300, |s| {
+        s.oom_kills.iter().any(|k| k.pod == "hog")
+    })
+    .await;
+    let k = s.oom_kills.iter().find(|k| k.pod == "hog").expect("kill");
+    eprintln!("graded kill: {k:?}");
+    assert_eq!(k.scope, OomScope::System, "{k:?}");
+    assert_eq!(k.limit_bytes, None, "{k:?}");
+    assert_eq!(k.node, harness::VM_NODE, "{k:?}");
+    assert_eq!(k.container, "main", "{k:?}");
+    assert!(k.memory_bytes > 1 << 30, "{k:?}");
+    harness::event_where(&client, n, "OOMKilled", 30, |m| m.starts_with("hog/main")).await;
+    // The node survived its OOM: Ready, its agent still reporting.
+    wait_for("the VM node Ready", Duration::from_secs(60), || async {
+        let node = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+            .get(harness::VM_NODE)
+            .await?;
+        Ok(node
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+            .then_some(()))
+    })
+    .await
+    .expect("the VM node Ready after its OOM");
+    let (restarts, agent_oom_killed) = agent_restarts(&client).await;
+    assert_eq!(restarts, restarts_before, "an agent restarted");
+    assert!(!agent_oom_killed, "an agent was the victim");
+    ns.delete().await;
+}
+
 /// No blind spot at a process's start: a container leaking 8 MB/s from its first second
 /// into 128Mi (OOM-killed about 16 s later) is in the watch's status before the kernel
 /// kills it.
@@ -2427,8 +2484,9 @@ impl Drop for Collector {
 /// this machine with the profiles feature gate and prints what it receives (its debug
 /// exporter, detailed): the profile arrives with its pod's namespace, name and node as
 /// resource attributes, its container and PID on the samples, the hot function and the
-/// program's file with its GNU build ID in the dictionary. Without the Secret, nothing
-/// is sent.
+/// program's file with its GNU build ID in the dictionary. Then a leak in the same
+/// namespace: once its growth site is announced, its sites arrive as a memory profile
+/// (`resident_growth`) with the leaking pod's labels and the site's functions.
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_profile_is_sent_to_the_clusters_otlp_collector_with_its_pods_labels() {
@@ -2508,33 +2566,76 @@ async fn a_profile_is_sent_to_the_clusters_otlp_collector_with_its_pods_labels()
         "/burn-c".to_owned(),
         "process.executable.build_id.gnu".to_owned(),
     ];
-    let arrived = wait_for(
-        "the profile at the collector",
-        Duration::from_secs(30),
-        || async {
+    let arrived = |what: &'static str, wanted: Vec<String>| async move {
+        let got = wait_for(what, Duration::from_secs(30), || async {
             let text = read();
             Ok(wanted
                 .iter()
                 .all(|w| text.contains(w.as_str()))
                 .then_some(()))
-        },
-    )
-    .await;
-    let _ = secrets
-        .delete("resourcewatch-otlp", &DeleteParams::default())
+        })
         .await;
-    if let Err(e) = arrived {
-        let text = read();
-        let missing: Vec<_> = wanted
-            .iter()
-            .filter(|w| !text.contains(w.as_str()))
-            .collect();
-        panic!("{e:#}; missing {missing:?} from what the collector printed:\n{text}");
-    }
+        if let Err(e) = got {
+            let text = read();
+            let missing: Vec<_> = wanted
+                .iter()
+                .filter(|w| !text.contains(w.as_str()))
+                .collect();
+            panic!("{e:#}; missing {missing:?} from what the collector printed:\n{text}");
+        }
+    };
+    arrived("the CPU profile at the collector", wanted.to_vec()).await;
     eprintln!(
         "profile {} of {n}/burner received by the collector over OTLP",
         p.id
     );
+    // A leak's growth sites, once a site is announced: a memory profile of the bytes each
+    // stack added.
+    let leaks = harness::watch_app(&client, &n, "wl", "leaker").await;
+    harness::c_workload_pod(&client, &n, "leaker", "/leak-c", "1Gi").await;
+    // Announced once its top site names a function (status::announced_site).
+    let named = |l: &resourcewatch_crds::LeakEntry| -> Vec<String> {
+        l.growth_sites
+            .first()
+            .map(|g| {
+                g.frames
+                    .iter()
+                    .filter(|f| !f.starts_with('['))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let s = status_where(&leaks, "wl", "the leak's growth site named", 180, |s| {
+        s.leaks
+            .iter()
+            .any(|l| l.pod == "leaker" && !named(l).is_empty())
+    })
+    .await;
+    let leak = s.leaks.iter().find(|l| l.pod == "leaker").expect("leak");
+    arrived(
+        "the growth sites at the collector",
+        vec![
+            "k8s.pod.name: Str(leaker)".to_owned(),
+            "resident_growth".to_owned(),
+        ],
+    )
+    .await;
+    // The sites sent are those of the announcement, a reconcile or two before this
+    // status: one of the top site's functions is among them.
+    let functions = named(leak);
+    let text = read();
+    assert!(
+        functions.iter().any(|f| text.contains(f.as_str())),
+        "none of {functions:?} in what the collector printed:\n{text}"
+    );
+    eprintln!(
+        "growth sites of {n}/leaker received by the collector over OTLP (top: {:?})",
+        leak.growth_sites[0].frames
+    );
+    let _ = secrets
+        .delete("resourcewatch-otlp", &DeleteParams::default())
+        .await;
     ns.delete().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
