@@ -188,7 +188,7 @@ images: deps ## Build the operator, agent and workload images (static binaries; 
 	  GO111MODULE=off GOCACHE=$(CURDIR)/target/gocache go build -o target/images/$$f-go node-agent/tests/fixtures/stacks/$$f.go && \
 	  rustc -O -C target-feature=+crt-static --target $(STATIC_TARGET) -o target/images/$$f-rs node-agent/tests/fixtures/stacks/$$f.rs || exit 1; \
 	done
-	@# The hostile workload (issue 41): crafted ELF files, a FIFO, a truncated mapping, a fake
+	@# The hostile workload: crafted ELF files, a FIFO, a truncated mapping, a fake
 	@# JVM, a huge perf map and a chroot symlink, around a library that leaks and burns.
 	cc -O2 -fno-omit-frame-pointer -o target/images/hostile node-agent/tests/fixtures/hostile/hostile.c -lpthread
 	cc -O2 -fno-omit-frame-pointer -shared -fPIC -o target/images/libtenant.so node-agent/tests/fixtures/hostile/libtenant.c
@@ -204,8 +204,8 @@ images: deps ## Build the operator, agent and workload images (static binaries; 
 	e2e/cluster/image.sh --with-libs --path /usr/bin/node --add node-agent/corpus/programs/mem.js:/mem.js \
 	  --add node-agent/tests/fixtures/stacks/leak.js:/leak.js --add node-agent/tests/fixtures/stacks/burn.js:/burn.js \
 	  localhost/resourcewatch/node-workloads:$(IMAGE_TAG) target/images/node-workloads.tar "$$(readlink -f "$$(command -v node)")"
-	@# CPython 3.12 (perf trampolines, `-X perf`) from pyenv, which this machine kind
-	@# carries: the interpreter at /usr/local/bin/python3 (stdlib landmark /usr/local/lib/python3.x/os.py),
+	@# CPython 3.12 (perf trampolines, `-X perf`) from pyenv (e2e/cluster/python-image.sh):
+	@# the interpreter at /usr/local/bin/python3 (stdlib landmark /usr/local/lib/python3.x/os.py),
 	@# libpython at its own path, the few modules `-S` start-up imports, the fixtures.
 	e2e/cluster/python-image.sh localhost/resourcewatch/python-workloads:$(IMAGE_TAG) target/images/python-workloads.tar
 	@# This machine's OpenJDK 17 runtime and the Java stack fixtures (no JDK tools in it: the

@@ -6,7 +6,7 @@
 #
 #   e2e/mutation-check.sh NAME FILE OLD_TEXT NEW_TEXT TEST_FILTER
 #
-# The mutations of the RemediationPolicy change (closing note of that stop):
+# The mutations that show the RemediationPolicy authority and the /metrics review are tested:
 #   ledger      operator/shell/src/ledger.rs     'let problem = last.filter(|t| known.now - t < known.counts_for).map(|t| {'
 #                                          'let problem = last.filter(|_| false).map(|t| {'           a_lost_or_unreadable
 #   podselector operator/shell/src/controller/gather.rs 'granted_by: grants.covering(pod.labels()),'

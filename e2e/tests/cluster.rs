@@ -1258,7 +1258,7 @@ async fn agent_restarts(client: &Client) -> (i32, bool) {
     )
 }
 
-/// A tenant attacking the agent through what it reads (issue 41; hostile.c): crafted ELF
+/// A tenant attacking the agent through what it reads (hostile.c): crafted ELF
 /// files mapped executable (a sparse file whose .eh_frame declares 1 GiB, a compressed
 /// section declaring 1 TiB, a truncated header), a mapped file truncated under its mapping
 /// and another replaced by a FIFO, a fake JVM with a slow attach socket, a perf map of 3
