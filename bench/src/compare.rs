@@ -31,8 +31,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
-    SysctlGuard, Workload, duty_cycle, fail, fork, proc_cpu_ticks, status_kb, thread_cpu_ns,
+use crate::{
+    agent::{proc_cpu_ticks, status_kb},
+    cost::SysctlGuard,
+    fail,
+    workload::{Workload, duty_cycle, fork, thread_cpu_ns},
 };
 
 /// One tool's cost over a run.
@@ -161,7 +164,7 @@ fn spawn(mix: Mix, containers: &Containers) -> Workload {
             fork(|| duty_cycle(0.0003, Duration::from_millis(20)))
         } else {
             fork(|| {
-                super::touch_anon(256 << 10);
+                crate::workload::touch_anon(256 << 10);
                 loop {
                     std::thread::sleep(Duration::from_secs(1));
                 }
@@ -175,7 +178,7 @@ fn spawn(mix: Mix, containers: &Containers) -> Workload {
         let spawner = fork(move || {
             loop {
                 fork(|| {
-                    super::touch_anon(1 << 20);
+                    crate::workload::touch_anon(1 << 20);
                     let t = Instant::now();
                     while t.elapsed() < Duration::from_millis(2) {
                         std::hint::spin_loop();

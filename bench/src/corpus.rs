@@ -1,4 +1,4 @@
-//! `resourcewatch-bench corpus`: every case of the leak corpus (`leak::corpus::CASES`)
+//! `resourcewatch-bench corpus`: every case of the leak corpus (`leak_corpus::CASES`)
 //! run at once, each in its own memory cgroup (its pod's, for a sidecar), watched by one
 //! agent pipeline evaluated every second as `top` does. Prints the table of
 //! node-agent/LEAKS.md and, with `--record DIR`, writes each case's trace for the replay
@@ -14,19 +14,16 @@ use std::{
 };
 
 use resourcewatch_agent::{
-    leak::{
-        Params, SeriesKey,
-        corpus::{
-            CASES, Case, HELDOUT, Outcome, Step, Trace, TraceSample, Truth, gated, goal_secs,
-            replay, replay_every,
-        },
-        memory_limit,
-    },
+    leak::{Params, SeriesKey, memory_limit},
     pipelines::{PipelineOptions, Pipelines},
     snapshot::FrameBuilder,
 };
+use resourcewatch_bench::leak_corpus::{
+    CASES, Case, HELDOUT, Outcome, Step, Trace, TraceSample, Truth, gated, goal_secs, replay,
+    replay_every,
+};
 
-use super::{fail, frame};
+use crate::{fail, leaks::frame};
 
 /// The corpus's programs, built once into a scratch directory.
 struct Programs {

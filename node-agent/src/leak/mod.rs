@@ -8,7 +8,6 @@
 //! whole shape of the series (falls, curvature); the kernel keeps what filtering needs
 //! (last emitted value, a 16-sample ring) and stays within its per-event budget.
 
-pub mod corpus;
 pub mod detect;
 pub mod jvm;
 pub mod memory_limit;

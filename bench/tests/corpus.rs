@@ -1,4 +1,4 @@
-//! The leak corpus replayed: every case of `leak::corpus::CASES` (real runtimes and
+//! The leak corpus replayed: every case of `leak_corpus::CASES` (real runtimes and
 //! leak-sim, recorded on this kernel by `resourcewatch-bench corpus --record
 //! node-agent/corpus/traces`) through the detectors, evaluated every second as the agent
 //! does, against the goals of node-agent/LEAKS.md. Needs no privilege: the traces are
@@ -6,15 +6,15 @@
 
 use std::path::Path;
 
-use resourcewatch_agent::leak::{
-    Params,
-    corpus::{CASES, Case, HELDOUT, Outcome, Trace, Truth, replay, replay_every},
+use resourcewatch_agent::leak::Params;
+use resourcewatch_bench::leak_corpus::{
+    CASES, Case, HELDOUT, Outcome, Trace, Truth, replay, replay_every,
 };
 
 /// The run directories under `corpus/<under>/`, in order.
 fn runs_in(under: &str) -> Vec<std::path::PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("corpus")
+        .join("../node-agent/corpus")
         .join(under);
     let mut runs: Vec<_> = std::fs::read_dir(&root)
         .unwrap_or_else(|e| panic!("{}: {e}", root.display()))

@@ -8,7 +8,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use super::{LeakTracker, MemSample, SeriesKey, detect};
+use resourcewatch_agent::leak::{LeakTracker, MemSample, Seed, SeriesKey, detect};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Truth {
@@ -886,7 +886,7 @@ pub fn replay_every(trace: &Trace, params: detect::Params, every: f64) -> Vec<St
                     file_bytes: x.rss.saturating_sub(x.anon),
                     ..Default::default()
                 },
-                super::Seed {
+                Seed {
                     started_ns: Some(0),
                     ..Default::default()
                 },
