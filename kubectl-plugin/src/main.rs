@@ -197,14 +197,7 @@ async fn client(args: &Args) -> anyhow::Result<(Client, String)> {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     if let Command::Completion { shell } = &args.command {
-        let mut cmd = Args::command();
-        clap_complete::generate(
-            *shell,
-            &mut cmd,
-            "kubectl-resourcewatch",
-            &mut std::io::stdout(),
-        );
-        return Ok(());
+        return completion(*shell);
     }
     let (client, ns) = client(&args).await?;
     let sel = args.selector.as_deref();
@@ -215,15 +208,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             all_namespaces,
             nodes: Some(name),
         } => {
-            if watch.is_some() || *all_namespaces {
-                bail!("--nodes shows a ClusterResourceWatch: no watch or -A with it");
-            }
-            let memory = *memory;
-            list(&args, || async {
-                Ok(kubectl_resourcewatch::node_top_listing(
-                    &node_view(&client, name).await?,
-                    memory,
-                ))
+            node_listing(&args, &client, name, watch, *all_namespaces, |v| {
+                kubectl_resourcewatch::node_top_listing(v, *memory)
             })
             .await?;
         }
@@ -233,50 +219,36 @@ async fn run(args: Args) -> anyhow::Result<()> {
             all_namespaces,
             nodes: None,
         } => {
-            let memory = *memory;
-            list(&args, || async {
-                let ws = watches(&client, &ns, watch.as_deref(), *all_namespaces, sel).await?;
-                Ok(kubectl_resourcewatch::top_listing(&ws, memory))
-            })
-            .await?;
+            Watches::of(&client, &ns, sel, watch, *all_namespaces)
+                .list(&args, |ws| kubectl_resourcewatch::top_listing(ws, *memory))
+                .await?;
         }
         Command::Leaks {
             watch,
             all_namespaces,
             output_dir: Some(dir),
         } => {
-            let ws = watches(&client, &ns, watch.as_deref(), *all_namespaces, sel).await?;
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            for (file, bytes) in kubectl_resourcewatch::growth_profiles(&ws)? {
-                let path = dir.join(&file);
-                std::fs::write(&path, bytes)
-                    .with_context(|| format!("writing {}", path.display()))?;
-                println!("{}", path.display());
-            }
+            let ws = Watches::of(&client, &ns, sel, watch, *all_namespaces)
+                .get()
+                .await?;
+            write_growth_profiles(&ws, dir)?;
         }
         Command::Leaks {
             watch,
             all_namespaces,
             output_dir: None,
         } => {
-            list(&args, || async {
-                let ws = watches(&client, &ns, watch.as_deref(), *all_namespaces, sel).await?;
-                Ok(kubectl_resourcewatch::leaks_listing(&ws))
-            })
-            .await?;
+            Watches::of(&client, &ns, sel, watch, *all_namespaces)
+                .list(&args, kubectl_resourcewatch::leaks_listing)
+                .await?;
         }
         Command::Kills {
             watch,
             all_namespaces,
             nodes: Some(name),
         } => {
-            if watch.is_some() || *all_namespaces {
-                bail!("--nodes shows a ClusterResourceWatch: no watch or -A with it");
-            }
-            list(&args, || async {
-                Ok(kubectl_resourcewatch::node_kills_listing(
-                    &node_view(&client, name).await?,
-                ))
+            node_listing(&args, &client, name, watch, *all_namespaces, |v| {
+                kubectl_resourcewatch::node_kills_listing(v)
             })
             .await?;
         }
@@ -285,41 +257,134 @@ async fn run(args: Args) -> anyhow::Result<()> {
             all_namespaces,
             nodes: None,
         } => {
-            list(&args, || async {
-                let ws = watches(&client, &ns, watch.as_deref(), *all_namespaces, sel).await?;
-                Ok(kubectl_resourcewatch::kills_listing(&ws))
-            })
-            .await?;
+            Watches::of(&client, &ns, sel, watch, *all_namespaces)
+                .list(&args, kubectl_resourcewatch::kills_listing)
+                .await?;
         }
         Command::Explain { watch } => {
-            let ws = watches(&client, &ns, Some(watch), false, None).await?;
-            for w in &ws {
+            for w in &watches(&client, &ns, Some(watch), false, None).await? {
                 print!("{}", kubectl_resourcewatch::explain(w));
             }
         }
-        Command::Profile {
-            pod,
-            watch,
-            container,
-            duration,
-            output_dir,
-            timeout,
-        } => {
-            let duration = resourcewatch_units::parse_duration(duration).context("--duration")?;
-            let timeout = resourcewatch_units::parse_duration(timeout).context("--timeout")?;
-            profile(
-                &client,
-                &ns,
-                pod,
-                watch.clone(),
-                container.as_deref(),
-                duration,
-                output_dir,
-                timeout,
-            )
-            .await?;
-        }
+        Command::Profile { .. } => profile_command(&client, &ns, &args.command).await?,
         Command::Completion { .. } => {}
+    }
+    Ok(())
+}
+
+/// `completion SHELL`: the script, on stdout.
+fn completion(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    let mut out = std::io::stdout();
+    clap_complete::generate(
+        shell,
+        &mut Args::command(),
+        "kubectl-resourcewatch",
+        &mut out,
+    );
+    Ok(())
+}
+
+/// `profile`: its durations read, then [`profile`].
+async fn profile_command(client: &Client, ns: &str, command: &Command) -> anyhow::Result<()> {
+    let Command::Profile {
+        pod,
+        watch,
+        container,
+        duration,
+        output_dir,
+        timeout,
+    } = command
+    else {
+        return Ok(());
+    };
+    let duration = resourcewatch_units::parse_duration(duration).context("--duration")?;
+    let timeout = resourcewatch_units::parse_duration(timeout).context("--timeout")?;
+    profile(
+        client,
+        ns,
+        pod,
+        watch.clone(),
+        container.as_deref(),
+        duration,
+        output_dir,
+        timeout,
+    )
+    .await
+}
+
+/// Which watches a command lists: one by name, every one of a namespace or of all, those
+/// matching `-l`.
+struct Watches<'a> {
+    client: &'a Client,
+    ns: &'a str,
+    watch: Option<&'a str>,
+    all_namespaces: bool,
+    selector: Option<&'a str>,
+}
+
+impl<'a> Watches<'a> {
+    fn of(
+        client: &'a Client,
+        ns: &'a str,
+        selector: Option<&'a str>,
+        watch: &'a Option<String>,
+        all_namespaces: bool,
+    ) -> Self {
+        Self {
+            client,
+            ns,
+            watch: watch.as_deref(),
+            all_namespaces,
+            selector,
+        }
+    }
+
+    async fn get(&self) -> anyhow::Result<Vec<ResourceWatch>> {
+        watches(
+            self.client,
+            self.ns,
+            self.watch,
+            self.all_namespaces,
+            self.selector,
+        )
+        .await
+    }
+
+    /// Prints `render` of the watches (again on each change with `--watch`).
+    async fn list(
+        &self,
+        args: &Args,
+        render: impl Fn(&[ResourceWatch]) -> kubectl_resourcewatch::Listing,
+    ) -> anyhow::Result<()> {
+        list(args, || async { Ok(render(&self.get().await?)) }).await
+    }
+}
+
+/// `--nodes NAME`: `render` of a ClusterResourceWatch, which no watch name or `-A` goes with.
+async fn node_listing(
+    args: &Args,
+    client: &Client,
+    name: &str,
+    watch: &Option<String>,
+    all_namespaces: bool,
+    render: impl Fn(&ClusterResourceWatch) -> kubectl_resourcewatch::Listing,
+) -> anyhow::Result<()> {
+    if watch.is_some() || all_namespaces {
+        bail!("--nodes shows a ClusterResourceWatch: no watch or -A with it");
+    }
+    list(args, || async {
+        Ok(render(&node_view(client, name).await?))
+    })
+    .await
+}
+
+/// `leaks --output-dir DIR`: each leak's growth sites as a pprof file in `dir`.
+fn write_growth_profiles(ws: &[ResourceWatch], dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (file, bytes) in kubectl_resourcewatch::growth_profiles(ws)? {
+        let path = dir.join(&file);
+        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        println!("{}", path.display());
     }
     Ok(())
 }
@@ -414,31 +479,78 @@ async fn profile(
     let watches: Api<ResourceWatch> = Api::namespaced(client.clone(), ns);
     let watch = match watch {
         Some(w) => w,
-        None => {
-            let p = Api::<Pod>::namespaced(client.clone(), ns)
-                .get(pod)
-                .await
-                .with_context(|| format!("pod {ns}/{pod}"))?;
-            let labels: BTreeMap<String, String> = p.metadata.labels.unwrap_or_default();
-            let list = watches.list(&ListParams::default()).await?;
-            let selecting: Vec<String> = list
-                .items
-                .iter()
-                .filter(|w| w.spec.selector.to_selector().matches(&labels))
-                .filter_map(|w| w.metadata.name.clone())
-                .collect();
-            match selecting.as_slice() {
-                [one] => one.clone(),
-                [] => bail!(
-                    "no ResourceWatch in {ns} selects pod {pod}: create one, or name it with --resourcewatch"
-                ),
-                many => bail!(
-                    "several ResourceWatches select pod {pod} ({}): pick one with --resourcewatch",
-                    many.join(", ")
-                ),
-            }
-        }
+        None => selecting_watch(client, &watches, ns, pod).await?,
     };
+    let value = profile_request(pod, container, duration)?;
+    let patch = serde_json::json!({"metadata": {"annotations": {PROFILE_ANNOTATION: value}}});
+    watches
+        .patch(&watch, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("annotating ResourceWatch {ns}/{watch} (you need patch on it)"))?;
+    eprintln!("asked ResourceWatch {ns}/{watch} for {value}; waiting");
+    let st = answer(&watches, ns, &watch, &value, duration + timeout).await?;
+    if st.state != ProfileState::Succeeded {
+        bail!("profile {:?}: {}", st.state, st.message);
+    }
+    let written = write_profile(client, ns, &st, output).await?;
+    println!(
+        "{} samples of {}{}; hottest: {}",
+        st.samples,
+        st.pod,
+        if st.container.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", st.container)
+        },
+        st.hottest
+            .iter()
+            .map(|h| format!("{} {:.1}%", h.function, h.percent))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for p in written {
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+/// The one watch of `ns` whose selector matches the pod's labels.
+async fn selecting_watch(
+    client: &Client,
+    watches: &Api<ResourceWatch>,
+    ns: &str,
+    pod: &str,
+) -> anyhow::Result<String> {
+    let p = Api::<Pod>::namespaced(client.clone(), ns)
+        .get(pod)
+        .await
+        .with_context(|| format!("pod {ns}/{pod}"))?;
+    let labels: BTreeMap<String, String> = p.metadata.labels.unwrap_or_default();
+    let list = watches.list(&ListParams::default()).await?;
+    let selecting: Vec<String> = list
+        .items
+        .iter()
+        .filter(|w| w.spec.selector.to_selector().matches(&labels))
+        .filter_map(|w| w.metadata.name.clone())
+        .collect();
+    match selecting.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => bail!(
+            "no ResourceWatch in {ns} selects pod {pod}: create one, or name it with --resourcewatch"
+        ),
+        many => bail!(
+            "several ResourceWatches select pod {pod} ({}): pick one with --resourcewatch",
+            many.join(", ")
+        ),
+    }
+}
+
+/// The annotation's value: this request, told apart from every other by `request=`.
+fn profile_request(
+    pod: &str,
+    container: Option<&str>,
+    duration: Duration,
+) -> anyhow::Result<String> {
     let request = format!(
         "{}-{}",
         std::process::id(),
@@ -457,28 +569,33 @@ async fn profile(
     if value.chars().count() > 256 {
         bail!("the request {value:?} is over 256 characters: the operator would cut it");
     }
-    let patch = serde_json::json!({"metadata": {"annotations": {PROFILE_ANNOTATION: value}}});
-    watches
-        .patch(&watch, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| format!("annotating ResourceWatch {ns}/{watch} (you need patch on it)"))?;
-    eprintln!("asked ResourceWatch {ns}/{watch} for {value}; waiting");
-    let deadline = Instant::now() + duration + timeout;
-    let st = loop {
+    Ok(value)
+}
+
+/// The watch's answer to the request `value`, waited for up to `within`.
+async fn answer(
+    watches: &Api<ResourceWatch>,
+    ns: &str,
+    watch: &str,
+    value: &str,
+    within: Duration,
+) -> anyhow::Result<resourcewatch_crds::ProfileStatus> {
+    let deadline = Instant::now() + within;
+    loop {
         // A failed read is retried until the deadline: the profile runs on regardless.
-        match watches.get(&watch).await {
+        match watches.get(watch).await {
             Ok(w) => {
                 let ours = w
                     .metadata
                     .annotations
                     .as_ref()
                     .and_then(|a| a.get(PROFILE_ANNOTATION))
-                    .is_some_and(|v| *v == value);
+                    .is_some_and(|v| v == value);
                 if let Some(p) = w.status.and_then(|s| s.profile)
                     && p.request == value
                     && p.state != ProfileState::Pending
                 {
-                    break p;
+                    return Ok(p);
                 }
                 if !ours {
                     bail!(
@@ -490,15 +607,21 @@ async fn profile(
         }
         if Instant::now() > deadline {
             bail!(
-                "no answer within {:?}: is the operator running, and may it write ConfigMaps in {ns} (README: CPU profiles on request)?",
-                duration + timeout
+                "no answer within {within:?}: is the operator running, and may it write ConfigMaps in {ns} (docs/api.md, CPU profiles on request)?"
             );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-    };
-    if st.state != ProfileState::Succeeded {
-        bail!("profile {:?}: {}", st.state, st.message);
     }
+}
+
+/// The profile's files, from its ConfigMap (which must still be this profile's), written
+/// into `output`.
+async fn write_profile(
+    client: &Client,
+    ns: &str,
+    st: &resourcewatch_crds::ProfileStatus,
+    output: &std::path::Path,
+) -> anyhow::Result<Vec<std::path::PathBuf>> {
     let cm_name = st
         .config_map
         .clone()
@@ -539,25 +662,7 @@ async fn profile(
         std::fs::write(&path, v).with_context(|| format!("{}", path.display()))?;
         written.push(path);
     }
-    println!(
-        "{} samples of {}{}; hottest: {}",
-        st.samples,
-        st.pod,
-        if st.container.is_empty() {
-            String::new()
-        } else {
-            format!("/{}", st.container)
-        },
-        st.hottest
-            .iter()
-            .map(|h| format!("{} {:.1}%", h.function, h.percent))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    for p in written {
-        println!("wrote {}", p.display());
-    }
-    Ok(())
+    Ok(written)
 }
 
 #[cfg(test)]
