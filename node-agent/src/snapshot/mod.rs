@@ -558,28 +558,10 @@ impl FrameBuilder {
         // (Less a tenth: at a 1 s interval a frame a few ms early is not skipped.)
         let since = now.saturating_sub(self.last_assessed_ns);
         if since < ASSESS_EVERY_NS - ASSESS_EVERY_NS / 10 {
-            // The last verdicts again, their times to OOM counted from this frame: a row
-            // repeated unchanged would put the OOM up to a second later than assessed.
-            let aged = since as f64 / 1e9;
-            let mut rows = self.last_leak_rows.clone();
-            for r in &mut rows {
-                r.time_to_oom_secs = r.time_to_oom_secs.map(|t| (t - aged).max(0.0).round());
-                r.time_to_oom_low_secs =
-                    r.time_to_oom_low_secs.map(|t| (t - aged).max(0.0).floor());
-            }
-            return rows;
+            return self.last_leak_rows_aged(since);
         }
         self.observe_cgroups(now);
-        for key in self.leaks.keys() {
-            let SeriesKey::Process { tgid } = key else {
-                continue;
-            };
-            match mem.get(&tgid) {
-                Some(&rss) => self.leaks.heartbeat(key, now, rss),
-                None if !procfs::exists(tgid) => self.leaks.forget(key),
-                None => {}
-            }
-        }
+        self.heartbeats(mem, now);
         self.last_assessed_ns = now;
         self.leaks.prune(now, SERIES_IDLE_NS);
         self.observe_jvms(now);
@@ -597,82 +579,9 @@ impl FrameBuilder {
             {
                 continue;
             }
-            let (pid, who, rss) = match key {
-                SeriesKey::Process { tgid } => {
-                    let rss = mem
-                        .get(&tgid)
-                        .copied()
-                        .or_else(|| self.leaks.last_sample(key).map(|s| s.rss_bytes()));
-                    (Some(tgid), self.attributor.get(tgid, now), rss.unwrap_or(0))
-                }
-                SeriesKey::Cgroup { id } => {
-                    let Some((_, path)) = self.watched_cgroups.iter().find(|(c, _)| *c == id)
-                    else {
-                        continue;
-                    };
-                    let ids = cgroup_resolver::attribute(path);
-                    let who = Arc::new(Attribution::new(
-                        None,
-                        Some(path.clone()),
-                        ids.container_id,
-                        ids.pod_uid,
-                    ));
-                    (
-                        None,
-                        who,
-                        self.leaks
-                            .last_sample(key)
-                            .map(|s| s.rss_bytes())
-                            .unwrap_or(0),
-                    )
-                }
-            };
-            let limit = match (&self.layout, &who.cgroup) {
-                (Some(l), Some(path)) => *limits
-                    .entry(path.clone())
-                    .or_insert_with(|| memory_limit::effective(l.root(), path)),
-                _ => None,
-            };
-            // The kernel OOM-kills when the cgroup's charge reaches its limit and its page
-            // cache is reclaimed, so the time left is the cgroup's headroom at this
-            // process's growth rate; without a limit it is the node's available memory
-            // (which counts reclaimable cache already).
-            let headroom = limit
-                .and_then(|l| l.headroom())
-                .or_else(memory_limit::node_available);
-            let reclaimable = limit
-                .filter(|l| l.limit_bytes.is_some())
-                .map_or(0, |l| l.reclaimable_bytes);
-            let Some((v, basis)) =
-                self.leaks
-                    .assess_basis(key, now, headroom.map(|h| h as f64), reclaimable as f64)
-            else {
-                continue;
-            };
-            if v.confidence < self.leak_min_confidence
-                || v.growing_secs < self.leak_min_growing_secs
-            {
-                continue;
+            if let Some(row) = self.leak_row(key, mem, now, &mut limits) {
+                rows.push(row);
             }
-            // Say "none" rather than extrapolate a trend the detectors don't believe (a
-            // heap verdict's time to OOM was already judged on the resident size's).
-            let eta = v
-                .eta
-                .filter(|_| basis == Basis::JvmHeap || (v.confidence >= 40 && v.r2 >= 0.8));
-            rows.push(LeakRow {
-                pid,
-                rss_bytes: rss,
-                growth_bytes_per_sec: v.slope.round(),
-                r2: (v.r2 * 1000.0).round() / 1000.0,
-                confidence: v.confidence,
-                limit_bytes: limit.and_then(|l| l.limit_bytes),
-                time_to_oom_secs: eta.map(|e| e.secs.round()),
-                time_to_oom_low_secs: eta.map(|e| e.low_secs.floor()),
-                growing_secs: v.growing_secs.floor(),
-                basis,
-                growth_sites: Vec::new(),
-                who,
-            });
         }
         rows.sort_by(|a, b| {
             b.confidence
@@ -684,6 +593,120 @@ impl FrameBuilder {
         self.record_trails(&rows);
         self.last_leak_rows = rows.clone();
         rows
+    }
+
+    /// The last verdicts again, their times to OOM counted from this frame, `since` ns
+    /// later: a row repeated unchanged would put the OOM up to a second later than
+    /// assessed.
+    fn last_leak_rows_aged(&self, since: u64) -> Vec<LeakRow> {
+        let aged = since as f64 / 1e9;
+        let mut rows = self.last_leak_rows.clone();
+        for r in &mut rows {
+            r.time_to_oom_secs = r.time_to_oom_secs.map(|t| (t - aged).max(0.0).round());
+            r.time_to_oom_low_secs = r.time_to_oom_low_secs.map(|t| (t - aged).max(0.0).floor());
+        }
+        rows
+    }
+
+    /// Each process series's resident size from the exact sketch; a process gone is
+    /// forgotten.
+    fn heartbeats(&mut self, mem: &HashMap<u32, u64>, now: u64) {
+        for key in self.leaks.keys() {
+            let SeriesKey::Process { tgid } = key else {
+                continue;
+            };
+            match mem.get(&tgid) {
+                Some(&rss) => self.leaks.heartbeat(key, now, rss),
+                None if !procfs::exists(tgid) => self.leaks.forget(key),
+                None => {}
+            }
+        }
+    }
+
+    /// Who a series is (its process, or the cgroup watched) and its resident size.
+    fn series_owner(
+        &mut self,
+        key: SeriesKey,
+        mem: &HashMap<u32, u64>,
+        now: u64,
+    ) -> Option<(Option<u32>, Arc<Attribution>, u64)> {
+        match key {
+            SeriesKey::Process { tgid } => {
+                let rss = mem
+                    .get(&tgid)
+                    .copied()
+                    .or_else(|| self.leaks.last_sample(key).map(|s| s.rss_bytes()));
+                Some((Some(tgid), self.attributor.get(tgid, now), rss.unwrap_or(0)))
+            }
+            SeriesKey::Cgroup { id } => {
+                let (_, path) = self.watched_cgroups.iter().find(|(c, _)| *c == id)?;
+                let ids = cgroup_resolver::attribute(path);
+                let who = Arc::new(Attribution::new(
+                    None,
+                    Some(path.clone()),
+                    ids.container_id,
+                    ids.pod_uid,
+                ));
+                let rss = self
+                    .leaks
+                    .last_sample(key)
+                    .map(|s| s.rss_bytes())
+                    .unwrap_or(0);
+                Some((None, who, rss))
+            }
+        }
+    }
+
+    /// A series's verdict as a row, when it is confident and long enough growing to list.
+    fn leak_row(
+        &mut self,
+        key: SeriesKey,
+        mem: &HashMap<u32, u64>,
+        now: u64,
+        limits: &mut HashMap<String, Option<memory_limit::MemoryLimit>>,
+    ) -> Option<LeakRow> {
+        let (pid, who, rss) = self.series_owner(key, mem, now)?;
+        let limit = match (&self.layout, &who.cgroup) {
+            (Some(l), Some(path)) => *limits
+                .entry(path.clone())
+                .or_insert_with(|| memory_limit::effective(l.root(), path)),
+            _ => None,
+        };
+        // The kernel OOM-kills when the cgroup's charge reaches its limit and its page
+        // cache is reclaimed, so the time left is the cgroup's headroom at this
+        // process's growth rate; without a limit it is the node's available memory
+        // (which counts reclaimable cache already).
+        let headroom = limit
+            .and_then(|l| l.headroom())
+            .or_else(memory_limit::node_available);
+        let reclaimable = limit
+            .filter(|l| l.limit_bytes.is_some())
+            .map_or(0, |l| l.reclaimable_bytes);
+        let (v, basis) =
+            self.leaks
+                .assess_basis(key, now, headroom.map(|h| h as f64), reclaimable as f64)?;
+        if v.confidence < self.leak_min_confidence || v.growing_secs < self.leak_min_growing_secs {
+            return None;
+        }
+        // Say "none" rather than extrapolate a trend the detectors don't believe (a
+        // heap verdict's time to OOM was already judged on the resident size's).
+        let eta = v
+            .eta
+            .filter(|_| basis == Basis::JvmHeap || (v.confidence >= 40 && v.r2 >= 0.8));
+        Some(LeakRow {
+            pid,
+            rss_bytes: rss,
+            growth_bytes_per_sec: v.slope.round(),
+            r2: (v.r2 * 1000.0).round() / 1000.0,
+            confidence: v.confidence,
+            limit_bytes: limit.and_then(|l| l.limit_bytes),
+            time_to_oom_secs: eta.map(|e| e.secs.round()),
+            time_to_oom_low_secs: eta.map(|e| e.low_secs.floor()),
+            growing_secs: v.growing_secs.floor(),
+            basis,
+            growth_sites: Vec::new(),
+            who,
+        })
     }
 
     /// Keeps each listed verdict with its series (for the OOM kill that may end it), and

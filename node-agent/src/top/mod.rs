@@ -236,19 +236,6 @@ impl Drop for Screen {
 pub fn render(f: &Frame, k: usize) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let short = |id: &Option<String>, n: usize| {
-        id.as_deref()
-            .map(|v| v.chars().take(n).collect())
-            .unwrap_or_else(|| "-".to_owned())
-    };
-    // Truncated like top does, so columns stay aligned (kernel threads have long names).
-    let comm = |c: &Option<String>| {
-        c.as_deref()
-            .unwrap_or("<exited>")
-            .chars()
-            .take(16)
-            .collect::<String>()
-    };
     let _ = writeln!(
         s,
         "resourcewatch top — interval {:.3}s, top {k}; kernel samples {} (lost {})   q to quit",
@@ -256,6 +243,42 @@ pub fn render(f: &Frame, k: usize) -> String {
         f.kernel.samples,
         f.kernel.samples_lost
     );
+    render_rankings(&mut s, f);
+    if !f.targets.is_empty() {
+        render_targets(&mut s, f);
+    }
+    if !f.allocations.is_empty() {
+        render_allocations(&mut s, f);
+    }
+    if !f.leaks.is_empty() {
+        render_leaks(&mut s, f);
+    }
+    if !f.oom_kills.is_empty() {
+        render_oom_kills(&mut s, f);
+    }
+    s
+}
+
+/// The first `n` characters of an id, or `-`.
+fn short(id: &Option<String>, n: usize) -> String {
+    id.as_deref()
+        .map(|v| v.chars().take(n).collect())
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+/// A command name cut like top does, so columns stay aligned (kernel threads have long
+/// names).
+fn comm(c: &Option<String>) -> String {
+    c.as_deref()
+        .unwrap_or("<exited>")
+        .chars()
+        .take(16)
+        .collect()
+}
+
+/// The CPU and memory Top-K.
+fn render_rankings(s: &mut String, f: &Frame) {
+    use std::fmt::Write as _;
     let _ = writeln!(s, "\nCPU");
     let _ = writeln!(s, "  PID      CPU%  COMMAND          CONTAINER     POD");
     for r in &f.cpu {
@@ -282,94 +305,101 @@ pub fn render(f: &Frame, k: usize) -> String {
             short(&r.who.pod_uid, 36)
         );
     }
-    if !f.targets.is_empty() {
-        let _ = writeln!(s, "\nTARGETS (exact)");
+}
+
+fn render_targets(s: &mut String, f: &Frame) {
+    use std::fmt::Write as _;
+    let _ = writeln!(s, "\nTARGETS (exact)");
+    let _ = writeln!(
+        s,
+        "  PID      CPU%         RSS        ANON        FILE  COMMAND"
+    );
+    for r in &f.targets {
         let _ = writeln!(
             s,
-            "  PID      CPU%         RSS        ANON        FILE  COMMAND"
+            "  {:<7} {:>6.1}  {:>10}  {:>10}  {:>10}  {}{}",
+            r.pid,
+            r.cpu_percent,
+            format_bytes(r.rss_bytes),
+            format_bytes(r.anon_bytes),
+            format_bytes(r.file_bytes),
+            comm(&r.who.comm),
+            if r.exited { " (exited)" } else { "" }
         );
-        for r in &f.targets {
-            let _ = writeln!(
-                s,
-                "  {:<7} {:>6.1}  {:>10}  {:>10}  {:>10}  {}{}",
-                r.pid,
-                r.cpu_percent,
-                format_bytes(r.rss_bytes),
-                format_bytes(r.anon_bytes),
-                format_bytes(r.file_bytes),
-                comm(&r.who.comm),
-                if r.exited { " (exited)" } else { "" }
-            );
-        }
     }
-    if !f.allocations.is_empty() {
-        let _ = writeln!(s, "\nALLOCATIONS (libc uprobes)");
-        let _ = writeln!(s, "  PID      OUTSTANDING      ALLOCS       FREES  COMMAND");
-        for r in &f.allocations {
-            let _ = writeln!(
-                s,
-                "  {:<7} {:>12}  {:>10}  {:>10}  {}",
-                r.pid,
-                format_bytes(r.outstanding_bytes.max(0) as u64),
-                r.allocs,
-                r.frees,
-                comm(&r.who.comm)
-            );
-        }
-    }
-    if !f.leaks.is_empty() {
-        let _ = writeln!(s, "\nLEAKS");
+}
+
+fn render_allocations(s: &mut String, f: &Frame) {
+    use std::fmt::Write as _;
+    let _ = writeln!(s, "\nALLOCATIONS (libc uprobes)");
+    let _ = writeln!(s, "  PID      OUTSTANDING      ALLOCS       FREES  COMMAND");
+    for r in &f.allocations {
         let _ = writeln!(
             s,
-            "  PID     CONF    GROWTH/s         RSS       LIMIT   OOM IN  COMMAND"
+            "  {:<7} {:>12}  {:>10}  {:>10}  {}",
+            r.pid,
+            format_bytes(r.outstanding_bytes.max(0) as u64),
+            r.allocs,
+            r.frees,
+            comm(&r.who.comm)
         );
-        for r in &f.leaks {
-            let _ = writeln!(
-                s,
-                "  {:<7} {:>4}  {:>10}  {:>10}  {:>10}  {:>7}  {}",
-                r.pid
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| "cgroup".into()),
-                r.confidence,
-                format_bytes(r.growth_bytes_per_sec.max(0.0) as u64),
-                format_bytes(r.rss_bytes),
-                r.limit_bytes
-                    .map(format_bytes)
-                    .unwrap_or_else(|| "none".into()),
-                r.time_to_oom_secs
-                    .map(|t| format_duration(Duration::from_secs_f64(t.max(0.0))))
-                    .unwrap_or_else(|| "none".into()),
-                r.who
-                    .comm
-                    .as_deref()
-                    .or(r.who.cgroup.as_deref())
-                    .unwrap_or("<exited>")
-            );
-        }
     }
-    if !f.oom_kills.is_empty() {
-        let _ = writeln!(s, "\nOOM KILLS (since the last frame)");
+}
+
+fn render_leaks(s: &mut String, f: &Frame) {
+    use std::fmt::Write as _;
+    let _ = writeln!(s, "\nLEAKS");
+    let _ = writeln!(
+        s,
+        "  PID     CONF    GROWTH/s         RSS       LIMIT   OOM IN  COMMAND"
+    );
+    for r in &f.leaks {
         let _ = writeln!(
             s,
-            "  PID     SCOPE          RSS       LIMIT  PREDICTED  COMMAND / CGROUP"
+            "  {:<7} {:>4}  {:>10}  {:>10}  {:>10}  {:>7}  {}",
+            r.pid
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "cgroup".into()),
+            r.confidence,
+            format_bytes(r.growth_bytes_per_sec.max(0.0) as u64),
+            format_bytes(r.rss_bytes),
+            r.limit_bytes
+                .map(format_bytes)
+                .unwrap_or_else(|| "none".into()),
+            r.time_to_oom_secs
+                .map(|t| format_duration(Duration::from_secs_f64(t.max(0.0))))
+                .unwrap_or_else(|| "none".into()),
+            r.who
+                .comm
+                .as_deref()
+                .or(r.who.cgroup.as_deref())
+                .unwrap_or("<exited>")
         );
-        for k in &f.oom_kills {
-            let _ = writeln!(
-                s,
-                "  {:<7} {:<6}  {:>10}  {:>10}  {:<9}  {} {}",
-                k.pid,
-                if k.system_wide { "node" } else { "cgroup" },
-                format_bytes(k.rss_bytes),
-                format_bytes(k.limit_bytes),
-                if k.predictions.is_empty() {
-                    "no"
-                } else {
-                    "yes"
-                },
-                comm(&k.who.comm),
-                k.limit_cgroup.as_deref().unwrap_or("")
-            );
-        }
     }
-    s
+}
+
+fn render_oom_kills(s: &mut String, f: &Frame) {
+    use std::fmt::Write as _;
+    let _ = writeln!(s, "\nOOM KILLS (since the last frame)");
+    let _ = writeln!(
+        s,
+        "  PID     SCOPE          RSS       LIMIT  PREDICTED  COMMAND / CGROUP"
+    );
+    for k in &f.oom_kills {
+        let _ = writeln!(
+            s,
+            "  {:<7} {:<6}  {:>10}  {:>10}  {:<9}  {} {}",
+            k.pid,
+            if k.system_wide { "node" } else { "cgroup" },
+            format_bytes(k.rss_bytes),
+            format_bytes(k.limit_bytes),
+            if k.predictions.is_empty() {
+                "no"
+            } else {
+                "yes"
+            },
+            comm(&k.who.comm),
+            k.limit_cgroup.as_deref().unwrap_or("")
+        );
+    }
 }

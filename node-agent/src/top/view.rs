@@ -15,7 +15,7 @@ use ratatui::{
 };
 use resourcewatch_units::{format_bytes, format_duration};
 
-use crate::snapshot::{Attribution, Frame, LeakRow};
+use crate::snapshot::{AllocationRow, Attribution, CpuRow, Frame, LeakRow, MemoryRow, TargetRow};
 
 /// How a cell sorts: numbers as numbers (a missing value last), text as text.
 #[derive(Clone, Debug, PartialEq, PartialOrd)]
@@ -125,125 +125,116 @@ fn short(id: &Option<String>, n: usize) -> (String, Key) {
 }
 
 fn sections(f: &Frame) -> Vec<Section> {
-    let pid = |p: u32| num(p.to_string(), f64::from(p));
+    let section = |title, columns, ranked_by, descending, rows| Section {
+        title,
+        columns,
+        ranked_by,
+        descending,
+        rows,
+    };
     vec![
-        Section {
-            title: "CPU",
-            columns: CPU,
-            ranked_by: 1,
-            descending: true,
-            rows: f
-                .cpu
-                .iter()
-                .map(|r| {
-                    vec![
-                        pid(r.pid),
-                        num(format!("{:.1}", r.cpu_percent), r.cpu_percent),
-                        comm(&r.who),
-                        short(&r.who.container_id, 12),
-                        short(&r.who.pod_uid, 36),
-                    ]
-                })
-                .collect(),
+        section("CPU", CPU, 1, true, f.cpu.iter().map(cpu_cells).collect()),
+        section(
+            "MEMORY",
+            MEMORY,
+            1,
+            true,
+            f.memory.iter().map(memory_cells).collect(),
+        ),
+        section(
+            "TARGETS (exact)",
+            TARGETS,
+            2,
+            true,
+            f.targets.iter().map(target_cells).collect(),
+        ),
+        section(
+            "ALLOCATIONS (libc uprobes)",
+            ALLOCATIONS,
+            1,
+            true,
+            f.allocations.iter().map(allocation_cells).collect(),
+        ),
+        section(
+            "LEAKS",
+            LEAKS,
+            5,
+            false,
+            f.leaks.iter().map(leak_cells).collect(),
+        ),
+    ]
+}
+
+fn pid(p: u32) -> (String, Key) {
+    num(p.to_string(), f64::from(p))
+}
+
+fn cpu_cells(r: &CpuRow) -> Vec<(String, Key)> {
+    vec![
+        pid(r.pid),
+        num(format!("{:.1}", r.cpu_percent), r.cpu_percent),
+        comm(&r.who),
+        short(&r.who.container_id, 12),
+        short(&r.who.pod_uid, 36),
+    ]
+}
+
+fn memory_cells(r: &MemoryRow) -> Vec<(String, Key)> {
+    vec![
+        pid(r.pid),
+        bytes(r.rss_bytes),
+        comm(&r.who),
+        short(&r.who.container_id, 12),
+        short(&r.who.pod_uid, 36),
+    ]
+}
+
+fn target_cells(r: &TargetRow) -> Vec<(String, Key)> {
+    let mut name = comm(&r.who);
+    if r.exited {
+        name.0.push_str(" (exited)");
+    }
+    vec![
+        pid(r.pid),
+        num(format!("{:.1}", r.cpu_percent), r.cpu_percent),
+        bytes(r.rss_bytes),
+        bytes(r.anon_bytes),
+        bytes(r.file_bytes),
+        name,
+    ]
+}
+
+fn allocation_cells(r: &AllocationRow) -> Vec<(String, Key)> {
+    vec![
+        pid(r.pid),
+        bytes(r.outstanding_bytes.max(0) as u64),
+        num(r.allocs.to_string(), r.allocs as f64),
+        num(r.frees.to_string(), r.frees as f64),
+        comm(&r.who),
+    ]
+}
+
+fn leak_cells(r: &LeakRow) -> Vec<(String, Key)> {
+    let mut who = r.who.comm.clone().or(r.who.cgroup.clone());
+    if r.basis == crate::leak::Basis::JvmHeap {
+        // Growth is the retained heap's, not the resident size's.
+        who = who.map(|w| format!("{w} (JVM heap)"));
+    }
+    let none = || num("none".into(), f64::INFINITY);
+    vec![
+        match r.pid {
+            Some(p) => pid(p),
+            None => num("cgroup".into(), f64::INFINITY),
         },
-        Section {
-            title: "MEMORY",
-            columns: MEMORY,
-            ranked_by: 1,
-            descending: true,
-            rows: f
-                .memory
-                .iter()
-                .map(|r| {
-                    vec![
-                        pid(r.pid),
-                        bytes(r.rss_bytes),
-                        comm(&r.who),
-                        short(&r.who.container_id, 12),
-                        short(&r.who.pod_uid, 36),
-                    ]
-                })
-                .collect(),
-        },
-        Section {
-            title: "TARGETS (exact)",
-            columns: TARGETS,
-            ranked_by: 2,
-            descending: true,
-            rows: f
-                .targets
-                .iter()
-                .map(|r| {
-                    let mut name = comm(&r.who);
-                    if r.exited {
-                        name.0.push_str(" (exited)");
-                    }
-                    vec![
-                        pid(r.pid),
-                        num(format!("{:.1}", r.cpu_percent), r.cpu_percent),
-                        bytes(r.rss_bytes),
-                        bytes(r.anon_bytes),
-                        bytes(r.file_bytes),
-                        name,
-                    ]
-                })
-                .collect(),
-        },
-        Section {
-            title: "ALLOCATIONS (libc uprobes)",
-            columns: ALLOCATIONS,
-            ranked_by: 1,
-            descending: true,
-            rows: f
-                .allocations
-                .iter()
-                .map(|r| {
-                    vec![
-                        pid(r.pid),
-                        bytes(r.outstanding_bytes.max(0) as u64),
-                        num(r.allocs.to_string(), r.allocs as f64),
-                        num(r.frees.to_string(), r.frees as f64),
-                        comm(&r.who),
-                    ]
-                })
-                .collect(),
-        },
-        Section {
-            title: "LEAKS",
-            columns: LEAKS,
-            ranked_by: 5,
-            descending: false,
-            rows: f
-                .leaks
-                .iter()
-                .map(|r| {
-                    let mut who = r.who.comm.clone().or(r.who.cgroup.clone());
-                    if r.basis == crate::leak::Basis::JvmHeap {
-                        // Growth is the retained heap's, not the resident size's.
-                        who = who.map(|w| format!("{w} (JVM heap)"));
-                    }
-                    vec![
-                        match r.pid {
-                            Some(p) => pid(p),
-                            None => num("cgroup".into(), f64::INFINITY),
-                        },
-                        num(r.confidence.to_string(), f64::from(r.confidence)),
-                        bytes(r.growth_bytes_per_sec.max(0.0) as u64),
-                        bytes(r.rss_bytes),
-                        match r.limit_bytes {
-                            Some(l) => bytes(l),
-                            None => num("none".into(), f64::INFINITY),
-                        },
-                        match r.time_to_oom_secs {
-                            Some(t) => num(format_duration(Duration::from_secs_f64(t.max(0.0))), t),
-                            None => num("none".into(), f64::INFINITY),
-                        },
-                        text(who.unwrap_or_else(|| "<exited>".into())),
-                        text(growth_site(r)),
-                    ]
-                })
-                .collect(),
-        },
+        num(r.confidence.to_string(), f64::from(r.confidence)),
+        bytes(r.growth_bytes_per_sec.max(0.0) as u64),
+        bytes(r.rss_bytes),
+        r.limit_bytes.map_or_else(none, bytes),
+        r.time_to_oom_secs.map_or_else(none, |t| {
+            num(format_duration(Duration::from_secs_f64(t.max(0.0))), t)
+        }),
+        text(who.unwrap_or_else(|| "<exited>".into())),
+        text(growth_site(r)),
     ]
 }
 
