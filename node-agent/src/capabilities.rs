@@ -81,32 +81,8 @@ pub fn probe() -> CapabilityReport {
     let has = |bit: u32| caps.is_some_and(|c| c & (1 << bit) != 0);
     let btf = fs::read("/sys/kernel/btf/vmlinux").ok();
     let layout = CgroupLayout::detect();
-
-    let privileged = has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON));
-    // The capabilities can be effective while a seccomp filter refuses bpf() itself: the
-    // agent ships with the runtime's default profile, which containerd >= 1.7 opens to
-    // bpf with CAP_BPF and perf_event_open with CAP_PERFMON, older runtimes only with
-    // CAP_SYS_ADMIN.
-    let bpf_call = if privileged {
-        crate::bpf::map_create_answers()
-    } else {
-        Ok(())
-    };
     let mut checks = vec![
-        Check {
-            id: CheckId::Privileges,
-            name: "privileges".into(),
-            ok: privileged && bpf_call.is_ok(),
-            detail: match (&bpf_call, privileged) {
-                (_, false) => "run as root, or grant CAP_BPF and CAP_PERFMON (kernel >= 5.8), to load tracing programs".into(),
-                (Ok(()), true) => "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) are effective".into(),
-                (Err(e), true) if e.raw_os_error() == Some(libc::EPERM) && seccomp_filtered() => {
-                    "bpf() is refused (EPERM) by a seccomp filter although CAP_BPF is effective: this container runtime's default seccomp profile allows bpf only with CAP_SYS_ADMIN; run the agent with seccompProfile Unconfined (chart: agent.seccompProfile.type=Unconfined)".into()
-                }
-                (Err(e), true) => format!("bpf() fails although CAP_BPF is effective: {e}"),
-            },
-            required: true,
-        },
+        privileges_check(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))),
         Check::of(
             CheckId::Btf,
             "BTF",
@@ -118,11 +94,48 @@ pub fn probe() -> CapabilityReport {
     ];
     checks.extend(tracepoint_checks(btf.as_deref()));
     checks.extend(kernel_version_checks(&release));
-    checks.push(Check {
+    checks.push(cgroups_check(&layout));
+    checks.extend(optional_checks(&has));
+    CapabilityReport {
+        kernel_release: release,
+        cgroup_version: layout.ok().map(|l| l.version_name().to_owned()),
+        checks,
+    }
+}
+
+/// Whether tracing programs load: the capabilities, and bpf() answering (a seccomp
+/// filter can refuse it although they are effective).
+fn privileges_check(privileged: bool) -> Check {
+    // The agent ships with the runtime's default seccomp profile, which containerd >= 1.7
+    // opens to bpf with CAP_BPF and perf_event_open with CAP_PERFMON, older runtimes only
+    // with CAP_SYS_ADMIN.
+    let bpf_call = if privileged {
+        crate::bpf::map_create_answers()
+    } else {
+        Ok(())
+    };
+    Check {
+        id: CheckId::Privileges,
+        name: "privileges".into(),
+        ok: privileged && bpf_call.is_ok(),
+        detail: match (&bpf_call, privileged) {
+            (_, false) => "run as root, or grant CAP_BPF and CAP_PERFMON (kernel >= 5.8), to load tracing programs".into(),
+            (Ok(()), true) => "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) are effective".into(),
+            (Err(e), true) if e.raw_os_error() == Some(libc::EPERM) && seccomp_filtered() => {
+                "bpf() is refused (EPERM) by a seccomp filter although CAP_BPF is effective: this container runtime's default seccomp profile allows bpf only with CAP_SYS_ADMIN; run the agent with seccompProfile Unconfined (chart: agent.seccompProfile.type=Unconfined)".into()
+            }
+            (Err(e), true) => format!("bpf() fails although CAP_BPF is effective: {e}"),
+        },
+        required: true,
+    }
+}
+
+fn cgroups_check(layout: &Result<CgroupLayout, crate::cgroup_resolver::CgroupError>) -> Check {
+    Check {
         id: CheckId::Cgroups,
         name: "cgroups".into(),
         ok: layout.is_ok(),
-        detail: match &layout {
+        detail: match layout {
             Ok(l) => format!(
                 "{} layout, container ids from {}",
                 l.version_name(),
@@ -130,49 +143,49 @@ pub fn probe() -> CapabilityReport {
             ),
             Err(e) => format!(
                 "{}: processes cannot be attributed to containers",
-                resourcewatch_runtime::error_chain(&e)
+                resourcewatch_runtime::error_chain(e)
             ),
         },
         required: false,
-    });
-    checks.push(Check::of(
-        CheckId::Uprobes,
-        "uprobes",
-        false,
-        Path::new("/sys/bus/event_source/devices/uprobe").exists(),
-        "available for allocation mode",
-        "no uprobe event source (CONFIG_UPROBE_EVENTS): allocation mode is unavailable",
-    ));
-    checks.push(Check::of(
-        CheckId::Ptrace,
-        "CAP_SYS_PTRACE",
-        false,
-        has(CAP_SYS_PTRACE) || has(CAP_SYS_ADMIN),
-        "can read other processes' memory maps and stacks (allocation mode, naming frames)",
-        "without it /proc/PID/maps of other users' processes is unreadable: allocation mode is limited to own processes, and their growth sites and profiles are [unknown]",
-    ));
-    checks.push(Check::of(
-        CheckId::ReadOwnerOnlyFiles,
-        "CAP_DAC_READ_SEARCH",
-        false,
-        has(CAP_DAC_READ_SEARCH),
-        "can read files only their owner may read (CPython's perf map, mode 0600)",
-        "without it another user's files of mode 0600 are unreadable: CPython's Python functions in that user's stacks are [unknown]",
-    ));
-    checks.push(Check::of(
-        CheckId::AttachJvms,
-        "CAP_KILL and CAP_DAC_OVERRIDE",
-        false,
-        has(CAP_KILL) && has(CAP_DAC_OVERRIDE),
-        "can ask another user's JVM for its perf map (SIGQUIT, its 0600 attach socket)",
-        "without them another user's JVM is not asked for its perf map: its compiled Java methods are [unknown] unless something runs `jcmd PID Compiler.perfmap`",
-    ));
-
-    CapabilityReport {
-        kernel_release: release,
-        cgroup_version: layout.ok().map(|l| l.version_name().to_owned()),
-        checks,
     }
+}
+
+/// What the agent does without, in part: uprobes, and reading other users' processes.
+fn optional_checks(has: &dyn Fn(u32) -> bool) -> Vec<Check> {
+    vec![
+        Check::of(
+            CheckId::Uprobes,
+            "uprobes",
+            false,
+            Path::new("/sys/bus/event_source/devices/uprobe").exists(),
+            "available for allocation mode",
+            "no uprobe event source (CONFIG_UPROBE_EVENTS): allocation mode is unavailable",
+        ),
+        Check::of(
+            CheckId::Ptrace,
+            "CAP_SYS_PTRACE",
+            false,
+            has(CAP_SYS_PTRACE) || has(CAP_SYS_ADMIN),
+            "can read other processes' memory maps and stacks (allocation mode, naming frames)",
+            "without it /proc/PID/maps of other users' processes is unreadable: allocation mode is limited to own processes, and their growth sites and profiles are [unknown]",
+        ),
+        Check::of(
+            CheckId::ReadOwnerOnlyFiles,
+            "CAP_DAC_READ_SEARCH",
+            false,
+            has(CAP_DAC_READ_SEARCH),
+            "can read files only their owner may read (CPython's perf map, mode 0600)",
+            "without it another user's files of mode 0600 are unreadable: CPython's Python functions in that user's stacks are [unknown]",
+        ),
+        Check::of(
+            CheckId::AttachJvms,
+            "CAP_KILL and CAP_DAC_OVERRIDE",
+            false,
+            has(CAP_KILL) && has(CAP_DAC_OVERRIDE),
+            "can ask another user's JVM for its perf map (SIGQUIT, its 0600 attach socket)",
+            "without them another user's JVM is not asked for its perf map: its compiled Java methods are [unknown] unless something runs `jcmd PID Compiler.perfmap`",
+        ),
+    ]
 }
 
 /// A seccomp filter applies to this process (`Seccomp: 2` in /proc/self/status).

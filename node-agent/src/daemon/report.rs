@@ -37,78 +37,9 @@ pub fn build(i: ReportInputs<'_>) -> pb::Report {
             let rows = by_container
                 .remove(c.container_id.as_str())
                 .unwrap_or_default();
-            let live: Vec<&TargetRow> = rows.iter().copied().filter(|r| !r.exited).collect();
-            let cpu_percent = rows.iter().map(|r| r.cpu_percent).sum::<f64>();
-            // The heaviest K by CPU and the heaviest K by memory, each process once.
-            let mut by_cpu = live.clone();
-            by_cpu.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
-            let mut by_mem = live;
-            by_mem.sort_by_key(|r| std::cmp::Reverse(r.rss_bytes));
-            let mut chosen: BTreeMap<u32, &TargetRow> = BTreeMap::new();
-            for r in by_cpu.iter().take(k).chain(by_mem.iter().take(k)) {
-                chosen.insert(r.pid, r);
-            }
-            let mut processes: Vec<pb::Process> = chosen
-                .values()
-                .map(|r| process(r.pid, r.cpu_percent, r.rss_bytes, &r.who))
-                .collect();
-            processes.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
-            let limit = i
-                .cgroup_root
-                .and_then(|root| memory_limit::effective(root, &c.cgroup_path));
-            let own = i.cgroup_root.and_then(|root| {
-                memory_limit::read_one(&root.join(c.cgroup_path.trim_start_matches('/')))
-            });
-            pb::ContainerReport {
-                pod_uid: c.pod_uid.clone(),
-                container_id: c.container_id.clone(),
-                memory_bytes: own
-                    .map(|m| m.usage_bytes)
-                    .unwrap_or_else(|| rows.iter().map(|r| r.rss_bytes).sum()),
-                memory_limit_bytes: limit.and_then(|l| l.limit_bytes).unwrap_or(0),
-                cpu_percent: (cpu_percent * 100.0).round() / 100.0,
-                processes,
-            }
+            container_report(c, &rows, k, i.cgroup_root)
         })
         .collect();
-    let leak_cfg = i.config.leak.unwrap_or_default();
-    let targeted = |who: &Attribution| {
-        who.container_id
-            .as_deref()
-            .is_some_and(|cid| i.containers.iter().any(|c| c.container_id == cid))
-    };
-    let leaks = if leak_cfg.enabled {
-        i.frame
-            .leaks
-            .iter()
-            .filter(|l| u32::from(l.confidence) >= leak_cfg.min_confidence && targeted(&l.who))
-            .map(|l| pb::Leak {
-                pod_uid: l.who.pod_uid.clone().unwrap_or_default(),
-                container_id: l.who.container_id.clone().unwrap_or_default(),
-                pid: l.pid.unwrap_or(0),
-                command: l.who.comm.clone().unwrap_or_default(),
-                memory_bytes: l.rss_bytes,
-                growth_bytes_per_second: l.growth_bytes_per_sec,
-                r2: l.r2,
-                confidence: u32::from(l.confidence),
-                limit_bytes: l.limit_bytes.unwrap_or(0),
-                time_to_oom_seconds: l.time_to_oom_secs,
-                time_to_oom_low_seconds: l.time_to_oom_low_secs,
-                growing_seconds: l.growing_secs,
-                growth_sites: l
-                    .growth_sites
-                    .iter()
-                    .map(|g| pb::GrowthSite {
-                        frames: g.frames.clone(),
-                        bytes: g.bytes,
-                        percent: g.percent,
-                    })
-                    .collect(),
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
     let kernel = &i.frame.kernel;
     pb::Report {
         config_version: i.config.version,
@@ -129,8 +60,8 @@ pub fn build(i: ReportInputs<'_>) -> pb::Report {
             .take(k)
             .map(|r| process(r.pid, 0.0, r.rss_bytes, &r.who))
             .collect(),
-        leaks,
-        // Added by the engine, which repeats each kill (cluster/mod.rs).
+        leaks: leaks(&i),
+        // Added by the engine, which repeats each kill (daemon/mod.rs).
         oom_kills: Vec::new(),
         health: Some(pb::Health {
             samples: kernel.samples,
@@ -141,6 +72,87 @@ pub fn build(i: ReportInputs<'_>) -> pb::Report {
             agent_rss_bytes: i.agent_rss_bytes,
         }),
     }
+}
+
+/// A targeted container from its processes' rows (`rows`, exited ones included in its
+/// CPU): its heaviest K by CPU and by memory, its memory and its limit.
+fn container_report(
+    c: &ResolvedContainer,
+    rows: &[&TargetRow],
+    k: usize,
+    cgroup_root: Option<&Path>,
+) -> pb::ContainerReport {
+    let live: Vec<&TargetRow> = rows.iter().copied().filter(|r| !r.exited).collect();
+    let cpu_percent = rows.iter().map(|r| r.cpu_percent).sum::<f64>();
+    // The heaviest K by CPU and the heaviest K by memory, each process once.
+    let mut by_cpu = live.clone();
+    by_cpu.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
+    let mut by_mem = live;
+    by_mem.sort_by_key(|r| std::cmp::Reverse(r.rss_bytes));
+    let mut chosen: BTreeMap<u32, &TargetRow> = BTreeMap::new();
+    for r in by_cpu.iter().take(k).chain(by_mem.iter().take(k)) {
+        chosen.insert(r.pid, r);
+    }
+    let mut processes: Vec<pb::Process> = chosen
+        .values()
+        .map(|r| process(r.pid, r.cpu_percent, r.rss_bytes, &r.who))
+        .collect();
+    processes.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
+    let limit = cgroup_root.and_then(|root| memory_limit::effective(root, &c.cgroup_path));
+    let own = cgroup_root
+        .and_then(|root| memory_limit::read_one(&root.join(c.cgroup_path.trim_start_matches('/'))));
+    pb::ContainerReport {
+        pod_uid: c.pod_uid.clone(),
+        container_id: c.container_id.clone(),
+        memory_bytes: own
+            .map(|m| m.usage_bytes)
+            .unwrap_or_else(|| rows.iter().map(|r| r.rss_bytes).sum()),
+        memory_limit_bytes: limit.and_then(|l| l.limit_bytes).unwrap_or(0),
+        cpu_percent: (cpu_percent * 100.0).round() / 100.0,
+        processes,
+    }
+}
+
+/// The frame's leaks of targeted containers at the configured confidence, when leak
+/// detection is on.
+fn leaks(i: &ReportInputs<'_>) -> Vec<pb::Leak> {
+    let leak_cfg = i.config.leak.unwrap_or_default();
+    if !leak_cfg.enabled {
+        return Vec::new();
+    }
+    let targeted = |who: &Attribution| {
+        who.container_id
+            .as_deref()
+            .is_some_and(|cid| i.containers.iter().any(|c| c.container_id == cid))
+    };
+    i.frame
+        .leaks
+        .iter()
+        .filter(|l| u32::from(l.confidence) >= leak_cfg.min_confidence && targeted(&l.who))
+        .map(|l| pb::Leak {
+            pod_uid: l.who.pod_uid.clone().unwrap_or_default(),
+            container_id: l.who.container_id.clone().unwrap_or_default(),
+            pid: l.pid.unwrap_or(0),
+            command: l.who.comm.clone().unwrap_or_default(),
+            memory_bytes: l.rss_bytes,
+            growth_bytes_per_second: l.growth_bytes_per_sec,
+            r2: l.r2,
+            confidence: u32::from(l.confidence),
+            limit_bytes: l.limit_bytes.unwrap_or(0),
+            time_to_oom_seconds: l.time_to_oom_secs,
+            time_to_oom_low_seconds: l.time_to_oom_low_secs,
+            growing_seconds: l.growing_secs,
+            growth_sites: l
+                .growth_sites
+                .iter()
+                .map(|g| pb::GrowthSite {
+                    frames: g.frames.clone(),
+                    bytes: g.bytes,
+                    percent: g.percent,
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 /// An OOM kill as the operator receives it.
