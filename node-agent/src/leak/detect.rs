@@ -448,61 +448,100 @@ fn score_window(
         .map_or(0.0, |h| ramp(120.0 - h.max(0.0) / f.slope, 0.0, 90.0));
     let relax = 0.15 * urgency;
     c.trend = 40.0 * ramp(f.r2, 0.80 - relax, 0.97 - relax);
-    // A growth that has eaten a good part of what is left before the limit is large
-    // whatever its size in MiB: an imminent OOM kill is urgent from the first seconds.
-    let of_headroom = ctx.headroom.map_or(0.0, |h| growth / h.max(1.0));
-    c.magnitude = 25.0
-        * ramp((growth / p.min_growth_bytes).log2(), 0.0, 3.0).max(ramp(of_headroom, 0.05, 0.5));
-    c.duration = 20.0 * ramp(new_highs(&ys) as f64, 2.0, 8.0);
-    c.relative = 15.0 * ramp(growth / first.rss.max(1.0), 0.0, 0.5);
-
+    size_components(&mut c, growth, &ys, ctx, p);
     // Composition: file-backed growth is page cache the kernel can reclaim, not a leak.
-    let anon_growth = last.anon - first.anon;
-    let rss_growth = (last.rss - first.rss).max(1.0);
-    c.composition = ramp(anon_growth / rss_growth, 0.3, 0.7);
-
-    // Linearity: a cache warming up grows fast and then slower and slower; a leak keeps
-    // its rate.
-    // Urgent growth is asked less: a runtime stepping up towards its limit pauses between
-    // steps, which reads as slowing down.
-    c.linearity = halves_linearity(&ts, &ys, how).max(urgency);
-
-    // The same against the window just before this one (within the run): a short window
-    // on the tail of a warm-up is locally straight, but much slower than what preceded it.
-    // A leak that starts after a flat period has a preceding slope near zero: no penalty.
-    let len = raw.len();
-    if how != Fitted::Troughs
-        && from >= run_from + len
-        && let Some(before) = slope_before(&points[from - len..from], how, noise, p)
-    {
-        c.linearity = c.linearity.min(ramp(f.slope / before, 0.3, 0.8));
-    }
-
+    c.composition = ramp(
+        (last.anon - first.anon) / (last.rss - first.rss).max(1.0),
+        0.3,
+        0.7,
+    );
+    c.linearity = linearity(
+        &ts,
+        &ys,
+        f.slope,
+        urgency,
+        how,
+        (points, run_from, from),
+        noise,
+        p,
+    );
+    // Troughs: the cycles are what was looked through.
     c.oscillation = if how == Fitted::Troughs {
-        // The cycles are what was looked through.
         1.0
     } else {
         oscillation(&points[..=from], last.rss, growth, noise, ctx, p)
     };
 
-    // Size, duration and relative growth only mean something for a series that is a trend:
-    // a process allocating its heap at start-up is one big step, not a leak.
-    let gate = ramp(f.r2, 0.85 - relax, 0.97 - relax);
-    // A staircase of a few levels is a few events (an allocator taking a new arena now
-    // and then), whatever line they happen to fall on: full credit from 7 corners.
-    let levels = if how == Fitted::Steps {
-        ramp(run.len() as f64, 3.0, 7.0)
-    } else {
-        1.0
-    };
-    // Troughs have their own rule for cycles that stopped. A series at its limit cannot
-    // set new highs while the kernel reclaims its page cache before the kill.
+    c.freshness = window_freshness(raw, how, noise, ctx, p);
+    let score = combined(&c, f.r2, relax, how, run.len());
+    Some(verdict(score, c))
+}
+
+/// Whether the window still sets new highs. Troughs have their own rule for cycles that
+/// stopped. A series at its limit cannot set new highs while the kernel reclaims its
+/// page cache before the kill.
+fn window_freshness(raw: &[Point], how: Fitted, noise: f64, ctx: &Context, p: &Params) -> f64 {
     let rise = step_rise(noise, p);
     let pinned = ctx.headroom.is_some_and(|h| h < 2.0 * rise);
-    c.freshness = if how == Fitted::Troughs || pinned {
+    if how == Fitted::Troughs || pinned {
         1.0
     } else {
         freshness(raw, rise)
+    }
+}
+
+/// Magnitude, duration and relative growth of a window's `growth` (bytes).
+fn size_components(c: &mut Components, growth: f64, ys: &[f64], ctx: &Context, p: &Params) {
+    // A growth that has eaten a good part of what is left before the limit is large
+    // whatever its size in MiB: an imminent OOM kill is urgent from the first seconds.
+    let of_headroom = ctx.headroom.map_or(0.0, |h| growth / h.max(1.0));
+    c.magnitude = 25.0
+        * ramp((growth / p.min_growth_bytes).log2(), 0.0, 3.0).max(ramp(of_headroom, 0.05, 0.5));
+    c.duration = 20.0 * ramp(new_highs(ys) as f64, 2.0, 8.0);
+    c.relative = 15.0 * ramp(growth / ys[0].max(1.0), 0.0, 0.5);
+}
+
+/// Linearity: a cache warming up grows fast and then slower and slower; a leak keeps its
+/// rate. `window` is the series, where the run starts and where this window starts.
+#[allow(clippy::too_many_arguments)]
+fn linearity(
+    ts: &[f64],
+    ys: &[f64],
+    slope: f64,
+    urgency: f64,
+    how: Fitted,
+    (points, run_from, from): (&[Point], usize, usize),
+    noise: f64,
+    p: &Params,
+) -> f64 {
+    // Urgent growth is asked less: a runtime stepping up towards its limit pauses between
+    // steps, which reads as slowing down.
+    let mut linearity = halves_linearity(ts, ys, how).max(urgency);
+    // The same against the window just before this one (within the run): a short window
+    // on the tail of a warm-up is locally straight, but much slower than what preceded it.
+    // A leak that starts after a flat period has a preceding slope near zero: no penalty.
+    let len = points.len() - from;
+    if how != Fitted::Troughs
+        && from >= run_from + len
+        && let Some(before) = slope_before(&points[from - len..from], how, noise, p)
+    {
+        linearity = linearity.min(ramp(slope / before, 0.3, 0.8));
+    }
+    linearity
+}
+
+/// The 0-100 score of a window's components. `r2`: its fit; `relax`: how much less an
+/// urgent trend is asked; `fitted`: how many points the fit went through.
+fn combined(c: &Components, r2: f64, relax: f64, how: Fitted, fitted: usize) -> u8 {
+    // Size, duration and relative growth only mean something for a series that is a trend:
+    // a process allocating its heap at start-up is one big step, not a leak.
+    let gate = ramp(r2, 0.85 - relax, 0.97 - relax);
+    // A staircase of a few levels is a few events (an allocator taking a new arena now
+    // and then), whatever line they happen to fall on: full credit from 7 corners.
+    let levels = if how == Fitted::Steps {
+        ramp(fitted as f64, 3.0, 7.0)
+    } else {
+        1.0
     };
     let score = (c.trend + (c.magnitude + c.duration + c.relative) * gate)
         * c.composition
@@ -510,7 +549,7 @@ fn score_window(
         * c.oscillation
         * c.freshness
         * levels;
-    Some(verdict(score.round().clamp(0.0, 100.0) as u8, c))
+    score.round().clamp(0.0, 100.0) as u8
 }
 
 /// The points a window is fitted through: as sampled, or derived (the lower envelope,
@@ -614,6 +653,24 @@ fn oscillation(
     }
 }
 
+/// The standard error of the fitted slope `f` of `ys` over `ts` (the slope itself when
+/// there are too few points to say).
+fn slope_standard_error(ts: &[f64], ys: &[f64], f: &Fit) -> f64 {
+    let n = ts.len() as f64;
+    let mx = ts.iter().sum::<f64>() / n;
+    let sxx: f64 = ts.iter().map(|t| (t - mx).powi(2)).sum();
+    let ss_res: f64 = ts
+        .iter()
+        .zip(ys)
+        .map(|(t, y)| (y - f.intercept - f.slope * t).powi(2))
+        .sum();
+    if n > 2.0 && sxx > 0.0 {
+        (ss_res / (n - 2.0) / sxx).sqrt()
+    } else {
+        f.slope
+    }
+}
+
 /// The recent growth rate of a run and, against `headroom` bytes, when it reaches the
 /// limit: the point estimate at the rate of the trend's window (`trend_secs`, the window
 /// the confidence was scored on: a leak that began after a flat period is not diluted by
@@ -650,19 +707,7 @@ pub fn time_to_oom(
     if f.slope <= 0.0 {
         return (f.slope, None);
     }
-    let n = ts.len() as f64;
-    let mx = ts.iter().sum::<f64>() / n;
-    let sxx: f64 = ts.iter().map(|t| (t - mx).powi(2)).sum();
-    let ss_res: f64 = ts
-        .iter()
-        .zip(&ys)
-        .map(|(t, y)| (y - f.intercept - f.slope * t).powi(2))
-        .sum();
-    let se = if n > 2.0 && sxx > 0.0 {
-        (ss_res / (n - 2.0) / sxx).sqrt()
-    } else {
-        f.slope
-    };
+    let se = slope_standard_error(&ts, &ys, &f);
     let short: Vec<&Point> = run.iter().filter(|x| x.t >= end - 10.0).collect();
     let short_slope = fit(
         &short.iter().map(|x| x.t).collect::<Vec<_>>(),
