@@ -305,6 +305,33 @@ pub async fn connect(
     Ok(endpoint.connect().await?)
 }
 
+/// The session's request: the agent's stream of messages, with its node's name and its
+/// pod-bound token (read again at each session: the kubelet rotates it).
+fn session_request(
+    opts: &RunOptions,
+    messages: ReceiverStream<pb::AgentMessage>,
+) -> Result<tonic::Request<ReceiverStream<pb::AgentMessage>>, RunError> {
+    let token = std::fs::read_to_string(&opts.token_path).map_err(|source| RunError::Token {
+        path: opts.token_path.clone(),
+        source,
+    })?;
+    let mut req = tonic::Request::new(messages);
+    let node = opts
+        .node_name
+        .parse()
+        .map_err(|_| RunError::Address(opts.node_name.clone(), "not ASCII".into()))?;
+    req.metadata_mut().insert(pb::NODE_METADATA, node);
+    let bearer = format!("Bearer {}", token.trim())
+        .parse()
+        .map_err(|_| RunError::Token {
+            path: opts.token_path.clone(),
+            source: std::io::Error::other("not a token"),
+        })?;
+    req.metadata_mut()
+        .insert(pb::AUTHORIZATION_METADATA, bearer);
+    Ok(req)
+}
+
 async fn session(
     opts: &RunOptions,
     hello: pb::Hello,
@@ -335,24 +362,7 @@ async fn session(
     tx.send(send(agent_message::Msg::Hello(hello)))
         .await
         .map_err(|_| RunError::StreamClosed)?;
-    let token = std::fs::read_to_string(&opts.token_path).map_err(|source| RunError::Token {
-        path: opts.token_path.clone(),
-        source,
-    })?;
-    let mut req = tonic::Request::new(ReceiverStream::new(rx));
-    let node = opts
-        .node_name
-        .parse()
-        .map_err(|_| RunError::Address(opts.node_name.clone(), "not ASCII".into()))?;
-    req.metadata_mut().insert(pb::NODE_METADATA, node);
-    let bearer = format!("Bearer {}", token.trim())
-        .parse()
-        .map_err(|_| RunError::Token {
-            path: opts.token_path.clone(),
-            source: std::io::Error::other("not a token"),
-        })?;
-    req.metadata_mut()
-        .insert(pb::AUTHORIZATION_METADATA, bearer);
+    let req = session_request(opts, ReceiverStream::new(rx))?;
     // The operator answers after the API server has reviewed the token (its own
     // timeout is 10 s).
     let mut inbound = tokio::time::timeout(SESSION_TIMEOUT, client.session(req))
@@ -527,49 +537,14 @@ impl Engine {
                 reason: self.unresolved_reason(),
             };
         }
-        let geometry = match Geometry::new(c.sketch_depth, c.sketch_width) {
+        let geometry = match checked(&c) {
             Ok(g) => g,
-            Err(e) => return nack(format!("sketch: {e}")),
+            Err(why) => return nack(why),
         };
-        if let Some(why) = top_k_refused(c.top_k) {
-            return nack(why);
-        }
-        if c.report_interval_ms < 1000 {
-            return nack(format!(
-                "report interval {} ms is below the 1000 ms minimum",
-                c.report_interval_ms
-            ));
-        }
-        let reload = match &self.pipes {
-            Ok(p) => p.options().cpu != geometry,
-            Err(e) => {
-                return nack(format!(
-                    "kernel pipelines unavailable: {}",
-                    resourcewatch_runtime::error_chain(e)
-                ));
-            }
+        let reload = match self.reload_for(geometry) {
+            Ok(reload) => reload,
+            Err(why) => return nack(why),
         };
-        if reload {
-            // Detach the old programs before loading the new ones: both attached at once
-            // would count every event twice meanwhile.
-            drop(std::mem::replace(
-                &mut self.pipes,
-                Err(PipelineError::Unloaded),
-            ));
-            self.pipes = Pipelines::load(PipelineOptions {
-                cpu: geometry,
-                mem: geometry,
-                ..Default::default()
-            });
-            self.builder = None;
-            self.resolved.clear();
-            if let Err(e) = &self.pipes {
-                return nack(format!(
-                    "reloading the pipelines with a new sketch: {}",
-                    resourcewatch_runtime::error_chain(e)
-                ));
-            }
-        }
         let mut builder = self
             .builder
             .take()
@@ -594,6 +569,42 @@ impl Engine {
             accepted: true,
             reason: self.unresolved_reason(),
         }
+    }
+
+    /// Whether the pipelines were reloaded for a new sketch `geometry` (they run with the
+    /// old one otherwise); why not, when they cannot run.
+    fn reload_for(&mut self, geometry: Geometry) -> Result<bool, String> {
+        let reload = match &self.pipes {
+            Ok(p) => p.options().cpu != geometry,
+            Err(e) => {
+                return Err(format!(
+                    "kernel pipelines unavailable: {}",
+                    resourcewatch_runtime::error_chain(e)
+                ));
+            }
+        };
+        if reload {
+            // Detach the old programs before loading the new ones: both attached at once
+            // would count every event twice meanwhile.
+            drop(std::mem::replace(
+                &mut self.pipes,
+                Err(PipelineError::Unloaded),
+            ));
+            self.pipes = Pipelines::load(PipelineOptions {
+                cpu: geometry,
+                mem: geometry,
+                ..Default::default()
+            });
+            self.builder = None;
+            self.resolved.clear();
+            if let Err(e) = &self.pipes {
+                return Err(format!(
+                    "reloading the pipelines with a new sketch: {}",
+                    resourcewatch_runtime::error_chain(e)
+                ));
+            }
+        }
+        Ok(reload)
     }
 
     fn start_profiles(&mut self) {
@@ -777,6 +788,23 @@ fn spoken(c: &pb::NodeConfig) -> Result<(), String> {
         ))
     }
 }
+/// The snapshot's sketch, when its settings are in bounds (K, the report interval);
+/// why not.
+fn checked(c: &pb::NodeConfig) -> Result<Geometry, String> {
+    let geometry =
+        Geometry::new(c.sketch_depth, c.sketch_width).map_err(|e| format!("sketch: {e}"))?;
+    if let Some(why) = top_k_refused(c.top_k) {
+        return Err(why);
+    }
+    if c.report_interval_ms < 1000 {
+        return Err(format!(
+            "report interval {} ms is below the 1000 ms minimum",
+            c.report_interval_ms
+        ));
+    }
+    Ok(geometry)
+}
+
 /// Why K is refused, if it is: exactly what the API allows (the CRDs' topK) is accepted,
 /// the bounds the operator checks too.
 fn top_k_refused(k: u32) -> Option<String> {
