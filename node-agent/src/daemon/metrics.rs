@@ -222,38 +222,45 @@ impl Collector for AgentMetrics {
             "Leaking series in the last report",
             &one(t.leaks_reported as f64),
         )?;
-        let c = |v: u64| vec![(none(), v)];
+        self.encode_counters(&mut e, t.ticks)?;
+        encode_kernel(&mut e, &t)
+    }
+}
+
+impl AgentMetrics {
+    /// The agent's own counters; `reports`: the reports built.
+    fn encode_counters(&self, e: &mut DescriptorEncoder, reports: u64) -> std::fmt::Result {
+        let load = |a: &std::sync::atomic::AtomicU64| vec![(Vec::new(), a.load(Ordering::Relaxed))];
         counter(
-            &mut e,
+            e,
             "resourcewatch_agent_reports",
             "Reports built",
-            &c(t.ticks),
+            &[(Vec::new(), reports)],
         )?;
         counter(
-            &mut e,
+            e,
             "resourcewatch_agent_configs_applied",
             "Configuration snapshots applied",
-            &c(self.configs_applied.load(Ordering::Relaxed)),
+            &load(&self.configs_applied),
         )?;
         counter(
-            &mut e,
+            e,
             "resourcewatch_agent_configs_rejected",
             "Configuration snapshots refused (NACK)",
-            &c(self.configs_rejected.load(Ordering::Relaxed)),
+            &load(&self.configs_rejected),
         )?;
         counter(
-            &mut e,
+            e,
             "resourcewatch_agent_oom_kills_observed",
             "OOM kills the kernel made on this node (any process), seen by this agent",
-            &c(self.oom_kills.load(Ordering::Relaxed)),
+            &load(&self.oom_kills),
         )?;
         counter(
-            &mut e,
+            e,
             "resourcewatch_agent_stream_failures",
             "Streams to the operator that failed or were closed",
-            &c(self.stream_failures.load(Ordering::Relaxed)),
-        )?;
-        encode_kernel(&mut e, &t)
+            &load(&self.stream_failures),
+        )
     }
 }
 

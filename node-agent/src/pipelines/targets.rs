@@ -77,44 +77,17 @@ impl Pipelines {
                 continue;
             }
             in_target.insert(pid);
-            let Some(rss) = procfs::rss_breakdown(pid) else {
-                continue;
-            };
-            let seeded = |mut e: RwTargetProc| {
-                e.cgroup_id = cgroup_id.unwrap_or(e.cgroup_id);
-                e.file_pages = rss.file / self.page;
-                e.anon_pages = rss.anon / self.page;
-                e.shmem_pages = rss.shmem / self.page;
-                e.swap_pages = rss.swap / self.page;
-                e.updated_ns = procfs::monotonic_ns();
-                e
-            };
-            // An entry an rss_stat event already wrote holds fresher values than /proc.
-            // One created by a context switch (CPU only) gets the RSS and keeps its CPU:
-            // without this an idle process read 0 bytes until its RSS changed.
-            if let Some(i) = slots.find(pid) {
-                if slots.counters(i).updated_ns == 0 {
-                    slots.seed_memory(i, &seeded(RwTargetProc::default()));
-                }
-                continue;
-            }
-            match spill.get(&pid, 0) {
-                Ok(e) if e.updated_ns != 0 => {}
-                // The spill map is written whole: a slice credited between this read and
-                // the write is lost (microseconds, once).
-                Ok(e) => {
-                    let _ = spill.insert(pid, seeded(e), 2 /* BPF_EXIST */);
-                }
-                Err(_) => match slots.claim(pid) {
-                    Some(i) => slots.seed_memory(i, &seeded(RwTargetProc::default())),
-                    None => {
-                        let _ = spill.insert(
-                            pid,
-                            seeded(RwTargetProc::default()),
-                            1, /* BPF_NOEXIST */
-                        );
-                    }
-                },
+            if let Some(rss) = procfs::rss_breakdown(pid) {
+                let seeded = |mut e: RwTargetProc| {
+                    e.cgroup_id = cgroup_id.unwrap_or(e.cgroup_id);
+                    e.file_pages = rss.file / self.page;
+                    e.anon_pages = rss.anon / self.page;
+                    e.shmem_pages = rss.shmem / self.page;
+                    e.swap_pages = rss.swap / self.page;
+                    e.updated_ns = procfs::monotonic_ns();
+                    e
+                };
+                seed(&slots, &mut spill, pid, seeded);
             }
         }
         // Only processes that left every target are forgotten: the others keep their
@@ -265,6 +238,42 @@ const RETIRE_GRACE: Duration = Duration::from_millis(10);
 /// `rw_target_slots` through its mapping: an open-addressed table keyed by tgid (see
 /// struct rw_target_slot in the shared header). The kernel claims free slots by
 /// compare-and-swap; only this side frees them.
+/// Gives a process of a target its resident size read from /proc (`seeded` of its entry).
+/// An entry an rss_stat event already wrote holds fresher values than /proc. One created
+/// by a context switch (CPU only) gets the RSS and keeps its CPU: without this an idle
+/// process read 0 bytes until its RSS changed.
+fn seed<T: std::borrow::BorrowMut<aya::maps::MapData>>(
+    slots: &Slots<'_>,
+    spill: &mut BpfHashMap<T, u32, RwTargetProc>,
+    pid: u32,
+    seeded: impl Fn(RwTargetProc) -> RwTargetProc,
+) {
+    if let Some(i) = slots.find(pid) {
+        if slots.counters(i).updated_ns == 0 {
+            slots.seed_memory(i, &seeded(RwTargetProc::default()));
+        }
+        return;
+    }
+    match spill.get(&pid, 0) {
+        Ok(e) if e.updated_ns != 0 => {}
+        // The spill map is written whole: a slice credited between this read and the
+        // write is lost (microseconds, once).
+        Ok(e) => {
+            let _ = spill.insert(pid, seeded(e), 2 /* BPF_EXIST */);
+        }
+        Err(_) => match slots.claim(pid) {
+            Some(i) => slots.seed_memory(i, &seeded(RwTargetProc::default())),
+            None => {
+                let _ = spill.insert(
+                    pid,
+                    seeded(RwTargetProc::default()),
+                    1, /* BPF_NOEXIST */
+                );
+            }
+        },
+    }
+}
+
 struct Slots<'a>(&'a MmapArray<RwTargetSlot>);
 
 impl Slots<'_> {

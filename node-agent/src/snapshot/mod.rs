@@ -801,32 +801,7 @@ impl FrameBuilder {
                 who: self.attributor.get(pid, now),
             })
             .collect();
-        let targets = match pipes.targets() {
-            Ok(t) => {
-                // Forget processes no longer tracked (untargeted, or gone): if one is
-                // targeted again, the kernel counts from 0 again.
-                let live: FxHashSet<u32> = t.iter().map(|p| p.tgid).collect();
-                self.prev_target_cpu.retain(|tgid, _| live.contains(tgid));
-                let mut rows = Vec::with_capacity(t.len());
-                for t in t {
-                    // An unchanged process's cumulative CPU is the one already held.
-                    if self.changed_rows.as_mut().is_none_or(|c| c.changed(&t)) {
-                        rows.push(self.target_row(t, interval_ns, now));
-                    }
-                }
-                if let Some(c) = &mut self.changed_rows {
-                    c.end_frame();
-                }
-                rows
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "reading exact targets failed: {}",
-                    resourcewatch_runtime::error_chain(&e)
-                );
-                Vec::new()
-            }
-        };
+        let targets = self.target_rows(pipes, interval_ns, now);
         let allocations = pipes
             .allocations()
             .into_iter()
@@ -860,6 +835,35 @@ impl FrameBuilder {
             oom_kills: std::mem::take(&mut self.oom_kills),
             kernel: pipes.kernel_stats(),
         }
+    }
+
+    /// The exactly tracked processes' rows (only those that changed, when asked).
+    fn target_rows(&mut self, pipes: &mut Pipelines, interval_ns: u64, now: u64) -> Vec<TargetRow> {
+        let t = match pipes.targets() {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(
+                    "reading exact targets failed: {}",
+                    resourcewatch_runtime::error_chain(&e)
+                );
+                return Vec::new();
+            }
+        };
+        // Forget processes no longer tracked (untargeted, or gone): if one is targeted
+        // again, the kernel counts from 0 again.
+        let live: FxHashSet<u32> = t.iter().map(|p| p.tgid).collect();
+        self.prev_target_cpu.retain(|tgid, _| live.contains(tgid));
+        let mut rows = Vec::with_capacity(t.len());
+        for t in t {
+            // An unchanged process's cumulative CPU is the one already held.
+            if self.changed_rows.as_mut().is_none_or(|c| c.changed(&t)) {
+                rows.push(self.target_row(t, interval_ns, now));
+            }
+        }
+        if let Some(c) = &mut self.changed_rows {
+            c.end_frame();
+        }
+        rows
     }
 
     fn target_row(&mut self, t: TargetProcess, interval_ns: u64, now: u64) -> TargetRow {

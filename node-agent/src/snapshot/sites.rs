@@ -138,31 +138,34 @@ impl SiteTracker {
             self.sym_used = false;
         }
         for row in rows.iter_mut() {
-            row.growth_sites = match row.pid {
-                Some(pid) => self
-                    .captures
-                    .get(&pid)
-                    .filter(|c| c.settled)
-                    .map(|c| c.sites.clone())
-                    .unwrap_or_default(),
-                None => {
-                    let mut all: Vec<GrowthSite> = self
-                        .captures
-                        .values()
-                        .filter(|c| {
-                            c.settled
-                                && ((c.cgroup.is_some() && c.cgroup == row.who.cgroup)
-                                    || (c.container_id.is_some()
-                                        && c.container_id == row.who.container_id))
-                        })
-                        .flat_map(|c| c.sites.iter().cloned())
-                        .collect();
-                    all.sort_by_key(|s| std::cmp::Reverse(s.bytes));
-                    all.truncate(SITES_KEPT);
-                    all
-                }
-            };
+            row.growth_sites = self.sites_of(row);
         }
+    }
+
+    /// The settled sites of a leak row: its process's, or (a cgroup's row) those of every
+    /// process captured in its cgroup or container, heaviest first.
+    fn sites_of(&self, row: &LeakRow) -> Vec<GrowthSite> {
+        if let Some(pid) = row.pid {
+            return self
+                .captures
+                .get(&pid)
+                .filter(|c| c.settled)
+                .map(|c| c.sites.clone())
+                .unwrap_or_default();
+        }
+        let mut all: Vec<GrowthSite> = self
+            .captures
+            .values()
+            .filter(|c| {
+                c.settled
+                    && ((c.cgroup.is_some() && c.cgroup == row.who.cgroup)
+                        || (c.container_id.is_some() && c.container_id == row.who.container_id))
+            })
+            .flat_map(|c| c.sites.iter().cloned())
+            .collect();
+        all.sort_by_key(|s| std::cmp::Reverse(s.bytes));
+        all.truncate(SITES_KEPT);
+        all
     }
 
     fn start(&mut self, pipes: &mut Pipelines, rows: &[LeakRow], now: u64) {

@@ -129,17 +129,7 @@ impl Symbolizer {
             .iter()
             .map(|&a| if return_addrs { a.saturating_sub(1) } else { a })
             .collect();
-        if addrs.iter().any(|&a| super::python::is_python(a)) {
-            let mut python = self.python.lock().unwrap_or_else(|e| e.into_inner());
-            let mut jit = self.jit_names.lock().unwrap_or_else(|e| e.into_inner());
-            for (i, &a) in addrs.iter().enumerate() {
-                if super::python::is_python(a) {
-                    names[i] = python.name(pid, a);
-                    // Counted with the JIT frames: a growth site keeps the code that asked.
-                    jit.insert(names[i].clone());
-                }
-            }
-        }
+        self.name_python(pid, addrs, &mut names);
         let Some(maps) = self.maps(pid) else {
             // The process is gone, or its maps are not readable (or over their bound).
             return names.into_iter().zip(modules).collect();
@@ -160,22 +150,7 @@ impl Symbolizer {
                 None => outside_files.push(i),
             }
         }
-        if !outside_files.is_empty() {
-            let map = self
-                .perf_maps
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(pid);
-            if let Some(map) = map {
-                let mut jit = self.jit_names.lock().unwrap_or_else(|e| e.into_inner());
-                for i in outside_files {
-                    if let Some(name) = map.lookup(lookup[i]) {
-                        names[i] = name.to_owned();
-                        jit.insert(names[i].clone());
-                    }
-                }
-            }
-        }
+        self.name_jit(pid, &lookup, &outside_files, &mut names);
         for (at, items) in by_file {
             let m = &mappings[at];
             let module = format!(
@@ -203,6 +178,45 @@ impl Symbolizer {
             }
         }
         names.into_iter().zip(modules).collect()
+    }
+
+    /// The Python frames among `addrs` (the kernel's walk of the interpreter's frames),
+    /// named from the code objects.
+    fn name_python(&self, pid: u32, addrs: &[u64], names: &mut [String]) {
+        if !addrs.iter().any(|&a| super::python::is_python(a)) {
+            return;
+        }
+        let mut python = self.python.lock().unwrap_or_else(|e| e.into_inner());
+        let mut jit = self.jit_names.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, &a) in addrs.iter().enumerate() {
+            if super::python::is_python(a) {
+                names[i] = python.name(pid, a);
+                // Counted with the JIT frames: a growth site keeps the code that asked.
+                jit.insert(names[i].clone());
+            }
+        }
+    }
+
+    /// The frames of `lookup` at `outside_files` (in no file of the process) named from
+    /// the process's perf map, when its runtime writes one.
+    fn name_jit(&self, pid: u32, lookup: &[u64], outside_files: &[usize], names: &mut [String]) {
+        if outside_files.is_empty() {
+            return;
+        }
+        let map = self
+            .perf_maps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(pid);
+        if let Some(map) = map {
+            let mut jit = self.jit_names.lock().unwrap_or_else(|e| e.into_inner());
+            for &i in outside_files {
+                if let Some(name) = map.lookup(lookup[i]) {
+                    names[i] = name.to_owned();
+                    jit.insert(names[i].clone());
+                }
+            }
+        }
     }
 
     /// The maps of `pid`, read again only after `MAPS_FOR` (one stack asks several times,
