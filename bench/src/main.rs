@@ -224,7 +224,12 @@ fn main() {
         );
         std::process::exit(2);
     }
-    match cli.cmd {
+    run_benchmark(cli.cmd);
+}
+
+/// The precision and cost benchmarks; the others go to [`run_leak_benchmark`].
+fn run_benchmark(cmd: Cmd) {
+    match cmd {
         Cmd::Precision {
             procs,
             churn,
@@ -289,6 +294,13 @@ fn main() {
             untargeted,
             changed_rows,
         ),
+        other => run_leak_benchmark(other),
+    }
+}
+
+/// The leak and OOM benchmarks: `jvm-heap`, `leaks`, `corpus`, `epochs`, `oom`.
+fn run_leak_benchmark(cmd: Cmd) {
+    match cmd {
         Cmd::JvmHeap { reads } => jvm::jvm_heap(reads),
         Cmd::Leaks { duration } => leaks::leaks(duration),
         Cmd::Corpus {
@@ -328,6 +340,7 @@ fn main() {
             resourcewatch_workloads::parse_bytes(&limit).unwrap_or_else(|e| fail(&e)),
             resourcewatch_workloads::parse_bytes(&rate).unwrap_or_else(|e| fail(&e)),
         ),
+        _ => unreachable!("run_benchmark takes the others"),
     }
 }
 
