@@ -30,6 +30,10 @@ pub(crate) fn frame(
 /// detection times are measured from the leak's start.
 pub(crate) const LEAK_DELAY: Duration = Duration::from_secs(30);
 
+/// A leaking workload: its name, its PID, and once detected the seconds to detection and
+/// the measured rate.
+type Leaker<'a> = (&'a str, u32, Option<(f64, f64)>);
+
 pub(crate) fn leaks(duration: Duration) {
     use resourcewatch_workloads::{MIB, Pattern};
     let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
@@ -42,43 +46,8 @@ pub(crate) fn leaks(duration: Duration) {
         ("100 KB/s", 100_000),
         ("10 KB/s", 10_000),
     ];
-    let stable = [
-        ("flat", Pattern::Flat { size: 100 * MIB }),
-        (
-            "sawtooth",
-            Pattern::Sawtooth {
-                baseline: 100 * MIB,
-                rate: 2 * MIB,
-                period: Duration::from_secs(10),
-            },
-        ),
-        (
-            "plateau",
-            Pattern::Plateau {
-                baseline: 50 * MIB,
-                cap: 60 * MIB,
-                tau: Duration::from_secs(10),
-            },
-        ),
-        (
-            "bursty",
-            Pattern::Bursty {
-                baseline: 100 * MIB,
-                max_burst: 50 * MIB,
-                seed: 7,
-            },
-        ),
-        (
-            "pagecache",
-            Pattern::PageCache {
-                size: 500 * MIB,
-                rate: 5 * MIB,
-            },
-        ),
-    ];
+    let stable = stable_patterns();
     let start = Instant::now();
-    // (name, pid, (seconds to detection, measured rate) once detected)
-    type Leaker<'a> = (&'a str, u32, Option<(f64, f64)>);
     let mut leakers: Vec<Leaker> = rates
         .iter()
         .map(|(name, rate)| {
@@ -125,9 +94,25 @@ pub(crate) fn leaks(duration: Duration) {
             }
         }
     }
+    print_tables(&leakers, &calm, &worst, duration);
+    let all: Vec<u32> = leakers
+        .iter()
+        .map(|l| l.1)
+        .chain(calm.iter().map(|c| c.1))
+        .collect();
+    drop(Workload { pids: all });
+}
+
+/// The leaks' detection times and the stable patterns' highest confidence, as tables.
+fn print_tables(
+    leakers: &[Leaker<'_>],
+    calm: &[(&str, u32)],
+    worst: &HashMap<u32, u8>,
+    duration: Duration,
+) {
     println!("| leak rate | time to confidence >= 60 | measured growth |");
     println!("|---|---|---|");
-    for (name, _, got) in &leakers {
+    for (name, _, got) in leakers {
         match got {
             Some((t, g)) => println!("| {name} | {t:.0} s | {:.1} KB/s |", g / 1000.0),
             None => println!(
@@ -141,13 +126,47 @@ pub(crate) fn leaks(duration: Duration) {
         duration.as_secs_f64()
     );
     println!("|---|---|");
-    for (name, pid) in &calm {
+    for (name, pid) in calm {
         println!("| {name} | {} |", worst.get(pid).copied().unwrap_or(0));
     }
-    let all: Vec<u32> = leakers
-        .iter()
-        .map(|l| l.1)
-        .chain(calm.iter().map(|c| c.1))
-        .collect();
-    drop(Workload { pids: all });
+}
+
+/// The patterns that are not leaks: memory that stays flat, cycles, levels off, bursts,
+/// or is page cache.
+fn stable_patterns() -> [(&'static str, resourcewatch_workloads::Pattern); 5] {
+    use resourcewatch_workloads::{MIB, Pattern};
+    [
+        ("flat", Pattern::Flat { size: 100 * MIB }),
+        (
+            "sawtooth",
+            Pattern::Sawtooth {
+                baseline: 100 * MIB,
+                rate: 2 * MIB,
+                period: Duration::from_secs(10),
+            },
+        ),
+        (
+            "plateau",
+            Pattern::Plateau {
+                baseline: 50 * MIB,
+                cap: 60 * MIB,
+                tau: Duration::from_secs(10),
+            },
+        ),
+        (
+            "bursty",
+            Pattern::Bursty {
+                baseline: 100 * MIB,
+                max_burst: 50 * MIB,
+                seed: 7,
+            },
+        ),
+        (
+            "pagecache",
+            Pattern::PageCache {
+                size: 500 * MIB,
+                rate: 5 * MIB,
+            },
+        ),
+    ]
 }
