@@ -10,16 +10,7 @@ pub(crate) fn oom(limit: u64, rate: u64) {
     use resourcewatch_workloads::{MIB, Pattern};
     let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
     let layout = pipes.cgroup_layout().clone();
-    let dir = layout
-        .root()
-        .join(format!("rw-oom-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&format!("{}: {e}", dir.display())));
-    let limit_file = if dir.join("memory.max").exists() {
-        "memory.max"
-    } else {
-        "memory.limit_in_bytes"
-    };
-    std::fs::write(dir.join(limit_file), limit.to_string()).unwrap_or_else(|e| fail(&e));
+    let dir = limited_cgroup(layout.root(), limit);
     let mut builder = resourcewatch_agent::snapshot::FrameBuilder::new(1000, Some(layout.clone()));
     builder.leak_min_confidence = 0;
     // The child waits on a pipe until it is inside the cgroup.
@@ -86,6 +77,25 @@ pub(crate) fn oom(limit: u64, rate: u64) {
         }
     }
     let _ = std::fs::remove_dir(&dir);
+    report(half, killed_at);
+}
+
+/// A new memory cgroup under `root` (v1 or v2) limited to `limit` bytes.
+fn limited_cgroup(root: &std::path::Path, limit: u64) -> std::path::PathBuf {
+    let dir = root.join(format!("rw-oom-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&format!("{}: {e}", dir.display())));
+    let limit_file = if dir.join("memory.max").exists() {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    std::fs::write(dir.join(limit_file), limit.to_string()).unwrap_or_else(|e| fail(&e));
+    dir
+}
+
+/// The prediction made half-way ((seconds since start, predicted seconds to OOM)) against
+/// the kill, `killed_at` seconds after the start.
+fn report(half: Option<(f64, f64)>, killed_at: f64) {
     match half {
         Some((t, tto)) => {
             let real = killed_at - t;

@@ -94,22 +94,7 @@ pub(crate) fn precision(
             .filter_map(|(p, v)| prev.cpu.get(p).map(|old| (*p, v.saturating_sub(*old))))
             .collect();
         if std::env::var_os("RW_BENCH_DEBUG").is_some() {
-            let (t, s) = (
-                hashpipe::top_k(&cpu_truth, 6),
-                hashpipe::top_k(&epoch.per_tgid, 6),
-            );
-            if t[0].0 != s[0].0 {
-                let name = |p: u32| procfs::comm(p).unwrap_or_default();
-                eprintln!(
-                    "interval {n}: truth {:?}\n            sketch {:?}",
-                    t.iter()
-                        .map(|(p, v)| (name(*p), p, v / 1000))
-                        .collect::<Vec<_>>(),
-                    s.iter()
-                        .map(|(p, v)| (name(*p), p, v / 1000))
-                        .collect::<Vec<_>>()
-                );
-            }
+            debug_top(n, &cpu_truth, &epoch.per_tgid);
         }
         for (i, &k) in ks.iter().enumerate() {
             hits_cpu[i] += overlap(
@@ -120,6 +105,36 @@ pub(crate) fn precision(
         }
         prev = truth;
     }
+    print_precision(&ks, &hits_cpu, &hits_mem, intervals, geo, &pipes);
+}
+
+/// `RW_BENCH_DEBUG`: the truth's and the sketch's top 6 of interval `n` when they
+/// disagree on the first.
+fn debug_top(n: u32, truth: &HashMap<u32, u64>, sketch: &HashMap<u32, u64>) {
+    let (t, s) = (hashpipe::top_k(truth, 6), hashpipe::top_k(sketch, 6));
+    if t[0].0 != s[0].0 {
+        let name = |p: u32| procfs::comm(p).unwrap_or_default();
+        eprintln!(
+            "interval {n}: truth {:?}\n            sketch {:?}",
+            t.iter()
+                .map(|(p, v)| (name(*p), p, v / 1000))
+                .collect::<Vec<_>>(),
+            s.iter()
+                .map(|(p, v)| (name(*p), p, v / 1000))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+/// The precision table at each K, and what the sketch and the maps hold.
+fn print_precision(
+    ks: &[usize],
+    hits_cpu: &[usize],
+    hits_mem: &[usize],
+    intervals: u32,
+    geo: Geometry,
+    pipes: &Pipelines,
+) {
     let sketch_bytes = (2 * geo.slots() + geo.slots()) * 8;
     let maps = pipes.map_memory_bytes();
     let total: u64 = maps.iter().map(|m| m.1).sum();
