@@ -244,57 +244,60 @@ pub(crate) fn capture_target(pipes: &mut Pipelines, capture: Capture) -> Workloa
     Workload { pids: vec![pid] }
 }
 
-pub(crate) fn cost(runs: usize, loops: u64, pin: Option<u32>, capture: Option<Capture>) {
-    {
-        let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
-        // One method for every figure: the kernel's run_time_ns / run_cnt of our program,
-        // and of an empty program on the same tracepoint under the same load, measured in
-        // the same invocation; the difference is our programs' own work (the empty one is
-        // what the accounting itself reports, two clock reads around each run).
-        let floors = floor(loops);
-        let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
-        let mut target = capture.map(|c| capture_target(&mut pipes, c));
-        perf_pipe(loops, None);
-        match (capture, &mut target) {
-            (Some(Capture::Own), Some(t)) => {
-                // SAFETY: waiting for our own child (its storm ends it); reaped, it is no
-                // longer the Workload's to kill.
-                unsafe { libc::waitpid(t.pids[0] as i32, std::ptr::null_mut(), 0) };
-                t.pids.clear();
-            }
-            _ => fault_storm(20),
+/// ns per event of each program against an empty program on the same tracepoint.
+fn per_event_cost(loops: u64, capture: Option<Capture>) {
+    let _stats = SysctlGuard::set("/proc/sys/kernel/bpf_stats_enabled", "1");
+    // One method for every figure: the kernel's run_time_ns / run_cnt of our program,
+    // and of an empty program on the same tracepoint under the same load, measured in
+    // the same invocation; the difference is our programs' own work (the empty one is
+    // what the accounting itself reports, two clock reads around each run).
+    let floors = floor(loops);
+    let mut pipes = Pipelines::load(PipelineOptions::default()).unwrap_or_else(|e| fail(&e));
+    let mut target = capture.map(|c| capture_target(&mut pipes, c));
+    perf_pipe(loops, None);
+    match (capture, &mut target) {
+        (Some(Capture::Own), Some(t)) => {
+            // SAFETY: waiting for our own child (its storm ends it); reaped, it is no
+            // longer the Workload's to kill.
+            unsafe { libc::waitpid(t.pids[0] as i32, std::ptr::null_mut(), 0) };
+            t.pids.clear();
         }
-        std::thread::sleep(Duration::from_millis(200));
-        if let Some(c) = capture {
-            println!(
-                "with a growth-site capture running on {c:?} (RW_STAT stacks lost: {})",
-                pipes.kernel_stats().stacks_lost
-            );
-        }
-        println!("| program | events | ns/event | empty program, same tracepoint | over it |");
-        println!("|---|---|---|---|---|");
-        for s in pipes.program_stats().iter().filter(|s| s.run_cnt > 0) {
-            let ns = s.run_time_ns as f64 / s.run_cnt as f64;
-            let empty = s
-                .name
-                .strip_prefix("rw_")
-                .and_then(|t| {
-                    floors
-                        .iter()
-                        .find(|(f, _)| f.strip_prefix("floor_") == Some(t))
-                })
-                .map(|(_, f)| *f);
-            match empty {
-                Some(f) => println!(
-                    "| {} | {} | {ns:.1} | {f:.1} | {:.1} |",
-                    s.name,
-                    s.run_cnt,
-                    ns - f
-                ),
-                None => println!("| {} | {} | {ns:.1} | | |", s.name, s.run_cnt),
-            }
+        _ => fault_storm(20),
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    if let Some(c) = capture {
+        println!(
+            "with a growth-site capture running on {c:?} (RW_STAT stacks lost: {})",
+            pipes.kernel_stats().stacks_lost
+        );
+    }
+    println!("| program | events | ns/event | empty program, same tracepoint | over it |");
+    println!("|---|---|---|---|---|");
+    for s in pipes.program_stats().iter().filter(|s| s.run_cnt > 0) {
+        let ns = s.run_time_ns as f64 / s.run_cnt as f64;
+        let empty = s
+            .name
+            .strip_prefix("rw_")
+            .and_then(|t| {
+                floors
+                    .iter()
+                    .find(|(f, _)| f.strip_prefix("floor_") == Some(t))
+            })
+            .map(|(_, f)| *f);
+        match empty {
+            Some(f) => println!(
+                "| {} | {} | {ns:.1} | {f:.1} | {:.1} |",
+                s.name,
+                s.run_cnt,
+                ns - f
+            ),
+            None => println!("| {} | {} | {ns:.1} | | |", s.name, s.run_cnt),
         }
     }
+}
+
+pub(crate) fn cost(runs: usize, loops: u64, pin: Option<u32>, capture: Option<Capture>) {
+    per_event_cost(loops, capture);
     if runs == 0 {
         return;
     }
@@ -343,6 +346,23 @@ pub(crate) fn cost(runs: usize, loops: u64, pin: Option<u32>, capture: Option<Ca
         without.push(base);
         floored.push(empty);
     }
+    print_ratios(
+        loops,
+        pin,
+        runs,
+        (without, with, floored),
+        (ratios, floor_ratios),
+    );
+}
+
+/// The times of each arm and the ratios to the run without, their medians first.
+fn print_ratios(
+    loops: u64,
+    pin: Option<u32>,
+    runs: usize,
+    (without, with, floored): (Vec<f64>, Vec<f64>, Vec<f64>),
+    (ratios, floor_ratios): (Vec<f64>, Vec<f64>),
+) {
     let rounded = |v: &[f64]| {
         v.iter()
             .map(|r| (r * 1000.0).round() / 1000.0)
