@@ -446,16 +446,7 @@ pub fn compare(
     });
 
     let files = cg.files();
-    let mut buf = String::new();
-    let reader = poll(interval, duration, || {
-        for f in &files {
-            buf.clear();
-            if let Ok(s) = std::fs::read_to_string(f) {
-                buf.push_str(&s);
-            }
-            std::hint::black_box(&buf);
-        }
-    });
+    let reader = cgroup_reader(&files, interval, duration);
 
     let agent_run = agent(k, interval, duration, &cg.dirs, false);
     // The same agent printing only the tracked processes' rows that changed.
@@ -471,18 +462,75 @@ pub fn compare(
         interval.as_millis(),
         duration.as_secs()
     );
+    let agents = [
+        ("resourcewatch-agent top", Some(&agent)),
+        ("resourcewatch-agent top --changed-rows", changed.as_ref()),
+        (
+            "resourcewatch-agent top, no exact targets",
+            sketch_only.as_ref(),
+        ),
+    ];
+    let reader_name = format!(
+        "cgroup reader ({} files per pass, per-container only)",
+        files.len()
+    );
+    let rows: Vec<(String, &Cost, String)> = agents
+        .into_iter()
+        .filter_map(|(name, c)| c.map(|c| (name.to_owned(), c, bpf_time(c))))
+        .chain([
+            (
+                "/proc poller (stat + statm of every process)".into(),
+                &poller,
+                "-".into(),
+            ),
+            (
+                "competent /proc poller (stat only, buffers reused)".into(),
+                &lean,
+                "-".into(),
+            ),
+            (reader_name, &reader, "-".into()),
+        ])
+        .collect();
+    print_costs(&rows, agent.percent());
+}
+
+/// A reader of the containers' cgroup files (`files`), every `interval`.
+fn cgroup_reader(files: &[std::path::PathBuf], interval: Duration, duration: Duration) -> Cost {
+    let mut buf = String::new();
+    poll(interval, duration, || {
+        for f in files {
+            buf.clear();
+            if let Ok(s) = std::fs::read_to_string(f) {
+                buf.push_str(&s);
+            }
+            std::hint::black_box(&buf);
+        }
+    })
+}
+
+/// The kernel time of a run's eBPF programs, with their runs.
+fn bpf_time(c: &Cost) -> String {
+    format!(
+        "{:.3} s ({} runs, {:.0} ns each)",
+        c.bpf_s,
+        c.bpf_runs,
+        c.bpf_s * 1e9 / c.bpf_runs.max(1) as f64
+    )
+}
+
+/// Each tool's cost as a row, against the agent's `agent_percent` of a core.
+fn print_costs(rows: &[(String, &Cost, String)], agent_percent: f64) {
     println!(
         "| tool | passes | user + system CPU | eBPF kernel time | total, % of a core | x agent | RSS (peak) |"
     );
     println!("|---|---|---|---|---|---|---|");
-    let a = agent.percent();
-    let row = |name: &str, c: &Cost, bpf: String| {
+    for (name, c, bpf) in rows {
         println!(
             "| {name} | {} | {:.3} s | {bpf} | **{:.3} %** | {:.1} | {} |",
             c.passes,
             c.cpu_s,
             c.percent(),
-            c.percent() / a.max(1e-9),
+            c.percent() / agent_percent.max(1e-9),
             c.rss_kib
                 .map(|(now, peak)| format!(
                     "{:.1} MiB ({:.1} MiB)",
@@ -491,57 +539,5 @@ pub fn compare(
                 ))
                 .unwrap_or_else(|| "-".into())
         );
-    };
-    row(
-        "resourcewatch-agent top",
-        &agent,
-        format!(
-            "{:.3} s ({} runs, {:.0} ns each)",
-            agent.bpf_s,
-            agent.bpf_runs,
-            agent.bpf_s * 1e9 / agent.bpf_runs.max(1) as f64
-        ),
-    );
-    if let Some(c) = &changed {
-        row(
-            "resourcewatch-agent top --changed-rows",
-            c,
-            format!(
-                "{:.3} s ({} runs, {:.0} ns each)",
-                c.bpf_s,
-                c.bpf_runs,
-                c.bpf_s * 1e9 / c.bpf_runs.max(1) as f64
-            ),
-        );
     }
-    if let Some(c) = &sketch_only {
-        row(
-            "resourcewatch-agent top, no exact targets",
-            c,
-            format!(
-                "{:.3} s ({} runs, {:.0} ns each)",
-                c.bpf_s,
-                c.bpf_runs,
-                c.bpf_s * 1e9 / c.bpf_runs.max(1) as f64
-            ),
-        );
-    }
-    row(
-        "/proc poller (stat + statm of every process)",
-        &poller,
-        "-".into(),
-    );
-    row(
-        "competent /proc poller (stat only, buffers reused)",
-        &lean,
-        "-".into(),
-    );
-    row(
-        &format!(
-            "cgroup reader ({} files per pass, per-container only)",
-            files.len()
-        ),
-        &reader,
-        "-".into(),
-    );
 }

@@ -384,39 +384,7 @@ fn observe(
     }
     let pids = procs_of(&r.dir);
     for pid in &pids {
-        if let Some(s) = builder.leaks.last_sample(SeriesKey::Process { tgid: *pid }) {
-            let k = r.procs.len();
-            let name = r
-                .procs
-                .entry(*pid)
-                .or_insert_with(|| format!("p{k}"))
-                .clone();
-            r.trace.rows.push((
-                t,
-                name.clone(),
-                TraceSample {
-                    rss: s.rss_bytes(),
-                    anon: s.anon_bytes + s.shmem_bytes,
-                    headroom: None,
-                    reclaimable: None,
-                },
-            ));
-            // A JVM's retained heap: a row per young collection, as the tracker has it.
-            if let Some((ts, bytes)) = builder.leaks.last_heap(*pid)
-                && r.heap_ts.insert(*pid, ts) != Some(ts)
-            {
-                r.trace.rows.push((
-                    t,
-                    name.replacen('p', "h", 1),
-                    TraceSample {
-                        rss: bytes,
-                        anon: bytes,
-                        headroom: None,
-                        reclaimable: None,
-                    },
-                ));
-            }
-        }
+        observe_process(r, builder, *pid, t);
     }
     let best = f
         .leaks
@@ -444,6 +412,44 @@ fn observe(
         eta: None,
         growing_secs: 0.0,
     }));
+}
+
+/// A process of a case at `t`: its resident size, and a JVM's retained heap (a row per
+/// young collection, as the tracker has it).
+fn observe_process(r: &mut Running, builder: &FrameBuilder, pid: u32, t: f64) {
+    let Some(s) = builder.leaks.last_sample(SeriesKey::Process { tgid: pid }) else {
+        return;
+    };
+    let k = r.procs.len();
+    let name = r
+        .procs
+        .entry(pid)
+        .or_insert_with(|| format!("p{k}"))
+        .clone();
+    r.trace.rows.push((
+        t,
+        name.clone(),
+        TraceSample {
+            rss: s.rss_bytes(),
+            anon: s.anon_bytes + s.shmem_bytes,
+            headroom: None,
+            reclaimable: None,
+        },
+    ));
+    if let Some((ts, bytes)) = builder.leaks.last_heap(pid)
+        && r.heap_ts.insert(pid, ts) != Some(ts)
+    {
+        r.trace.rows.push((
+            t,
+            name.replacen('p', "h", 1),
+            TraceSample {
+                rss: bytes,
+                anon: bytes,
+                headroom: None,
+                reclaimable: None,
+            },
+        ));
+    }
 }
 
 /// Kills every case and removes the cgroups: leaves first, then pods, then the top.
@@ -547,37 +553,9 @@ fn print_production(results: &[(Trace, Vec<Step>)], every: f64) {
             (ok, n)
         });
         if leak {
-            sum.leaks += 1;
-            if let Some(h) = o.held_from {
-                sum.within += usize::from(h <= goal_secs(trace));
-                sum.detect.push(h - trace.leak_from);
-            } else {
-                sum.missed += 1;
-            }
-            if trace.oom_at.is_some() {
-                sum.kills += 1;
-                match warning {
-                    Some(w) => sum.warnings.push(w),
-                    None => sum.unwarned += 1,
-                }
-                if let Some((ok, n)) = every_ok
-                    && n > 0
-                    && ok == n
-                {
-                    sum.covered += 1;
-                }
-                if let (Some((t, low)), Some(k)) = (first_low, trace.oom_at)
-                    && low <= k - t
-                {
-                    sum.first_covered += 1;
-                }
-            }
+            sum.add_leak(trace, &o, warning, first_low, every_ok);
         } else {
-            sum.calm += 1;
-            let n = alarms(steps);
-            sum.alarmed += usize::from(n > 0);
-            sum.alarms += n;
-            sum.alarms_gated += alarms(&gated(steps, 60.0));
+            sum.add_calm(alarms(steps), alarms(&gated(steps, 60.0)));
         }
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -608,6 +586,53 @@ fn print_production(results: &[(Trace, Vec<Step>)], every: f64) {
         );
     }
     sum.print(every);
+}
+
+impl ProductionSummary {
+    /// A leak case: when it was held, its warning before the kill, whether its lower
+    /// bounds held (the first, and every one: `every_ok` of them did).
+    fn add_leak(
+        &mut self,
+        trace: &Trace,
+        o: &Outcome,
+        warning: Option<f64>,
+        first_low: Option<(f64, f64)>,
+        every_ok: Option<(usize, usize)>,
+    ) {
+        self.leaks += 1;
+        if let Some(h) = o.held_from {
+            self.within += usize::from(h <= goal_secs(trace));
+            self.detect.push(h - trace.leak_from);
+        } else {
+            self.missed += 1;
+        }
+        let Some(k) = trace.oom_at else { return };
+        self.kills += 1;
+        match warning {
+            Some(w) => self.warnings.push(w),
+            None => self.unwarned += 1,
+        }
+        if let Some((ok, n)) = every_ok
+            && n > 0
+            && ok == n
+        {
+            self.covered += 1;
+        }
+        if let Some((t, low)) = first_low
+            && low <= k - t
+        {
+            self.first_covered += 1;
+        }
+    }
+
+    /// A case that is no leak, and its reports at confidence >= 60 (without and with
+    /// the 60 s minGrowingTime).
+    fn add_calm(&mut self, alarms: usize, alarms_gated: usize) {
+        self.calm += 1;
+        self.alarmed += usize::from(alarms > 0);
+        self.alarms += alarms;
+        self.alarms_gated += alarms_gated;
+    }
 }
 
 #[derive(Default)]
