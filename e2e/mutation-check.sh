@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shows that a trust test can fail: applies one mutation to the operator's source (a fix
-# reverted), rebuilds the operator, runs one test of e2e/tests/trust.rs against the
+# reverted), rebuilds the operator, runs one test of e2e/tests/trust/ against the
 # running apiserver-only harness (e2e/cluster/up.sh --apiserver-only), restores the file
 # and prints the test's exit code and first failure. Expect rc=101 for every mutation.
 #

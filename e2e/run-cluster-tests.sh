@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end tests on a real single-node cluster: builds the images, installs
-# resourcewatch through config/ (kubectl apply -k), and runs e2e/tests/cluster.rs.
+# resourcewatch through config/ (kubectl apply -k), and runs e2e/tests/cluster/.
 # The harness cluster is started (built once, cached), and stopped afterwards; then
 # check-clean.sh proves that nothing of it is left on the machine. A KUBECONFIG in the
 # environment is ignored: RW_E2E_KUBECONFIG=FILE opts in to another cluster

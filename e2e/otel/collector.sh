@@ -5,7 +5,7 @@
 #
 #   e2e/otel/collector.sh build   builds it (cached); prints the binary's path
 #
-# The test runs it on this machine (e2e/tests/cluster.rs,
+# The test runs it on this machine (e2e/tests/cluster/otlp.rs,
 # a_profile_is_sent_to_the_clusters_otlp_collector_with_its_pods_labels), with the
 # service.profilesSupport feature gate (profiles are in development in OTLP).
 set -euo pipefail
