@@ -451,7 +451,8 @@ async fn a_sudden_allocation_is_an_oom_kill_nobody_predicted() {
 /// When the node's memory runs out (the cgroup v2 node: Linux 6.1, 3 GiB), not a
 /// container's limit: a pod with no limit (BestEffort, so the kernel's first victim)
 /// allocates 256 MiB/s until the kernel kills it. The status records the kill with scope
-/// System and no limit, told apart from a cgroup's, and an Event says so; the node stays
+/// System and the node's memory as its limit, told apart from a cgroup's, and an Event
+/// says so (whether it was predicted depends on the emulated node's speed); the node stays
 /// Ready and no agent restarted (they were not the victims). Last of the VM node's tests by
 /// name: the others do not run on a node that just ran out of memory.
 #[tokio::test]
@@ -479,7 +480,11 @@ async fn on_the_cgroup_v2_node_when_memory_runs_out_the_system_wide_oom_kill_is_
     let k = s.oom_kills.iter().find(|k| k.pod == "hog").expect("kill");
     eprintln!("graded kill: {k:?}");
     assert_eq!(k.scope, OomScope::System, "{k:?}");
-    assert_eq!(k.limit_bytes, None, "{k:?}");
+    // The limit it ran into is the node's memory (the VM's MemTotal, under its 3 GiB).
+    assert!(
+        k.limit_bytes.is_some_and(|l| l > 2 << 30 && l <= 3 << 30),
+        "{k:?}"
+    );
     assert_eq!(k.node, harness::VM_NODE, "{k:?}");
     assert_eq!(k.container, "main", "{k:?}");
     assert!(k.memory_bytes > 1 << 30, "{k:?}");
