@@ -152,10 +152,13 @@ if [[ $started -eq 1 && "${RW_E2E_VM_NODE:-1}" != 0 ]]; then
   # Its agent loads its programs under emulation: a minute or more.
   "$K" -n resourcewatch-system rollout status ds/resourcewatch-agent --timeout=300s
   lap "VM node: images imported, agent ready"
+  # RW_E2E_VM_ONLY=NAME runs only the VM node's tests whose name contains NAME.
+  # shellcheck disable=SC2086 # the filters are words
   cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture \
-    on_the_cgroup_v2_node the_node_view
+    ${RW_E2E_VM_ONLY:-on_the_cgroup_v2_node the_node_view}
+  # shellcheck disable=SC2086
   cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture \
-    on_the_cgroup_v2_node
+    ${RW_E2E_VM_ONLY:-on_the_cgroup_v2_node}
   e2e/cluster/vm-node.sh down
   lap "VM node e2e tests"
 fi
