@@ -50,6 +50,60 @@ struct Cost {
     passes: u64,
     /// The agent's resident memory at the end and its peak, KiB.
     rss_kib: Option<(u64, u64)>,
+    /// The agent's own account of the work it did (the agent only).
+    work: Option<Work>,
+}
+
+/// What an agent printed over a run (`top --json`, a frame per line): that it did the
+/// work measured, not a part of it.
+#[derive(Clone, Debug, Default)]
+struct Work {
+    frames: u64,
+    /// Every process that appeared among the exactly tracked ones.
+    tracked: std::collections::HashSet<u64>,
+    /// The kernel's counters in the last frame: processes spilled out of the slot table,
+    /// and tracked processes dropped (the spill map full).
+    spilled: u64,
+    dropped: u64,
+}
+
+impl Work {
+    fn frame(&mut self, line: &str) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            return;
+        };
+        self.frames += 1;
+        for row in v["targets"].as_array().into_iter().flatten() {
+            if let Some(pid) = row["pid"].as_u64() {
+                self.tracked.insert(pid);
+            }
+        }
+        self.spilled = v["kernel"]["targets_spilled"].as_u64().unwrap_or(0);
+        self.dropped = v["kernel"]["targets_full"].as_u64().unwrap_or(0);
+    }
+
+    /// The run fails unless the agent printed at least half the frames its interval
+    /// gives, tracked every one of the `expected` processes, and dropped none.
+    fn check(&self, what: &str, passes: u64, expected: usize) {
+        if self.frames < passes / 2 {
+            fail(&format!(
+                "{what}: {} frames printed in {passes} intervals: it did not do the work measured",
+                self.frames
+            ));
+        }
+        if self.tracked.len() < expected {
+            fail(&format!(
+                "{what}: tracked {} of the {expected} processes in the containers",
+                self.tracked.len()
+            ));
+        }
+        if self.dropped > 0 {
+            fail(&format!(
+                "{what}: dropped {} tracked processes (its maps were full)",
+                self.dropped
+            ));
+        }
+    }
 }
 
 impl Cost {
@@ -216,6 +270,7 @@ fn poll(interval: Duration, duration: Duration, mut pass: impl FnMut() + Send) -
                 wall_s: t0.elapsed().as_secs_f64(),
                 passes,
                 rss_kib: None,
+                work: None,
             }
         })
         .join()
@@ -366,11 +421,13 @@ fn bpf_of(pid: u32) -> (u64, u64) {
     (ns, runs)
 }
 
+/// The agent's cost over `duration`, and its account of the work, checked: at least
+/// `expected` processes tracked (those in `targets`).
 fn agent(
     k: usize,
     interval: Duration,
     duration: Duration,
-    targets: &[PathBuf],
+    (targets, expected): (&[PathBuf], usize),
     changed_rows: bool,
 ) -> Cost {
     let exe = std::env::current_exe().unwrap_or_else(|e| fail(&e));
@@ -385,10 +442,20 @@ fn agent(
         cmd.arg("--changed-rows");
     }
     let mut child = cmd
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| fail(&format!("{}: {e}", bin.display())));
     let pid = child.id();
+    let work = std::sync::Arc::new(std::sync::Mutex::new(Work::default()));
+    let reader = child.stdout.take().map(|out| {
+        let work = work.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                work.lock().unwrap_or_else(|e| e.into_inner()).frame(&line);
+            }
+        })
+    });
     // Loading, verification and the first seeding are start-up, not steady state.
     std::thread::sleep(Duration::from_secs(5));
     let gone = || fail(&"the agent exited early (run it alone to see why)");
@@ -403,13 +470,25 @@ fn agent(
     let rss_kib = Some((status_kb(pid, "VmRSS:"), status_kb(pid, "VmHWM:")));
     let _ = child.kill();
     let _ = child.wait();
+    if let Some(r) = reader {
+        let _ = r.join();
+    }
+    let work = work.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let passes = (wall_s / interval.as_secs_f64()) as u64;
+    let what = if changed_rows {
+        "the agent (--changed-rows)"
+    } else {
+        "the agent"
+    };
+    work.check(what, passes, expected);
     Cost {
         cpu_s: (c1 - c0) as f64 / 100.0,
         bpf_s: (b1 - b0) as f64 / 1e9,
         bpf_runs: r1 - r0,
         wall_s,
-        passes: (wall_s / interval.as_secs_f64()) as u64,
+        passes,
         rss_kib,
+        work: Some(work),
     }
 }
 
@@ -448,11 +527,11 @@ pub fn compare(
     let files = cg.files();
     let reader = cgroup_reader(&files, interval, duration);
 
-    let agent_run = agent(k, interval, duration, &cg.dirs, false);
+    let agent_run = agent(k, interval, duration, (&cg.dirs, procs), false);
     // The same agent printing only the tracked processes' rows that changed.
-    let changed = changed_rows.then(|| agent(k, interval, duration, &cg.dirs, true));
+    let changed = changed_rows.then(|| agent(k, interval, duration, (&cg.dirs, procs), true));
     // The same agent with no exact tracking: the sketches alone.
-    let sketch_only = untargeted.then(|| agent(k, interval, duration, &[], false));
+    let sketch_only = untargeted.then(|| agent(k, interval, duration, (&[], 0), false));
     let agent = agent_run;
 
     println!(
@@ -539,5 +618,17 @@ fn print_costs(rows: &[(String, &Cost, String)], agent_percent: f64) {
                 ))
                 .unwrap_or_else(|| "-".into())
         );
+    }
+    println!("\nwhat each agent run printed (its own account, checked):");
+    for (name, c, _) in rows {
+        if let Some(w) = &c.work {
+            println!(
+                "- {name}: {} frames, {} processes tracked, {} spilled to the map, {} dropped",
+                w.frames,
+                w.tracked.len(),
+                w.spilled,
+                w.dropped
+            );
+        }
     }
 }
