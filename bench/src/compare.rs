@@ -82,27 +82,29 @@ impl Work {
         self.dropped = v["kernel"]["targets_full"].as_u64().unwrap_or(0);
     }
 
-    /// The run fails unless the agent printed at least half the frames its interval
-    /// gives, tracked every one of the `expected` processes, and dropped none.
-    fn check(&self, what: &str, passes: u64, expected: usize) {
+    /// Why the run does not count, if it does not: the agent printed fewer than half the
+    /// frames its interval gives, tracked fewer than the `expected` processes, or dropped
+    /// some.
+    fn check(&self, passes: u64, expected: usize) -> Result<(), String> {
         if self.frames < passes / 2 {
-            fail(&format!(
-                "{what}: {} frames printed in {passes} intervals: it did not do the work measured",
+            return Err(format!(
+                "{} frames printed in {passes} intervals: it did not do the work measured",
                 self.frames
             ));
         }
         if self.tracked.len() < expected {
-            fail(&format!(
-                "{what}: tracked {} of the {expected} processes in the containers",
+            return Err(format!(
+                "tracked {} of the {expected} processes in the containers",
                 self.tracked.len()
             ));
         }
         if self.dropped > 0 {
-            fail(&format!(
-                "{what}: dropped {} tracked processes (its maps were full)",
+            return Err(format!(
+                "dropped {} tracked processes (its maps were full)",
                 self.dropped
             ));
         }
+        Ok(())
     }
 }
 
@@ -480,7 +482,9 @@ fn agent(
     } else {
         "the agent"
     };
-    work.check(what, passes, expected);
+    if let Err(why) = work.check(passes, expected) {
+        fail(&format!("{what}: {why}"));
+    }
     Cost {
         cpu_s: (c1 - c0) as f64 / 100.0,
         bpf_s: (b1 - b0) as f64 / 1e9,
@@ -630,5 +634,37 @@ fn print_costs(rows: &[(String, &Cost, String)], agent_percent: f64) {
                 w.dropped
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frames as `top --json` prints them, read into the run's account, and the account
+    /// held to the work: enough frames, every process tracked, none dropped.
+    #[test]
+    fn a_run_counts_only_when_the_agent_did_the_work() {
+        let frame = |pids: &[u64], dropped: u64| {
+            let targets: Vec<_> = pids.iter().map(|p| serde_json::json!({"pid": p})).collect();
+            serde_json::json!({"targets": targets, "kernel": {"targets_spilled": 3, "targets_full": dropped}})
+                .to_string()
+        };
+        let mut w = Work::default();
+        w.frame(&frame(&[1, 2], 0));
+        w.frame("not JSON: ignored");
+        w.frame(&frame(&[2, 3], 0));
+        assert_eq!((w.frames, w.tracked.len(), w.spilled), (2, 3, 3));
+        assert_eq!(w.check(4, 3), Ok(()));
+        assert!(
+            w.check(6, 3)
+                .is_err_and(|e| e.contains("2 frames printed in 6"))
+        );
+        assert!(
+            w.check(4, 4)
+                .is_err_and(|e| e.contains("tracked 3 of the 4"))
+        );
+        w.frame(&frame(&[4], 7));
+        assert!(w.check(4, 4).is_err_and(|e| e.contains("dropped 7")));
     }
 }
