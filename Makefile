@@ -42,7 +42,7 @@ probe: deps ## Report what this kernel allows (BTF, tracepoints, cgroups, privil
 	$(CARGO) run --release -q -p resourcewatch-agent -- probe
 
 .PHONY: generate
-generate: ## Regenerate the CRD YAML (crds/, config/crd/, the chart's files/crds/) from the Rust types
+generate: ## Regenerate the CRD YAML (crds/, config/crd/, the chart's files/crds/) from the Rust types, and config/ from the chart
 	$(CARGO) run -q -p resourcewatch-crds --bin crdgen > crds/resourcewatch.io_resourcewatches.yaml
 	cp crds/resourcewatch.io_resourcewatches.yaml config/crd/resourcewatch.io_resourcewatches.yaml
 	cp crds/resourcewatch.io_resourcewatches.yaml charts/resourcewatch/files/crds/resourcewatch.io_resourcewatches.yaml
@@ -52,6 +52,7 @@ generate: ## Regenerate the CRD YAML (crds/, config/crd/, the chart's files/crds
 	$(CARGO) run -q -p resourcewatch-crds --bin crdgen policy > crds/resourcewatch.io_remediationpolicies.yaml
 	cp crds/resourcewatch.io_remediationpolicies.yaml config/crd/resourcewatch.io_remediationpolicies.yaml
 	cp crds/resourcewatch.io_remediationpolicies.yaml charts/resourcewatch/files/crds/resourcewatch.io_remediationpolicies.yaml
+	charts/config.py
 
 .PHONY: fmt
 fmt: ## Format the code
@@ -131,7 +132,7 @@ scale-ci: deps ## The operator at 100 nodes / 2,000 pods / 50 watches; fails on 
 	e2e/run-scale.sh --ci
 
 .PHONY: chart
-chart: ## Render the Helm chart offline and check it against config/ (see charts/README.md)
+chart: ## Render the Helm chart offline, check it, and check that config/ is its render (see charts/README.md)
 	charts/check.sh
 
 .PHONY: chart-install

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# promtool check + test of the alerting rules (config/prometheus/prometheusrule.yaml) and
-# of the chart's copy of them. Exits non-zero on any failure.
+# promtool check + test of the alerting rules (config/prometheus/prometheusrule.yaml, the
+# chart's render). Exits non-zero on any failure.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -16,7 +16,7 @@ with open(sys.argv[1]) as f:
 assert rule["kind"] == "PrometheusRule", rule["kind"]
 with open(sys.argv[3]) as f:
     if yaml.safe_load(f) != rule["spec"]:
-        sys.exit(f"{sys.argv[3]} differs from the spec of {sys.argv[1]}: copy it again")
+        sys.exit(f"{sys.argv[3]} differs from the spec of {sys.argv[1]}: run make generate")
 with open(sys.argv[2], "w") as f:
     yaml.safe_dump({"groups": rule["spec"]["groups"]}, f, sort_keys=False)
 PY
