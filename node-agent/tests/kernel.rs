@@ -1205,6 +1205,7 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
 
     let start = now();
     let mut detected: Option<(f64, f64)> = None;
+    let mut trace: Vec<String> = Vec::new();
     let mut rate: Option<f64> = None;
     let mut worst = vec![0u8; calm.len()];
     let mut n = 0;
@@ -1220,8 +1221,27 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
                 // SAFETY: stopping our own child.
                 unsafe { libc::kill(from_start.pid as i32, libc::SIGSTOP) };
             }
-            if r.pid == Some(leak.pid) && r.confidence >= 60 && detected.is_none() {
-                detected = Some((start.elapsed().as_secs_f64(), r.growth_bytes_per_sec));
+            if r.pid == Some(leak.pid)
+                && detected.is_none()
+                && start.elapsed().as_secs_f64() >= 30.0
+            {
+                // What the detector saw until it decided, for a failure's message.
+                trace.push(format!(
+                    "{:.1} s: confidence {} at {:.0} B/s",
+                    start.elapsed().as_secs_f64(),
+                    r.confidence,
+                    r.growth_bytes_per_sec
+                ));
+                if r.confidence >= 60 {
+                    detected = Some((start.elapsed().as_secs_f64(), r.growth_bytes_per_sec));
+                } else if trace.len() == 15 {
+                    let key = resourcewatch_agent::leak::SeriesKey::Process { tgid: leak.pid };
+                    trace.push(format!(
+                        "{:?}\n{:?}",
+                        builder.leaks.assess(key, procfs::monotonic_ns()),
+                        builder.leaks.debug_points(key)
+                    ));
+                }
             }
             // The first verdict's rate is rough (three points); judge it a few seconds on,
             // then stop the leak before it grows further.
@@ -1253,7 +1273,9 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
             }
         }
     }
-    let (secs, _) = detected.expect("the 10 MiB/s leak was detected");
+    let Some((secs, _)) = detected else {
+        panic!("the 10 MiB/s leak was not detected:\n{}", trace.join("\n"));
+    };
     // The corpus measures the goals on a quiet machine; this guards against a regression,
     // with room for a loaded CI machine.
     let fs = from_start_found.expect("the 10 MiB/s leak from its process's start was detected");
@@ -1263,8 +1285,9 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
     );
     assert!(
         secs - 30.0 <= 10.0,
-        "detected {:.1} s after the leak started",
-        secs - 30.0
+        "detected {:.1} s after the leak started:\n{}",
+        secs - 30.0,
+        trace.join("\n")
     );
     let rate = rate.expect("a verdict 4 s after detection");
     assert!(
