@@ -7,8 +7,8 @@ use std::{
 
 use crate::fail;
 
-/// Times what the agent does once a second per tracked JVM: open, read and parse its
-/// hsperfdata file.
+/// Times what the agent does once a second per tracked JVM: open (inside its root), read
+/// and parse its hsperfdata file.
 pub(crate) fn jvm_heap(reads: u32) {
     let dir = std::env::temp_dir().join(format!("rw-jvm-heap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&e));
@@ -24,11 +24,10 @@ pub(crate) fn jvm_heap(reads: u32) {
         .spawn()
         .unwrap_or_else(|e| fail(&format!("java: {e}")));
     let pid = java.id();
-    let proc_root = std::path::Path::new("/proc");
     let deadline = Instant::now() + Duration::from_secs(30);
     let path = loop {
-        if let Some(p) = resourcewatch_agent::leak::jvm::find(proc_root, pid)
-            && resourcewatch_agent::leak::jvm::read(&p).is_some()
+        if let Some(p) = resourcewatch_agent::leak::jvm::find(pid)
+            && resourcewatch_agent::leak::jvm::read(pid, &p).is_some()
         {
             break p;
         }
@@ -40,12 +39,12 @@ pub(crate) fn jvm_heap(reads: u32) {
     };
     // Let the JVM's start-up (class loading, JIT) finish: it shares the CPUs.
     std::thread::sleep(Duration::from_secs(5));
-    let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+    let size = std::fs::metadata(format!("/proc/{pid}/root/{path}")).map_or(0, |m| m.len());
     let start = Instant::now();
     let mut sum = 0u64;
     for _ in 0..reads {
         sum = sum.wrapping_add(
-            resourcewatch_agent::leak::jvm::read(&path)
+            resourcewatch_agent::leak::jvm::read(pid, &path)
                 .unwrap_or_else(|| fail(&"the hsperfdata file stopped parsing"))
                 .retained_bytes,
         );
@@ -55,8 +54,7 @@ pub(crate) fn jvm_heap(reads: u32) {
     let _ = java.wait();
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "{reads} reads of {} ({} bytes): {:.1} us each, {:.5} % of a core at one read per second (retained sum {sum})",
-        path.display(),
+        "{reads} reads of {path} inside JVM {pid}'s root ({} bytes): {:.1} us each, {:.5} % of a core at one read per second (retained sum {sum})",
         size,
         each * 1e6,
         each * 100.0

@@ -185,7 +185,7 @@ pub(crate) async fn agent_restarts(client: &Client) -> (i32, bool) {
 /// files mapped executable (a sparse file whose .eh_frame declares 1 GiB, a compressed
 /// section declaring 1 TiB, a truncated header), a mapped file truncated under its mapping
 /// and another replaced by a FIFO, a fake JVM with a slow attach socket, a perf map of 3
-/// million lines, and a chroot where the path of its library is an absolute symlink to a
+/// million lines, JVM counters (hsperfdata) of 4 GiB, sparse, and a chroot where the path of its library is an absolute symlink to a
 /// file of the node (planted here, with a function name found nowhere else). While it
 /// leaks and burns CPU in that library: its leak is listed and its stacks captured, a CPU
 /// profile of it succeeds, a well-behaved leak in another namespace keeps being listed

@@ -15,10 +15,25 @@
 //!
 //! Inside a container, the file is in the container's `/tmp` under the PID the JVM sees
 //! (`NSpid`): read through `/proc/PID/root`, as `jps` does across namespaces.
+//!
+//! Every process that moves memory is probed, and its `/tmp` is the workload's: the
+//! directory and the file are opened inside the process's root (`openat2`
+//! `RESOLVE_IN_ROOT`, so a symlink cannot point at the node's files), without blocking,
+//! the file only when regular (checked on the descriptor) and no larger than
+//! `MAX_FILE_BYTES`; the listing stops after `MAX_TMP_ENTRIES`. A sparse file declaring
+//! gigabytes planted as `hsperfdata_x/<pid>` once cost the agent that much memory per read.
 
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::os::fd::AsRawFd;
+
+use crate::procfs;
 
 const MAGIC: u32 = 0xcafe_c0c0;
+/// HotSpot sizes the file by `-XX:PerfDataMemorySize`, 64 KiB by default (32 KiB before
+/// JDK 9); a file 16 times that is not one a JVM wrote.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+/// Entries of a workload's `/tmp` looked at for an `hsperfdata_<user>` directory.
+pub const MAX_TMP_ENTRIES: usize = 4096;
 const PROLOGUE_LEN: usize = 32;
 const ENTRY_HEADER_LEN: usize = 20;
 
@@ -149,10 +164,10 @@ fn counter(name: &[u8]) -> Counter {
     }
 }
 
-/// Where a process's counters are, if it is a JVM publishing them: its own `/tmp`
-/// (through `/proc/PID/root`) under the PID it sees itself as.
-pub fn find(proc_root: &Path, pid: u32) -> Option<PathBuf> {
-    let status = std::fs::read_to_string(proc_root.join(format!("{pid}/status"))).ok()?;
+/// Where process `pid`'s counters are, if it is a JVM publishing them: a path inside its
+/// root, `tmp/hsperfdata_<user>/<the PID it sees itself as>`.
+pub fn find(pid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let ns_pid = status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
@@ -163,19 +178,40 @@ pub fn find(proc_root: &Path, pid: u32) -> Option<PathBuf> {
     } else {
         ns_pid.to_string()
     };
-    let tmp = proc_root.join(format!("{pid}/root/tmp"));
-    std::fs::read_dir(&tmp)
+    let tmp = procfs::open_in_root(
+        pid,
+        "tmp",
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK,
+    )
+    .ok()?;
+    // The directory just opened, not a path resolved again.
+    std::fs::read_dir(format!("/proc/self/fd/{}", tmp.as_raw_fd()))
         .ok()?
+        .take(MAX_TMP_ENTRIES)
         .flatten()
-        .filter(|e| e.file_name().as_encoded_bytes().starts_with(b"hsperfdata_"))
-        .map(|e| e.path().join(&ns_pid))
-        .find(|p| p.is_file())
+        .filter_map(|e| {
+            let name = e.file_name();
+            let name = name.to_str()?;
+            name.starts_with("hsperfdata_")
+                .then(|| format!("tmp/{name}/{ns_pid}"))
+        })
+        .find(|p| procfs::open_regular_in_root(pid, p).is_some())
 }
 
-/// Reads and parses one file. The JVM rewrites counters in place while we read: a torn
-/// 64-bit value is at worst one collection stale, which the detectors' series absorb.
-pub fn read(path: &Path) -> Option<Heap> {
-    let d = std::fs::read(path).ok()?;
+/// Reads and parses one file of process `pid`'s root (`find`'s path). The JVM rewrites
+/// counters in place while we read: a torn 64-bit value is at worst one collection stale,
+/// which the detectors' series absorb.
+pub fn read(pid: u32, path: &str) -> Option<Heap> {
+    let file = procfs::open_regular_in_root(pid, path)?;
+    if file.metadata().ok()?.len() > MAX_FILE_BYTES {
+        return None;
+    }
+    // The size checked on the descriptor can change under us: the read is bounded too.
+    let mut d = Vec::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut d).ok()?;
+    if d.len() as u64 > MAX_FILE_BYTES {
+        return None;
+    }
     parse(&d).ok()
 }
 
@@ -270,21 +306,54 @@ mod tests {
         assert_eq!(parse(&eden), Err(ParseError::NoGenerations));
     }
 
+    /// Our own process stands for a JVM: its counters under `/tmp/hsperfdata_<x>/<pid>`,
+    /// found and read inside its root; what a workload can put there instead is refused
+    /// without reading it.
     #[test]
-    fn a_container_jvm_is_found_under_the_pid_it_sees() {
-        let root = std::env::temp_dir().join(format!("rw-jvm-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let tmp = root.join("4242/root/tmp/hsperfdata_app");
-        std::fs::create_dir_all(&tmp).expect("mkdir");
-        std::fs::write(root.join("4242/status"), "Name:\tjava\nNSpid:\t4242\t7\n").expect("status");
-        std::fs::write(tmp.join("7"), image(true, G1)).expect("perfdata");
-        let found = find(&root, 4242).expect("found");
-        assert_eq!(found, tmp.join("7"));
-        assert_eq!(read(&found).map(|h| h.young_collections), Some(7));
-        // Not a JVM: no hsperfdata directory.
-        std::fs::create_dir_all(root.join("5/root/tmp")).expect("mkdir");
-        std::fs::write(root.join("5/status"), "Name:\tsh\nNSpid:\t5\n").expect("status");
-        assert_eq!(find(&root, 5), None);
-        let _ = std::fs::remove_dir_all(&root);
+    fn counters_are_found_in_the_process_root_and_hostile_files_are_refused() {
+        use std::os::unix::fs::symlink;
+        let me = std::process::id();
+        let dir = format!("/tmp/hsperfdata_rwtest{me}");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let file = format!("{dir}/{me}");
+        std::fs::write(&file, image(true, G1)).expect("perfdata");
+        let found = find(me).expect("found");
+        assert_eq!(found, format!("tmp/hsperfdata_rwtest{me}/{me}"));
+        assert_eq!(read(me, &found).map(|h| h.young_collections), Some(7));
+
+        // A sparse file declaring 4 GiB: refused by its size, nothing allocated for it.
+        std::fs::remove_file(&file).expect("rm");
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(4 << 30))
+            .expect("sparse");
+        let before = crate::procfs::peak_rss_bytes(me).unwrap_or(0);
+        assert_eq!(read(me, &found), None);
+        let after = crate::procfs::peak_rss_bytes(me).unwrap_or(0);
+        assert!(
+            after < before + (64 << 20),
+            "peak RSS grew from {before} to {after}"
+        );
+
+        // A FIFO: neither opened for a read that would block nor read.
+        std::fs::remove_file(&file).expect("rm");
+        let c = std::ffi::CString::new(file.clone()).expect("path");
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        let t = std::time::Instant::now();
+        assert_eq!(read(me, &found), None);
+        assert_eq!(find(me), None, "a FIFO is not a JVM's counters");
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+
+        // A symlink (to a regular file of the right shape): not followed.
+        std::fs::remove_file(&file).expect("rm");
+        let target = format!("{dir}/real");
+        std::fs::write(&target, image(true, G1)).expect("perfdata");
+        symlink(&target, &file).expect("symlink");
+        assert_eq!(read(me, &found), None);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // Not a JVM: no hsperfdata directory holds our PID.
+        assert_eq!(find(me), None);
     }
 }

@@ -339,7 +339,8 @@ pub struct FrameBuilder {
 /// start-up, a process may exec into one later), at most every 5 minutes: a directory
 /// listing per process, not per interval.
 struct JvmProbe {
-    path: Option<std::path::PathBuf>,
+    /// Inside the process's root (`jvm::find`).
+    path: Option<String>,
     next_probe_ns: u64,
     backoff_ns: u64,
     collections: Option<u64>,
@@ -745,7 +746,6 @@ impl FrameBuilder {
     /// Reads each tracked JVM's counters; a young collection since the last read is a
     /// point of its heap series.
     fn observe_jvms(&mut self, now: u64) {
-        let proc_root = std::path::Path::new("/proc");
         let mut live = std::collections::HashSet::new();
         for key in self.leaks.keys() {
             let SeriesKey::Process { tgid } = key else {
@@ -759,11 +759,11 @@ impl FrameBuilder {
                 collections: None,
             });
             if probe.path.is_none() && now >= probe.next_probe_ns {
-                probe.path = jvm::find(proc_root, tgid);
+                probe.path = jvm::find(tgid);
                 probe.next_probe_ns = now + probe.backoff_ns;
                 probe.backoff_ns = (probe.backoff_ns * 2).min(JVM_PROBE_MAX_NS);
             }
-            let heap = match probe.path.as_deref().map(jvm::read) {
+            let heap = match probe.path.as_deref().map(|p| jvm::read(tgid, p)) {
                 None => continue,
                 // Gone (the process exec'd, or its /tmp was cleaned): look for it again.
                 Some(None) => {
