@@ -895,9 +895,15 @@ pub fn replay_every(trace: &Trace, params: detect::Params, every: f64) -> Vec<St
         let now_ns = (now * 1e9) as u64;
         let mut best: Option<Step> = None;
         for key in tracker.keys() {
-            if let Some(v) =
-                tracker.assess_with(key, now_ns, headroom.map(|h| h as f64), reclaimable as f64)
-            {
+            // Each process is one of the container's (its charge is series "cg").
+            let container = keys.get("cg").copied();
+            if let Some((v, _)) = tracker.assess_in(
+                key,
+                container,
+                now_ns,
+                headroom.map(|h| h as f64),
+                reclaimable as f64,
+            ) {
                 let step = Step {
                     t: now,
                     confidence: v.confidence,

@@ -120,6 +120,10 @@ pub struct Components {
     pub linearity: f64,
     pub oscillation: f64,
     pub freshness: f64,
+    /// How much of a process's growth its container's charge shows (`LeakTracker::
+    /// assess_in`); 1 when the container is not a series of its own. Unset (0) on
+    /// verdicts `assess` makes.
+    pub charged: f64,
     /// What was fitted: the window's points, its lower envelope, or the troughs between
     /// collections.
     pub fitted: Fitted,
@@ -226,7 +230,7 @@ fn largest_drop(points: &[Point]) -> f64 {
     worst
 }
 
-fn ramp(x: f64, lo: f64, hi: f64) -> f64 {
+pub(crate) fn ramp(x: f64, lo: f64, hi: f64) -> f64 {
     ((x - lo) / (hi - lo)).clamp(0.0, 1.0)
 }
 

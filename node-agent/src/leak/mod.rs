@@ -266,6 +266,44 @@ impl LeakTracker {
         }
     }
 
+    /// `assess_basis` for a process of a container whose charge is a series of its own
+    /// (`container`). A process's growth that its container's charge does not show is no
+    /// memory the container consumes, and brings no OOM kill closer (the cgroup's OOM
+    /// killer acts on the charge): resident sizes count pages mapped twice (ZGC maps its
+    /// heap three times, and its resident size creeps as the collector touches each view;
+    /// a shared segment mapped by several processes) and pages another process of the
+    /// container frees meanwhile. The verdict is scaled by the share of the process's
+    /// anonymous growth over the scored window that the container's anonymous charge
+    /// (anon, shmem and kernel memory: what the kernel cannot reclaim) gained in the same
+    /// seconds: in full from half, nothing below a fifth. A leak near its limit, where the
+    /// kernel reclaims page cache to make room, grows the anonymous charge as much.
+    pub fn assess_in(
+        &self,
+        key: SeriesKey,
+        container: Option<SeriesKey>,
+        now_ns: u64,
+        headroom: Option<f64>,
+        reclaimable: f64,
+    ) -> Option<(Verdict, Basis)> {
+        let (mut v, basis) = self.assess_basis(key, now_ns, headroom, reclaimable)?;
+        v.components.charged = 1.0;
+        let (SeriesKey::Process { .. }, Some(c)) = (key, container) else {
+            return Some((v, basis));
+        };
+        let (Some(own), Some(cg)) = (self.series.get(&key), self.series.get(&c)) else {
+            return Some((v, basis));
+        };
+        let from = now_ns as f64 / 1e9 - v.run_secs;
+        if let Some(share) = charged_share(&own.points, &cg.points, from, &self.params) {
+            v.components.charged = detect::ramp(share, 0.2, 0.5);
+            v.confidence = (f64::from(v.confidence) * v.components.charged).round() as u8;
+            if v.confidence < 60 {
+                v.growing_secs = 0.0;
+            }
+        }
+        Some((v, basis))
+    }
+
     /// (seconds, MiB) of a series' points, for diagnostics.
     pub fn debug_points(&self, key: SeriesKey) -> Vec<(f64, f64)> {
         self.series
@@ -299,6 +337,46 @@ impl LeakTracker {
     }
 }
 
+/// The container's anonymous growth from `from` (seconds) to now over the process's, or
+/// None when the process's is too small to judge (its file-backed growth is
+/// `composition`'s) or the container's series does not reach back to `from`. Each end is
+/// the median of the points within 2 s of it (one sample's jitter does not decide), or
+/// the nearest point within 10 s.
+fn charged_share(
+    own: &[detect::Point],
+    cg: &[detect::Point],
+    from: f64,
+    p: &detect::Params,
+) -> Option<f64> {
+    fn at(points: &[detect::Point], t: f64) -> Option<f64> {
+        let mut near: Vec<f64> = points
+            .iter()
+            .filter(|x| (x.t - t).abs() <= 2.0)
+            .map(|x| x.anon)
+            .collect();
+        if near.is_empty() {
+            // A quiet series has no point every second: its nearest, if recent enough.
+            return points
+                .iter()
+                .min_by(|a, b| (a.t - t).abs().total_cmp(&(b.t - t).abs()))
+                .filter(|x| (x.t - t).abs() <= 10.0)
+                .map(|x| x.anon);
+        }
+        near.sort_by(f64::total_cmp);
+        Some(near[near.len() / 2])
+    }
+    let (own_last, cg_last) = (own.last()?, cg.last()?);
+    if cg.first()?.t > from + 2.0 {
+        return None;
+    }
+    let own_growth = own_last.anon - at(own, from)?;
+    if own_growth < p.min_growth_bytes {
+        return None;
+    }
+    let cg_growth = at(cg, cg_last.t)? - at(cg, from)?;
+    Some((cg_growth / own_growth).max(0.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,6 +408,56 @@ mod tests {
         let v = t.assess(key, 9_999_000_000_000).expect("verdict");
         assert!((v.slope - 10_000.0).abs() < 1.0, "slope {}", v.slope);
         assert!(v.confidence >= 60, "a 10 KB/s leak over hours: {v:?}");
+    }
+
+    /// A process's growth is judged with its container's charge: growth the charge does
+    /// not show (pages mapped twice, as ZGC's heap views are) is not memory the container
+    /// consumes; growth it shows is a leak as before.
+    #[test]
+    fn a_process_grows_only_as_much_as_its_container_charge_shows() {
+        let (p, cg) = (SeriesKey::Process { tgid: 7 }, SeriesKey::Cgroup { id: 70 });
+        let run = |container_grows: bool| {
+            let mut t = LeakTracker::default();
+            let (mut plain, mut judged) = (0u8, 0u8);
+            for s in 1..=300u64 {
+                let ts_ns = s * 1_000_000_000;
+                // 200 MiB, then +1 MiB every 10 s (100 KB/s).
+                let proc = 200 * MIB + (s / 10) * MIB;
+                let charge = if container_grows {
+                    proc + 30 * MIB
+                } else {
+                    230 * MIB
+                };
+                for (key, anon) in [(p, proc), (cg, charge)] {
+                    t.observe(
+                        key,
+                        MemSample {
+                            ts_ns,
+                            anon_bytes: anon,
+                            ..Default::default()
+                        },
+                    );
+                }
+                plain = plain.max(t.assess(p, ts_ns).map_or(0, |v| v.confidence));
+                let v = t.assess_in(p, Some(cg), ts_ns, None, 0.0).map(|(v, _)| v);
+                judged = judged.max(v.map_or(0, |v| v.confidence));
+                if s == 300 {
+                    let v = v.expect("a verdict");
+                    let want = if container_grows { 1.0 } else { 0.0 };
+                    assert_eq!(v.components.charged, want, "{v:?}");
+                }
+            }
+            (plain, judged)
+        };
+        let (plain, judged) = run(false);
+        assert!(
+            plain >= 60,
+            "alone, the process's series is a leak: {plain}"
+        );
+        assert_eq!(judged, 0, "its charge stayed flat");
+        let (plain, judged) = run(true);
+        assert_eq!(judged, plain, "its charge grew as much");
+        assert!(judged >= 60);
     }
 
     /// Highest confidence of a series first observed at `from` s (an agent restarting

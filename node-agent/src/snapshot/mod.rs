@@ -683,9 +683,22 @@ impl FrameBuilder {
         let reclaimable = limit
             .filter(|l| l.limit_bytes.is_some())
             .map_or(0, |l| l.reclaimable_bytes);
-        let (v, basis) =
-            self.leaks
-                .assess_basis(key, now, headroom.map(|h| h as f64), reclaimable as f64)?;
+        // A process of a watched container is judged with its container's charge.
+        let container = match key {
+            SeriesKey::Process { .. } => self
+                .watched_cgroups
+                .iter()
+                .find(|(_, p)| Some(p) == who.cgroup.as_ref())
+                .map(|(id, _)| SeriesKey::Cgroup { id: *id }),
+            SeriesKey::Cgroup { .. } => None,
+        };
+        let (v, basis) = self.leaks.assess_in(
+            key,
+            container,
+            now,
+            headroom.map(|h| h as f64),
+            reclaimable as f64,
+        )?;
         if v.confidence < self.leak_min_confidence || v.growing_secs < self.leak_min_growing_secs {
             return None;
         }
