@@ -897,9 +897,17 @@ pub fn replay_every(trace: &Trace, params: detect::Params, every: f64) -> Vec<St
         for key in tracker.keys() {
             // Each process is one of the container's (its charge is series "cg").
             let container = keys.get("cg").copied();
+            let members: Vec<u32> = keys
+                .values()
+                .filter_map(|k| match k {
+                    SeriesKey::Process { tgid } => Some(*tgid),
+                    SeriesKey::Cgroup { .. } => None,
+                })
+                .collect();
             if let Some((v, _)) = tracker.assess_in(
                 key,
                 container,
+                &members,
                 now_ns,
                 headroom.map(|h| h as f64),
                 reclaimable as f64,

@@ -124,6 +124,10 @@ pub struct Components {
     /// assess_in`); 1 when the container is not a series of its own. Unset (0) on
     /// verdicts `assess` makes.
     pub charged: f64,
+    /// How much a JVM's resident growth is asked (`LeakTracker::assess_in`): 0.5 when its
+    /// collector kept the retained heap flat over the window and no limit is near, up to
+    /// 1 as the heap grows; 1 for anything else. Unset (0) on verdicts `assess` makes.
+    pub runtime: f64,
     /// What was fitted: the window's points, its lower envelope, or the troughs between
     /// collections.
     pub fitted: Fitted,

@@ -266,8 +266,11 @@ impl LeakTracker {
         }
     }
 
-    /// `assess_basis` for a process of a container whose charge is a series of its own
-    /// (`container`). A process's growth that its container's charge does not show is no
+    /// `assess_basis` with what is known around the series: for a process of a watched
+    /// container, that container's charge (`container`); for a container, its processes
+    /// (`members`).
+    ///
+    /// **Charged.** A process's growth that its container's charge does not show is no
     /// memory the container consumes, and brings no OOM kill closer (the cgroup's OOM
     /// killer acts on the charge): resident sizes count pages mapped twice (ZGC maps its
     /// heap three times, and its resident size creeps as the collector touches each view;
@@ -277,29 +280,68 @@ impl LeakTracker {
     /// (anon, shmem and kernel memory: what the kernel cannot reclaim) gained in the same
     /// seconds: in full from half, nothing below a fifth. A leak near its limit, where the
     /// kernel reclaims page cache to make room, grows the anonymous charge as much.
+    ///
+    /// **Runtime.** A JVM whose collector kept its retained heap flat over the window (at
+    /// least four young collections in it) while its resident size grew is taking memory
+    /// for itself: heap regions first touched or committed for allocation, compiled code,
+    /// metaspace, each bounded by a flag and tapering off. Its resident verdict (or its
+    /// container's, when the JVM made at least half of the container's growth) is halved,
+    /// rising back to whole as the heap grew by half as much as the resident size, unless
+    /// the trend reaches a limit within 10 minutes: a native leak threatening a kill is
+    /// reported in full whatever the heap says.
     pub fn assess_in(
         &self,
         key: SeriesKey,
         container: Option<SeriesKey>,
+        members: &[u32],
         now_ns: u64,
         headroom: Option<f64>,
         reclaimable: f64,
     ) -> Option<(Verdict, Basis)> {
         let (mut v, basis) = self.assess_basis(key, now_ns, headroom, reclaimable)?;
         v.components.charged = 1.0;
-        let (SeriesKey::Process { .. }, Some(c)) = (key, container) else {
-            return Some((v, basis));
-        };
-        let (Some(own), Some(cg)) = (self.series.get(&key), self.series.get(&c)) else {
-            return Some((v, basis));
-        };
-        let from = now_ns as f64 / 1e9 - v.run_secs;
-        if let Some(share) = charged_share(&own.points, &cg.points, from, &self.params) {
+        v.components.runtime = 1.0;
+        let now_t = now_ns as f64 / 1e9;
+        let from = now_t - v.run_secs;
+        let own = self.series.get(&key)?;
+        if let (SeriesKey::Process { .. }, Some(cg)) =
+            (key, container.and_then(|c| self.series.get(&c)))
+            && let Some(share) = charged_share(&own.points, &cg.points, from, &self.params)
+        {
             v.components.charged = detect::ramp(share, 0.2, 0.5);
-            v.confidence = (f64::from(v.confidence) * v.components.charged).round() as u8;
-            if v.confidence < 60 {
-                v.growing_secs = 0.0;
+        }
+        let urgent = v.eta.is_some_and(|e| e.secs < 600.0);
+        if basis == Basis::Resident && !urgent {
+            let jvms: Vec<u32> = match key {
+                SeriesKey::Process { tgid } => vec![tgid],
+                SeriesKey::Cgroup { .. } => members.to_vec(),
+            };
+            let growth = growth_between(&own.points, from);
+            for tgid in jvms {
+                let (Some(heap), Some(proc)) = (
+                    self.heaps.get(&tgid),
+                    self.series.get(&SeriesKey::Process { tgid }),
+                ) else {
+                    continue;
+                };
+                let (Some(total), Some(jvm)) = (growth, growth_between(&proc.points, from)) else {
+                    continue;
+                };
+                let collections = heap.points.iter().filter(|x| x.t >= from).count();
+                if total < self.params.min_growth_bytes || jvm < total / 2.0 || collections < 4 {
+                    continue;
+                }
+                let Some(kept) = heap_growth_between(&heap.points, from) else {
+                    continue;
+                };
+                v.components.runtime = 0.5 + 0.5 * detect::ramp(kept / jvm, 0.0, 0.5);
+                break;
             }
+        }
+        let scaled = f64::from(v.confidence) * v.components.charged * v.components.runtime;
+        v.confidence = scaled.round() as u8;
+        if v.confidence < 60 {
+            v.growing_secs = 0.0;
         }
         Some((v, basis))
     }
@@ -328,6 +370,11 @@ impl LeakTracker {
             .retain(|_, s| now_ns.saturating_sub(s.last.ts_ns) < idle_ns);
     }
 
+    /// Whether any JVM's retained heap is a series.
+    pub fn has_heaps(&self) -> bool {
+        !self.heaps.is_empty()
+    }
+
     pub fn len(&self) -> usize {
         self.series.len()
     }
@@ -337,43 +384,60 @@ impl LeakTracker {
     }
 }
 
+/// The anonymous part of `points` at `t` seconds: the median of the points within 2 s
+/// of it (one sample's jitter does not decide), or the nearest point within 10 s.
+fn anon_at(points: &[detect::Point], t: f64) -> Option<f64> {
+    let mut near: Vec<f64> = points
+        .iter()
+        .filter(|x| (x.t - t).abs() <= 2.0)
+        .map(|x| x.anon)
+        .collect();
+    if near.is_empty() {
+        // A quiet series has no point every second: its nearest, if recent enough.
+        return points
+            .iter()
+            .min_by(|a, b| (a.t - t).abs().total_cmp(&(b.t - t).abs()))
+            .filter(|x| (x.t - t).abs() <= 10.0)
+            .map(|x| x.anon);
+    }
+    near.sort_by(f64::total_cmp);
+    Some(near[near.len() / 2])
+}
+
+/// Anonymous growth of a series from `from` (seconds) to its newest point.
+fn growth_between(points: &[detect::Point], from: f64) -> Option<f64> {
+    Some(anon_at(points, points.last()?.t)? - anon_at(points, from)?)
+}
+
+/// Growth of a JVM's retained heap from `from` to its newest collection: what the last
+/// collection kept over what the last one before `from` (or the first after it) kept.
+fn heap_growth_between(heap: &[detect::Point], from: f64) -> Option<f64> {
+    let start = heap
+        .iter()
+        .rev()
+        .find(|x| x.t <= from)
+        .or_else(|| heap.iter().find(|x| x.t > from))?;
+    Some(heap.last()?.anon - start.anon)
+}
+
 /// The container's anonymous growth from `from` (seconds) to now over the process's, or
 /// None when the process's is too small to judge (its file-backed growth is
-/// `composition`'s) or the container's series does not reach back to `from`. Each end is
-/// the median of the points within 2 s of it (one sample's jitter does not decide), or
-/// the nearest point within 10 s.
+/// `composition`'s) or the container's series does not reach back to `from`.
 fn charged_share(
     own: &[detect::Point],
     cg: &[detect::Point],
     from: f64,
     p: &detect::Params,
 ) -> Option<f64> {
-    fn at(points: &[detect::Point], t: f64) -> Option<f64> {
-        let mut near: Vec<f64> = points
-            .iter()
-            .filter(|x| (x.t - t).abs() <= 2.0)
-            .map(|x| x.anon)
-            .collect();
-        if near.is_empty() {
-            // A quiet series has no point every second: its nearest, if recent enough.
-            return points
-                .iter()
-                .min_by(|a, b| (a.t - t).abs().total_cmp(&(b.t - t).abs()))
-                .filter(|x| (x.t - t).abs() <= 10.0)
-                .map(|x| x.anon);
-        }
-        near.sort_by(f64::total_cmp);
-        Some(near[near.len() / 2])
-    }
     let (own_last, cg_last) = (own.last()?, cg.last()?);
     if cg.first()?.t > from + 2.0 {
         return None;
     }
-    let own_growth = own_last.anon - at(own, from)?;
+    let own_growth = own_last.anon - anon_at(own, from)?;
     if own_growth < p.min_growth_bytes {
         return None;
     }
-    let cg_growth = at(cg, cg_last.t)? - at(cg, from)?;
+    let cg_growth = anon_at(cg, cg_last.t)? - anon_at(cg, from)?;
     Some((cg_growth / own_growth).max(0.0))
 }
 
@@ -439,7 +503,9 @@ mod tests {
                     );
                 }
                 plain = plain.max(t.assess(p, ts_ns).map_or(0, |v| v.confidence));
-                let v = t.assess_in(p, Some(cg), ts_ns, None, 0.0).map(|(v, _)| v);
+                let v = t
+                    .assess_in(p, Some(cg), &[], ts_ns, None, 0.0)
+                    .map(|(v, _)| v);
                 judged = judged.max(v.map_or(0, |v| v.confidence));
                 if s == 300 {
                     let v = v.expect("a verdict");
@@ -458,6 +524,55 @@ mod tests {
         let (plain, judged) = run(true);
         assert_eq!(judged, plain, "its charge grew as much");
         assert!(judged >= 60);
+    }
+
+    /// A JVM whose collector keeps its retained heap flat while its resident size creeps
+    /// is asked twice as much; one whose heap grows with it, or whose creep reaches its
+    /// limit within 10 minutes, is not.
+    #[test]
+    fn a_jvm_with_a_flat_heap_is_asked_more_of_its_resident_growth() {
+        let p = SeriesKey::Process { tgid: 8 };
+        let judge = |heap_grows: bool, headroom: Option<f64>| {
+            let mut t = LeakTracker::default();
+            let mut last = None;
+            for s in 1..=300u64 {
+                let ts_ns = s * 1_000_000_000;
+                t.observe(
+                    p,
+                    MemSample {
+                        ts_ns,
+                        anon_bytes: 300 * MIB + (s / 10) * MIB,
+                        ..Default::default()
+                    },
+                );
+                if s % 5 == 0 {
+                    let kept = if heap_grows {
+                        100 * MIB + s * 50_000
+                    } else {
+                        100 * MIB
+                    };
+                    t.observe_heap(8, ts_ns, kept);
+                }
+                let left = headroom.map(|h: f64| h - (s / 10) as f64 * MIB as f64);
+                last = t.assess_in(p, None, &[], ts_ns, left, 0.0);
+            }
+            last.expect("a verdict")
+        };
+        let (flat, basis) = judge(false, None);
+        assert_eq!(basis, Basis::Resident);
+        assert_eq!(flat.components.runtime, 0.5, "{flat:?}");
+        let (grows, _) = judge(true, None);
+        // Half as much heap as resident growth: (nearly) whole.
+        assert!(grows.components.runtime > 0.95, "{grows:?}");
+        // 30 MiB left at 100 KB/s: the limit is 5 minutes away.
+        let (near, _) = judge(false, Some(60.0 * MIB as f64));
+        assert_eq!(near.components.runtime, 1.0, "{near:?}");
+        assert!(
+            f64::from(flat.confidence) <= f64::from(grows.confidence) * 0.55,
+            "{} vs {}",
+            flat.confidence,
+            grows.confidence
+        );
     }
 
     /// Highest confidence of a series first observed at `from` s (an agent restarting

@@ -692,9 +692,24 @@ impl FrameBuilder {
                 .map(|(id, _)| SeriesKey::Cgroup { id: *id }),
             SeriesKey::Cgroup { .. } => None,
         };
+        // A container's processes (those with a series), for what a JVM among them says.
+        let members: Vec<u32> = match key {
+            SeriesKey::Cgroup { .. } if self.leaks.has_heaps() => self
+                .leaks
+                .keys()
+                .into_iter()
+                .filter_map(|k| match k {
+                    SeriesKey::Process { tgid } => Some(tgid),
+                    SeriesKey::Cgroup { .. } => None,
+                })
+                .filter(|&tgid| self.attributor.get(tgid, now).cgroup == who.cgroup)
+                .collect(),
+            _ => Vec::new(),
+        };
         let (v, basis) = self.leaks.assess_in(
             key,
             container,
+            &members,
             now,
             headroom.map(|h| h as f64),
             reclaimable as f64,
