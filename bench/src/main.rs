@@ -117,9 +117,11 @@ enum Cmd {
             value_name = "SECONDS"
         )]
         production: Option<f64>,
-        /// The held-out cases (`leak_corpus::HELDOUT`), never used to tune the detector.
-        #[arg(long)]
-        heldout: bool,
+        /// The held-out cases, never used to tune the detector: `--heldout` (or
+        /// `--heldout 1`) `leak_corpus::HELDOUT`, `--heldout 2` `leak_corpus::HELDOUT_2`.
+        #[arg(long, num_args = 0..=1, default_missing_value = "1", value_name = "SET",
+              value_parser = clap::value_parser!(u8).range(1..=2))]
+        heldout: Option<u8>,
     },
     /// Time-to-OOM accuracy: a process leaking at `rate` in a memory cgroup limited to
     /// `limit`; the prediction made at half-way is compared with the real OOM kill.

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use resourcewatch_agent::leak::Params;
 use resourcewatch_bench::leak_corpus::{
-    CASES, Case, HELDOUT, Outcome, Trace, Truth, replay, replay_every,
+    CASES, Case, HELDOUT, HELDOUT_2, Outcome, Trace, Truth, replay, replay_every,
 };
 
 /// The run directories under `corpus/<under>/`, in order.
@@ -59,37 +59,45 @@ fn run(dir: &Path) -> Vec<Trace> {
         .collect()
 }
 
-/// The held-out runs (`corpus/heldout/run*/`) hold every held-out case, labelled as the
-/// table says, and replay at the production cadence. They are judged in LEAKS.md ("Held-out
-/// workloads"), not held to goals here: a test bound fitted to them would make them tuning
-/// data.
+/// The held-out runs (`corpus/heldout/run*/` for the first set, `corpus/heldout2/run*/`
+/// for the second) hold every held-out case of their set, labelled as the table says, and
+/// replay at the production cadence. They are judged in LEAKS.md ("Held-out workloads"),
+/// not held to goals here: a test bound fitted to them would make them tuning data.
 #[test]
 fn every_held_out_case_has_a_recorded_trace_that_replays() {
-    let runs = runs_in("heldout");
-    assert!(!runs.is_empty(), "no held-out run in corpus/heldout");
-    for c in HELDOUT {
-        assert!(
-            CASES.iter().all(|t| t.name != c.name),
-            "{} is in both the tuning corpus and the held-out one",
-            c.name
-        );
-    }
-    for dir in &runs {
-        let traces = HELDOUT.iter().map(|c| {
-            let path = dir.join(format!("{}.tsv", c.name));
-            let text = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let t = Trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert_eq!((t.name.as_str(), t.truth), (c.name, Some(c.truth)));
-            t
-        });
-        for t in traces {
-            let end = t.rows.last().map_or(0.0, |r| r.0);
-            assert!(end >= 60.0, "{}: {end} s recorded", t.name);
-            let steps = replay_every(&t, Params::default(), 2.0);
-            assert_eq!(steps.len(), (end / 2.0 + 0.25) as usize, "{}", t.name);
+    for (set, under) in [(HELDOUT, "heldout"), (HELDOUT_2, "heldout2")] {
+        let runs = runs_in(under);
+        assert!(!runs.is_empty(), "no held-out run in corpus/{under}");
+        for c in set {
+            assert!(
+                CASES.iter().all(|t| t.name != c.name),
+                "{} is in both the tuning corpus and a held-out one",
+                c.name
+            );
+        }
+        for dir in &runs {
+            let traces = set.iter().map(|c| {
+                let path = dir.join(format!("{}.tsv", c.name));
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let t = Trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                assert_eq!((t.name.as_str(), t.truth), (c.name, Some(c.truth)));
+                t
+            });
+            for t in traces {
+                let end = t.rows.last().map_or(0.0, |r| r.0);
+                assert!(end >= 60.0, "{}: {end} s recorded", t.name);
+                let steps = replay_every(&t, Params::default(), 2.0);
+                assert_eq!(steps.len(), (end / 2.0 + 0.25) as usize, "{}", t.name);
+            }
         }
     }
+    assert!(
+        HELDOUT
+            .iter()
+            .all(|a| HELDOUT_2.iter().all(|b| a.name != b.name)),
+        "a case in both held-out sets"
+    );
 }
 
 fn case_name(run_and_case: &str) -> &str {
