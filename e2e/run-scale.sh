@@ -6,7 +6,9 @@
 #   e2e/run-scale.sh            the report: 1,000 nodes, 2k/5k/10k/20k pods, 500 watches;
 #                               writes e2e/scale/scale.csv and the plot e2e/scale/scale.png
 #   e2e/run-scale.sh --ci       100 nodes, 1k/2k pods, 50 watches (a few minutes); fails on
-#                               a figure over x2 its e2e/scale/baseline-ci.json
+#                               a figure over x2 its e2e/scale/baseline-ci.json, and lowers
+#                               there every figure it beat (commit the file: the baseline
+#                               only moves down on its own, up only by hand with a reason)
 #   e2e/run-scale.sh -- ARGS    resourcewatch-scale with these arguments
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,7 +54,7 @@ bin=target/release/resourcewatch-scale
 case $mode in
   ci)
     "$bin" --nodes 100 --pods 1000,2000 --watches 50 --big-watches 2 --big-size 400 \
-      --window-secs 30 --baseline e2e/scale/baseline-ci.json ;;
+      --window-secs 30 --baseline e2e/scale/baseline-ci.json --lower-baseline ;;
   args)
     "$bin" "$@" ;;
   report)

@@ -14,7 +14,9 @@
 //!
 //! Prints a Markdown table; `--csv` keeps it; `--baseline FILE` fails (exit 1) when a
 //! figure is over `--tolerance` times the baseline's, for CI; `--write-baseline FILE`
-//! records one.
+//! records one. With `--lower-baseline`, a run within the tolerance writes back into
+//! `--baseline FILE` every figure it beat (never one it did not): the baseline only moves
+//! down on its own, and up only by hand, in a commit that says by how much and why.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -85,6 +87,9 @@ struct Args {
     tolerance: f64,
     #[arg(long)]
     write_baseline: Option<PathBuf>,
+    /// With --baseline: write the figures this run beat back into that file.
+    #[arg(long, requires = "baseline")]
+    lower_baseline: bool,
 }
 
 /// Which watch labels pod `i` carries: `big=bJ` for the first `big × big_size` pods,
@@ -451,8 +456,50 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(1);
         }
         eprintln!("within x{} of {}", a.tolerance, path.display());
+        if a.lower_baseline {
+            let (lowered, n) = lowered(&base, &result);
+            if n > 0 {
+                std::fs::write(path, serde_json::to_string_pretty(&lowered)? + "\n")?;
+                eprintln!("{n} figures of {} lowered to this run's", path.display());
+            }
+        }
     }
     Ok(())
+}
+
+/// `base` with every figure `now` beat replaced by `now`'s, and how many were: the ones
+/// `regressions` gates, no other.
+fn lowered(base: &Baseline, now: &Baseline) -> (Baseline, usize) {
+    let mut out = base.clone();
+    let mut n = 0;
+    let mut low = |b: &mut f64, x: f64| {
+        if x.is_finite() && x < *b {
+            *b = x;
+            n += 1;
+        }
+    };
+    for (b, x) in out.rows.iter_mut().zip(&now.rows) {
+        if b.pods != x.pods {
+            continue;
+        }
+        low(&mut b.cpu_percent, x.cpu_percent);
+        low(&mut b.rss_peak_mib, x.rss_peak_mib);
+        low(&mut b.reconcile_p99_s, x.reconcile_p99_s);
+        low(&mut b.first_figure_p99_s, x.first_figure_p99_s);
+        low(&mut b.api_per_s, x.api_per_s);
+        low(&mut b.settle_s, x.settle_s);
+    }
+    if let (Some(b), Some(x)) = (out.storm.as_mut(), now.storm.as_ref()) {
+        low(&mut b.all_reconnected_s, x.all_reconnected_s);
+        low(&mut b.all_reporting_s, x.all_reporting_s);
+        low(&mut b.peak_api_per_s, x.peak_api_per_s);
+    }
+    if let (Some(b), Some(x)) = (out.failover.as_mut(), now.failover.as_ref()) {
+        low(&mut b.all_reconnected_s, x.all_reconnected_s);
+        low(&mut b.all_reporting_s, x.all_reporting_s);
+        low(&mut b.peak_api_per_s, x.peak_api_per_s);
+    }
+    (out, n)
 }
 
 /// Figures as real agents would send them; churned pods (`c-N`) the busiest, the newest
@@ -1149,5 +1196,31 @@ mod tests {
         let before = [(0.1, 10.0), (1.0, 10.0), (f64::INFINITY, 10.0)];
         let after = [(0.1, 108.0), (1.0, 109.0), (f64::INFINITY, 110.0)];
         assert_eq!(reconcile_quantiles(&before, &after), (0.1, 1.0));
+    }
+
+    /// The baseline only moves down: a figure a run beat is lowered to it, one it did not
+    /// beat stays, and what the gate does not check is left alone.
+    #[test]
+    fn a_baseline_is_lowered_only_where_a_run_beat_it() {
+        let row = |cpu: f64, p99: f64, writes: f64| Row {
+            pods: 1000,
+            cpu_percent: cpu,
+            reconcile_p99_s: p99,
+            status_writes_per_s: writes,
+            ..Row::default()
+        };
+        let base = Baseline {
+            rows: vec![row(10.0, 0.05, 5.0)],
+            ..Baseline::default()
+        };
+        let now = Baseline {
+            rows: vec![row(4.0, 0.1, 1.0)],
+            ..Baseline::default()
+        };
+        let (low, n) = lowered(&base, &now);
+        assert_eq!(n, 1);
+        assert_eq!(low.rows[0].cpu_percent, 4.0);
+        assert_eq!(low.rows[0].reconcile_p99_s, 0.05, "not beaten: kept");
+        assert_eq!(low.rows[0].status_writes_per_s, 5.0, "not gated: kept");
     }
 }

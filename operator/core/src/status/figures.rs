@@ -5,9 +5,9 @@ use super::*;
 
 /// The figures of the watch's containers, gathered from its nodes' reports.
 #[derive(Default)]
-pub(super) struct Figures {
-    pub(super) top_cpu: Vec<TopEntry>,
-    pub(super) top_memory: Vec<TopEntry>,
+pub(super) struct Figures<'a> {
+    pub(super) top_cpu: Vec<Candidate<'a>>,
+    pub(super) top_memory: Vec<Candidate<'a>>,
     pub(super) exceeding: Vec<ThresholdEntry>,
     /// One per (pod, container), and whether it is the container-level series.
     pub(super) leaks: BTreeMap<(String, String), (bool, LeakEntry)>,
@@ -21,37 +21,114 @@ pub(super) struct Ranked {
     pub(super) exceeding: Vec<ThresholdEntry>,
 }
 
-impl Figures {
+/// A Top-K row before ranking: borrowed from a report (or the old status), made into an
+/// owned `TopEntry` only if it is among the K kept. Every process of every report used to
+/// be cloned into a row (its pod, container, node and command, once per list), sorted,
+/// and all but K dropped: at 100 nodes reporting that was most of a reconcile's
+/// allocations (a profile of `make scale-ci`, 28 November 2026).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Candidate<'a> {
+    Reported {
+        value: f64,
+        pid: u32,
+        pod: &'a str,
+        container: &'a str,
+        node: &'a str,
+        command: &'a str,
+    },
+    /// An entry of a node that stopped reporting, kept from the old status.
+    Kept(&'a TopEntry),
+}
+
+impl Candidate<'_> {
+    fn key(&self) -> (f64, u32, &str, &str) {
+        match *self {
+            Candidate::Reported {
+                value,
+                pid,
+                node,
+                pod,
+                ..
+            } => (value, pid, node, pod),
+            Candidate::Kept(e) => (e.process.value, e.process.pid, &e.process.node, &e.pod),
+        }
+    }
+
+    /// Highest value first; ties by pid, node and pod, so the order never depends on the
+    /// order the reports were read in.
+    fn order(a: &Self, b: &Self) -> std::cmp::Ordering {
+        let (av, ap, an, apod) = a.key();
+        let (bv, bp, bn, bpod) = b.key();
+        bv.total_cmp(&av)
+            .then(ap.cmp(&bp))
+            .then(an.cmp(bn))
+            .then(apod.cmp(bpod))
+    }
+
+    fn entry(&self) -> TopEntry {
+        match *self {
+            Candidate::Reported {
+                value,
+                pid,
+                pod,
+                container,
+                node,
+                command,
+            } => TopEntry {
+                pod: pod.to_owned(),
+                container: container.to_owned(),
+                process: ProcessFigure {
+                    node: node.to_owned(),
+                    pid,
+                    command: command.to_owned(),
+                    value,
+                },
+            },
+            Candidate::Kept(e) => e.clone(),
+        }
+    }
+}
+
+/// The `k` first of `v` in `Candidate::order`, as status entries.
+fn top_k(mut v: Vec<Candidate<'_>>, k: usize) -> Vec<TopEntry> {
+    if v.len() > k && k > 0 {
+        v.select_nth_unstable_by(k - 1, Candidate::order);
+    }
+    v.truncate(k);
+    v.sort_unstable_by(Candidate::order);
+    v.iter().map(Candidate::entry).collect()
+}
+
+impl<'a> Figures<'a> {
     pub(super) fn add_report(
         &mut self,
         settings: &WatchSettings,
-        node: &str,
-        report: &pb::Report,
-        by_uid: &BTreeMap<&str, &SelectedPod>,
+        node: &'a str,
+        report: &'a pb::Report,
+        by_uid: &BTreeMap<&str, &'a SelectedPod>,
     ) {
-        let container_of =
-            |pod: &SelectedPod, id: &str| pod.containers.get(id).cloned().unwrap_or_default();
+        let container_of = |pod: &'a SelectedPod, id: &str| -> &'a str {
+            pod.containers.get(id).map_or("", String::as_str)
+        };
         for c in &report.containers {
-            let Some(pod) = by_uid.get(c.pod_uid.as_str()) else {
+            let Some(&pod) = by_uid.get(c.pod_uid.as_str()) else {
                 continue;
             };
             let container = container_of(pod, &c.container_id);
             for p in &c.processes {
-                let entry = |value| TopEntry {
-                    pod: pod.name.clone(),
-                    container: container.clone(),
-                    process: ProcessFigure {
-                        node: node.to_owned(),
-                        pid: p.pid,
-                        command: p.command.clone(),
-                        value,
-                    },
+                let row = |value| Candidate::Reported {
+                    value,
+                    pid: p.pid,
+                    pod: &pod.name,
+                    container,
+                    node,
+                    command: &p.command,
                 };
-                self.top_cpu.push(entry(round2(p.cpu_percent)));
-                self.top_memory.push(entry(p.rss_bytes as f64));
+                self.top_cpu.push(row(round2(p.cpu_percent)));
+                self.top_memory.push(row(p.rss_bytes as f64));
             }
             self.exceeding
-                .extend(thresholds_crossed(settings, c, &pod.name, &container));
+                .extend(thresholds_crossed(settings, c, &pod.name, container));
         }
         if !settings.leaks_enabled {
             return;
@@ -70,7 +147,7 @@ impl Figures {
                 node,
                 l,
                 &pod.name,
-                container_of(pod, &l.container_id),
+                container_of(pod, &l.container_id).to_owned(),
             );
             // One entry per container: the container-level series (pid 0) wins, else the
             // most confident process.
@@ -92,7 +169,7 @@ impl Figures {
     /// says they are stale): dropping them would turn every agent restart into a
     /// LeakDetected / ThresholdCrossed the moment it reports again. They are never acted
     /// on (only fresh leaks are).
-    pub(super) fn keep_stale(&mut self, i: &Inputs<'_>, old: &ResourceWatchStatus) {
+    pub(super) fn keep_stale(&mut self, i: &Inputs<'_>, old: &'a ResourceWatchStatus) {
         let stale: BTreeSet<&str> = i
             .nodes
             .iter()
@@ -107,11 +184,11 @@ impl Figures {
         let keep = |pod: &str, node: &str| {
             stale.contains(node) && live_pods.get(pod).is_some_and(|n| *n == Some(node))
         };
-        let kept = |entries: &[TopEntry]| -> Vec<TopEntry> {
+        let kept = |entries: &'a [TopEntry]| -> Vec<Candidate<'a>> {
             entries
                 .iter()
                 .filter(|e| keep(&e.pod, &e.process.node))
-                .cloned()
+                .map(Candidate::Kept)
                 .collect()
         };
         self.top_cpu.extend(kept(&old.top_cpu));
@@ -138,16 +215,7 @@ impl Figures {
 
     pub(super) fn rank(self, settings: &WatchSettings) -> (Ranked, resourcewatch_crds::Truncated) {
         let k = settings.top_k as usize;
-        let top = |mut v: Vec<TopEntry>, on: bool| {
-            v.sort_by(|a, b| {
-                b.process
-                    .value
-                    .total_cmp(&a.process.value)
-                    .then(a.process.pid.cmp(&b.process.pid))
-            });
-            v.truncate(if on { k } else { 0 });
-            v
-        };
+        let top = |v: Vec<Candidate<'a>>, on: bool| top_k(v, if on { k } else { 0 });
         let mut leaks: Vec<LeakEntry> = self.leaks.into_values().map(|(_, l)| l).collect();
         leaks.sort_by(|a, b| {
             let ka = a.time_to_oom_seconds.unwrap_or(f64::MAX);
