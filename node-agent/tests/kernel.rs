@@ -1273,6 +1273,9 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
             }
         }
     }
+    // The kernel side's own counters (samples lost to a full ring, processes the filter
+    // map had no room for), for a failure's message.
+    trace.push(format!("{:?}", pipes.kernel_stats()));
     let Some((secs, _)) = detected else {
         panic!("the 10 MiB/s leak was not detected:\n{}", trace.join("\n"));
     };
