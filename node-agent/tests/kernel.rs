@@ -1139,6 +1139,11 @@ fn leaks_are_detected_and_stable_patterns_are_not() {
     let mut pipes = load(PipelineOptions::default());
     let mut builder = FrameBuilder::new(1000, Some(pipes.cgroup_layout().clone()));
     builder.leak_min_confidence = 0;
+    // Detection only: no growth sites. Naming them symbolizes this test's own binary
+    // (146 MB with debug information) inside `build`, and with the page cache cold under
+    // CI's parallel builds that held this loop for 29 s once (the leak's first row came at
+    // 59 s, the next 0.1 s later). Growth sites are tested by the stacks and daemon tests.
+    builder.sites = None;
     let leak = Child::spawn(|| {
         run(
             &Pattern::Leak {
@@ -1317,6 +1322,9 @@ fn time_to_oom_predicts_the_real_kill() {
     let limit: u64 = 96 * MIB;
     let cg = TestCgroup::with_limit(&layout, limit);
     let mut builder = FrameBuilder::new(1000, Some(layout));
+    // Timing only: no growth sites (naming them can hold `build` for seconds: see
+    // leaks_are_detected_and_stable_patterns_are_not).
+    builder.sites = None;
     builder.leak_min_confidence = 0;
     let start = now();
     let start_ns = resourcewatch_agent::procfs::realtime_ns(); // frames are stamped in wall time
@@ -1490,6 +1498,9 @@ fn a_sudden_allocation_is_killed_and_seen_with_no_prediction() {
     let limit: u64 = 64 * MIB;
     let cg = TestCgroup::with_limit(&layout, limit);
     let mut builder = FrameBuilder::new(1000, Some(layout));
+    // Timing only: no growth sites (naming them can hold `build` for seconds: see
+    // leaks_are_detected_and_stable_patterns_are_not).
+    builder.sites = None;
     builder.leak_min_confidence = 0;
     let kid = cg.spawn(|| {
         let r = Region::new((256 * MIB) as usize);
@@ -1546,6 +1557,9 @@ fn a_system_wide_oom_kill_is_seen_as_the_nodes() {
     let mut pipes = load(PipelineOptions::default());
     let layout = pipes.cgroup_layout().clone();
     let mut builder = FrameBuilder::new(1000, Some(layout));
+    // Timing only: no growth sites (naming them can hold `build` for seconds: see
+    // leaks_are_detected_and_stable_patterns_are_not).
+    builder.sites = None;
     let kid = Child::spawn(move || {
         // Raising one's own oom_score_adj needs no privilege.
         let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
