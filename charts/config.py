@@ -143,8 +143,6 @@ def generate(out_dir):
                 continue
             if which == "metrics" and (kind, name) in renders["base"]:
                 continue
-            if which == "metrics" and kind == "ConfigMap" and name.endswith("grafana-dashboard"):
-                continue
             raise Error(f"the {which} render has {kind}/{name}, which no config/ file holds "
                         "(add it to FILES in charts/config.py)")
     for path, source in COPIES.items():
