@@ -569,6 +569,7 @@ impl FrameBuilder {
         let mut rows = Vec::new();
         // Limits by cgroup path, read once per pass (a pod's processes share them).
         let mut limits: HashMap<String, Option<memory_limit::MemoryLimit>> = HashMap::new();
+        let members = self.container_members(now);
         for key in self.leaks.keys() {
             // Cheap first pass: a series that is not growing past the noise scores 0
             // whatever its limit; skip the /proc and cgroup reads.
@@ -580,7 +581,7 @@ impl FrameBuilder {
             {
                 continue;
             }
-            if let Some(row) = self.leak_row(key, mem, now, &mut limits) {
+            if let Some(row) = self.leak_row(key, mem, now, &mut limits, &members) {
                 rows.push(row);
             }
         }
@@ -594,6 +595,27 @@ impl FrameBuilder {
         self.record_trails(&rows);
         self.last_leak_rows = rows.clone();
         rows
+    }
+
+    /// The processes (those with a series) of each watched container, by cgroup path, for
+    /// what a JVM among them says of its container's verdict (`LeakTracker::assess_in`):
+    /// once per pass, and only while some JVM's heap is a series.
+    fn container_members(&mut self, now: u64) -> HashMap<String, Vec<u32>> {
+        let mut out: HashMap<String, Vec<u32>> = HashMap::new();
+        if self.watched_cgroups.is_empty() || !self.leaks.has_heaps() {
+            return out;
+        }
+        for key in self.leaks.keys() {
+            let SeriesKey::Process { tgid } = key else {
+                continue;
+            };
+            if let Some(path) = &self.attributor.get(tgid, now).cgroup
+                && self.watched_cgroups.iter().any(|(_, p)| p == path)
+            {
+                out.entry(path.clone()).or_default().push(tgid);
+            }
+        }
+        out
     }
 
     /// The last verdicts again, their times to OOM counted from this frame, `since` ns
@@ -665,6 +687,7 @@ impl FrameBuilder {
         mem: &HashMap<u32, u64>,
         now: u64,
         limits: &mut HashMap<String, Option<memory_limit::MemoryLimit>>,
+        members: &HashMap<String, Vec<u32>>,
     ) -> Option<LeakRow> {
         let (pid, who, rss) = self.series_owner(key, mem, now)?;
         let limit = match (&self.layout, &who.cgroup) {
@@ -692,24 +715,14 @@ impl FrameBuilder {
                 .map(|(id, _)| SeriesKey::Cgroup { id: *id }),
             SeriesKey::Cgroup { .. } => None,
         };
-        // A container's processes (those with a series), for what a JVM among them says.
-        let members: Vec<u32> = match key {
-            SeriesKey::Cgroup { .. } if self.leaks.has_heaps() => self
-                .leaks
-                .keys()
-                .into_iter()
-                .filter_map(|k| match k {
-                    SeriesKey::Process { tgid } => Some(tgid),
-                    SeriesKey::Cgroup { .. } => None,
-                })
-                .filter(|&tgid| self.attributor.get(tgid, now).cgroup == who.cgroup)
-                .collect(),
-            _ => Vec::new(),
+        let members = match key {
+            SeriesKey::Cgroup { .. } => who.cgroup.as_ref().and_then(|c| members.get(c)),
+            SeriesKey::Process { .. } => None,
         };
         let (v, basis) = self.leaks.assess_in(
             key,
             container,
-            &members,
+            members.map_or(&[][..], Vec::as_slice),
             now,
             headroom.map(|h| h as f64),
             reclaimable as f64,
