@@ -14,8 +14,13 @@
 //! garbage-collected runtime it is wherever the heap's new peak was reached, which points
 //! at allocation pressure rather than at what is retained (the runtime's own heap profile,
 //! e.g. Go's pprof inuse_space, answers that).
+//!
+//! Naming reads the process's files (its binaries' symbols, a perf map), which can take
+//! seconds for a large binary whose pages are not cached: it runs on a thread of its own
+//! ([`Namer`]), so the engine's reports never wait for it; a naming's result is put on the
+//! capture at the first update after it is done.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::mpsc};
 
 use serde::Serialize;
 
@@ -62,21 +67,137 @@ struct Capture {
     settled: bool,
     /// The process runs HotSpot (maps libjvm.so): see `drop_jvm_collector_growth`.
     jvm: bool,
+    /// Namings asked of the [`Namer`] and not yet put back.
+    naming: u32,
+}
+
+/// A naming asked of the naming thread.
+enum Job {
+    Name {
+        pid: u32,
+        raw: HashMap<(Vec<u64>, u64), u64>,
+        jvm: bool,
+        /// The capture has ended: its sites are shown whatever the namings before said.
+        last: bool,
+    },
+    /// No capture is left: drop the symbolizer's caches (every file and perf map it read),
+    /// so that they are bounded by what the captures of one episode touch.
+    Forget,
+}
+
+/// A naming done.
+struct Named {
+    pid: u32,
+    sites: Vec<GrowthSite>,
+    last: bool,
+}
+
+/// The naming thread: one job at a time, in the order asked, with a [`Symbolizer`] of its
+/// own. Dropped with the tracker: its channel closes and the thread ends after the job
+/// it is on (not joined: a read of a workload's file must not hold the engine).
+struct Namer {
+    jobs: mpsc::Sender<Job>,
+    done: mpsc::Receiver<Named>,
+    /// Whether anything was named since the last [`Job::Forget`].
+    used: bool,
+}
+
+/// What the naming thread runs for a job (the tests give a slow one).
+type NameFn = fn(&Symbolizer, u32, &HashMap<(Vec<u64>, u64), u64>, bool) -> Vec<GrowthSite>;
+
+impl Namer {
+    fn spawn(name: NameFn) -> Option<Self> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let (tx, done) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("rw-growth-sites".into())
+            .spawn(move || {
+                let mut sym = Symbolizer::new();
+                for job in rx {
+                    match job {
+                        Job::Name {
+                            pid,
+                            raw,
+                            jvm,
+                            last,
+                        } => {
+                            let sites = name(&sym, pid, &raw, jvm);
+                            if tx.send(Named { pid, sites, last }).is_err() {
+                                return;
+                            }
+                        }
+                        Job::Forget => sym = Symbolizer::new(),
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => Some(Self {
+                jobs,
+                done,
+                used: false,
+            }),
+            Err(e) => {
+                tracing::warn!("starting the growth-site naming thread: {e}; sites are not named");
+                None
+            }
+        }
+    }
 }
 
 #[derive(Default)]
 pub struct SiteTracker {
     captures: HashMap<u32, Capture>,
-    sym: Symbolizer,
-    /// Whether `sym` has named anything since it was made: its caches (every file and
-    /// perf map it read) are dropped once no capture is left, so they are bounded by
-    /// what the captures of one episode touch.
-    sym_used: bool,
+    /// Started with the first capture.
+    namer: Option<Namer>,
 }
 
 impl SiteTracker {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Asks for `pid`'s capture to be named; false if it cannot be (no naming thread).
+    fn ask(&mut self, pid: u32, last: bool) -> bool {
+        let Some(c) = self.captures.get_mut(&pid) else {
+            return false;
+        };
+        if self.namer.is_none() {
+            self.namer = Namer::spawn(name_sites);
+        }
+        let Some(namer) = &mut self.namer else {
+            return false;
+        };
+        let job = Job::Name {
+            pid,
+            raw: c.raw.clone(),
+            jvm: c.jvm,
+            last,
+        };
+        if namer.jobs.send(job).is_err() {
+            // The thread is gone (it panicked): a new one at the next naming.
+            self.namer = None;
+            return false;
+        }
+        namer.used = true;
+        c.naming += 1;
+        true
+    }
+
+    /// Puts the namings done since the last update on their captures.
+    fn collect_named(&mut self) {
+        let Some(namer) = &self.namer else { return };
+        while let Ok(n) = namer.done.try_recv() {
+            let Some(c) = self.captures.get_mut(&n.pid) else {
+                continue;
+            };
+            c.naming = c.naming.saturating_sub(1);
+            if n.last {
+                c.settled = true;
+            } else {
+                c.settled |= settled(&c.sites, &n.sites);
+            }
+            c.sites = n.sites;
+        }
     }
 
     /// Starts, feeds and ends captures for this evaluation's leaks, and puts each leak's
@@ -108,6 +229,7 @@ impl SiteTracker {
                 ),
             }
         }
+        self.collect_named();
         let pids: Vec<u32> = self.captures.keys().copied().collect();
         for pid in pids {
             let alive = procfs::exists(pid);
@@ -118,24 +240,33 @@ impl SiteTracker {
                 pipes.stop_growth_sites(pid);
                 c.active = false;
                 c.ended_ns = now;
-                c.sites = name_sites(&self.sym, pid, &c.raw, c.jvm);
-                c.settled = true;
                 c.named_ns = now;
-                self.sym_used = true;
-            } else if c.active && now.saturating_sub(c.named_ns) >= NAME_EVERY_NS {
-                let sites = name_sites(&self.sym, pid, &c.raw, c.jvm);
-                c.settled |= settled(&c.sites, &sites);
-                c.sites = sites;
+                if !self.ask(pid, true)
+                    && let Some(c) = self.captures.get_mut(&pid)
+                {
+                    // Never named: shown as they are (none), not waited for.
+                    c.settled = true;
+                }
+            } else if c.active && c.naming == 0 && now.saturating_sub(c.named_ns) >= NAME_EVERY_NS {
+                // One naming at a time per capture: a slow one is not queued behind
+                // itself every 5 s.
                 c.named_ns = now;
-                self.sym_used = true;
+                self.ask(pid, false);
             }
-            if !alive && !c.active {
+            if let Some(c) = self.captures.get(&pid)
+                && !alive
+                && !c.active
+                && c.naming == 0
+            {
                 self.captures.remove(&pid);
             }
         }
-        if self.sym_used && self.captures.values().all(|c| !c.active) {
-            self.sym = Symbolizer::new();
-            self.sym_used = false;
+        if let Some(namer) = &mut self.namer
+            && namer.used
+            && self.captures.values().all(|c| !c.active && c.naming == 0)
+        {
+            namer.used = false;
+            let _ = namer.jobs.send(Job::Forget);
         }
         for row in rows.iter_mut() {
             row.growth_sites = self.sites_of(row);
@@ -197,6 +328,7 @@ impl SiteTracker {
                             sites: Vec::new(),
                             settled: false,
                             jvm: crate::stacks::maps::maps_jvm(pid),
+                            naming: 0,
                         },
                     );
                 }
@@ -315,6 +447,88 @@ fn skip_runtime_frames(frames: Vec<String>, is_jit: impl Fn(&str) -> bool) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn capture() -> Capture {
+        Capture {
+            started_ns: 0,
+            active: true,
+            ended_ns: 0,
+            named_ns: 0,
+            cgroup: None,
+            container_id: None,
+            raw: HashMap::from([((vec![1, 2], 0), 4096)]),
+            sites: Vec::new(),
+            settled: false,
+            jvm: false,
+            naming: 0,
+        }
+    }
+
+    /// A naming that takes 300 ms, as reading a large binary with a cold page cache does
+    /// (seconds, seen in CI).
+    fn slow_naming(
+        _: &Symbolizer,
+        pid: u32,
+        raw: &HashMap<(Vec<u64>, u64), u64>,
+        _: bool,
+    ) -> Vec<GrowthSite> {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        vec![GrowthSite {
+            frames: vec![format!("leak_{pid}")],
+            bytes: raw.values().sum(),
+            percent: 100.0,
+        }]
+    }
+
+    /// The engine asks for a naming and goes on: asking returns at once whatever the
+    /// naming costs, the result lands at an update after it is done, and the rule for
+    /// showing sites (the same top twice, or the capture's last naming) holds across it.
+    #[test]
+    fn naming_runs_beside_the_engine_and_lands_later() {
+        let mut t = SiteTracker::new();
+        t.namer = Namer::spawn(slow_naming);
+        t.captures.insert(7, capture());
+        let asked = std::time::Instant::now();
+        assert!(t.ask(7, false));
+        assert!(
+            asked.elapsed() < std::time::Duration::from_millis(100),
+            "asking waited for the naming ({:?})",
+            asked.elapsed()
+        );
+        t.collect_named();
+        assert!(t.captures[&7].sites.is_empty(), "not done yet");
+        assert_eq!(t.captures[&7].naming, 1);
+        let wait = |t: &mut SiteTracker| {
+            for _ in 0..100 {
+                t.collect_named();
+                if t.captures[&7].naming == 0 {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            panic!("the naming never landed");
+        };
+        wait(&mut t);
+        let c = &t.captures[&7];
+        assert_eq!(c.sites[0].frames, ["leak_7"]);
+        assert_eq!(c.sites[0].bytes, 4096);
+        assert!(!c.settled, "a first naming is not shown");
+        assert!(t.ask(7, false));
+        wait(&mut t);
+        assert!(t.captures[&7].settled, "the same top twice is shown");
+        // A capture's last naming is shown whatever came before it.
+        t.captures.insert(8, capture());
+        assert!(t.ask(8, true));
+        for _ in 0..100 {
+            t.collect_named();
+            if t.captures[&8].naming == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(t.captures[&8].settled);
+        assert_eq!(t.captures[&8].sites[0].frames, ["leak_8"]);
+    }
 
     fn site(frames: &[&str], percent: f64) -> GrowthSite {
         GrowthSite {
