@@ -59,8 +59,9 @@ fmt: ## Format the code
 	$(CARGO) fmt --all
 
 .PHONY: lint
-lint: deps ## rustfmt check and clippy with warnings as errors
+lint: deps ## rustfmt check, clippy with warnings as errors, and the benchmark report against its kept runs
 	$(CARGO) fmt --all -- --check
+	python3 bench/tables.py --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: unit
@@ -159,9 +160,9 @@ else
 endif
 
 .PHONY: bench
-bench: deps ## Top-K precision, kernel cost and agent cost benchmarks (root; several minutes)
+bench: deps ## The runs behind node-agent/BENCHMARKS.md, 3 of each table, kept in node-agent/bench-runs/ (root, idle machine; about an hour; ONLY="words": those tables)
 	$(CARGO) build --release -p resourcewatch-agent -p resourcewatch-bench -p resourcewatch-workloads
-	./target/release/resourcewatch-bench all
+	bench/reports.sh $(ONLY)
 
 IMAGE_TAG ?= 0.1.0
 STATIC_TARGET := x86_64-unknown-linux-gnu

@@ -68,6 +68,11 @@ pub(crate) fn agent(interval: Duration, duration: Duration, with_workload: bool)
     let _ = child.wait();
     let user_system = 100.0 * (c1 - c0) as f64 / tick / secs;
     let programs = 100.0 * k1.saturating_sub(k0) as f64 / 1e9 / secs;
+    crate::record::figure("agent.percent_of_a_core", user_system + programs, "%");
+    crate::record::figure("agent.user_system", user_system, "%");
+    crate::record::figure("agent.ebpf_programs", programs, "%");
+    crate::record::figure("agent.rss", rss as f64 / 1024.0, "MiB");
+    crate::record::figure("agent.peak_rss", hwm as f64 / 1024.0, "MiB");
     println!(
         "agent at --interval {ms}{}: CPU {:.3} % of a core over {secs:.0}s = {user_system:.3} % user + system (/proc/PID/stat) + {programs:.3} % its eBPF programs (run_time_ns of the programs it holds, kernel.bpf_stats_enabled=1); RSS {:.1} MiB (peak {:.1} MiB)",
         if with_workload {

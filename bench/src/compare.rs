@@ -575,6 +575,52 @@ pub fn compare(
         ])
         .collect();
     print_costs(&rows, agent.percent());
+    let keys = [
+        ("agent", Some(&agent)),
+        ("agent_changed_rows", changed.as_ref()),
+        ("agent_topk_only", sketch_only.as_ref()),
+        ("proc_poller", Some(&poller)),
+        ("competent_poller", Some(&lean)),
+        ("cgroup_reader", Some(&reader)),
+    ];
+    for (key, c) in keys {
+        if let Some(c) = c {
+            record_cost(key, c, agent.percent());
+        }
+    }
+}
+
+/// A tool's figures for a kept run (`--keep`): its share of a core and what it is made of.
+fn record_cost(key: &str, c: &Cost, agent_percent: f64) {
+    use crate::record::figure;
+    figure(&format!("{key}.percent_of_a_core"), c.percent(), "%");
+    figure(
+        &format!("{key}.x_agent"),
+        c.percent() / agent_percent.max(1e-9),
+        "x",
+    );
+    figure(&format!("{key}.user_system_cpu"), c.cpu_s, "s");
+    if c.bpf_runs > 0 {
+        figure(&format!("{key}.ebpf_time"), c.bpf_s, "s");
+        figure(
+            &format!("{key}.ebpf_ns_per_run"),
+            c.bpf_s * 1e9 / c.bpf_runs as f64,
+            "ns",
+        );
+    }
+    if let Some((now, peak)) = c.rss_kib {
+        figure(&format!("{key}.rss"), now as f64 / 1024.0, "MiB");
+        figure(&format!("{key}.peak_rss"), peak as f64 / 1024.0, "MiB");
+    }
+    if let Some(w) = &c.work {
+        figure(
+            &format!("{key}.processes_tracked"),
+            w.tracked.len() as f64,
+            "processes",
+        );
+        figure(&format!("{key}.spilled"), w.spilled as f64, "processes");
+        figure(&format!("{key}.dropped"), w.dropped as f64, "processes");
+    }
 }
 
 /// A reader of the containers' cgroup files (`files`), every `interval`.

@@ -220,6 +220,7 @@ pub(crate) fn profile_cost(pairs: usize, frequency: u64, work: u64) {
         );
     }
     ratios.sort_by(f64::total_cmp);
+    crate::record::figure("profiled.median_ratio", ratios[ratios.len() / 2], "x");
     println!(
         "median ratio x{:.4} (min x{:.4}, max x{:.4})",
         ratios[ratios.len() / 2],
@@ -284,6 +285,11 @@ fn per_event_cost(loops: u64, capture: Option<Capture>) {
                     .find(|(f, _)| f.strip_prefix("floor_") == Some(t))
             })
             .map(|(_, f)| *f);
+        crate::record::figure(&format!("{}.ns_per_event", s.name), ns, "ns");
+        if let Some(f) = empty {
+            crate::record::figure(&format!("{}.empty_program_ns", s.name), f, "ns");
+            crate::record::figure(&format!("{}.over_empty_ns", s.name), ns - f, "ns");
+        }
         match empty {
             Some(f) => println!(
                 "| {} | {} | {ns:.1} | {f:.1} | {:.1} |",
@@ -363,6 +369,17 @@ fn print_ratios(
     (without, with, floored): (Vec<f64>, Vec<f64>, Vec<f64>),
     (ratios, floor_ratios): (Vec<f64>, Vec<f64>),
 ) {
+    crate::record::figure("perf_pipe.agent_median_ratio", median(ratios.clone()), "x");
+    crate::record::figure(
+        "perf_pipe.empty_programs_median_ratio",
+        median(floor_ratios.clone()),
+        "x",
+    );
+    crate::record::figure(
+        "perf_pipe.agent_over_empty",
+        median(ratios.clone()) / median(floor_ratios.clone()),
+        "x",
+    );
     let rounded = |v: &[f64]| {
         v.iter()
             .map(|r| (r * 1000.0).round() / 1000.0)

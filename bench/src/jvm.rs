@@ -53,6 +53,7 @@ pub(crate) fn jvm_heap(reads: u32) {
     let _ = java.kill();
     let _ = java.wait();
     let _ = std::fs::remove_dir_all(&dir);
+    crate::record::figure("jvm_heap.read", each * 1e6, "us");
     println!(
         "{reads} reads of {path} inside JVM {pid}'s root ({} bytes): {:.1} us each, {:.5} % of a core at one read per second (retained sum {sum})",
         size,

@@ -114,7 +114,10 @@ fn print_tables(
     println!("|---|---|---|");
     for (name, _, got) in leakers {
         match got {
-            Some((t, g)) => println!("| {name} | {t:.0} s | {:.1} KB/s |", g / 1000.0),
+            Some((t, g)) => {
+                crate::record::figure(&format!("time_to_60.{name}"), *t, "s");
+                println!("| {name} | {t:.0} s | {:.1} KB/s |", g / 1000.0)
+            }
             None => println!(
                 "| {name} | not within {:.0} s | - |",
                 duration.as_secs_f64()
@@ -127,7 +130,9 @@ fn print_tables(
     );
     println!("|---|---|");
     for (name, pid) in calm {
-        println!("| {name} | {} |", worst.get(pid).copied().unwrap_or(0));
+        let c = worst.get(pid).copied().unwrap_or(0);
+        crate::record::figure(&format!("highest_confidence.{name}"), f64::from(c), "0-100");
+        println!("| {name} | {c} |");
     }
 }
 

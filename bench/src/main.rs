@@ -15,6 +15,7 @@ mod jvm;
 mod leaks;
 mod oom;
 mod precision;
+mod record;
 mod unwind;
 mod workload;
 use resourcewatch_agent::{hashpipe::Geometry, top::parse_duration};
@@ -22,6 +23,15 @@ use resourcewatch_agent::{hashpipe::Geometry, top::parse_duration};
 #[derive(Parser)]
 #[command(about = "resourcewatch benchmarks (root only)")]
 struct Cli {
+    /// Run the benchmark this many times, each a process of its own, and print the median
+    /// and range of every figure over all of them (the reports quote these).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    repeat: Option<u16>,
+    /// Keep every run here: its printed output, its figures as JSON with the command,
+    /// time, kernel and commit, and the summary (node-agent/bench-runs/ holds the
+    /// reports' own). Without --repeat: one run.
+    #[arg(long, value_name = "DIR")]
+    keep: Option<std::path::PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -225,6 +235,14 @@ fn main() {
             "resourcewatch-bench needs root (it loads BPF programs and sets kernel.bpf_stats_enabled)"
         );
         std::process::exit(2);
+    }
+    if cli.repeat.is_some() || cli.keep.is_some() {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let runs = usize::from(cli.repeat.unwrap_or(1));
+        let dir = cli.keep.unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("resourcewatch-bench-{}", std::process::id()))
+        });
+        record::keep_runs(runs, &dir, &record::benchmark_args(&args));
     }
     run_benchmark(cli.cmd);
 }

@@ -99,6 +99,9 @@ fn report(half: Option<(f64, f64)>, killed_at: f64) {
     match half {
         Some((t, tto)) => {
             let real = killed_at - t;
+            crate::record::figure("oom.predicted_at_half_way", tto, "s");
+            crate::record::figure("oom.real_from_half_way", real, "s");
+            crate::record::figure("oom.error", 100.0 * (tto - real).abs() / real, "%");
             println!(
                 "predicted {tto:.1} s, real {real:.1} s from half-way: error {:.1} %",
                 100.0 * (tto - real).abs() / real

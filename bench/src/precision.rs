@@ -142,12 +142,15 @@ fn print_precision(
     println!("|---|---|---|");
     for (i, &k) in ks.iter().enumerate() {
         let d = (k * intervals as usize) as f64;
-        println!(
-            "| {k} | {:.1} % | {:.1} % |",
+        let (cpu, mem) = (
             100.0 * hits_cpu[i] as f64 / d,
-            100.0 * hits_mem[i] as f64 / d
+            100.0 * hits_mem[i] as f64 / d,
         );
+        println!("| {k} | {cpu:.1} % | {mem:.1} % |");
+        crate::record::figure(&format!("cpu_precision.k{k}"), cpu, "%");
+        crate::record::figure(&format!("memory_precision.k{k}"), mem, "%");
     }
+    crate::record::figure("maps_memlock", total as f64, "B");
     println!(
         "\nsketch: depth {} x width {}; CPU (two epochs) + memory slots = {} B; all maps (kernel memlock) = {} B",
         geo.depth,

@@ -63,7 +63,7 @@ pub(crate) fn unwind_cost(cmds: &[String], seconds: u64, frequency: u64, rounds:
     println!(
         "| program | mode | samples | walked | kernel ns/sample | user-space us/walked sample | user frames/sample | tables MiB |\n|---|---|---|---|---|---|---|---|"
     );
-    for cmd in cmds {
+    for (n, cmd) in cmds.iter().enumerate() {
         let mut child = Command::new("sh")
             .args(["-c", &format!("exec {cmd}")])
             .stdout(Stdio::null())
@@ -75,13 +75,27 @@ pub(crate) fn unwind_cost(cmds: &[String], seconds: u64, frequency: u64, rounds:
         for round in 0..rounds {
             let order = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
             for m in order {
-                let (profiler, mode) = match m {
-                    0 => (&mut tables, "copy + tables (+ Python frames)"),
-                    1 => (&mut no_py, "copy + tables, Python frames off"),
-                    _ => (&mut fp, "frame pointers only"),
+                let (profiler, mode, key) = match m {
+                    0 => (&mut tables, "copy + tables (+ Python frames)", "tables"),
+                    1 => (
+                        &mut no_py,
+                        "copy + tables, Python frames off",
+                        "tables_no_python",
+                    ),
+                    _ => (&mut fp, "frame pointers only", "frame_pointers"),
                 };
                 let (samples, walked, kns, uus, frames, mib) =
                     unwind_run(profiler, pid, seconds, frequency);
+                // Each round a figure of its own: the summary's median is over every
+                // round of every run. Commands are numbered in the order given.
+                let fig = |what: &str, v: f64, unit: &str| {
+                    crate::record::figure(&format!("cmd{}.{key}.{what}", n + 1), v, unit);
+                };
+                fig("kernel_ns_per_sample", kns, "ns");
+                fig("user_frames_per_sample", frames, "frames");
+                if walked > 0 {
+                    fig("user_space_us_per_walked_sample", uus, "us");
+                }
                 let uus = if walked > 0 {
                     format!("{uus:.1}")
                 } else {

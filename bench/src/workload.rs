@@ -81,6 +81,8 @@ pub(crate) fn epochs_under_churn(epochs: u32, epoch: Duration, churn: Duration) 
         prev = truth;
     }
     let k = pipes.kernel_stats();
+    crate::record::figure("epochs_off_by_over_10_percent", off as f64, "epochs");
+    crate::record::figure("worst_ratio", worst, "x");
     println!(
         "{epochs} epochs of {epoch:?}, churn every {churn:?}: {off} off by more than 10 % \
          against /proc (worst ratio {worst:.3}); switch-ins unseen {}, rw_cpu_sync failures {}",
