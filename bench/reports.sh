@@ -15,8 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${RW_BENCH_RUNS:-3}
 out=node-agent/bench-runs
-bin=target/release/resourcewatch-bench
-stacks=target/tmp/bench-stacks
+bin=${CARGO_TARGET_DIR:-target}/release/resourcewatch-bench
+stacks=${CARGO_TARGET_DIR:-target}/tmp/bench-stacks
 fix=node-agent/tests/fixtures/stacks
 py312=${RW_BENCH_PYTHON312:-$HOME/.pyenv/versions/3.12.1/bin/python3.12}
 
