@@ -1506,10 +1506,7 @@ fn a_sudden_allocation_is_killed_and_seen_with_no_prediction() {
         let r = Region::new((256 * MIB) as usize);
         r.touch(0, (256 * MIB) as usize);
     });
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    let r = unsafe { libc::waitpid(kid.pid as i32, &mut status, 0) };
-    assert_eq!(r, kid.pid as i32);
+    let status = wait_oom_killed(kid.pid, Some(&cg.dir));
     assert!(
         libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
         "killed by the OOM killer (status {status:#x})"
@@ -1526,6 +1523,65 @@ fn a_sudden_allocation_is_killed_and_seen_with_no_prediction() {
         "nothing was predicted: {kill:?}"
     );
     assert!(kill.rss_bytes > limit / 2, "{kill:?}");
+}
+
+/// Waits for a child the OOM killer is to end, its wait status. Bounded (5 min: the
+/// kill takes under a second natively, seconds in the emulated 6.1 VM): a child still
+/// alive then fails the test with what it was doing (its state and kernel stack) and its
+/// cgroup's memory events, instead of holding the run until an outer timeout says
+/// nothing (the VM's 900 s, 28 November 2026, with no output).
+fn wait_oom_killed(pid: u32, cgroup: Option<&std::path::Path>) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let mut status = 0;
+        // SAFETY: a non-blocking wait for our own child.
+        let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+        if r == pid as i32 {
+            return status;
+        }
+        assert!(
+            r == 0,
+            "waitpid({pid}): {}",
+            std::io::Error::last_os_error()
+        );
+        if Instant::now() > deadline {
+            let read =
+                |p: String| std::fs::read_to_string(&p).unwrap_or_else(|e| format!("{p}: {e}"));
+            let state = read(format!("/proc/{pid}/status"))
+                .lines()
+                .filter(|l| l.starts_with("State") || l.starts_with("VmRSS"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let cg = cgroup.map_or_else(String::new, |d| {
+                [
+                    "memory.events",
+                    "memory.current",
+                    "memory.max",
+                    "memory.usage_in_bytes",
+                    "memory.oom_control",
+                ]
+                .iter()
+                .filter(|f| d.join(f).exists())
+                .map(|f| {
+                    format!(
+                        "{f}: {}",
+                        read(d.join(f).display().to_string())
+                            .trim()
+                            .replace('\n', ", ")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+            });
+            // SAFETY: killing our own child, so the test process can end.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!(
+                "child {pid} not OOM-killed within 300 s: {state}; kernel stack:\n{}\ncgroup: {cg}",
+                read(format!("/proc/{pid}/stack"))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The node running out of memory, no cgroup at its limit: the kill is seen as
@@ -1571,10 +1627,7 @@ fn a_system_wide_oom_kill_is_seen_as_the_nodes() {
             regions.push(r);
         }
     });
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    let r = unsafe { libc::waitpid(kid.pid as i32, &mut status, 0) };
-    assert_eq!(r, kid.pid as i32);
+    let status = wait_oom_killed(kid.pid, None);
     assert!(
         libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
         "killed by the OOM killer (status {status:#x})"
