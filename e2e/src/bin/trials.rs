@@ -95,6 +95,8 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let client = harness::client().await?;
+    let began = jiff::Timestamp::now();
+    print_conditions(&client).await?;
     let ns = TestNamespace::create(&client, "rw-trials").await?;
     ns.opt_in().await?;
     let n = ns.name.clone();
@@ -124,6 +126,8 @@ async fn main() -> anyhow::Result<()> {
         "| leak rate | trials | evicted before OOM | OOM-killed first | control: median time to OOM kill | median time to eviction | median advance warning | min advance |"
     );
     println!("|---|---|---|---|---|---|---|---|");
+    // Every trial's own figures, printed after the table: the medians' inputs.
+    let mut each = Vec::new();
     for rate in &a.rates {
         let tag = format!("{}", rate).replace('.', "p");
         let args = |_: ()| -> Vec<String> {
@@ -212,16 +216,30 @@ async fn main() -> anyhow::Result<()> {
                 let mut before = 0;
                 let mut oom_first = 0;
                 let mut to_evict = Vec::new();
-                for (uid, (_, start, oom)) in &watched {
+                for (uid, (name, start, oom)) in &watched {
                     match (evictions.get(uid.as_str()), oom) {
                         (Some(at), false) => {
                             before += 1;
                             if let Some(s) = start {
                                 to_evict.push((*at - *s) as f64);
+                                each.push(format!(
+                                    "{rate} MiB/s watched {name}: evicted {} s after its start",
+                                    at - s
+                                ));
                             }
                         }
-                        _ => oom_first += 1,
+                        _ => {
+                            oom_first += 1;
+                            each.push(format!(
+                                "{rate} MiB/s watched {name}: OOM-killed before any eviction"
+                            ));
+                        }
                     }
+                }
+                for (name, t) in &control_ttk {
+                    each.push(format!(
+                        "{rate} MiB/s control {name}: OOM-killed {t:.0} s after its start"
+                    ));
                 }
                 let ctl = median(control_ttk.values().copied().collect());
                 let ev = median(to_evict.clone());
@@ -254,6 +272,10 @@ async fn main() -> anyhow::Result<()> {
                 .await;
         }
     }
+    println!("\nEvery trial (the table's medians are of these):\n");
+    for line in &each {
+        println!("    {line}");
+    }
     let status = rws.get("trials").await?.status.unwrap_or_default();
     let false_restarts = status
         .remediations
@@ -273,5 +295,77 @@ async fn main() -> anyhow::Result<()> {
         a.stable, a.stable
     );
     ns.delete().await;
+    println!(
+        "\nran {} to {} UTC",
+        began.strftime("%Y-%m-%d %H:%M:%S"),
+        jiff::Timestamp::now().strftime("%H:%M:%S")
+    );
+    Ok(())
+}
+
+/// What the run ran on, read from the cluster and the checkout rather than written by
+/// hand: the command, the API server's version, each node's kubelet, container runtime,
+/// kernel and OS as it reports them, the operator's image and arguments, and the commit.
+async fn print_conditions(client: &kube::Client) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    println!(
+        "# resourcewatch-trials, {} UTC\n",
+        jiff::Timestamp::now().strftime("%d %B %Y %H:%M")
+    );
+    println!("Command: `resourcewatch-trials {}`\n", args.join(" "));
+    let v = client
+        .apiserver_version()
+        .await
+        .context("the API server's version")?;
+    println!("- API server: Kubernetes {}", v.git_version);
+    let nodes: Api<Node> = Api::all(client.clone());
+    for n in nodes
+        .list(&ListParams::default())
+        .await
+        .context("nodes")?
+        .items
+    {
+        let Some(i) = n.status.as_ref().and_then(|s| s.node_info.as_ref()) else {
+            continue;
+        };
+        println!(
+            "- node {}: kubelet {}, {}, kernel {}, {}",
+            n.name_any(),
+            i.kubelet_version,
+            i.container_runtime_version,
+            i.kernel_version,
+            i.os_image
+        );
+    }
+    let deps: Api<Deployment> = Api::all(client.clone());
+    for d in deps
+        .list(&ListParams::default().labels("app.kubernetes.io/name=resourcewatch-operator"))
+        .await
+        .context("the operator's Deployment")?
+        .items
+    {
+        let c = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|s| s.containers.first());
+        println!(
+            "- operator {}/{}: image {}, args {:?}",
+            d.namespace().unwrap_or_default(),
+            d.name_any(),
+            c.and_then(|c| c.image.clone()).unwrap_or_default(),
+            c.and_then(|c| c.args.clone()).unwrap_or_default()
+        );
+    }
+    let commit = std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty", "--abbrev=12"])
+        .current_dir(harness::repo_root())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into());
+    println!("- resourcewatch: commit {commit}\n");
     Ok(())
 }
