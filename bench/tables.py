@@ -40,6 +40,10 @@ def runs_of(table):
     return out
 
 
+def has_runs(table):
+    return any((RUNS / table).glob("run-*.json"))
+
+
 def per_run(table, f):
     """f(figures of one run) for each run, None where a run lacks what f reads."""
     vals = []
@@ -113,7 +117,7 @@ COMPARE = [
 
 
 def compare():
-    kept = [c for c in COMPARE if (RUNS / c[0]).is_dir()]
+    kept = [c for c in COMPARE if has_runs(c[0])]
     rows = [
         "| workload | interval | agent | agent `--changed-rows` | agent, Top-K only | /proc poller | competent poller | cgroup reader | competent ÷ agent (every row / changed rows) | runs |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -140,7 +144,7 @@ def compare():
         v = lambda name: per_run(table, one(f"agent.{name}"))
         rows.append(
             f"| {workload.split(':')[0]} | {interval} | {cell(v('user_system_cpu'), ' s')} | {cell(v('ebpf_time'), ' s')} "
-            f"| {cell(v('ebpf_ns_per_run'), digits=0)} | {cell(v('rss'), ' MiB', 1)} ({cell(v('peak_rss'), ' MiB', 1)}) "
+            f"| {cell(v('ebpf_ns_per_run'), digits=0)} | {cell(v('rss'), ' MiB', 1)}; peak {cell(v('peak_rss'), ' MiB', 1)} "
             f"| {cell(v('processes_tracked'), digits=0)} | {cell(v('spilled'), digits=0)} | {cell(v('dropped'), digits=0)} |"
         )
     rows.append("")
@@ -155,7 +159,7 @@ PRECISION = [
 
 
 def precision_table(sets, ks, mem_label="memory"):
-    kept = [s for s in sets if (RUNS / s[0]).is_dir()]
+    kept = [s for s in sets if has_runs(s[0])]
     head = "| K | " + " | ".join(f"CPU, {label} | {mem_label}, {label}" for _, label in kept) + " |"
     rows = [head, "|---" * (1 + 2 * len(kept)) + "|"]
     for k in ks:
@@ -171,7 +175,7 @@ def precision_table(sets, ks, mem_label="memory"):
 
 def precision():
     rows = precision_table(PRECISION, [1, 5, 10, 20, 30], mem_label="memory (seeded from /proc, never moves)")
-    if (RUNS / "precision-default").is_dir():
+    if has_runs("precision-default"):
         rows.append("")
         rows.append(
             "Every map of the object together (kernel `memlock`, default geometry): "
@@ -242,7 +246,7 @@ def perf_pipe():
         "|---|---|---|---|---|",
     ]
     for t, cmd in [("cost-perf-pipe-pinned", "`cost --runs 11 --pin-cpu 1`"), ("cost-perf-pipe-unpinned", "`cost --runs 7` (unpinned)")]:
-        if not (RUNS / t).is_dir():
+        if not has_runs(t):
             continue
         rows.append(
             f"| {cmd} | {len(runs_of(t))} | {cell(per_run(t, one('perf_pipe.agent_median_ratio')), digits=3, bold=True)} "
@@ -250,7 +254,7 @@ def perf_pipe():
             f"| {cell(per_run(t, one('perf_pipe.agent_over_empty')), digits=3, bold=True)} |"
         )
     rows.append("")
-    rows.append(f"Each cell: the median over the runs of each run's median over its rounds, and the range of those. Conditions: {conditions(*(t for t in ['cost-perf-pipe-pinned', 'cost-perf-pipe-unpinned'] if (RUNS / t).is_dir()))}.")
+    rows.append(f"Each cell: the median over the runs of each run's median over its rounds, and the range of those. Conditions: {conditions(*(t for t in ['cost-perf-pipe-pinned', 'cost-perf-pipe-unpinned'] if has_runs(t)))}.")
     return rows
 
 
@@ -260,7 +264,7 @@ def agent():
         "|---|---|---|---|---|---|---|",
     ]
     for t, interval in [("agent-2s", "2 s"), ("agent-10ms", "10 ms")]:
-        if not (RUNS / t).is_dir():
+        if not has_runs(t):
             continue
         v = lambda n: per_run(t, one(f"agent.{n}"))
         rows.append(
@@ -268,7 +272,7 @@ def agent():
             f"| {cell(v('ebpf_programs'), ' %', 3)} | {cell(v('rss'), ' MiB', 1)} | {cell(v('peak_rss'), ' MiB', 1)} |"
         )
     rows.append("")
-    rows.append(f"Conditions: {conditions(*(t for t in ['agent-2s', 'agent-10ms'] if (RUNS / t).is_dir()))}.")
+    rows.append(f"Conditions: {conditions(*(t for t in ['agent-2s', 'agent-10ms'] if has_runs(t)))}.")
     return rows
 
 
@@ -285,7 +289,7 @@ def small():
     ]
     kept = []
     for t, what, name, unit, d in items:
-        if not (RUNS / t).is_dir():
+        if not has_runs(t):
             continue
         kept.append(t)
         rows.append(f"| {t} | {len(runs_of(t))} | {what} | {cell(per_run(t, one(name)), unit, d)} |")
