@@ -160,7 +160,7 @@ else
 endif
 
 .PHONY: bench
-bench: deps ## The runs behind node-agent/BENCHMARKS.md, 3 of each table, kept in node-agent/bench-runs/ (root, idle machine; about an hour; ONLY="words": those tables)
+bench: deps ## The runs behind node-agent/BENCHMARKS.md, 3 of each table, kept in node-agent/bench-runs/ (root, idle machine; about 90 minutes; ONLY="words": those tables)
 	$(CARGO) build --release -p resourcewatch-agent -p resourcewatch-bench -p resourcewatch-workloads
 	bench/reports.sh $(ONLY)
 

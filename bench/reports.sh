@@ -5,7 +5,7 @@
 # command, time, kernel and commit, and the median and range of each figure over all
 # runs: summary.md). The report quotes those summaries; nothing is picked.
 #
-#   bench/reports.sh                 # every table (about an hour on 2 vCPUs)
+#   bench/reports.sh                 # every table (about 90 minutes on 2 vCPUs)
 #   bench/reports.sh compare-idle    # the tables whose name contains a word given
 #   bench/reports.sh --list          # the tables and their commands
 #

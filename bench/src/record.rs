@@ -146,8 +146,18 @@ fn conditions() -> Value {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
+    // Changes to what was measured, not to the reports being written beside the runs.
     let dirty = Command::new("git")
-        .args(["status", "--porcelain", "--untracked-files=no"])
+        .args([
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":(exclude)*.md",
+            ":(exclude)docs",
+            ":(exclude)bench/tables.py",
+        ])
         .output()
         .is_ok_and(|o| !o.stdout.is_empty());
     json!({
