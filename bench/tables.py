@@ -13,6 +13,7 @@ its median and range over the runs. Nothing is picked: every kept run counts.
 Standard library only (run by `make lint`).
 """
 
+import datetime
 import difflib
 import json
 import re
@@ -94,8 +95,6 @@ def conditions(*tables):
             kernels.add(f"kernel {c['kernel']}, {c['cpus']} CPUs, cgroup {c['cgroup']}")
             commits.add(c["commit"] or "?")
             dirty |= bool(c.get("uncommitted_changes"))
-            import datetime
-
             days.add(datetime.datetime.fromtimestamp(run["started_unix"], datetime.timezone.utc).strftime("%d %B %Y"))
     s = f"{'; '.join(sorted(kernels))}; commit {', '.join(sorted(commits))}"
     if dirty:

@@ -45,6 +45,9 @@ const MAX_CAPTURES: usize = resourcewatch_ebpf::shared::MAX_SITE_CAPTURES;
 pub const SITES_KEPT: usize = 3;
 pub const FRAMES_KEPT: usize = 8;
 
+/// A capture's growth so far: bytes by (user stack, caller), as the kernel counted them.
+type RawSites = HashMap<(Vec<u64>, u64), u64>;
+
 /// One growth site: a user stack, leaf first, and the resident bytes it added.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GrowthSite {
@@ -61,7 +64,7 @@ struct Capture {
     named_ns: u64,
     cgroup: Option<String>,
     container_id: Option<String>,
-    raw: HashMap<(Vec<u64>, u64), u64>,
+    raw: RawSites,
     sites: Vec<GrowthSite>,
     /// Whether `sites` are shown (see [`settled`]).
     settled: bool,
@@ -75,7 +78,7 @@ struct Capture {
 enum Job {
     Name {
         pid: u32,
-        raw: HashMap<(Vec<u64>, u64), u64>,
+        raw: RawSites,
         jvm: bool,
         /// The capture has ended: its sites are shown whatever the namings before said.
         last: bool,
@@ -103,7 +106,7 @@ struct Namer {
 }
 
 /// What the naming thread runs for a job (the tests give a slow one).
-type NameFn = fn(&Symbolizer, u32, &HashMap<(Vec<u64>, u64), u64>, bool) -> Vec<GrowthSite>;
+type NameFn = fn(&Symbolizer, u32, &RawSites, bool) -> Vec<GrowthSite>;
 
 impl Namer {
     fn spawn(name: NameFn) -> Option<Self> {
@@ -362,12 +365,7 @@ fn settled(before: &[GrowthSite], named: &[GrowthSite]) -> bool {
     }
 }
 
-fn name_sites(
-    sym: &Symbolizer,
-    pid: u32,
-    raw: &HashMap<(Vec<u64>, u64), u64>,
-    jvm: bool,
-) -> Vec<GrowthSite> {
+fn name_sites(sym: &Symbolizer, pid: u32, raw: &RawSites, jvm: bool) -> Vec<GrowthSite> {
     let stacks: Vec<RawStack> = raw
         .iter()
         .map(|((user, caller), &value)| RawStack {
@@ -466,12 +464,7 @@ mod tests {
 
     /// A naming that takes 300 ms, as reading a large binary with a cold page cache does
     /// (seconds, seen in CI).
-    fn slow_naming(
-        _: &Symbolizer,
-        pid: u32,
-        raw: &HashMap<(Vec<u64>, u64), u64>,
-        _: bool,
-    ) -> Vec<GrowthSite> {
+    fn slow_naming(_: &Symbolizer, pid: u32, raw: &RawSites, _: bool) -> Vec<GrowthSite> {
         std::thread::sleep(std::time::Duration::from_millis(300));
         vec![GrowthSite {
             frames: vec![format!("leak_{pid}")],
@@ -498,34 +491,29 @@ mod tests {
         t.collect_named();
         assert!(t.captures[&7].sites.is_empty(), "not done yet");
         assert_eq!(t.captures[&7].naming, 1);
-        let wait = |t: &mut SiteTracker| {
+        // Up to 2 s for the namings asked of `pid` to land.
+        let wait = |t: &mut SiteTracker, pid: u32| {
             for _ in 0..100 {
                 t.collect_named();
-                if t.captures[&7].naming == 0 {
+                if t.captures[&pid].naming == 0 {
                     return;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             panic!("the naming never landed");
         };
-        wait(&mut t);
+        wait(&mut t, 7);
         let c = &t.captures[&7];
         assert_eq!(c.sites[0].frames, ["leak_7"]);
         assert_eq!(c.sites[0].bytes, 4096);
         assert!(!c.settled, "a first naming is not shown");
         assert!(t.ask(7, false));
-        wait(&mut t);
+        wait(&mut t, 7);
         assert!(t.captures[&7].settled, "the same top twice is shown");
         // A capture's last naming is shown whatever came before it.
         t.captures.insert(8, capture());
         assert!(t.ask(8, true));
-        for _ in 0..100 {
-            t.collect_named();
-            if t.captures[&8].naming == 0 {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        wait(&mut t, 8);
         assert!(t.captures[&8].settled);
         assert_eq!(t.captures[&8].sites[0].frames, ["leak_8"]);
     }
