@@ -702,11 +702,16 @@ pub fn time_to_oom(
     if recent.len() < 3 {
         recent = run[run.len().saturating_sub(3)..].to_vec();
     }
-    let pts = if recent.len() >= 36 && noise(&recent) > 0.0 {
+    let mut pts = if recent.len() >= 36 && noise(&recent) > 0.0 {
         envelope(&recent)
     } else {
         recent.clone()
     };
+    // A leak that began inside the window (a flat level, then the climb) grows at the
+    // climb's rate, not at that of a line through both.
+    if let Some(k) = knee(&pts) {
+        pts.drain(..k);
+    }
     let ts: Vec<f64> = pts.iter().map(|x| x.t).collect();
     let ys: Vec<f64> = pts.iter().map(|x| x.rss).collect();
     let Some(f) = fit(&ts, &ys) else {
@@ -760,6 +765,55 @@ pub fn time_to_oom(
             low_secs: low,
         }),
     )
+}
+
+/// Where the current growth began in `pts`, when it began inside them: the split into an
+/// earlier and a later stretch, each fitted by its own line, that leaves the least
+/// residual, taken when it leaves at most a quarter of a single line's, the later stretch
+/// is itself a line (R² >= 0.9) and it climbs at least twice as fast as the earlier one
+/// (a flat level, or a slower leak, before it). Otherwise None, and a line through all of
+/// `pts` is the trend: a steady leak, jitter, a staircase (its levels fit flat lines on
+/// both sides of a step), a leak that slows down.
+///
+/// This is segmented regression with one breakpoint, searched exhaustively: `pts` is at
+/// most a minute of samples (or an envelope of about 12), so O(n²) is a few thousand
+/// operations per scored series.
+fn knee(pts: &[Point]) -> Option<usize> {
+    let n = pts.len();
+    if n < 5 {
+        return None;
+    }
+    let ts: Vec<f64> = pts.iter().map(|p| p.t).collect();
+    let ys: Vec<f64> = pts.iter().map(|p| p.rss).collect();
+    let residual = |ts: &[f64], ys: &[f64]| -> Option<(Fit, f64)> {
+        let f = fit(ts, ys)?;
+        let ss = ts
+            .iter()
+            .zip(ys)
+            .map(|(t, y)| (y - f.intercept - f.slope * t).powi(2))
+            .sum::<f64>();
+        Some((f, ss))
+    };
+    let (line, whole) = residual(&ts, &ys)?;
+    if line.slope <= 0.0 {
+        return None;
+    }
+    let mut best: Option<(usize, f64)> = None;
+    // An earlier stretch of at least 2 points, a later one of at least 3.
+    for k in 2..=n - 3 {
+        let (Some((before, a)), Some((after, b))) =
+            (residual(&ts[..k], &ys[..k]), residual(&ts[k..], &ys[k..]))
+        else {
+            continue;
+        };
+        if after.slope > 2.0 * before.slope.max(0.0)
+            && after.r2 >= 0.9
+            && best.is_none_or(|(_, ss)| a + b < ss)
+        {
+            best = Some((k, a + b));
+        }
+    }
+    best.filter(|&(_, ss)| ss <= 0.25 * whole).map(|(k, _)| k)
 }
 
 /// Seconds from the last point until the least-squares parabola through `pts` has grown
@@ -1100,6 +1154,89 @@ mod tests {
             })
             .collect();
         assert_eq!(quadratic_time_to(&line, 500_000.0), None);
+    }
+
+    #[test]
+    fn a_leak_that_starts_after_a_flat_level_is_timed_at_its_own_rate() {
+        // 20 MiB held for 20 s, then 2 MiB/s against a 128 MiB limit (the e2e test's leak),
+        // starting at any phase of the sampling, with and without 0.3 MiB of jitter. The
+        // windows the confidence picks reach back into the flat level now and then: a
+        // line through both read 1.30-1.46 MiB/s (a time to OOM 40 % late).
+        for phase in [0.0, 0.25, 0.5, 0.75] {
+            for jitter in [0.0, 0.3] {
+                let f = |t: f64| {
+                    let rss = 20.0 * MIB
+                        + 2.0 * MIB * (t - 20.0 - phase).max(0.0)
+                        + jitter * MIB * (t * 7.3).sin();
+                    (rss, rss - 2.0 * MIB)
+                };
+                for now in 21..=50 {
+                    let now = now as f64;
+                    let left = 128.0 * MIB - f(now).0;
+                    let ctx = Context {
+                        headroom: Some(left),
+                        ..at(now)
+                    };
+                    let Some(v) = assess(&series(now, f), &ctx, &Params::default()) else {
+                        continue;
+                    };
+                    if v.confidence < 60 {
+                        continue;
+                    }
+                    let rate = v.slope / MIB;
+                    assert!(
+                        (1.7..=2.3).contains(&rate),
+                        "phase {phase}, jitter {jitter}, at {now} s: {rate:.2} MiB/s"
+                    );
+                    let eta = v.eta.expect("a time to OOM").secs;
+                    let truth = left / (2.0 * MIB);
+                    assert!(
+                        (eta - truth).abs() <= 0.2 * truth,
+                        "phase {phase}, jitter {jitter}, at {now} s: {eta:.0} s to OOM, truly {truth:.0}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_staircase_or_a_steady_leak_has_no_knee() {
+        let pts = |f: &dyn Fn(f64) -> f64| -> Vec<Point> {
+            (0..40)
+                .map(|i| {
+                    let t = i as f64;
+                    Point {
+                        t,
+                        rss: f(t),
+                        anon: f(t),
+                    }
+                })
+                .collect()
+        };
+        // Steps of 8 MiB every 10 s: flat on both sides of each step.
+        assert_eq!(
+            knee(&pts(&|t| 50.0 * MIB + 8.0 * MIB * (t / 10.0).floor())),
+            None
+        );
+        // A steady leak with jitter.
+        assert_eq!(
+            knee(&pts(&|t| 50.0 * MIB
+                + MIB * t
+                + 0.4 * MIB * (t * 3.1).sin())),
+            None
+        );
+        // A leak that slows down.
+        assert_eq!(
+            knee(&pts(&|t| 50.0 * MIB
+                + 4.0 * MIB * t.min(20.0)
+                + MIB * (t - 20.0).max(0.0))),
+            None
+        );
+        // Flat, then a leak from 25 s: the climb starts at its first point above the level.
+        assert_eq!(
+            knee(&pts(&|t| 50.0 * MIB + MIB * (t - 25.0).max(0.0))),
+            Some(25)
+        );
     }
 
     #[test]
