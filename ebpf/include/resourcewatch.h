@@ -49,7 +49,7 @@
 #define RW_STAT_TARGETS_FULL 3       /* rw_target_procs full: a target is not tracked */
 #define RW_STAT_ALLOC_PTRS_FULL 4
 #define RW_STAT_SWITCH_IN_UNSEEN 5   /* a task found on a CPU whose switch-in never fired */
-#define RW_STAT_STACKS_LOST 6        /* a stack or its counter could not be stored (map full) */
+#define RW_STAT_STACKS_LOST 6        /* a sample kept no stack (no stack copy sent, no stack id), or its counter could not be stored (map full) */
 #define RW_STAT_TARGETS_SPILLED 7    /* a target's probe window was full: kept in rw_target_procs */
 #define RW_STAT_MAX 8
 

@@ -56,7 +56,9 @@ pub mod stat {
     /// A task found on a CPU (switched out, or running at a close) whose switch-in the
     /// sched_switch program never saw.
     pub const SWITCH_IN_UNSEEN: u32 = 5;
-    /// A stack, or its counter, could not be stored (a stack or counter map full).
+    /// A sample kept no stack: neither a stack copy sent to user space (the ring buffer
+    /// full) nor a stack id (the stack map full, or a hash collision in it); or its counter
+    /// could not be stored (the counter map full).
     pub const STACKS_LOST: u32 = 6;
     /// A tracked process's probe window in `rw_target_slots` was full: it lives in the
     /// `rw_target_procs` spill map.

@@ -235,10 +235,13 @@ static __always_inline void charge_site(void *ctx, __u64 *pending, __u32 tgid, _
 	/* Taken by this event; a racing thread's add lands in the next sample. */
 	__sync_fetch_and_sub(pending, bytes);
 	__s32 user_stack = bpf_get_stackid(ctx, &rw_site_stacks, BPF_F_USER_STACK);
-	if (user_stack < 0)
-		stat_inc(RW_STAT_STACKS_LOST);
+	/* A stack id that failed (a hash collision in the stack map, a task with no user
+	 * stack) loses nothing while the sample reaches user space with its stack copy: lost
+	 * is counted only for a sample that keeps no stack at all. */
 	if (send_stack_sample(kind, tgid, bytes, user_stack, -1) == 0)
 		return;
+	if (user_stack < 0)
+		stat_inc(RW_STAT_STACKS_LOST);
 	struct rw_stack_key key = {
 		.tgid = tgid,
 		.user_stack = user_stack,
@@ -324,11 +327,12 @@ int rw_profile(struct bpf_perf_event_data *ctx)
 	struct rw_stack_key key = { .tgid = tgid };
 	key.user_stack = bpf_get_stackid(ctx, &rw_profile_stacks, BPF_F_USER_STACK);
 	key.kernel_stack = bpf_get_stackid(ctx, &rw_profile_stacks, 0);
-	if (key.user_stack < 0 && key.kernel_stack < 0)
-		stat_inc(RW_STAT_STACKS_LOST);
+	/* As for growth sites: lost only when the sample keeps no stack at all. */
 	if (send_stack_sample(RW_STACK_SAMPLE_PROFILE, tgid, 1, key.user_stack,
 			      key.kernel_stack) == 0)
 		return 0;
+	if (key.user_stack < 0 && key.kernel_stack < 0)
+		stat_inc(RW_STAT_STACKS_LOST);
 	/* Samples land in frameless leaves too (Go's small functions, memcpy): their callers
 	 * are put back the same way as for growth sites. */
 	key.caller = top_return_address();
