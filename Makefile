@@ -159,6 +159,15 @@ else
 	$(AS_ROOT) $(MAKE) test
 endif
 
+.PHONY: trials
+trials: ## The pre-OOM remediation trials of operator/REMEDIATION.md on the local cluster (root; about 15 min): output in operator/trials/DATE.md
+ifeq ($(AS_ROOT),)
+trials: deps
+	e2e/run-trials.sh $(ARGS)
+else
+	$(AS_ROOT) $(MAKE) trials
+endif
+
 .PHONY: bench
 bench: deps ## The runs behind node-agent/BENCHMARKS.md, 3 of each table, kept in node-agent/bench-runs/ (root, idle machine; about 90 minutes; ONLY="words": those tables)
 	$(CARGO) build --release -p resourcewatch-agent -p resourcewatch-bench -p resourcewatch-workloads
