@@ -646,15 +646,7 @@ async fn churn(
         let (client, ns, pods, pending) =
             (client.clone(), ns.clone(), pods.clone(), pending.clone());
         tasks.spawn(async move {
-            let _ = pods
-                .delete(
-                    &old.name,
-                    &DeleteParams {
-                        grace_period_seconds: Some(0),
-                        ..Default::default()
-                    },
-                )
-                .await;
+            delete_pod(&pods, &old.name).await?;
             make_pod(&client, &ns, &new).await?;
             if let Ok(mut p) = pending.lock() {
                 p.insert(new.name.clone(), Instant::now());
@@ -669,6 +661,26 @@ async fn churn(
         r.context("churn request")??;
     }
     Ok((live, churned))
+}
+
+/// Deletes `name` at once, retried while the API server fails the request (an overloaded
+/// one times out or answers 429): a replaced pod left behind would make the watches'
+/// expected counts wrong, and every later check wait for an exactness that cannot come.
+async fn delete_pod(pods: &Api<Pod>, name: &str) -> anyhow::Result<()> {
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    let mut last = None;
+    for attempt in 0..20u32 {
+        match pods.delete(name, &now).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt + 1))).await;
+    }
+    Err(anyhow::anyhow!("deleting pod {name}: {last:?}"))
 }
 
 /// Times each churned pod from Running to its first appearance in a watch's Top-K.
