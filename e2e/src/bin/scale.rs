@@ -623,14 +623,19 @@ async fn churn(
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let mut tasks = tokio::task::JoinSet::new();
     let mut churned = 0;
+    // Replacements whose create is still in flight: one picked as the next victim would be
+    // deleted before it exists (a 404, taken as done) and then made, one pod more than the
+    // watches are expected to count. Seen at 100,000 pods, where a create takes seconds.
+    let creating: Arc<Mutex<std::collections::HashSet<String>>> = Arc::default();
     while !stop.load(Ordering::Relaxed) && rate > 0.0 {
         tick.tick().await;
         // Only watched pods: an unwatched one's replacement would never show.
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
+        let in_flight = creating.lock().map(|c| c.clone()).unwrap_or_default();
         let watched: Vec<usize> = (0..live.len())
-            .filter(|&i| !live[i].labels.is_empty())
+            .filter(|&i| !live[i].labels.is_empty() && !in_flight.contains(&live[i].name))
             .collect();
         let Some(&victim) = watched.get((rng % watched.len().max(1) as u64) as usize) else {
             break;
@@ -643,11 +648,22 @@ async fn churn(
         };
         live.push(new.clone());
         churned += 1;
-        let (client, ns, pods, pending) =
-            (client.clone(), ns.clone(), pods.clone(), pending.clone());
+        if let Ok(mut c) = creating.lock() {
+            c.insert(new.name.clone());
+        }
+        let (client, ns, pods, pending, creating) = (
+            client.clone(),
+            ns.clone(),
+            pods.clone(),
+            pending.clone(),
+            creating.clone(),
+        );
         tasks.spawn(async move {
             delete_pod(&pods, &old.name).await?;
             make_pod(&client, &ns, &new).await?;
+            if let Ok(mut c) = creating.lock() {
+                c.remove(&new.name);
+            }
             if let Ok(mut p) = pending.lock() {
                 p.insert(new.name.clone(), Instant::now());
             }
