@@ -702,25 +702,24 @@ pub fn time_to_oom(
     if recent.len() < 3 {
         recent = run[run.len().saturating_sub(3)..].to_vec();
     }
-    let mut pts = if recent.len() >= 36 && noise(&recent) > 0.0 {
+    let pts = if recent.len() >= 36 && noise(&recent) > 0.0 {
         envelope(&recent)
     } else {
         recent.clone()
     };
-    // A leak that began inside the window (a flat level, then the climb) grows at the
-    // climb's rate, not at that of a line through both.
-    if let Some(k) = knee(&pts) {
-        pts.drain(..k);
-    }
     let ts: Vec<f64> = pts.iter().map(|x| x.t).collect();
     let ys: Vec<f64> = pts.iter().map(|x| x.rss).collect();
-    let Some(f) = fit(&ts, &ys) else {
+    // A leak that began inside the window (a flat level, then the climb) grows at the
+    // climb's rate, not at that of a line through both.
+    let k = knee(&ts, &ys).unwrap_or(0);
+    let (ts, ys) = (&ts[k..], &ys[k..]);
+    let Some(f) = fit(ts, ys) else {
         return (0.0, None);
     };
     if f.slope <= 0.0 {
         return (f.slope, None);
     }
-    let se = slope_standard_error(&ts, &ys, &f);
+    let se = slope_standard_error(ts, ys, &f);
     let short: Vec<&Point> = run.iter().filter(|x| x.t >= end - 10.0).collect();
     let short_slope = fit(
         &short.iter().map(|x| x.t).collect::<Vec<_>>(),
@@ -767,48 +766,62 @@ pub fn time_to_oom(
     )
 }
 
-/// Where the current growth began in `pts`, when it began inside them: the split into an
-/// earlier and a later stretch, each fitted by its own line, that leaves the least
-/// residual, taken when it leaves at most a quarter of a single line's, the later stretch
-/// is itself a line (R² >= 0.9) and it climbs at least twice as fast as the earlier one
-/// (a flat level, or a slower leak, before it). Otherwise None, and a line through all of
-/// `pts` is the trend: a steady leak, jitter, a staircase (its levels fit flat lines on
-/// both sides of a step), a leak that slows down.
+/// Where the current growth began in the series `(ts, ys)`, when it began inside it: the
+/// split into an earlier and a later stretch, each fitted by its own line, that leaves the
+/// least residual, taken when it leaves at most a quarter of a single line's, the later
+/// stretch is itself a line (R² >= 0.9) and it climbs at least twice as fast as the
+/// earlier one (a flat level, or a slower leak, before it). Otherwise None, and a line
+/// through the whole series is the trend: a steady leak, jitter, a staircase (its levels
+/// fit flat lines on both sides of a step), a leak that slows down.
 ///
-/// This is segmented regression with one breakpoint, searched exhaustively: `pts` is at
-/// most a minute of samples (or an envelope of about 12), so O(n²) is a few thousand
-/// operations per scored series.
-fn knee(pts: &[Point]) -> Option<usize> {
-    let n = pts.len();
+/// Segmented regression with one breakpoint, searched exhaustively in O(n): every
+/// stretch's line and residual come from prefix sums (it runs for every series scored,
+/// each report).
+fn knee(ts: &[f64], ys: &[f64]) -> Option<usize> {
+    let n = ts.len().min(ys.len());
     if n < 5 {
         return None;
     }
-    let ts: Vec<f64> = pts.iter().map(|p| p.t).collect();
-    let ys: Vec<f64> = pts.iter().map(|p| p.rss).collect();
-    let residual = |ts: &[f64], ys: &[f64]| -> Option<(Fit, f64)> {
-        let f = fit(ts, ys)?;
-        let ss = ts
-            .iter()
-            .zip(ys)
-            .map(|(t, y)| (y - f.intercept - f.slope * t).powi(2))
-            .sum::<f64>();
-        Some((f, ss))
+    // Sums of t, y, t², t·y, y² over [0, i), on values taken from the first point's: a
+    // minute of seconds and the bytes grown in it keep the sums far from f64's limits
+    // (monotonic seconds and resident sizes squared would not).
+    let mut pre = vec![[0.0f64; 5]; n + 1];
+    for i in 0..n {
+        let (t, y) = (ts[i] - ts[0], ys[i] - ys[0]);
+        let p = pre[i];
+        pre[i + 1] = [p[0] + t, p[1] + y, p[2] + t * t, p[3] + t * y, p[4] + y * y];
+    }
+    // The least-squares line through [a, b): its slope, residual sum of squares and R²
+    // (as `fit` defines them).
+    let line = |a: usize, b: usize| -> Option<(f64, f64, f64)> {
+        let m = (b - a) as f64;
+        let d = |j: usize| pre[b][j] - pre[a][j];
+        let sxx = d(2) - d(0) * d(0) / m;
+        if sxx <= f64::EPSILON {
+            return None;
+        }
+        let sxy = d(3) - d(0) * d(1) / m;
+        let syy = d(4) - d(1) * d(1) / m;
+        let slope = sxy / sxx;
+        let residual = (syy - slope * sxy).max(0.0);
+        let r2 = if syy <= f64::EPSILON {
+            0.0
+        } else {
+            (1.0 - residual / syy).clamp(0.0, 1.0)
+        };
+        Some((slope, residual, r2))
     };
-    let (line, whole) = residual(&ts, &ys)?;
-    if line.slope <= 0.0 {
+    let (slope, whole, _) = line(0, n)?;
+    if slope <= 0.0 {
         return None;
     }
     let mut best: Option<(usize, f64)> = None;
     // An earlier stretch of at least 2 points, a later one of at least 3.
     for k in 2..=n - 3 {
-        let (Some((before, a)), Some((after, b))) =
-            (residual(&ts[..k], &ys[..k]), residual(&ts[k..], &ys[k..]))
-        else {
+        let (Some((before, a, _)), Some((after, b, after_r2))) = (line(0, k), line(k, n)) else {
             continue;
         };
-        if after.slope > 2.0 * before.slope.max(0.0)
-            && after.r2 >= 0.9
-            && best.is_none_or(|(_, ss)| a + b < ss)
+        if after > 2.0 * before.max(0.0) && after_r2 >= 0.9 && best.is_none_or(|(_, ss)| a + b < ss)
         {
             best = Some((k, a + b));
         }
@@ -1201,40 +1214,29 @@ mod tests {
 
     #[test]
     fn a_staircase_or_a_steady_leak_has_no_knee() {
-        let pts = |f: &dyn Fn(f64) -> f64| -> Vec<Point> {
-            (0..40)
-                .map(|i| {
-                    let t = i as f64;
-                    Point {
-                        t,
-                        rss: f(t),
-                        anon: f(t),
-                    }
-                })
-                .collect()
+        let knee_of = |f: &dyn Fn(f64) -> f64| {
+            let ts: Vec<f64> = (0..40).map(f64::from).collect();
+            let ys: Vec<f64> = ts.iter().map(|&t| f(t)).collect();
+            knee(&ts, &ys)
         };
         // Steps of 8 MiB every 10 s: flat on both sides of each step.
         assert_eq!(
-            knee(&pts(&|t| 50.0 * MIB + 8.0 * MIB * (t / 10.0).floor())),
+            knee_of(&|t| 50.0 * MIB + 8.0 * MIB * (t / 10.0).floor()),
             None
         );
         // A steady leak with jitter.
         assert_eq!(
-            knee(&pts(&|t| 50.0 * MIB
-                + MIB * t
-                + 0.4 * MIB * (t * 3.1).sin())),
+            knee_of(&|t| 50.0 * MIB + MIB * t + 0.4 * MIB * (t * 3.1).sin()),
             None
         );
         // A leak that slows down.
         assert_eq!(
-            knee(&pts(&|t| 50.0 * MIB
-                + 4.0 * MIB * t.min(20.0)
-                + MIB * (t - 20.0).max(0.0))),
+            knee_of(&|t| 50.0 * MIB + 4.0 * MIB * t.min(20.0) + MIB * (t - 20.0).max(0.0)),
             None
         );
         // Flat, then a leak from 25 s: the climb starts at its first point above the level.
         assert_eq!(
-            knee(&pts(&|t| 50.0 * MIB + MIB * (t - 25.0).max(0.0))),
+            knee_of(&|t| 50.0 * MIB + MIB * (t - 25.0).max(0.0)),
             Some(25)
         );
     }
