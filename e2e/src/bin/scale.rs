@@ -633,10 +633,14 @@ async fn churn(
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        let in_flight = creating.lock().map(|c| c.clone()).unwrap_or_default();
-        let watched: Vec<usize> = (0..live.len())
-            .filter(|&i| !live[i].labels.is_empty() && !in_flight.contains(&live[i].name))
-            .collect();
+        let watched: Vec<usize> = {
+            let in_flight = creating
+                .lock()
+                .map_err(|_| anyhow::anyhow!("churn: a create task panicked"))?;
+            (0..live.len())
+                .filter(|&i| !live[i].labels.is_empty() && !in_flight.contains(&live[i].name))
+                .collect()
+        };
         let Some(&victim) = watched.get((rng % watched.len().max(1) as u64) as usize) else {
             break;
         };
