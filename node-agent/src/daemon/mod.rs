@@ -471,10 +471,12 @@ impl Engine {
 
     /// The kernel's sample stream read now, between reports: an OOM kill's victim is
     /// named while its cgroup is still there (a runtime removes it when the container
-    /// exits), and the ring never fills between two reports.
+    /// exits), and the ring never fills between two reports. The watched containers'
+    /// charges are read too, once a second (`FrameBuilder::observe_charges`).
     fn drain_samples(&mut self) {
         if let (Ok(pipes), Some(builder)) = (&mut self.pipes, &mut self.builder) {
             pipes.drain_samples(|s| builder.observe_sample(s));
+            builder.observe_charges(procfs::monotonic_ns());
         }
     }
 

@@ -321,6 +321,8 @@ pub struct FrameBuilder {
     page: u64,
     last_leak_rows: Vec<LeakRow>,
     last_assessed_ns: u64,
+    /// When the watched containers' charges were last read (`observe_charges`).
+    last_charged_ns: u64,
     /// Exactly tracked cgroups (id, path in the hierarchy): each gets a container-level
     /// series from the cgroup's own charge.
     pub watched_cgroups: Vec<(u64, String)>,
@@ -378,6 +380,7 @@ impl FrameBuilder {
             page: procfs::page_size(),
             last_leak_rows: Vec::new(),
             last_assessed_ns: 0,
+            last_charged_ns: 0,
             watched_cgroups: Vec::new(),
             sites: Some(SiteTracker::new()),
             jvms: HashMap::new(),
@@ -511,6 +514,20 @@ impl FrameBuilder {
             .or_else(|| self.layout.as_ref().and_then(|l| l.path_of_id(id)))
     }
 
+    /// The watched containers' charges read now if a second has passed since the last
+    /// read: called between frames (the agent's loop wakes every 200 ms), so that a
+    /// container's series has a point per second whatever the report interval. A
+    /// process's series has the kernel's samples; a container's has only these reads, and
+    /// at a 5 s report one point per 5 s left a leak that began after a flat level
+    /// without the three points past its start that the rate's breakpoint needs
+    /// (`detect::knee`): its first row read 1.30 MiB/s for a 2 MiB/s leak (CI, 29 Nov).
+    pub fn observe_charges(&mut self, now: u64) {
+        if now.saturating_sub(self.last_charged_ns) >= ASSESS_EVERY_NS - ASSESS_EVERY_NS / 10 {
+            self.observe_cgroups(now);
+            self.last_charged_ns = now;
+        }
+    }
+
     /// Container-level series: the cgroup's charge (what the OOM killer compares with the
     /// limit, page cache and kernel memory included) read from its own files each
     /// interval. Read in user space, not summed in BPF: no sum of process RSS sees the
@@ -561,7 +578,10 @@ impl FrameBuilder {
         if since < ASSESS_EVERY_NS - ASSESS_EVERY_NS / 10 {
             return self.last_leak_rows_aged(since);
         }
+        // Read at the frame whatever the last read between frames: times to OOM count
+        // from the frame's stamp.
         self.observe_cgroups(now);
+        self.last_charged_ns = now;
         self.heartbeats(mem, now);
         self.last_assessed_ns = now;
         self.leaks.prune(now, SERIES_IDLE_NS);
@@ -952,6 +972,58 @@ mod tests {
             swap_bytes: 0,
             exited,
         }
+    }
+
+    /// A container flat at 20 MiB, then leaking 2 MiB/s from 22.3 s (between two frames)
+    /// against a 128 MiB limit, seen in frames 5 s apart (a watch's `interval: 5s`) with
+    /// its charge read each second between them: its first listed row is timed at the
+    /// leak's own rate. Read only at the frames (one point per 5 s), it was first listed
+    /// at 1.54 MiB/s here, and at 1.30 MiB/s in the cluster (CI, 29 Nov): too few points
+    /// past the start for the breakpoint before the rate.
+    #[test]
+    fn a_container_read_each_second_between_frames_is_timed_at_its_leaks_rate() {
+        const MIB: u64 = 1 << 20;
+        let root = std::env::temp_dir().join(format!("rw-charges-{}", std::process::id()));
+        let dir = root.join("pod");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mountinfo = format!("1 0 0:1 / {} rw - cgroup2 cgroup2 rw", root.display());
+        let layout = CgroupLayout::from_mountinfo(&mountinfo).unwrap();
+        let mut b = FrameBuilder::new(10, Some(layout));
+        b.leak_min_confidence = 60;
+        b.sites = None;
+        b.watched_cgroups = vec![(42, "/pod".into())];
+        let start = 1_000_000_000_000u64;
+        let mut first = None;
+        // Tenths of a second, so reads fall between frames as the agent's loop makes them.
+        for tenth in 0..=600u64 {
+            let secs = tenth as f64 / 10.0;
+            let charge = 20 * MIB + ((secs - 22.3).max(0.0) * 2.0 * MIB as f64) as u64;
+            std::fs::write(dir.join("memory.max"), (128 * MIB).to_string()).unwrap();
+            std::fs::write(dir.join("memory.current"), charge.to_string()).unwrap();
+            std::fs::write(
+                dir.join("memory.stat"),
+                format!("anon {charge}\nfile 0\nshmem 0\n"),
+            )
+            .unwrap();
+            let now = start + tenth * 100_000_000;
+            if tenth % 50 == 0 {
+                let rows = b.leak_rows(&HashMap::new(), now);
+                if first.is_none() {
+                    first = rows.into_iter().next().map(|r| (secs, r));
+                }
+            } else if tenth % 2 == 0 {
+                b.observe_charges(now);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&root);
+        let (at, row) = first.expect("the leak listed");
+        let rate = row.growth_bytes_per_sec / MIB as f64;
+        assert!(at <= 35.0, "listed only at {at} s: {row:?}");
+        assert!(
+            (1.8..2.2).contains(&rate),
+            "first row at {at} s: {rate:.2} MiB/s"
+        );
+        assert_eq!(row.limit_bytes, Some(128 * MIB));
     }
 
     /// Between two assessments (one a second) a frame repeats the last verdicts: their

@@ -126,9 +126,20 @@ pub fn run(opts: TopOptions) -> Result<(), TopError> {
     loop {
         n += 1;
         let deadline = start + opts.interval * n as u32;
-        let go_on = match &mut screen {
-            Some(s) => !s.wait_for_quit(deadline)?,
-            None => sleep_until(deadline),
+        // Woken each second inside a longer interval: the kernel's samples are drained
+        // (the ring never fills) and the watched containers' charges read, a point per
+        // second whatever the interval (`FrameBuilder::observe_charges`).
+        let go_on = loop {
+            let step = deadline.min(Instant::now() + Duration::from_secs(1));
+            let go_on = match &mut screen {
+                Some(s) => !s.wait_for_quit(step)?,
+                None => sleep_until(step),
+            };
+            if !go_on || step >= deadline {
+                break go_on;
+            }
+            pipes.drain_samples(|s| builder.observe_sample(s));
+            builder.observe_charges(crate::procfs::monotonic_ns());
         };
         if !go_on {
             break;

@@ -25,7 +25,7 @@ fn usage(msg: &str) -> ! {
     eprintln!("leak-sim: {msg}");
     eprintln!(
         "usage: leak-sim --pattern leak|flat|sawtooth|plateau|bursty|pagecache|burn [--rate R/s] [--baseline B] [--delay S] \
-         [--size B] [--period S] [--cap B] [--tau S] [--seed N] [--duration S] [--listen PORT]\n       \
+         [--size B] [--period S] [--cap B] [--tau S] [--max-burst B] [--seed N] [--duration S] [--listen PORT]\n       \
          leak-sim --probe HOST:PORT"
     );
     std::process::exit(64)
@@ -84,8 +84,37 @@ fn probe(to: &str) -> ! {
     }
 }
 
+/// Every flag takes one value.
+const FLAGS: &[&str] = &[
+    "--pattern",
+    "--rate",
+    "--baseline",
+    "--delay",
+    "--size",
+    "--period",
+    "--cap",
+    "--tau",
+    "--max-burst",
+    "--seed",
+    "--duration",
+    "--listen",
+    "--probe",
+];
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        usage("help");
+    }
+    // An unknown flag is refused: ignored, it ran a leak nobody asked for (`--help` did).
+    for pair in args.chunks(2) {
+        match pair {
+            [flag, _] if FLAGS.contains(&flag.as_str()) => {}
+            [flag, _] => usage(&format!("unknown flag {flag:?}")),
+            [flag] => usage(&format!("{flag:?} without a value")),
+            _ => {}
+        }
+    }
     let get = |name: &str| {
         args.iter()
             .position(|a| a == name)
