@@ -86,20 +86,23 @@ def n_runs(*tables):
 
 
 def conditions(*tables):
-    """Where and when the runs were made, from their own files."""
-    kernels, commits, days = set(), set(), set()
-    dirty = False
+    """Where and when the runs were made, from their own files: one group per machine
+    and day (runs of different days may be on different kernels), each commit marked if
+    it had changes not yet committed."""
+    groups = {}
     for t in tables:
         for run, _ in runs_of(t):
             c = run["conditions"]
-            kernels.add(f"kernel {c['kernel']}, {c['cpus']} CPUs, cgroup {c['cgroup']}")
-            commits.add(c["commit"] or "?")
-            dirty |= bool(c.get("uncommitted_changes"))
-            days.add(datetime.datetime.fromtimestamp(run["started_unix"], datetime.timezone.utc).strftime("%d %B %Y"))
-    s = f"{'; '.join(sorted(kernels))}; commit {', '.join(sorted(commits))}"
-    if dirty:
-        s += " (with changes not yet committed)"
-    return f"{s}; {', '.join(sorted(days))}"
+            started = datetime.datetime.fromtimestamp(run["started_unix"], datetime.timezone.utc)
+            key = (started.strftime("%Y-%m-%d"), f"kernel {c['kernel']}, {c['cpus']} CPUs, cgroup {c['cgroup']}")
+            commit = c["commit"] or "?"
+            if c.get("uncommitted_changes"):
+                commit += " (with changes not yet committed)"
+            groups.setdefault(key, (started.strftime("%d %B %Y"), set()))[1].add(commit)
+    return "; ".join(
+        f"{kernel}, commit {', '.join(sorted(commits))}, {day}"
+        for (_, kernel), (day, commits) in sorted(groups.items())
+    )
 
 
 # --- the tables ---------------------------------------------------------------------
