@@ -58,7 +58,11 @@ case $mode in
   args)
     "$bin" "$@" ;;
   report)
-    "$bin" --csv e2e/scale/scale.csv | tee e2e/scale/last-report.md
+    # The committed report is replaced only by a run that finished (pipefail stops here
+    # otherwise): a failed run's report is on the terminal and in $report.
+    report=$(mktemp /tmp/resourcewatch-scale-report.XXXXXX)
+    "$bin" --csv e2e/scale/scale.csv | tee "$report"
+    mv "$report" e2e/scale/last-report.md
     .ci/install-deps --plot
     # Debian's interpreter: the one python3-matplotlib is installed for.
     /usr/bin/python3 e2e/scale/plot.py e2e/scale/scale.csv e2e/scale/scale.png 384 ;;
