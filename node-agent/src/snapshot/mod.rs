@@ -360,9 +360,12 @@ fn comm_of(raw: &[u8; 16]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
-/// Verdicts are recomputed at most this often: at a 10 ms interval the detectors would
-/// otherwise dominate the agent's CPU while the series barely changed.
+/// Verdicts are recomputed, and containers' charges read, at most this often: at a
+/// 10 ms interval the detectors would otherwise dominate the agent's CPU while the series
+/// barely changed. Due a tenth early: at a 1 s interval a frame a few ms early is not
+/// skipped.
 const ASSESS_EVERY_NS: u64 = 1_000_000_000;
+const ASSESS_DUE_NS: u64 = ASSESS_EVERY_NS - ASSESS_EVERY_NS / 10;
 /// A series with no sample or heartbeat for this long is dropped.
 const SERIES_IDLE_NS: u64 = 3_600_000_000_000;
 
@@ -520,9 +523,10 @@ impl FrameBuilder {
     /// process's series has the kernel's samples; a container's has only these reads, and
     /// at a 5 s report one point per 5 s left a leak that began after a flat level
     /// without the three points past its start that the rate's breakpoint needs
-    /// (`detect::knee`): its first row read 1.30 MiB/s for a 2 MiB/s leak (CI, 29 Nov).
+    /// (`detect::knee`): its first row read 1.30 MiB/s for a 2 MiB/s leak (the e2e
+    /// cluster's `interval: 5s` watch).
     pub fn observe_charges(&mut self, now: u64) {
-        if now.saturating_sub(self.last_charged_ns) >= ASSESS_EVERY_NS - ASSESS_EVERY_NS / 10 {
+        if now.saturating_sub(self.last_charged_ns) >= ASSESS_DUE_NS {
             self.observe_cgroups(now);
             self.last_charged_ns = now;
         }
@@ -573,9 +577,8 @@ impl FrameBuilder {
         // The detectors see one point per second per series (what the corpus records and
         // the goals are measured at): at a shorter interval, the containers' files (three
         // per container) and the heartbeats would be read for points that only coalesce.
-        // (Less a tenth: at a 1 s interval a frame a few ms early is not skipped.)
         let since = now.saturating_sub(self.last_assessed_ns);
-        if since < ASSESS_EVERY_NS - ASSESS_EVERY_NS / 10 {
+        if since < ASSESS_DUE_NS {
             return self.last_leak_rows_aged(since);
         }
         // Read at the frame whatever the last read between frames: times to OOM count
@@ -978,8 +981,8 @@ mod tests {
     /// against a 128 MiB limit, seen in frames 5 s apart (a watch's `interval: 5s`) with
     /// its charge read each second between them: its first listed row is timed at the
     /// leak's own rate. Read only at the frames (one point per 5 s), it was first listed
-    /// at 1.54 MiB/s here, and at 1.30 MiB/s in the cluster (CI, 29 Nov): too few points
-    /// past the start for the breakpoint before the rate.
+    /// at 1.54 MiB/s here, and at 1.30 MiB/s in the e2e cluster: too few points past the
+    /// start for the breakpoint before the rate.
     #[test]
     fn a_container_read_each_second_between_frames_is_timed_at_its_leaks_rate() {
         const MIB: u64 = 1 << 20;
