@@ -283,8 +283,14 @@ async fn session(
                         *t = c.targets.clone();
                     }
                     tx.send(pb::AgentMessage { msg: Some(Msg::Ack(pb::ConfigAck { version: c.version, accepted: true, reason: String::new() })) }).await?;
+                    // As the real agent: a new configuration is reported on at the next
+                    // tick of its period, which only a new period (or the first
+                    // configuration) restarts. Reporting 0.2 s after every change made
+                    // a new pod's first figure look a report period quicker than it is.
                     let period = Duration::from_millis(c.report_interval_ms.max(500));
-                    tick = tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_millis(200), period);
+                    if config.as_ref().is_none_or(|old| old.report_interval_ms != c.report_interval_ms) {
+                        tick = tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_millis(200), period);
+                    }
                     config = Some(c);
                 }
             }
