@@ -254,7 +254,7 @@ fn targets(i: &Inputs<'_>, profile: Option<&ProfileStatus>) -> Option<WatchTarge
 }
 
 /// The selected pods that are scheduled, as the nodes see them.
-fn target_pods(ns: &str, pods: &[SelectedPod]) -> Vec<TargetPod> {
+fn target_pods(ns: &str, pods: &[std::sync::Arc<SelectedPod>]) -> Vec<TargetPod> {
     pods.iter()
         .filter_map(|p| {
             Some(TargetPod {
@@ -751,6 +751,7 @@ mod tests {
     use crate::{nodes::NodeView, spec::Floors, status::SelectedPod};
     use resourcewatch_crds::ResourceWatchSpec;
     use resourcewatch_proto as pb;
+    use std::sync::Arc;
 
     const NOW: i64 = 1_800_000_000;
     const NOW_STR: &str = "2027-01-15T08:00:00Z";
@@ -860,7 +861,7 @@ mod tests {
         profile: profile::Inputs<'_>,
     ) -> Plan {
         let s = settings();
-        let pods = [pod(1), pod(2), pod(3)];
+        let pods = [pod(1), pod(2), pod(3)].map(Arc::new);
         let facts: BTreeMap<String, PodFacts> = (1..=3).map(facts).collect();
         let status = status::Inputs {
             generation: Some(1),
@@ -997,7 +998,11 @@ mod tests {
         assert_eq!(first.write, Write::Now, "no status yet");
         let mut old = first.status.clone();
         old.last_update_time = Some(NOW_STR.into());
-        let (s, pods, nodes) = (settings(), [pod(1), pod(2), pod(3)], [node(&[], true)]);
+        let (s, pods, nodes) = (
+            settings(),
+            [pod(1), pod(2), pod(3)].map(Arc::new),
+            [node(&[], true)],
+        );
         let i = Inputs {
             status: status::Inputs {
                 generation: Some(1),
@@ -1116,7 +1121,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let (s, pods, nodes) = (settings(), [pod(2)], [node(&[], true)]);
+        let (s, pods, nodes) = (settings(), [Arc::new(pod(2))], [node(&[], true)]);
         let i = status::Inputs {
             generation: Some(1),
             settings: &s,

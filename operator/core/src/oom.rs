@@ -79,7 +79,7 @@ pub fn merge<'a>(
     min_confidence: u8,
     stored: &[OomKillEntry],
     reported: impl Iterator<Item = (&'a str, &'a pb::OomKill)>,
-    by_uid: &BTreeMap<&str, &SelectedPod>,
+    by_uid: &crate::status::ByUid<'_>,
 ) -> Vec<OomKillEntry> {
     let key = |e: &OomKillEntry| (e.time.clone(), e.node.clone(), e.pid);
     let mut all: BTreeMap<(String, String, u32), OomKillEntry> =
@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn a_kill_repeated_in_reports_is_kept_once_and_the_stored_grade_wins() {
         let pod = pod();
-        let by_uid: BTreeMap<&str, &SelectedPod> = [("u1", &pod)].into();
+        let by_uid: crate::status::ByUid<'_> = [("u1", &pod)].into_iter().collect();
         let k = kill(200, vec![p(150, 90, 60.0, 40.0)]);
         let once = merge(60, &[], [("n1", &k)].into_iter(), &by_uid);
         assert_eq!(once.len(), 1);

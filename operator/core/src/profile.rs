@@ -125,7 +125,7 @@ pub struct Take<'a> {
     pub annotation: &'a str,
     /// The watch's profile so far.
     pub old: Option<&'a ProfileStatus>,
-    pub pods: &'a [SelectedPod],
+    pub pods: &'a [std::sync::Arc<SelectedPod>],
     /// The latest `requestedAt` of any watch's profile in the namespace (unix seconds).
     pub namespace_last: Option<i64>,
     pub now: i64,
@@ -234,7 +234,12 @@ pub struct Step {
 
 /// Takes a new request, applies a node's result, fails an overdue request and expires an
 /// old result.
-pub fn step(old: Option<&ProfileStatus>, i: &Inputs<'_>, pods: &[SelectedPod], now: i64) -> Step {
+pub fn step(
+    old: Option<&ProfileStatus>,
+    i: &Inputs<'_>,
+    pods: &[std::sync::Arc<SelectedPod>],
+    now: i64,
+) -> Step {
     let mut out = Step {
         status: old.cloned(),
         ..Step::default()
@@ -339,7 +344,11 @@ fn node_for(t: &Take<'_>, req: &Request) -> Result<String, Refusal> {
 
 /// What the hub sends the pod's node while the request is Pending. None once the pod is
 /// gone (the request then fails at its deadline) or for any other state.
-pub fn order(p: &ProfileStatus, namespace: &str, pods: &[SelectedPod]) -> Option<ProfileOrder> {
+pub fn order(
+    p: &ProfileStatus,
+    namespace: &str,
+    pods: &[std::sync::Arc<SelectedPod>],
+) -> Option<ProfileOrder> {
     if p.state != ProfileState::Pending {
         return None;
     }
@@ -528,8 +537,8 @@ mod tests {
 
     const NOW: i64 = 1_800_000_000;
 
-    fn pods() -> Vec<SelectedPod> {
-        vec![SelectedPod {
+    fn pods() -> Vec<std::sync::Arc<SelectedPod>> {
+        vec![std::sync::Arc::new(SelectedPod {
             uid: "uid-1".into(),
             name: "api-1".into(),
             node: Some("n1".into()),
@@ -539,7 +548,7 @@ mod tests {
             ]
             .into(),
             exited_containers: Default::default(),
-        }]
+        })]
     }
 
     fn take_at(

@@ -197,7 +197,8 @@ impl Hub {
     }
 
     /// Sets what a watch targets; nodes whose configuration changes get a new version.
-    pub fn set_watch(&self, key: WatchKey, targets: WatchTargets) {
+    pub fn set_watch(&self, key: WatchKey, mut targets: WatchTargets) {
+        targets.sort_pods();
         let mut inner = self.lock();
         if inner.watches.get(&key) == Some(&targets) {
             return;
@@ -601,9 +602,8 @@ const TRIGGER_CAPACITY: usize = 256;
 /// watch's own confidence floor.
 /// The nodes a watch has a pod or a profile order on.
 fn nodes_of(w: &WatchTargets) -> BTreeSet<String> {
-    w.pods
-        .iter()
-        .map(|p| p.node.clone())
+    w.by_node()
+        .map(|(node, _)| node.to_owned())
         .chain(w.profile.as_ref().map(|o| o.node.clone()))
         .collect()
 }
@@ -628,22 +628,38 @@ fn changed_nodes(old: Option<&WatchTargets>, new: &WatchTargets) -> BTreeSet<Str
     if asks(old) != asks(new) {
         return nodes_of(old).union(&nodes_of(new)).cloned().collect();
     }
-    fn by_node(w: &WatchTargets) -> BTreeMap<&str, Vec<&TargetPod>> {
-        let mut m: BTreeMap<&str, Vec<&TargetPod>> = BTreeMap::new();
-        for p in &w.pods {
-            m.entry(p.node.as_str()).or_default().push(p);
-        }
-        // The pod cache lists in no fixed order.
-        m.values_mut().for_each(|v| v.sort_unstable());
-        m
+    // Both sorted (`WatchTargets::sort_pods`): one walk over the two node orders.
+    let (mut a, mut b) = (old.by_node().peekable(), new.by_node().peekable());
+    let mut out = BTreeSet::new();
+    loop {
+        let differs = match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(&(n, _)), None) => {
+                a.next();
+                Some(n)
+            }
+            (None, Some(&(n, _))) => {
+                b.next();
+                Some(n)
+            }
+            (Some(&(na, pa)), Some(&(nb, pb))) => match na.cmp(nb) {
+                std::cmp::Ordering::Less => {
+                    a.next();
+                    Some(na)
+                }
+                std::cmp::Ordering::Greater => {
+                    b.next();
+                    Some(nb)
+                }
+                std::cmp::Ordering::Equal => {
+                    a.next();
+                    b.next();
+                    (pa != pb).then_some(na)
+                }
+            },
+        };
+        out.extend(differs.map(str::to_owned));
     }
-    let (a, b) = (by_node(old), by_node(new));
-    let mut out: BTreeSet<String> = a
-        .keys()
-        .chain(b.keys())
-        .filter(|n| a.get(*n) != b.get(*n))
-        .map(|n| n.to_string())
-        .collect();
     if old.profile != new.profile {
         out.extend(
             old.profile
@@ -965,16 +981,49 @@ mod tests {
     fn only_the_nodes_where_a_watch_changed_are_recomputed() {
         let set =
             |names: &[&str]| -> BTreeSet<String> { names.iter().map(|n| n.to_string()).collect() };
-        let old = targets(5, 30, vec![pod("1", "n1"), pod("2", "n2"), pod("3", "n3")]);
+        // As set_watch keeps them: sorted by node.
+        let sorted = |mut t: WatchTargets| {
+            t.sort_pods();
+            t
+        };
+        let old = sorted(targets(
+            5,
+            30,
+            vec![pod("1", "n1"), pod("2", "n2"), pod("3", "n3")],
+        ));
         assert_eq!(changed_nodes(None, &old), set(&["n1", "n2", "n3"]));
         let mut more = old.clone();
         more.pods.push(pod("4", "n2"));
+        let more = sorted(more);
         assert_eq!(changed_nodes(Some(&old), &more), set(&["n2"]));
+        assert_eq!(changed_nodes(Some(&more), &old), set(&["n2"]));
         let mut reordered = old.clone();
         reordered.pods.reverse();
-        assert!(changed_nodes(Some(&old), &reordered).is_empty());
-        let moved = targets(5, 30, vec![pod("1", "n4"), pod("2", "n2"), pod("3", "n3")]);
+        assert!(changed_nodes(Some(&old), &sorted(reordered)).is_empty());
+        let moved = sorted(targets(
+            5,
+            30,
+            vec![pod("1", "n4"), pod("2", "n2"), pod("3", "n3")],
+        ));
         assert_eq!(changed_nodes(Some(&old), &moved), set(&["n1", "n4"]));
+        let first_and_last = sorted(targets(
+            5,
+            30,
+            vec![pod("0", "n0"), pod("2", "n2"), pod("9", "n9")],
+        ));
+        assert_eq!(
+            changed_nodes(Some(&old), &first_and_last),
+            set(&["n0", "n1", "n3", "n9"])
+        );
+        assert_eq!(
+            old.pods_on("n2")
+                .iter()
+                .map(|p| p.uid.as_str())
+                .collect::<Vec<_>>(),
+            ["2"]
+        );
+        assert_eq!(more.pods_on("n2").len(), 2);
+        assert!(old.pods_on("n0").is_empty() && old.pods_on("n9").is_empty());
         let larger_k = targets(9, 30, old.pods.clone());
         assert_eq!(
             changed_nodes(Some(&old), &larger_k),

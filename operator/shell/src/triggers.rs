@@ -11,8 +11,10 @@
 //!
 //! The same memory indexes pods by namespace and label, so a reconcile looks up the pods
 //! of its selector's `matchLabels` instead of testing every pod of the cluster (at 20,000
-//! pods in one namespace that scan was most of a reconcile), and keeps the pods deleted in
-//! the last ten minutes ([`Departed`]) for the OOM kills reported after them.
+//! pods in one namespace that scan was most of a reconcile), holds what a reconcile reads
+//! of each pod ([`SelectedPod`], made once per change of the pod, not once per reconcile
+//! of every watch selecting it), and keeps the pods deleted in the last ten minutes
+//! ([`Departed`]) for the OOM kills reported after them.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
@@ -25,18 +27,33 @@ use kube::{
     ResourceExt,
     runtime::{reflector::ObjectRef, watcher::Event},
 };
-use resourcewatch_crds::{LabelSelector, ResourceWatch};
+use resourcewatch_crds::{LabelSelector, PodSelector, ResourceWatch};
 
-use crate::spec::{pod_selector, selects};
+use crate::{
+    pods::{is_terminal, selected_pod},
+    spec::{pod_selector, selects},
+    status::SelectedPod,
+};
 
 type Labels = BTreeMap<String, String>;
 
-/// What the mapping remembers of a pod: where it is and what it was labelled.
+/// What the mapping remembers of a pod: where it is, what it was labelled, and what a
+/// reconcile reads of it.
 #[derive(Clone, Debug, PartialEq)]
 struct Seen {
     namespace: String,
     name: String,
     labels: Labels,
+    pod: Arc<SelectedPod>,
+    /// Succeeded or Failed.
+    terminal: bool,
+}
+
+/// The pods a selector matches, from the index: running (or pending) and finished.
+#[derive(Debug, Default)]
+pub struct Selection {
+    pub running: Vec<Arc<SelectedPod>>,
+    pub finished: Vec<Arc<SelectedPod>>,
 }
 
 #[derive(Debug, Default)]
@@ -49,7 +66,7 @@ pub struct PodTriggers {
     /// pod cache is ready waits for it, and then sees every pod (20,000 pods times 500
     /// watches of selector matching at start would buy nothing).
     listed: bool,
-    /// Pod names by (namespace, label key, label value).
+    /// Pod UIDs by (namespace, label key, label value).
     by_label: HashMap<(String, String, String), BTreeSet<String>>,
     /// Pods deleted lately.
     pub departed: Departed,
@@ -74,11 +91,11 @@ impl PodTriggers {
                 if let (Event::InitApply(_), Some(listed)) = (event, self.relisting.as_mut()) {
                     listed.insert(uid.clone());
                 }
-                let before = self.seen.insert(uid, now.clone());
+                let before = self.seen.insert(uid.clone(), now.clone());
                 if let Some(b) = &before {
-                    self.unindex(b);
+                    self.unindex(&uid, b);
                 }
-                self.index(&now);
+                self.index(&uid, &now);
                 if !self.listed {
                     return Vec::new();
                 }
@@ -91,7 +108,7 @@ impl PodTriggers {
                 };
                 let before = self.seen.remove(&uid);
                 if let Some(b) = &before {
-                    self.unindex(b);
+                    self.unindex(&uid, b);
                 }
                 concerned(watches, &now, before.as_ref())
             }
@@ -103,19 +120,19 @@ impl PodTriggers {
                 if first {
                     return Vec::new();
                 }
-                let gone: Vec<Seen> = self
+                let gone: Vec<(String, Seen)> = self
                     .seen
                     .iter()
                     .filter(|(uid, _)| !listed.contains(*uid))
-                    .map(|(_, s)| s.clone())
+                    .map(|(uid, s)| (uid.clone(), s.clone()))
                     .collect();
                 self.seen.retain(|uid, _| listed.contains(uid));
-                for s in &gone {
-                    self.unindex(s);
+                for (uid, s) in &gone {
+                    self.unindex(uid, s);
                 }
                 let mut refs: Vec<ObjectRef<ResourceWatch>> = gone
                     .iter()
-                    .flat_map(|s| concerned(watches, s, None))
+                    .flat_map(|(_, s)| concerned(watches, s, None))
                     .collect();
                 refs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
                 refs.dedup();
@@ -124,14 +141,39 @@ impl PodTriggers {
         }
     }
 
-    /// The names of the pods of `namespace` that can match `selector`: those carrying
-    /// every one of its `matchLabels` (its expressions are left to the caller, who tests
-    /// the whole selector on each). `None` when the index cannot say: before the first
-    /// list, or a selector without `matchLabels` (then every pod of the namespace is a
-    /// candidate).
-    pub fn candidates(&self, namespace: &str, selector: &LabelSelector) -> Option<Vec<String>> {
-        if !self.listed || selector.match_labels.is_empty() {
+    /// The pods of `namespace` that `selector` (compiled: `compiled`) matches, in UID
+    /// order. Through the label index when the selector has `matchLabels` (the pods
+    /// carrying the rarest of them are tested), else every pod of the namespace is.
+    /// `None` before the first list: the index cannot say yet.
+    pub fn select(
+        &self,
+        namespace: &str,
+        selector: &LabelSelector,
+        compiled: &PodSelector,
+    ) -> Option<Selection> {
+        if !self.listed {
             return None;
+        }
+        let mut out = Selection::default();
+        let take = |s: &Seen| {
+            if selects(compiled, &s.labels) {
+                let to = if s.terminal {
+                    &mut out.finished
+                } else {
+                    &mut out.running
+                };
+                to.push(s.pod.clone());
+            }
+        };
+        if selector.match_labels.is_empty() {
+            let mut all: Vec<&Seen> = self
+                .seen
+                .values()
+                .filter(|s| s.namespace == namespace)
+                .collect();
+            all.sort_unstable_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
+            all.into_iter().for_each(take);
+            return Some(out);
         }
         let empty = BTreeSet::new();
         let smallest = selector
@@ -142,25 +184,30 @@ impl PodTriggers {
                     .get(&(namespace.to_owned(), k.clone(), v.clone()))
                     .unwrap_or(&empty)
             })
-            .min_by_key(|names| names.len())?;
-        Some(smallest.iter().cloned().collect())
+            .min_by_key(|uids| uids.len())
+            .unwrap_or(&empty);
+        smallest
+            .iter()
+            .filter_map(|uid| self.seen.get(uid))
+            .for_each(take);
+        Some(out)
     }
 
-    fn index(&mut self, s: &Seen) {
+    fn index(&mut self, uid: &str, s: &Seen) {
         for (k, v) in &s.labels {
             self.by_label
                 .entry((s.namespace.clone(), k.clone(), v.clone()))
                 .or_default()
-                .insert(s.name.clone());
+                .insert(uid.to_owned());
         }
     }
 
-    fn unindex(&mut self, s: &Seen) {
+    fn unindex(&mut self, uid: &str, s: &Seen) {
         for (k, v) in &s.labels {
             let key = (s.namespace.clone(), k.clone(), v.clone());
-            if let Some(names) = self.by_label.get_mut(&key) {
-                names.remove(&s.name);
-                if names.is_empty() {
+            if let Some(uids) = self.by_label.get_mut(&key) {
+                uids.remove(uid);
+                if uids.is_empty() {
                     self.by_label.remove(&key);
                 }
             }
@@ -184,6 +231,8 @@ fn seen(pod: &Pod) -> Option<(String, Seen)> {
             namespace: pod.namespace()?,
             name: pod.name_any(),
             labels: pod.labels().clone(),
+            pod: Arc::new(selected_pod(pod)),
+            terminal: is_terminal(pod),
         },
     ))
 }
@@ -494,6 +543,20 @@ mod tests {
     #[test]
     fn the_label_index_follows_labels_deletions_and_relists() {
         let sel = |json| -> LabelSelector { serde_json::from_value(json).unwrap() };
+        // The names of the pods `selector` selects in `ns`: running, then finished.
+        let chosen = |t: &PodTriggers, ns: &str, selector: &LabelSelector| {
+            let names = |v: Vec<Arc<SelectedPod>>| -> Vec<String> {
+                v.iter().map(|p| p.name.clone()).collect()
+            };
+            t.select(ns, selector, &pod_selector(selector))
+                .map(|s| (names(s.running), names(s.finished)))
+        };
+        let running = |names: &[&str]| {
+            Some((
+                names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+                vec![],
+            ))
+        };
         let api = sel(serde_json::json!({"matchLabels": {"app": "api"}}));
         let mut t = PodTriggers::default();
         t.on_event(&Event::Init, &[]);
@@ -506,7 +569,7 @@ mod tests {
             &[],
         );
         assert_eq!(
-            t.candidates("a", &api),
+            chosen(&t, "a", &api),
             None,
             "not before the first list ends"
         );
@@ -519,24 +582,48 @@ mod tests {
             &Event::Apply(pod("b", "u3", serde_json::json!({"app": "api"}))),
             &[],
         );
-        assert_eq!(
-            t.candidates("a", &api),
-            Some(vec!["p-u1".into(), "p-u2".into()])
-        );
+        assert_eq!(chosen(&t, "a", &api), running(&["p-u1", "p-u2"]));
         // The smallest set of the pairs: only u1 has tier=x.
         let both = sel(serde_json::json!({"matchLabels": {"app": "api", "tier": "x"}}));
-        assert_eq!(t.candidates("a", &both), Some(vec!["p-u1".into()]));
+        assert_eq!(chosen(&t, "a", &both), running(&["p-u1"]));
         assert_eq!(
-            t.candidates(
+            chosen(
+                &t,
                 "a",
                 &sel(serde_json::json!({"matchLabels": {"app": "none"}}))
             ),
-            Some(vec![])
+            running(&[])
         );
+        // Expressions are tested on each candidate; no matchLabels: every pod of the
+        // namespace is tested.
+        let not_x = sel(serde_json::json!({"matchLabels": {"app": "api"},
+            "matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}));
+        assert_eq!(chosen(&t, "a", &not_x), running(&["p-u2"]));
         assert_eq!(
-            t.candidates("a", &sel(serde_json::json!({}))),
-            None,
-            "no matchLabels: scan"
+            chosen(&t, "a", &sel(serde_json::json!({}))),
+            running(&["p-u1", "p-u2"])
+        );
+        // What a reconcile reads of a pod follows its changes: a container that started,
+        // a pod that finished.
+        let mut started = pod("a", "u2", serde_json::json!({"app": "api"}));
+        started.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            container_statuses: Some(vec![k8s_openapi::api::core::v1::ContainerStatus {
+                name: "app".into(),
+                container_id: Some("containerd://c2".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        t.on_event(&Event::Apply(started.clone()), &[]);
+        let s = t.select("a", &api, &pod_selector(&api)).unwrap();
+        let u2 = s.running.iter().find(|p| p.uid == "u2").unwrap();
+        assert_eq!(u2.containers.get("c2").map(String::as_str), Some("app"));
+        let mut failed = started;
+        failed.status.as_mut().unwrap().phase = Some("Failed".into());
+        t.on_event(&Event::Apply(failed), &[]);
+        assert_eq!(
+            chosen(&t, "a", &api),
+            Some((vec!["p-u1".to_string()], vec!["p-u2".to_string()]))
         );
         // A relabel and a deletion leave the index.
         t.on_event(
@@ -547,11 +634,11 @@ mod tests {
             &Event::Delete(pod("a", "u2", serde_json::json!({"app": "api"}))),
             &[],
         );
-        assert_eq!(t.candidates("a", &api), Some(vec![]));
+        assert_eq!(chosen(&t, "a", &api), running(&[]));
         // A relist that no longer lists u3 drops it.
         t.on_event(&Event::Init, &[]);
         t.on_event(&Event::InitDone, &[]);
-        assert_eq!(t.candidates("b", &api), Some(vec![]));
+        assert_eq!(chosen(&t, "b", &api), running(&[]));
         assert!(t.by_label.is_empty() && t.is_empty());
     }
 

@@ -105,7 +105,7 @@ impl<'a> Figures<'a> {
         settings: &WatchSettings,
         node: &'a str,
         report: &'a pb::Report,
-        by_uid: &BTreeMap<&str, &'a SelectedPod>,
+        by_uid: &ByUid<'a>,
     ) {
         let container_of = |pod: &'a SelectedPod, id: &str| -> &'a str {
             pod.containers.get(id).map_or("", String::as_str)

@@ -30,6 +30,9 @@ use figures::*;
 pub use transitions::announced_site;
 use transitions::*;
 
+/// Pods by UID, for the lookups of every container of every report a watch reads.
+pub type ByUid<'a> = foldhash::HashMap<&'a str, &'a SelectedPod>;
+
 /// A pod the watch's selector matched (scheduled or not).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SelectedPod {
@@ -114,11 +117,11 @@ impl Subject {
 pub struct Inputs<'a> {
     pub generation: Option<i64>,
     pub settings: &'a Result<WatchSettings, SpecError>,
-    pub pods: &'a [SelectedPod],
+    pub pods: &'a [std::sync::Arc<SelectedPod>],
     /// Pods the selector matches that have finished (Succeeded, Failed) or were deleted
     /// lately: nothing is tracked of them, but the OOM kill that ended one (reported after
     /// it was deleted, maybe) is still theirs.
-    pub finished: &'a [SelectedPod],
+    pub finished: &'a [std::sync::Arc<SelectedPod>],
     /// Nodes where only finished pods of the watch ran: read for their OOM kills alone.
     pub kill_nodes: &'a [NodeView],
     pub nodes: &'a [NodeView],
@@ -153,7 +156,7 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
         return Outcome::Hold;
     }
     let mut f = Figures::default();
-    let by_uid: BTreeMap<&str, &SelectedPod> = i.pods.iter().map(|p| (p.uid.as_str(), p)).collect();
+    let by_uid: ByUid<'_> = i.pods.iter().map(|p| (p.uid.as_str(), &**p)).collect();
     for n in i.nodes {
         if let Some(report) = &n.last_report {
             f.add_report(settings, &n.name, report, &by_uid);
@@ -166,11 +169,11 @@ pub fn compute(i: &Inputs<'_>) -> Outcome {
     let (ranked, mut truncated) = f.rank(settings);
     let nodes = node_entries(i, &mut truncated);
     let (ready, degraded) = conditions(i, pending);
-    let with_finished: BTreeMap<&str, &SelectedPod> = i
+    let with_finished: ByUid<'_> = i
         .pods
         .iter()
         .chain(i.finished)
-        .map(|p| (p.uid.as_str(), p))
+        .map(|p| (p.uid.as_str(), &**p))
         .collect();
     let oom_kills = crate::oom::merge(
         settings.min_confidence,

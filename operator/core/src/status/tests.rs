@@ -10,14 +10,14 @@ fn settings(json: serde_json::Value) -> Result<WatchSettings, SpecError> {
     WatchSettings::from_spec(&spec, &crate::spec::Floors::default())
 }
 
-fn pod(uid: &str, node: &str) -> SelectedPod {
-    SelectedPod {
+fn pod(uid: &str, node: &str) -> std::sync::Arc<SelectedPod> {
+    std::sync::Arc::new(SelectedPod {
         uid: uid.into(),
         name: format!("pod-{uid}"),
         node: Some(node.into()),
         containers: [(format!("cid-{uid}"), "app".to_string())].into(),
         exited_containers: Default::default(),
-    }
+    })
 }
 
 fn node(name: &str, containers: Vec<pb::ContainerReport>, leaks: Vec<pb::Leak>) -> NodeView {
@@ -63,7 +63,7 @@ fn write(o: Outcome) -> (ResourceWatchStatus, Vec<EventSpec>) {
 /// A status computed for generation 1 at `now` and written.
 fn write_at(
     settings: &Result<WatchSettings, SpecError>,
-    pods: &[SelectedPod],
+    pods: &[std::sync::Arc<SelectedPod>],
     nodes: &[NodeView],
     old: Option<&ResourceWatchStatus>,
     now: &str,
@@ -290,7 +290,8 @@ fn an_oom_kill_is_kept_graded_and_announced_once() {
 fn the_kill_that_ended_a_pod_is_kept() {
     let s = settings(serde_json::json!({}));
     let mut done = pod("j", "n2");
-    done.exited_containers = std::mem::take(&mut done.containers);
+    let d = std::sync::Arc::make_mut(&mut done);
+    d.exited_containers = std::mem::take(&mut d.containers);
     let mut n2 = node("n2", vec![], vec![]);
     n2.last_report = Some(std::sync::Arc::new(pb::Report {
         oom_kills: vec![pb::OomKill {
@@ -611,13 +612,13 @@ fn the_largest_status_stays_far_below_the_etcd_limit() {
         let uid = format!("{i:036}");
         let cid = format!("{i:064}");
         let n = &mut nodes[i % 1000];
-        pods.push(SelectedPod {
+        pods.push(std::sync::Arc::new(SelectedPod {
             uid: uid.clone(),
             name: long("pod", i, 253),
             node: Some(n.name.clone()),
             containers: [(cid.clone(), long("c", i, 63))].into(),
             exited_containers: Default::default(),
-        });
+        }));
         let r = std::sync::Arc::make_mut(n.last_report.as_mut().unwrap());
         r.containers.push(pb::ContainerReport {
             pod_uid: uid.clone(),

@@ -189,23 +189,25 @@ pub(super) async fn write_status(
 /// and `related`. None when it is on a pod that is gone.
 pub(super) fn references(
     rw: &ResourceWatch,
-    pods: &[Arc<Pod>],
+    pods: &[Arc<SelectedPod>],
     e: &EventSpec,
 ) -> Option<(ObjectReference, Option<ObjectReference>)> {
     let mut watch = rw.object_ref(&());
+    // A selected pod by name and UID; a pod gone since by name.
+    let pod_ref = |name: &str, uid: Option<&str>| ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: rw.namespace(),
+        name: Some(name.to_owned()),
+        uid: uid.map(str::to_owned),
+        ..Default::default()
+    };
     let subject = e.about.as_ref().map(|s| match s {
         Subject::Container { pod, container } => {
-            let mut r = pods
-                .iter()
-                .find(|p| p.name_any() == *pod)
-                .map(|p| p.object_ref(&()))
-                .unwrap_or_else(|| ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    namespace: rw.namespace(),
-                    name: Some(pod.clone()),
-                    ..Default::default()
-                });
+            let mut r = pod_ref(
+                pod,
+                pods.iter().find(|p| p.name == *pod).map(|p| p.uid.as_str()),
+            );
             // How the kubelet names a container in its own Events.
             if !container.is_empty() {
                 r.field_path = Some(format!("spec.containers{{{container}}}"));
@@ -225,8 +227,8 @@ pub(super) fn references(
             Some((watch, subject))
         }
         Some(name) => {
-            let pod = pods.iter().find(|p| p.name_any() == *name)?;
-            let mut regarding = pod.object_ref(&());
+            let pod = pods.iter().find(|p| p.name == *name)?;
+            let mut regarding = pod_ref(&pod.name, Some(&pod.uid));
             // The container within the pod, when the Event is about one of them.
             regarding.field_path = subject
                 .filter(|s| s.name.as_deref() == Some(name.as_str()))
@@ -236,7 +238,12 @@ pub(super) fn references(
     }
 }
 
-pub(super) async fn publish(ctx: &Context, rw: &ResourceWatch, pods: &[Arc<Pod>], e: &EventSpec) {
+pub(super) async fn publish(
+    ctx: &Context,
+    rw: &ResourceWatch,
+    pods: &[Arc<SelectedPod>],
+    e: &EventSpec,
+) {
     let Some((regarding, related)) = references(rw, pods, e) else {
         return;
     };

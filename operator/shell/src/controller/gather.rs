@@ -17,7 +17,7 @@ pub(super) async fn gather(
     ctx: &Context,
     rw: &ResourceWatch,
     ns: &str,
-    selected: &[Arc<Pod>],
+    selected: &[Arc<SelectedPod>],
     names: &[String],
     settings: Option<&WatchSettings>,
 ) -> Result<Facts> {
@@ -30,10 +30,16 @@ pub(super) async fn gather(
     };
     let now = jiff::Timestamp::now().as_second();
     for name in names {
-        let Some(pod) = selected.iter().find(|p| p.name_any() == *name) else {
+        // The pod as the cache holds it now, if it is still the one selected (a pod
+        // made again under its name since is another pod).
+        let Some(pod) = selected.iter().find(|p| p.name == *name).and_then(|s| {
+            ctx.pods
+                .get(&ObjectRef::new(name).within(ns))
+                .filter(|p| p.metadata.uid.as_deref() == Some(s.uid.as_str()))
+        }) else {
             continue;
         };
-        let (workload, replicas) = workload_of(ctx, pod).await.unzip();
+        let (workload, replicas) = workload_of(ctx, &pod).await.unzip();
         let mut f = PodFacts {
             name: pod.name_any(),
             uid: pod.uid().unwrap_or_default(),
@@ -44,7 +50,7 @@ pub(super) async fn gather(
             deleting: pod.metadata.deletion_timestamp.is_some(),
             granted_by: grants.covering(pod.labels()),
             ledger_problem: None,
-            ready: is_ready(pod),
+            ready: is_ready(&pod),
             replicas: replicas.flatten(),
         };
         if let Some(w) = &f.workload {

@@ -44,7 +44,7 @@ use crate::{
     spec::{Floors, WatchSettings, selects},
     status::{EventSpec, Inputs, SelectedPod, Subject},
     status_write::apply_status,
-    triggers::PodTriggers,
+    triggers::{PodTriggers, Selection},
 };
 
 mod effects;
@@ -147,14 +147,12 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
         name: rw.name_any(),
     };
     let settings = WatchSettings::from_spec(&rw.spec, &ctx.remediation.floors);
-    let (selected, finished) = match &settings {
+    let (pods, finished) = match &settings {
         Ok(s) => select_pods(ctx, &ns, s),
         Err(_) => Default::default(),
     };
-    let pods: Vec<SelectedPod> = selected.iter().map(|p| selected_pod(p)).collect();
     let nodes: BTreeSet<String> = pods.iter().filter_map(|p| p.node.clone()).collect();
     let views = ctx.hub.view(&nodes);
-    let finished: Vec<SelectedPod> = finished.iter().map(|p| selected_pod(p)).collect();
     // The nodes where only finished pods ran, read for their OOM kills alone.
     let other_nodes: BTreeSet<String> = finished
         .iter()
@@ -180,7 +178,7 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
     let facts = if names.is_empty() {
         Facts::default()
     } else {
-        gather(ctx, rw, &ns, &selected, &names, settings.as_ref().ok()).await?
+        gather(ctx, rw, &ns, &pods, &names, settings.as_ref().ok()).await?
     };
     let result = arrived_profile(ctx, rw);
     let watch_id = key.to_string();
@@ -207,7 +205,7 @@ async fn reconcile_inner(rw: &ResourceWatch, ctx: &Context) -> Result<Action> {
         ctx,
         rw,
         key: &key,
-        selected: &selected,
+        selected: &pods,
         settings: settings.as_ref().ok(),
         now_s,
         now: &now,
@@ -232,44 +230,49 @@ async fn not_now(ctx: &Context) -> Option<Duration> {
 /// killed by its limit fails), nothing else is read of them.
 const MAX_FINISHED_PODS: usize = 256;
 
-/// The pods of `ns` the watch's selector matches, from the pod cache (through the label
-/// index when the selector has an equality it can use), in one pass: the running ones,
+/// The pods of `ns` the watch's selector matches, from the pod index (crate::triggers:
+/// through its labels when the selector has an equality it can use): the running ones,
 /// and those that finished (Succeeded, Failed) or were deleted in the last ten minutes
 /// (at most `MAX_FINISHED_PODS`, the deleted last).
-fn select_pods(ctx: &Context, ns: &str, s: &WatchSettings) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
-    let (candidates, departed) = {
+fn select_pods(
+    ctx: &Context,
+    ns: &str,
+    s: &WatchSettings,
+) -> (Vec<Arc<SelectedPod>>, Vec<Arc<SelectedPod>>) {
+    let (selection, departed) = {
         let index = ctx.pod_index.lock().unwrap_or_else(|e| e.into_inner());
         (
-            index.candidates(ns, &s.selector),
+            index.select(ns, &s.selector, &s.pods),
             index.departed.in_namespace(ns, std::time::Instant::now()),
         )
     };
-    let pods: Vec<Arc<Pod>> = match candidates {
-        Some(names) => names
-            .iter()
-            .filter_map(|n| ctx.pods.get(&ObjectRef::new(n).within(ns)))
-            .collect(),
-        // Borrowed, not `namespace()`: that clones a String per pod of the cluster per
-        // reconcile.
-        None => ctx
+    // Before the index's first list is done (the cache may be ready a moment earlier):
+    // the cache itself, every pod of the namespace tested.
+    let Selection {
+        running,
+        mut finished,
+    } = selection.unwrap_or_else(|| {
+        let (finished, running): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) = ctx
             .pods
             .state()
             .into_iter()
             .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
-            .collect(),
-    };
-    let (finished, running): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) = pods
-        .into_iter()
-        .filter(|p| selects(&s.pods, p.labels()))
-        .partition(|p| is_terminal(p));
-    let mut finished = finished;
+            .filter(|p| selects(&s.pods, p.labels()))
+            .partition(|p| is_terminal(p));
+        let made = |v: Vec<Arc<Pod>>| v.iter().map(|p| Arc::new(selected_pod(p))).collect();
+        Selection {
+            running: made(running),
+            finished: made(finished),
+        }
+    });
     // Newest first. (A deleted pod's UID is in no running pod, even where its name was
     // taken again, a StatefulSet's: kills are matched by UID.)
     finished.extend(
         departed
             .into_iter()
             .rev()
-            .filter(|p| selects(&s.pods, p.labels())),
+            .filter(|p| selects(&s.pods, p.labels()))
+            .map(|p| Arc::new(selected_pod(&p))),
     );
     finished.truncate(MAX_FINISHED_PODS);
     (running, finished)
@@ -280,7 +283,7 @@ struct Run<'a> {
     ctx: &'a Context,
     rw: &'a ResourceWatch,
     key: &'a WatchKey,
-    selected: &'a [Arc<Pod>],
+    selected: &'a [Arc<SelectedPod>],
     settings: Option<&'a WatchSettings>,
     now_s: i64,
     now: &'a str,

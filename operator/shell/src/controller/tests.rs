@@ -103,7 +103,7 @@ mod versions {
 /// with equal keys become one series that keeps its first note.
 fn recorder_key(
     rw: &ResourceWatch,
-    pods: &[Arc<Pod>],
+    pods: &[Arc<SelectedPod>],
     e: &EventSpec,
 ) -> (String, (ObjectReference, Option<ObjectReference>)) {
     let refs = references(rw, pods, e).expect("references");
@@ -113,9 +113,9 @@ fn recorder_key(
 #[test]
 fn events_about_different_containers_nodes_or_thresholds_are_not_folded() {
     let rw = watch_fixture(serde_json::json!({"selector": {}}));
-    let pods: Vec<Arc<Pod>> = [("a", "uid-a"), ("b", "uid-b")]
+    let pods: Vec<Arc<SelectedPod>> = [("a", "uid-a"), ("b", "uid-b")]
         .into_iter()
-        .map(|(n, u)| Arc::new(pod_fixture(n, u, CID_A, &[], "node-1")))
+        .map(|(n, u)| Arc::new(selected_pod(&pod_fixture(n, u, CID_A, &[], "node-1"))))
         .collect();
     let leak = |pod: &str, container: &str, on_pod: bool| {
         EventSpec::new(
