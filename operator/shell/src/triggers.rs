@@ -42,7 +42,6 @@ type Labels = BTreeMap<String, String>;
 #[derive(Clone, Debug, PartialEq)]
 struct Seen {
     namespace: String,
-    name: String,
     labels: Labels,
     pod: Arc<SelectedPod>,
     /// Succeeded or Failed.
@@ -229,7 +228,6 @@ fn seen(pod: &Pod) -> Option<(String, Seen)> {
         pod.uid()?,
         Seen {
             namespace: pod.namespace()?,
-            name: pod.name_any(),
             labels: pod.labels().clone(),
             pod: Arc::new(selected_pod(pod)),
             terminal: is_terminal(pod),
