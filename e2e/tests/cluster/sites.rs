@@ -4,10 +4,13 @@ use super::*;
 
 /// Whether a named frame is `function`: C's plain name, Go's `main.f`, Rust's `crate::f`,
 /// a JavaScript function from V8's perf map (`JS:*f /leak.js:6:26`, the mark says how it
-/// was compiled), a Python function (`py::f:/leak.py`), a Java method (`void Leak.f()`).
+/// was compiled; V8 10, Node.js 18's, tags it `LazyCompile:*f /leak.js:6` or
+/// `Function:~f ...`), a Python function (`py::f:/leak.py`), a Java method
+/// (`void Leak.f()`).
 pub(crate) fn frame_is(frame: &str, function: &str) -> bool {
-    let js = frame
-        .strip_prefix("JS:")
+    let js = ["JS:", "LazyCompile:", "Function:"]
+        .iter()
+        .find_map(|tag| frame.strip_prefix(tag))
         .map(|f| f.trim_start_matches(['*', '^', '~', '+', '-']))
         // `JS:*f /burn.js:3:26`, or `JS:*f_/burn.js:3:26` in folded stacks (spaces are `_`).
         .and_then(|f| f.split(' ').next())
@@ -25,6 +28,34 @@ pub(crate) fn frame_is(frame: &str, function: &str) -> bool {
         || js == Some(function)
         || py == Some(function)
         || java == Some(function)
+}
+
+#[test]
+fn a_frame_is_read_in_each_runtime_s_spelling() {
+    for (frame, function) in [
+        ("leak_here", "leak_here"),
+        ("leak::grow", "grow"),
+        ("JS:*burnInJavaScript /burn.js:3:26", "burnInJavaScript"),
+        ("JS:^leakInJavaScript_/leak.js:6:26", "leakInJavaScript"),
+        (
+            "LazyCompile:*burnInJavaScript /burn.js:3",
+            "burnInJavaScript",
+        ),
+        ("LazyCompile:~outerJs_/burn.js:9", "outerJs"),
+        ("Function:~growJs /leak.js:12", "growJs"),
+        ("py::leak_in_python:/leak.py", "leak_in_python"),
+        ("void Leak.leakInJava()", "leakInJava"),
+    ] {
+        assert!(frame_is(frame, function), "{frame} is {function}");
+    }
+    assert!(!frame_is(
+        "LazyCompile:*burnInJavaScriptToo /b.js:3",
+        "burnInJavaScript"
+    ));
+    assert!(!frame_is(
+        "Builtin:ArgumentsAdaptorTrampoline",
+        "ArgumentsAdaptorTrampoline"
+    ));
 }
 
 /// What a leak-site test runs: a C workloads image command, or Node.js or CPython with
