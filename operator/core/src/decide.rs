@@ -255,21 +255,24 @@ fn targets(i: &Inputs<'_>, profile: Option<&ProfileStatus>) -> Option<WatchTarge
 
 /// The selected pods that are scheduled, as the nodes see them.
 fn target_pods(ns: &str, pods: &[std::sync::Arc<SelectedPod>]) -> Vec<TargetPod> {
-    pods.iter()
-        .filter_map(|p| {
-            Some(TargetPod {
-                uid: p.uid.clone(),
-                namespace: ns.to_owned(),
-                name: p.name.clone(),
-                node: p.node.clone()?,
-                containers: p
-                    .containers
-                    .iter()
-                    .map(|(id, name)| (name.clone(), id.clone()))
-                    .collect(),
-            })
-        })
-        .collect()
+    pods.iter().filter_map(|p| target_pod(ns, p)).collect()
+}
+
+/// A selected pod of namespace `ns` as the nodes see it; `None` until it is scheduled.
+/// The pod triggers use it too, to move one pod's target at once (crate's shell,
+/// `Hub::update_pod`): both must agree on what a target is.
+pub fn target_pod(ns: &str, p: &SelectedPod) -> Option<TargetPod> {
+    Some(TargetPod {
+        uid: p.uid.clone(),
+        namespace: ns.to_owned(),
+        name: p.name.clone(),
+        node: p.node.clone()?,
+        containers: p
+            .containers
+            .iter()
+            .map(|(id, name)| (name.clone(), id.clone()))
+            .collect(),
+    })
 }
 
 /// The `Remediation` condition of a `Restart` watch: whether it may evict now.
@@ -651,6 +654,9 @@ fn when_to_write(
     if transitions(old) != transitions(new) {
         return Write::Now;
     }
+    if young_pod_first_row(i, old, new) {
+        return Write::Now;
+    }
     let since = old
         .last_update_time
         .as_deref()
@@ -661,6 +667,44 @@ fn when_to_write(
         }
         _ => Write::Now,
     }
+}
+
+/// A pod is young for `YOUNG_POD_SECS` after it was made: long enough to be scheduled,
+/// start and be reported (an image already on the node), short of a pod that has run for
+/// a while and only moved into the Top-K, whose row waits for the interval like every
+/// figure.
+const YOUNG_POD_SECS: i64 = 120;
+
+/// Whether the Top-K shows a young pod that the written status shows in no row: a new
+/// pod's first figures are written at once (its node's first report of it reconciles the
+/// watch, crate's shell: `Hub::report`), not up to an interval later. Once per pod: the
+/// next status has its row.
+fn young_pod_first_row(
+    i: &Inputs<'_>,
+    old: &ResourceWatchStatus,
+    new: &ResourceWatchStatus,
+) -> bool {
+    let Ok(now) = i.status.now.parse::<jiff::Timestamp>() else {
+        return false;
+    };
+    fn rows(s: &ResourceWatchStatus) -> Vec<&str> {
+        s.top_cpu
+            .iter()
+            .chain(&s.top_memory)
+            .map(|e| e.pod.as_str())
+            .collect()
+    }
+    let shown = rows(old);
+    let first: Vec<&str> = rows(new)
+        .into_iter()
+        .filter(|p| !shown.contains(p))
+        .collect();
+    !first.is_empty()
+        && i.status.pods.iter().any(|p| {
+            p.created
+                .is_some_and(|c| now.as_second().saturating_sub(c) < YOUNG_POD_SECS)
+                && first.contains(&p.name.as_str())
+        })
 }
 
 /// What the Eviction API answered.
@@ -771,6 +815,7 @@ mod tests {
             node: Some("n1".into()),
             containers: [(format!("cid-{i}"), "app".to_string())].into(),
             exited_containers: Default::default(),
+            created: None,
         }
     }
 
@@ -1034,6 +1079,71 @@ mod tests {
         // A transition is written at once.
         new.conditions[0].reason = ConditionReason::AgentsMissing;
         assert_eq!(when_to_write(&i, &new, false, interval), Write::Now);
+    }
+
+    #[test]
+    fn a_young_pods_first_row_is_written_at_once_an_old_pods_waits() {
+        let first = plan(
+            &[node(&[], true)],
+            None,
+            Some(&open_gate()),
+            &BTreeMap::new(),
+        );
+        let mut old = first.status.clone();
+        old.last_update_time = Some(NOW_STR.into());
+        let made = |i: u32, created: Option<i64>| Arc::new(SelectedPod { created, ..pod(i) });
+        let (s, nodes) = (settings(), [node(&[], true)]);
+        let pods = [
+            made(1, Some(NOW - 10)),
+            made(2, Some(NOW - 600)),
+            made(3, None),
+            made(4, Some(NOW - 5)),
+        ];
+        let row = |i: u32| resourcewatch_crds::TopEntry {
+            pod: format!("app-{i}"),
+            container: "app".into(),
+            process: resourcewatch_crds::ProcessFigure {
+                node: "n1".into(),
+                pid: i,
+                command: "app".into(),
+                value: 50.0,
+            },
+        };
+        old.top_cpu = vec![row(4)];
+        let i = Inputs {
+            status: status::Inputs {
+                generation: Some(1),
+                settings: &s,
+                pods: &pods,
+                finished: &[],
+                kill_nodes: &[],
+                nodes: &nodes,
+                old: Some(&old),
+                now: NOW_STR,
+            },
+            watch: "ns/w",
+            namespace: "ns",
+            gate: None,
+            pods: &BTreeMap::new(),
+            ledgers: &BTreeMap::new(),
+            profile: no_profile(),
+            now: NOW,
+        };
+        let interval = Duration::from_secs(30);
+        let with = |cpu: Vec<u32>, memory: Vec<u32>| {
+            let mut new = old.clone();
+            new.top_cpu = cpu.into_iter().map(row).collect();
+            new.top_memory = memory.into_iter().map(row).collect();
+            when_to_write(&i, &new, false, interval)
+        };
+        // Made 10 s ago, in no written row: now, from either list.
+        assert_eq!(with(vec![4, 1], vec![]), Write::Now);
+        assert_eq!(with(vec![4], vec![1]), Write::Now);
+        // Made 10 minutes ago, or when is not known: the interval.
+        assert_eq!(with(vec![4, 2], vec![]), Write::Skip(interval));
+        assert_eq!(with(vec![4, 3], vec![]), Write::Skip(interval));
+        // Young, but its row was written already (a changed figure waits).
+        assert_eq!(with(vec![4], vec![4]), Write::Skip(interval));
     }
 
     #[test]

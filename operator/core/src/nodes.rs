@@ -76,6 +76,36 @@ impl WatchTargets {
         &self.pods[from..from + len]
     }
 
+    /// Puts one pod's target in place of the pod `uid`'s (`None`: removes it), keeping
+    /// the node order; the nodes whose pods changed (none when the target is the same).
+    /// A pod event moves one pod of a 2,000-pod watch without rebuilding its targets.
+    pub fn put_pod(&mut self, uid: &str, pod: Option<TargetPod>) -> BTreeSet<String> {
+        let mut touched = BTreeSet::new();
+        let old = self.pods.iter().position(|p| p.uid == uid);
+        if let (Some(i), Some(new)) = (old, &pod)
+            && self.pods[i] == *new
+        {
+            return touched;
+        }
+        if let Some(i) = old {
+            touched.insert(self.pods.remove(i).node);
+        }
+        if let Some(new) = pod {
+            let key = (new.node.as_str(), new.uid.as_str());
+            let at = self
+                .pods
+                .partition_point(|p| (p.node.as_str(), p.uid.as_str()) < key);
+            touched.insert(new.node.clone());
+            self.pods.insert(at, new);
+        }
+        touched
+    }
+
+    /// Whether the watch has a pod or its profile order on `node`.
+    pub fn is_on(&self, node: &str) -> bool {
+        !self.pods_on(node).is_empty() || self.profile.as_ref().is_some_and(|o| o.node == node)
+    }
+
     /// The pods grouped by node, in node order (the pods sorted).
     pub fn by_node(&self) -> impl Iterator<Item = (&str, &[TargetPod])> {
         self.pods
@@ -218,4 +248,56 @@ fn widen<'a>(
 /// than half an interval plus the write itself.
 pub fn report_interval_ms(status_interval: Duration) -> u64 {
     (status_interval.as_millis() as u64 / 2).max(2_000)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, node: &str, cid: &str) -> TargetPod {
+        TargetPod {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("pod-{uid}"),
+            node: node.into(),
+            containers: vec![("app".into(), cid.into())],
+        }
+    }
+
+    #[test]
+    fn a_pod_put_in_place_keeps_the_node_order_and_names_the_nodes_it_touched() {
+        let mut w = WatchTargets {
+            top_k: 5,
+            interval: Duration::from_secs(10),
+            leaks_enabled: true,
+            min_confidence: 60,
+            horizon: Duration::from_secs(3600),
+            remediates: false,
+            pods: vec![pod("b", "n2", ""), pod("a", "n1", ""), pod("c", "n2", "")],
+            profile: None,
+        };
+        w.sort_pods();
+        let nodes =
+            |names: &[&str]| -> BTreeSet<String> { names.iter().map(|n| n.to_string()).collect() };
+        assert!(
+            w.put_pod("b", Some(pod("b", "n2", ""))).is_empty(),
+            "unchanged"
+        );
+        assert_eq!(w.put_pod("b", Some(pod("b", "n2", "c1"))), nodes(&["n2"]));
+        assert_eq!(
+            w.put_pod("a", Some(pod("a", "n3", ""))),
+            nodes(&["n1", "n3"])
+        );
+        assert_eq!(w.put_pod("d", Some(pod("d", "n0", ""))), nodes(&["n0"]));
+        assert_eq!(w.put_pod("c", None), nodes(&["n2"]));
+        assert!(w.put_pod("zz", None).is_empty(), "a pod it never had");
+        let order: Vec<(&str, &str, &str)> = w
+            .pods
+            .iter()
+            .map(|p| (p.node.as_str(), p.uid.as_str(), p.containers[0].1.as_str()))
+            .collect();
+        assert_eq!(order, [("n0", "d", ""), ("n2", "b", "c1"), ("n3", "a", "")]);
+        assert!(w.is_on("n2") && !w.is_on("n1"));
+    }
 }

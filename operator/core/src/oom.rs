@@ -171,6 +171,7 @@ mod tests {
             node: Some("n1".into()),
             containers: [("cid-new".to_string(), "app".to_string())].into(),
             exited_containers: [("cid-old".to_string(), "app".to_string())].into(),
+            created: None,
         }
     }
 

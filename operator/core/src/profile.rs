@@ -548,6 +548,7 @@ mod tests {
             ]
             .into(),
             exited_containers: Default::default(),
+            created: None,
         })]
     }
 

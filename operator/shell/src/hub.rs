@@ -122,6 +122,11 @@ pub struct Hub {
     /// Bounded; when full, a trigger is dropped and the periodic reconcile acts instead.
     trigger_tx: mpsc::Sender<WatchKey>,
     trigger_rx: Mutex<Option<mpsc::Receiver<WatchKey>>>,
+    /// Watches with a pod a node reported for the first time: their new pod's first row
+    /// is written at its next reconcile, which the controller gathers like a pod's change
+    /// (controller::watches). Bounded like `trigger_tx`.
+    first_tx: mpsc::Sender<WatchKey>,
+    first_rx: Mutex<Option<mpsc::Receiver<WatchKey>>>,
 }
 
 #[derive(Default)]
@@ -156,6 +161,7 @@ impl Hub {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(1);
         let (trigger_tx, trigger_rx) = mpsc::channel(TRIGGER_CAPACITY);
+        let (first_tx, first_rx) = mpsc::channel(TRIGGER_CAPACITY);
         Self {
             opts,
             inner: Mutex::new(Inner::default()),
@@ -165,6 +171,8 @@ impl Hub {
             changed: watch::channel(0).0,
             trigger_tx,
             trigger_rx: Mutex::new(Some(trigger_rx)),
+            first_tx,
+            first_rx: Mutex::new(Some(first_rx)),
         }
     }
 
@@ -173,6 +181,15 @@ impl Hub {
     /// result. There is one consumer: the first call takes it, later calls get `None`.
     pub fn take_reconcile_triggers(&self) -> Option<mpsc::Receiver<WatchKey>> {
         self.trigger_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// The stream of watches a node has just reported a pod of for the first time. One
+    /// consumer, as [`Hub::take_reconcile_triggers`].
+    pub fn take_first_report_triggers(&self) -> Option<mpsc::Receiver<WatchKey>> {
+        self.first_rx
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
@@ -209,6 +226,44 @@ impl Hub {
         let touched = changed_nodes(inner.watches.get(&key), &targets);
         inner.watches.insert(key, targets);
         self.recompute(&mut inner, Some(touched));
+    }
+
+    /// One pod of a watch changed: `pod` is its target now (`None`: the watch no longer
+    /// targets it: deleted, finished, its labels moved out). The nodes it left or joined
+    /// get their configurations at once, without waiting for the watch's reconcile, which
+    /// for a watch of thousands of pods is gathered longer (controller::watches). A watch
+    /// the hub does not hold (not reconciled yet, or its spec invalid) is left to its
+    /// reconcile.
+    pub fn update_pod(&self, key: &WatchKey, uid: &str, pod: Option<TargetPod>) {
+        let mut inner = self.lock();
+        let Some(w) = inner.watches.get_mut(key) else {
+            return;
+        };
+        let touched = w.put_pod(uid, pod);
+        if touched.is_empty() {
+            return;
+        }
+        let on: Vec<(String, bool)> = touched.iter().map(|n| (n.clone(), w.is_on(n))).collect();
+        for (node, on) in on {
+            if on {
+                inner.by_node.entry(node).or_default().insert(key.clone());
+            } else if let Some(keys) = inner.by_node.get_mut(&node) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    inner.by_node.remove(&node);
+                }
+            }
+        }
+        self.recompute(&mut inner, Some(touched));
+    }
+
+    /// How many pods a watch targets, and its interval; `None` for a watch the hub does
+    /// not hold.
+    pub fn watch_size(&self, key: &WatchKey) -> Option<(usize, Duration)> {
+        self.lock()
+            .watches
+            .get(key)
+            .map(|w| (w.pods.len(), w.interval))
     }
 
     pub fn remove_watch(&self, key: &WatchKey) {
@@ -471,6 +526,8 @@ impl Hub {
             crate::validate::report(&mut report, &crate::validate::NodeTargets::new(&n.config));
         let first = n.last_report.is_none();
         let leaking = leaking_watches(&inner.watches, &report);
+        let before = n.last_report.as_ref().map(|l| &*l.report);
+        let first_reported = first_reported(&inner.by_node, &inner.watches, node, before, &report);
         n.last_report = Some(LastReport {
             at: Instant::now(),
             report: Arc::new(report),
@@ -483,6 +540,10 @@ impl Hub {
         for key in leaking {
             // Full: the controller is behind; its periodic reconcile covers this watch.
             let _ = self.trigger_tx.try_send(key);
+        }
+        for key in first_reported {
+            // Full: the row waits for the watch's interval, as it did before.
+            let _ = self.first_tx.try_send(key);
         }
         Ok(dropped)
     }
@@ -689,6 +750,47 @@ fn index(
     for n in after.difference(before) {
         by_node.entry(n.clone()).or_default().insert(key.clone());
     }
+}
+
+/// The watches targeting a pod on `node` that this report shows and the node's report
+/// `before` it did not (a new pod's first figures, or every pod of a node's first report).
+fn first_reported(
+    by_node: &BTreeMap<String, BTreeSet<WatchKey>>,
+    watches: &BTreeMap<WatchKey, WatchTargets>,
+    node: &str,
+    before: Option<&pb::Report>,
+    report: &pb::Report,
+) -> Vec<WatchKey> {
+    let Some(keys) = by_node.get(node) else {
+        return Vec::new();
+    };
+    let mut known: Vec<&str> = before
+        .into_iter()
+        .flat_map(|r| r.containers.iter().map(|c| c.pod_uid.as_str()))
+        .collect();
+    known.sort_unstable();
+    let mut new: Vec<&str> = report
+        .containers
+        .iter()
+        .map(|c| c.pod_uid.as_str())
+        .filter(|u| known.binary_search(u).is_err())
+        .collect();
+    if new.is_empty() {
+        return Vec::new();
+    }
+    new.sort_unstable();
+    new.dedup();
+    keys.iter()
+        .filter(|k| {
+            watches.get(*k).is_some_and(|w| {
+                // A node's pods of one watch are in UID order (`WatchTargets::sort_pods`).
+                let on = w.pods_on(node);
+                new.iter()
+                    .any(|u| on.binary_search_by(|p| p.uid.as_str().cmp(u)).is_ok())
+            })
+        })
+        .cloned()
+        .collect()
 }
 
 fn leaking_watches(
@@ -1031,6 +1133,64 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_pod_moved_by_its_event_configures_its_nodes_as_a_full_set_would() {
+        let (moved, full) = (
+            Hub::new(HubOptions::default()),
+            Hub::new(HubOptions::default()),
+        );
+        let start = vec![pod("1", "n1"), pod("2", "n2"), pod("3", "n2")];
+        moved.set_watch(key("a"), targets(5, 30, start.clone()));
+        // Another watch on n1 keeps that node targeted when "a" leaves it.
+        moved.set_watch(key("b"), targets(3, 60, vec![pod("9", "n1")]));
+        full.set_watch(key("b"), targets(3, 60, vec![pod("9", "n1")]));
+        let versions = |h: &Hub| -> Vec<(String, u64)> {
+            ["n1", "n2", "n3"]
+                .iter()
+                .filter_map(|n| Some((n.to_string(), h.config(n)?.version)))
+                .collect()
+        };
+        let before = versions(&moved);
+        // Unchanged: nothing is recomputed.
+        moved.update_pod(&key("a"), "2", Some(pod("2", "n2")));
+        assert_eq!(versions(&moved), before);
+        // Pod 1 rescheduled from n1 to n3 (a new pod under the same UID, for the test),
+        // pod 3 gone, pod 4 new on n2, a pod of a watch the hub does not hold ignored.
+        moved.update_pod(&key("a"), "1", Some(pod("1", "n3")));
+        moved.update_pod(&key("a"), "3", None);
+        moved.update_pod(&key("a"), "4", Some(pod("4", "n2")));
+        moved.update_pod(&key("unknown"), "5", Some(pod("5", "n1")));
+        assert!(moved.watch_size(&key("unknown")).is_none());
+        assert_eq!(
+            moved.watch_size(&key("a")),
+            Some((3, Duration::from_secs(30)))
+        );
+        full.set_watch(
+            key("a"),
+            targets(5, 30, vec![pod("1", "n3"), pod("2", "n2"), pod("4", "n2")]),
+        );
+        for n in ["n1", "n2", "n3"] {
+            let (a, b) = (moved.config(n).unwrap(), full.config(n).unwrap());
+            assert!(same_body(&a, &b), "{n}: {a:?} != {b:?}");
+        }
+        assert_eq!(
+            moved.config("n1").unwrap().targets.len(),
+            1,
+            "only b's pod is left on n1"
+        );
+        let inner = moved.lock();
+        assert_eq!(inner.by_node["n1"], BTreeSet::from([key("b")]));
+        assert_eq!(inner.by_node["n3"], BTreeSet::from([key("a")]));
+        let a = &inner.watches[&key("a")];
+        let mut sorted = a.clone();
+        sorted.sort_pods();
+        assert_eq!(a.pods, sorted.pods, "the node order is kept");
+        drop(inner);
+        // The last pod of "a" on n3 goes: the node is no longer targeted by it.
+        moved.update_pod(&key("a"), "1", None);
+        assert!(!moved.lock().by_node.contains_key("n3"));
+    }
+
     #[tokio::test]
     async fn a_session_starts_with_the_full_snapshot_and_sees_updates() {
         let hub = Hub::new(HubOptions::default());
@@ -1116,6 +1276,54 @@ mod tests {
         got.sort();
         assert_eq!(got, vec![key("a"), key("strict")]);
         assert!(triggers.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_pod_reported_for_the_first_time_triggers_the_watches_targeting_it() {
+        let hub = Hub::new(HubOptions::default());
+        let mut first = hub.take_first_report_triggers().expect("first take");
+        assert!(hub.take_first_report_triggers().is_none(), "one consumer");
+        hub.set_watch(
+            key("a"),
+            targets(5, 30, vec![pod("1", "n1"), pod("3", "n1")]),
+        );
+        hub.set_watch(key("b"), targets(5, 30, vec![pod("2", "n1")]));
+        hub.set_watch(key("elsewhere"), targets(5, 30, vec![pod("4", "n2")]));
+        let s = hub.connect(&hello("n1")).expect("connects");
+        let shows = |uids: &[&str]| pb::Report {
+            containers: uids
+                .iter()
+                .map(|u| pb::ContainerReport {
+                    pod_uid: u.to_string(),
+                    container_id: format!("cid-{u}"),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let got = |rx: &mut mpsc::Receiver<WatchKey>| {
+            let mut v = Vec::new();
+            while let Ok(k) = rx.try_recv() {
+                v.push(k.name);
+            }
+            v.sort();
+            v
+        };
+        // The node's first report: each watch with a pod in it, once.
+        hub.report("n1", s.id, shows(&["1", "3"])).expect("report");
+        assert_eq!(got(&mut first), ["a"]);
+        // The same pods again: nothing. A pod shown for the first time: its watch only.
+        hub.report("n1", s.id, shows(&["1", "3"])).expect("report");
+        assert!(got(&mut first).is_empty());
+        hub.report("n1", s.id, shows(&["1", "2", "3"]))
+            .expect("report");
+        assert_eq!(got(&mut first), ["b"]);
+        // A pod the node was not asked to track is dropped from the report, triggers
+        // nothing; one that left the report and comes back counts again.
+        hub.report("n1", s.id, shows(&["1", "4"])).expect("report");
+        assert!(got(&mut first).is_empty());
+        hub.report("n1", s.id, shows(&["1", "3"])).expect("report");
+        assert_eq!(got(&mut first), ["a"]);
     }
 
     #[test]

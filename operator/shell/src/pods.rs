@@ -152,6 +152,11 @@ pub fn selected_pod(p: &Pod) -> SelectedPod {
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         containers,
         exited_containers,
+        created: p
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second()),
     }
 }
 

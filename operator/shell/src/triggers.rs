@@ -48,6 +48,16 @@ struct Seen {
     terminal: bool,
 }
 
+/// A watch a pod's change concerns, and the pod as that watch should target it now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Concern {
+    pub watch: ObjectRef<ResourceWatch>,
+    pub uid: String,
+    /// The pod, when the watch selects it now and it has not finished; `None`: the watch
+    /// no longer targets it (deleted, finished, its labels moved out).
+    pub pod: Option<Arc<SelectedPod>>,
+}
+
 /// The pods a selector matches, from the index: running (or pending) and finished.
 #[derive(Debug, Default)]
 pub struct Selection {
@@ -72,12 +82,9 @@ pub struct PodTriggers {
 }
 
 impl PodTriggers {
-    /// The watches to reconcile for this event, given every watch the controller knows.
-    pub fn on_event(
-        &mut self,
-        event: &Event<Pod>,
-        watches: &[Arc<ResourceWatch>],
-    ) -> Vec<ObjectRef<ResourceWatch>> {
+    /// The watches to reconcile for this event, given every watch the controller knows,
+    /// each with the pod as it should now target it.
+    pub fn on_event(&mut self, event: &Event<Pod>, watches: &[Arc<ResourceWatch>]) -> Vec<Concern> {
         match event {
             Event::Init => {
                 self.relisting = Some(HashSet::new());
@@ -98,7 +105,7 @@ impl PodTriggers {
                 if !self.listed {
                     return Vec::new();
                 }
-                concerned(watches, &now, before.as_ref())
+                concerned(watches, &uid, &now, false, before.as_ref())
             }
             Event::Delete(pod) => {
                 self.departed.record(pod, Instant::now());
@@ -109,7 +116,7 @@ impl PodTriggers {
                 if let Some(b) = &before {
                     self.unindex(&uid, b);
                 }
-                concerned(watches, &now, before.as_ref())
+                concerned(watches, &uid, &now, true, before.as_ref())
             }
             Event::InitDone => {
                 let first = !std::mem::replace(&mut self.listed, true);
@@ -129,13 +136,9 @@ impl PodTriggers {
                 for (uid, s) in &gone {
                     self.unindex(uid, s);
                 }
-                let mut refs: Vec<ObjectRef<ResourceWatch>> = gone
-                    .iter()
-                    .flat_map(|(_, s)| concerned(watches, s, None))
-                    .collect();
-                refs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-                refs.dedup();
-                refs
+                gone.iter()
+                    .flat_map(|(uid, s)| concerned(watches, uid, s, true, None))
+                    .collect()
             }
         }
     }
@@ -311,20 +314,28 @@ impl Departed {
     }
 }
 
-/// Watches of the pod's namespace whose selector matches its labels now or before.
+/// Watches of the pod's namespace whose selector matches its labels now or before; the
+/// pod is targeted by none of them when it is `gone` (deleted, or not seen by a relist).
 fn concerned(
     watches: &[Arc<ResourceWatch>],
+    uid: &str,
     now: &Seen,
+    gone: bool,
     before: Option<&Seen>,
-) -> Vec<ObjectRef<ResourceWatch>> {
+) -> Vec<Concern> {
     watches
         .iter()
         .filter(|w| w.namespace().as_deref() == Some(now.namespace.as_str()))
-        .filter(|w| {
+        .filter_map(|w| {
             let selector = pod_selector(&w.spec.selector);
-            selects(&selector, &now.labels) || before.is_some_and(|b| selects(&selector, &b.labels))
+            let selected_now = selects(&selector, &now.labels);
+            let selected_before = before.is_some_and(|b| selects(&selector, &b.labels));
+            (selected_now || selected_before).then(|| Concern {
+                watch: ObjectRef::from_obj(&**w),
+                uid: uid.to_owned(),
+                pod: (selected_now && !gone && !now.terminal).then(|| now.pod.clone()),
+            })
         })
-        .map(|w| ObjectRef::from_obj(&**w))
         .collect()
 }
 
@@ -415,10 +426,10 @@ mod tests {
         assert_eq!(t.departed.in_namespace("a", Instant::now()).len(), 1);
     }
 
-    fn names(refs: Vec<ObjectRef<ResourceWatch>>) -> Vec<String> {
-        let mut v: Vec<String> = refs
+    fn names(concerns: Vec<Concern>) -> Vec<String> {
+        let mut v: Vec<String> = concerns
             .into_iter()
-            .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
+            .map(|c| format!("{}/{}", c.watch.namespace.unwrap_or_default(), c.watch.name))
             .collect();
         v.sort();
         v
@@ -499,6 +510,58 @@ mod tests {
             ["a/all", "a/web"]
         );
         assert!(t.is_empty(), "a deleted pod is forgotten");
+    }
+
+    #[test]
+    fn each_concerned_watch_learns_whether_it_still_targets_the_pod() {
+        let (mut t, w) = (listed(), watches());
+        // The pod as each concerned watch should target it: its name, or "-" for none.
+        let targets = |concerns: Vec<Concern>| -> Vec<String> {
+            let mut v: Vec<String> = concerns
+                .into_iter()
+                .map(|c| {
+                    let pod = c.pod.map_or("-".to_string(), |p| p.name.clone());
+                    format!("{}:{}:{pod}", c.watch.name, c.uid)
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let p = on_node(pod("a", "u1", serde_json::json!({"app": "api"})));
+        assert_eq!(
+            targets(t.on_event(&Event::Apply(p), &w)),
+            ["all:u1:p-u1", "api:u1:p-u1"]
+        );
+        // Labels moved out of `api`: it drops the pod, `web` takes it.
+        let moved = on_node(pod("a", "u1", serde_json::json!({"app": "web"})));
+        assert_eq!(
+            targets(t.on_event(&Event::Apply(moved.clone()), &w)),
+            ["all:u1:p-u1", "api:u1:-", "web:u1:p-u1"]
+        );
+        // Finished: selected still, targeted by none.
+        let mut done = moved.clone();
+        done.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            targets(t.on_event(&Event::Apply(done), &w)),
+            ["all:u1:-", "web:u1:-"]
+        );
+        // Deleted, and a pod a relist no longer sees: targeted by none.
+        assert_eq!(
+            targets(t.on_event(&Event::Delete(moved), &w)),
+            ["all:u1:-", "web:u1:-"]
+        );
+        t.on_event(
+            &Event::Apply(pod("a", "u2", serde_json::json!({"app": "api"}))),
+            &w,
+        );
+        t.on_event(&Event::Init, &w);
+        assert_eq!(
+            targets(t.on_event(&Event::InitDone, &w)),
+            ["all:u2:-", "api:u2:-"]
+        );
     }
 
     #[test]

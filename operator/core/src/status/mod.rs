@@ -44,6 +44,9 @@ pub struct SelectedPod {
     /// The same for containers no longer running (the last instance of each restarted
     /// container, init containers that finished): what names an OOM kill's container.
     pub exited_containers: BTreeMap<String, String>,
+    /// When the pod was made (seconds since the epoch): a young pod's first row in the
+    /// Top-K is written at once (`decide`), not at the watch's next interval.
+    pub created: Option<i64>,
 }
 
 /// An Event to publish: on the ResourceWatch, or on one of its pods when `pod` is set.

@@ -17,6 +17,7 @@ fn pod(uid: &str, node: &str) -> std::sync::Arc<SelectedPod> {
         node: Some(node.into()),
         containers: [(format!("cid-{uid}"), "app".to_string())].into(),
         exited_containers: Default::default(),
+        created: None,
     })
 }
 
@@ -618,6 +619,7 @@ fn the_largest_status_stays_far_below_the_etcd_limit() {
             node: Some(n.name.clone()),
             containers: [(cid.clone(), long("c", i, 63))].into(),
             exited_containers: Default::default(),
+            created: None,
         }));
         let r = std::sync::Arc::make_mut(n.last_report.as_mut().unwrap());
         r.containers.push(pb::ContainerReport {
