@@ -1032,6 +1032,34 @@ mod tests {
         }
     }
 
+    /// What `when_to_write` reads, at NOW, for a watch whose last written status is `old`.
+    fn write_inputs<'a>(
+        s: &'a Result<WatchSettings, crate::spec::SpecError>,
+        pods: &'a [Arc<SelectedPod>],
+        nodes: &'a [NodeView],
+        old: &'a ResourceWatchStatus,
+    ) -> Inputs<'a> {
+        Inputs {
+            status: status::Inputs {
+                generation: Some(1),
+                settings: s,
+                pods,
+                finished: &[],
+                kill_nodes: &[],
+                nodes,
+                old: Some(old),
+                now: NOW_STR,
+            },
+            watch: "ns/w",
+            namespace: "ns",
+            gate: None,
+            pods: const { &BTreeMap::new() },
+            ledgers: const { &BTreeMap::new() },
+            profile: no_profile(),
+            now: NOW,
+        }
+    }
+
     #[test]
     fn a_condition_message_that_only_counts_waits_for_the_interval() {
         let first = plan(
@@ -1048,25 +1076,7 @@ mod tests {
             [pod(1), pod(2), pod(3)].map(Arc::new),
             [node(&[], true)],
         );
-        let i = Inputs {
-            status: status::Inputs {
-                generation: Some(1),
-                settings: &s,
-                pods: &pods,
-                finished: &[],
-                kill_nodes: &[],
-                nodes: &nodes,
-                old: Some(&old),
-                now: NOW_STR,
-            },
-            watch: "ns/w",
-            namespace: "ns",
-            gate: None,
-            pods: &BTreeMap::new(),
-            ledgers: &BTreeMap::new(),
-            profile: no_profile(),
-            now: NOW,
-        };
+        let i = write_inputs(&s, &pods, &nodes, &old);
         let interval = Duration::from_secs(30);
         // One pod more: the figures and the Ready message change, no transition.
         let mut new = old.clone();
@@ -1110,25 +1120,7 @@ mod tests {
             },
         };
         old.top_cpu = vec![row(4)];
-        let i = Inputs {
-            status: status::Inputs {
-                generation: Some(1),
-                settings: &s,
-                pods: &pods,
-                finished: &[],
-                kill_nodes: &[],
-                nodes: &nodes,
-                old: Some(&old),
-                now: NOW_STR,
-            },
-            watch: "ns/w",
-            namespace: "ns",
-            gate: None,
-            pods: &BTreeMap::new(),
-            ledgers: &BTreeMap::new(),
-            profile: no_profile(),
-            now: NOW,
-        };
+        let i = write_inputs(&s, &pods, &nodes, &old);
         let interval = Duration::from_secs(30);
         let with = |cpu: Vec<u32>, memory: Vec<u32>| {
             let mut new = old.clone();
