@@ -225,7 +225,7 @@ impl Hub {
         index(&mut inner.by_node, &key, &before, &after);
         let touched = changed_nodes(inner.watches.get(&key), &targets);
         inner.watches.insert(key, targets);
-        self.recompute(&mut inner, Some(touched));
+        self.recompute(&mut inner, touched);
     }
 
     /// One pod of a watch changed: `pod` is its target now (`None`: the watch no longer
@@ -254,7 +254,7 @@ impl Hub {
                 }
             }
         }
-        self.recompute(&mut inner, Some(touched));
+        self.recompute(&mut inner, touched);
     }
 
     /// How many pods a watch targets, and its interval; `None` for a watch the hub does
@@ -271,7 +271,7 @@ impl Hub {
         if let Some(old) = inner.watches.remove(key) {
             let before = nodes_of(&old);
             index(&mut inner.by_node, key, &before, &BTreeSet::new());
-            self.recompute(&mut inner, Some(before));
+            self.recompute(&mut inner, before);
         }
     }
 
@@ -286,13 +286,13 @@ impl Hub {
         if let Some(old) = inner.scopes.insert(name.to_owned(), scope) {
             touched.extend(old.nodes);
         }
-        self.recompute(&mut inner, Some(touched));
+        self.recompute(&mut inner, touched);
     }
 
     pub fn remove_node_scope(&self, name: &str) {
         let mut inner = self.lock();
         if let Some(old) = inner.scopes.remove(name) {
-            self.recompute(&mut inner, Some(old.nodes));
+            self.recompute(&mut inner, old.nodes);
         }
     }
 
@@ -336,27 +336,25 @@ impl Hub {
         }
     }
 
-    /// Brings the configurations of `nodes` (every node when `None`) up to date; a node
-    /// whose configuration changes gets a new version.
-    fn recompute(&self, inner: &mut Inner, nodes: Option<BTreeSet<String>>) {
-        let names = nodes.unwrap_or_else(|| {
-            inner
-                .nodes
-                .keys()
-                .chain(inner.by_node.keys())
-                .chain(inner.scopes.values().flat_map(|s| s.nodes.iter()))
-                .cloned()
-                .collect()
-        });
-        for name in names {
-            let desired = self.desired_for(inner, &name);
+    /// Brings the configurations of `names` up to date; a node whose configuration
+    /// changes gets a new version.
+    fn recompute(&self, inner: &mut Inner, names: BTreeSet<String>) {
+        // Whether some node stopped asking for a profile (its result is then never taken).
+        let mut dropped_profiles = false;
+        for name in &names {
+            let desired = self.desired_for(inner, name);
             let targeted = desired.is_some();
             let body = desired.unwrap_or_else(|| self.idle_config());
-            match inner.nodes.get_mut(&name) {
+            match inner.nodes.get_mut(name) {
                 Some(n) => {
                     if same_body(&n.config, &body) {
                         continue;
                     }
+                    dropped_profiles |= n
+                        .config
+                        .profiles
+                        .iter()
+                        .any(|p| !body.profiles.iter().any(|q| q.id == p.id));
                     let c = pb::NodeConfig {
                         version: self.next_version(),
                         ..body
@@ -371,23 +369,20 @@ impl Hub {
                         ..body
                     };
                     let state = self.new_node(c);
-                    inner.nodes.insert(name, state);
+                    inner.nodes.insert(name.clone(), state);
                 }
                 None => {}
             }
         }
-        // Forget nodes nothing targets and no agent is connected from.
-        let Inner {
-            nodes,
-            by_node,
-            scopes,
-            ..
-        } = inner;
-        nodes.retain(|name, n| {
-            n.session.is_some()
-                || by_node.contains_key(name)
-                || scopes.values().any(|s| s.nodes.contains(name))
-        });
+        // Forget nodes nothing targets and no agent is connected from. Only the nodes
+        // recomputed can have stopped being targeted (a disconnect forgets its own node):
+        // walking all 1,000 nodes for each pod's change cost 7 % of the operator's CPU.
+        for name in &names {
+            Self::forget_if_unused(inner, name);
+        }
+        if !dropped_profiles || inner.profiles.is_empty() {
+            return;
+        }
         // Results of requests no node runs any more (failed at their deadline, or the
         // watch went away) are never taken.
         let asked: BTreeSet<&String> = inner
@@ -397,6 +392,16 @@ impl Hub {
             .collect();
         let keep: BTreeSet<String> = asked.into_iter().cloned().collect();
         inner.profiles.retain(|id, _| keep.contains(id));
+    }
+
+    /// Drops `name`'s state when no agent is connected from it and nothing targets it.
+    fn forget_if_unused(inner: &mut Inner, name: &str) {
+        let unused = inner.nodes.get(name).is_some_and(|n| n.session.is_none())
+            && !inner.by_node.contains_key(name)
+            && !inner.scopes.values().any(|s| s.nodes.contains(name));
+        if unused {
+            inner.nodes.remove(name);
+        }
     }
 
     fn new_node(&self, c: pb::NodeConfig) -> NodeState {
@@ -481,6 +486,7 @@ impl Hub {
             n.session = None;
             n.lost_at = Instant::now();
             n.last_report = None;
+            Self::forget_if_unused(&mut inner, node);
             drop(inner);
             self.notify();
         }
@@ -1369,6 +1375,28 @@ mod tests {
             panic!("no common version, yet connected")
         };
         assert!(err.to_string().contains("upgrade the older"), "{err}");
+    }
+
+    #[test]
+    fn a_node_is_forgotten_once_untargeted_and_disconnected_whichever_comes_last() {
+        let hub = Hub::new(HubOptions::default());
+        let held = |hub: &Hub, n: &str| hub.lock().nodes.contains_key(n);
+        hub.set_watch(
+            key("a"),
+            targets(5, 30, vec![pod("1", "n1"), pod("2", "n2")]),
+        );
+        let s1 = hub.connect(&hello("n1")).expect("connects");
+        // Untargeted while connected: kept (its agent still reports the node's Top-K).
+        hub.update_pod(&key("a"), "1", None);
+        assert!(held(&hub, "n1") && held(&hub, "n2"));
+        hub.disconnect("n1", s1.id);
+        assert!(!held(&hub, "n1"), "untargeted, then disconnected");
+        // Disconnected while targeted: kept (it is missing), until untargeted.
+        let s2 = hub.connect(&hello("n2")).expect("connects");
+        hub.disconnect("n2", s2.id);
+        assert!(held(&hub, "n2"));
+        hub.remove_watch(&key("a"));
+        assert!(!held(&hub, "n2"), "disconnected, then untargeted");
     }
 
     #[test]
