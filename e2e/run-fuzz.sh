@@ -8,7 +8,7 @@
 # <crate>/fuzz/artifacts/<target>/, to be made a regression test.
 #
 #   e2e/run-fuzz.sh [--keep] [SECONDS]
-#   e2e/run-fuzz.sh --build-only          builds the bounded run's targets (e2e/prebuild.sh)
+#   e2e/run-fuzz.sh --build-only          builds the bounded run's targets only
 #
 # cargo-fuzz needs nightly flags (-Z sanitizer); the machine's stable Rust takes them
 # with RUSTC_BOOTSTRAP=1, so no second toolchain is installed.

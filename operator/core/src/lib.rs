@@ -13,6 +13,8 @@
 //!   and bounded; [`model`]: condition types and reasons as enums.
 
 pub mod decide;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ledger;
 pub mod model;
 pub mod node_view;
