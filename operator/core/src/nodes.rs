@@ -183,7 +183,8 @@ pub fn desired<'a>(
                 leak.horizon_secs = leak.horizon_secs.max(w.horizon.as_secs());
                 leak.enabled = true;
             }
-            pods.insert(&p.uid, target_pod(p));
+            // A pod several watches target is copied once.
+            pods.entry(&p.uid).or_insert_with(|| target_pod(p));
         }
     }
     // A node scope: a larger K and a shorter cadence on the nodes it selects.

@@ -375,10 +375,12 @@ impl Hub {
             }
         }
         // Forget nodes nothing targets and no agent is connected from. Only the nodes
-        // recomputed can have stopped being targeted (a disconnect forgets its own node):
-        // walking all 1,000 nodes for each pod's change cost 7 % of the operator's CPU.
+        // recomputed can have stopped being targeted (a node whose agent left is swept
+        // by the next connect): walking all 1,000 nodes for each pod's change cost 7 % of
+        // the operator's CPU.
+        let now = Instant::now();
         for name in &names {
-            Self::forget_if_unused(inner, name);
+            self.forget_if_unused(inner, name, now);
         }
         if !dropped_profiles || inner.profiles.is_empty() {
             return;
@@ -394,9 +396,17 @@ impl Hub {
         inner.profiles.retain(|id, _| keep.contains(id));
     }
 
-    /// Drops `name`'s state when no agent is connected from it and nothing targets it.
-    fn forget_if_unused(inner: &mut Inner, name: &str) {
-        let unused = inner.nodes.get(name).is_some_and(|n| n.session.is_none())
+    /// Drops `name`'s state when nothing targets it and no agent has been connected from
+    /// it for the agent grace: a node targeted again soon after its agent left keeps the
+    /// time it was lost, so it is `missing` only once the grace has passed.
+    fn forget_if_unused(&self, inner: &mut Inner, name: &str, now: Instant) {
+        // `lost_at` is the operator's start for a node no agent ever connected from.
+        let gone = inner.nodes.get(name).is_some_and(|n| {
+            let left_lately =
+                n.lost_at != self.started && now.duration_since(n.lost_at) <= self.opts.agent_grace;
+            n.session.is_none() && !left_lately
+        });
+        let unused = gone
             && !inner.by_node.contains_key(name)
             && !inner.scopes.values().any(|s| s.nodes.contains(name));
         if unused {
@@ -440,6 +450,18 @@ impl Hub {
             ));
         };
         let mut inner = self.lock();
+        // Nodes whose agents left, that nothing targets, forgotten once their grace has
+        // passed: here, as connects are rare (an agent's start), not per pod change.
+        let now = Instant::now();
+        let names: Vec<String> = inner
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.session.is_none())
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in names {
+            self.forget_if_unused(&mut inner, &name, now);
+        }
         if !inner.nodes.contains_key(&hello.node_name) {
             let body = self
                 .desired_for(&inner, &hello.node_name)
@@ -486,7 +508,6 @@ impl Hub {
             n.session = None;
             n.lost_at = Instant::now();
             n.last_report = None;
-            Self::forget_if_unused(&mut inner, node);
             drop(inner);
             self.notify();
         }
@@ -1378,9 +1399,17 @@ mod tests {
     }
 
     #[test]
-    fn a_node_is_forgotten_once_untargeted_and_disconnected_whichever_comes_last() {
-        let hub = Hub::new(HubOptions::default());
+    fn a_node_is_forgotten_once_untargeted_and_its_agent_gone_for_the_grace() {
+        // Long enough that no stall of a loaded test machine passes it unseen.
+        let grace = Duration::from_millis(300);
+        let past = grace + Duration::from_millis(100);
+        let hub = Hub::new(HubOptions {
+            agent_grace: grace,
+            ..Default::default()
+        });
         let held = |hub: &Hub, n: &str| hub.lock().nodes.contains_key(n);
+        // Past the operator's own start-up grace, so only a node's own loss time counts.
+        std::thread::sleep(past);
         hub.set_watch(
             key("a"),
             targets(5, 30, vec![pod("1", "n1"), pod("2", "n2")]),
@@ -1389,14 +1418,25 @@ mod tests {
         // Untargeted while connected: kept (its agent still reports the node's Top-K).
         hub.update_pod(&key("a"), "1", None);
         assert!(held(&hub, "n1") && held(&hub, "n2"));
+        // Its agent gone: kept through the grace (targeted again now, it is not missing
+        // yet), then swept by the next agent's connect.
         hub.disconnect("n1", s1.id);
-        assert!(!held(&hub, "n1"), "untargeted, then disconnected");
-        // Disconnected while targeted: kept (it is missing), until untargeted.
+        hub.update_pod(&key("a"), "1", Some(pod("1", "n1")));
+        let n1: BTreeSet<String> = ["n1".to_string()].into();
+        assert!(!hub.view(&n1)[0].missing, "within the grace since it left");
+        hub.update_pod(&key("a"), "1", None);
+        assert!(held(&hub, "n1"));
+        std::thread::sleep(past);
+        let _s3 = hub.connect(&hello("n3")).expect("connects");
+        assert!(!held(&hub, "n1"), "untargeted, and gone past the grace");
+        // Gone while targeted: kept (it is missing) until untargeted past the grace.
         let s2 = hub.connect(&hello("n2")).expect("connects");
         hub.disconnect("n2", s2.id);
-        assert!(held(&hub, "n2"));
+        std::thread::sleep(past);
+        let n2: BTreeSet<String> = ["n2".to_string()].into();
+        assert!(held(&hub, "n2") && hub.view(&n2)[0].missing);
         hub.remove_watch(&key("a"));
-        assert!(!held(&hub, "n2"), "disconnected, then untargeted");
+        assert!(!held(&hub, "n2"), "gone past the grace, then untargeted");
     }
 
     #[test]

@@ -159,8 +159,15 @@ async fn write_status(
     name: &str,
     status: &ClusterResourceWatchStatus,
 ) -> Result<()> {
-    let api: Api<ClusterResourceWatch> = Api::all(ctx.client.clone());
-    apply_status(&api, name, status, &ctx.metrics, ctx.write_timeout).await
+    apply_status::<ClusterResourceWatch>(
+        &ctx.client,
+        None,
+        name,
+        status,
+        &ctx.metrics,
+        ctx.write_timeout,
+    )
+    .await
 }
 
 pub fn error_policy(crw: Arc<ClusterResourceWatch>, error: &Error, ctx: Arc<Context>) -> Action {

@@ -38,7 +38,18 @@ use crate::{
 type Labels = BTreeMap<String, String>;
 /// Selectors as written and compiled, by namespace, then watch name (nested, so a lookup
 /// borrows the watch's names instead of copying them).
-type Compiled = HashMap<String, HashMap<String, (LabelSelector, PodSelector)>>;
+type Compiled = HashMap<String, HashMap<String, CompiledSelector>>;
+
+#[derive(Debug)]
+struct CompiledSelector {
+    /// The watch's UID and generation when compiled: the same pair is the same spec (a
+    /// watch made again under its name has another UID), which spares comparing the
+    /// selectors themselves on every pod event.
+    uid: Option<String>,
+    generation: Option<i64>,
+    written: LabelSelector,
+    compiled: PodSelector,
+}
 
 /// What the mapping remembers of a pod: where it is, what it was labelled, and what a
 /// reconcile reads of it.
@@ -361,10 +372,16 @@ fn concerned(
     gone: bool,
     before: Option<&Seen>,
 ) -> Vec<Concern> {
-    watches
-        .iter()
-        // Borrowed, not `ResourceExt::namespace` (a String per watch per event).
-        .filter(|w| w.metadata.namespace.as_deref() == Some(now.namespace.as_str()))
+    let ns = now.namespace.as_str();
+    // Borrowed, not `ResourceExt::namespace` (a String per watch per event).
+    let of_ns = || {
+        watches
+            .iter()
+            .filter(move |w| w.metadata.namespace.as_deref() == Some(ns))
+    };
+    let mut in_ns = 0;
+    let concerns: Vec<Concern> = of_ns()
+        .inspect(|_| in_ns += 1)
         .filter_map(|w| {
             let selector = compiled_selector(compiled, w);
             let selected_now = selects(selector, &now.labels);
@@ -375,25 +392,53 @@ fn concerned(
                 pod: (selected_now && !gone && !now.terminal).then(|| now.pod.clone()),
             })
         })
-        .collect()
+        .collect();
+    // A watch deleted since leaves its selector behind: forgotten once the namespace
+    // holds more selectors than watches (a relist is rare).
+    if let Some(held) = compiled.get_mut(ns)
+        && held.len() > in_ns
+    {
+        let live: HashSet<&str> = of_ns().filter_map(|w| w.metadata.name.as_deref()).collect();
+        held.retain(|name, _| live.contains(name.as_str()));
+    }
+    concerns
 }
 
 /// `w`'s selector, compiled once per change of its spec's selector.
 fn compiled_selector<'a>(compiled: &'a mut Compiled, w: &ResourceWatch) -> &'a PodSelector {
     let ns = w.metadata.namespace.as_deref().unwrap_or_default();
     let name = w.metadata.name.as_deref().unwrap_or_default();
-    let fresh = compiled
-        .get(ns)
-        .and_then(|m| m.get(name))
-        .is_some_and(|(written, _)| *written == w.spec.selector);
+    let held = compiled.get_mut(ns).and_then(|m| m.get_mut(name));
+    let fresh = match held {
+        Some(c)
+            if c.uid.is_some()
+                && c.generation.is_some()
+                && c.uid == w.metadata.uid
+                && c.generation == w.metadata.generation =>
+        {
+            true
+        }
+        // Another field of the spec changed, or no UID and generation to go by.
+        Some(c) if c.written == w.spec.selector => {
+            c.uid.clone_from(&w.metadata.uid);
+            c.generation = w.metadata.generation;
+            true
+        }
+        _ => false,
+    };
     if !fresh {
-        let c = (w.spec.selector.clone(), pod_selector(&w.spec.selector));
+        let c = CompiledSelector {
+            uid: w.metadata.uid.clone(),
+            generation: w.metadata.generation,
+            written: w.spec.selector.clone(),
+            compiled: pod_selector(&w.spec.selector),
+        };
         compiled
             .entry(ns.to_owned())
             .or_default()
             .insert(name.to_owned(), c);
     }
-    &compiled[ns][name].1
+    &compiled[ns][name].compiled
 }
 
 #[cfg(test)]
@@ -565,6 +610,30 @@ mod tests {
             names(t.on_event(&Event::Apply(p), &edited)),
             ["a/all", "a/api"]
         );
+        // As the API server writes them, with a UID and a generation: an edit bumps the
+        // generation, a watch made again under its name has another UID (here with the
+        // same generation as the one before it, so only the UID tells them apart).
+        let with_meta = |uid: &str, generation: i64, labels: serde_json::Value| {
+            let mut w = (*watch("a", "api", serde_json::json!({"matchLabels": labels}))).clone();
+            (w.metadata.uid, w.metadata.generation) = (Some(uid.into()), Some(generation));
+            let mut all = edited.clone();
+            all[0] = Arc::new(w);
+            all
+        };
+        let api = |t: &mut PodTriggers, w: &[Arc<ResourceWatch>], uid: &str, app: &str| {
+            let p = pod("a", uid, serde_json::json!({ "app": app }));
+            names(t.on_event(&Event::Apply(p), w)).contains(&"a/api".to_string())
+        };
+        let w1 = with_meta("w-1", 1, serde_json::json!({"app": "api"}));
+        assert!(api(&mut t, &w1, "u4", "api"));
+        let w2 = with_meta("w-1", 2, serde_json::json!({"app": "web"}));
+        assert!(!api(&mut t, &w2, "u5", "api") && api(&mut t, &w2, "u6", "web"));
+        let again = with_meta("w-2", 2, serde_json::json!({"app": "db"}));
+        assert!(!api(&mut t, &again, "u7", "web") && api(&mut t, &again, "u8", "db"));
+        // A watch deleted since: its selector is forgotten at the namespace's next event.
+        let p = pod("a", "u9", serde_json::json!({"app": "db"}));
+        t.on_event(&Event::Apply(p), &again[1..4]);
+        assert!(!t.compiled["a"].contains_key("api") && t.compiled["a"].len() == 3);
         // A relist forgets the selectors of watches gone since.
         t.on_event(&Event::Init, &edited[1..]);
         t.on_event(&Event::InitDone, &edited[1..]);

@@ -513,13 +513,43 @@ fn old_conditions(old: Option<&ResourceWatchStatus>) -> &[Condition] {
     old.map_or(&[][..], |o| &o.conditions[..])
 }
 
-/// Equal apart from the update time: no need to write.
+/// Equal apart from the update time: no need to write. Field by field, not two clones
+/// compared (each reconcile asks; the clones were 1.6 % of the operator's CPU at the CI
+/// scale); the destructuring names every field, so a field added later must be placed here.
 pub fn same_content(a: &ResourceWatchStatus, b: &ResourceWatchStatus) -> bool {
-    let strip = |s: &ResourceWatchStatus| ResourceWatchStatus {
-        last_update_time: None,
-        ..s.clone()
-    };
-    strip(a) == strip(b)
+    let ResourceWatchStatus {
+        observed_generation,
+        conditions,
+        matched_pods,
+        expected_nodes,
+        reporting_nodes,
+        top_cpu,
+        top_memory,
+        leaks,
+        exceeding,
+        nodes,
+        remediations,
+        oom_kills,
+        summary,
+        truncated,
+        profile,
+        last_update_time: _,
+    } = a;
+    *observed_generation == b.observed_generation
+        && *matched_pods == b.matched_pods
+        && *expected_nodes == b.expected_nodes
+        && *reporting_nodes == b.reporting_nodes
+        && *conditions == b.conditions
+        && *summary == b.summary
+        && *truncated == b.truncated
+        && *profile == b.profile
+        && *top_cpu == b.top_cpu
+        && *top_memory == b.top_memory
+        && *leaks == b.leaks
+        && *exceeding == b.exceeding
+        && *nodes == b.nodes
+        && *remediations == b.remediations
+        && *oom_kills == b.oom_kills
 }
 
 fn round2(v: f64) -> f64 {

@@ -702,3 +702,30 @@ fn process(pid: u32, command: &str, cpu: f64, rss: u64) -> pb::Process {
         ..Default::default()
     }
 }
+
+#[test]
+fn statuses_differing_only_in_their_update_time_have_the_same_content() {
+    let a = ResourceWatchStatus {
+        matched_pods: 3,
+        last_update_time: Some("2026-11-29T10:00:00Z".into()),
+        ..Default::default()
+    };
+    let b = ResourceWatchStatus {
+        last_update_time: Some("2026-11-29T10:00:30Z".into()),
+        ..a.clone()
+    };
+    assert!(same_content(&a, &b));
+    // Any other field tells them apart: a few of each kind.
+    let changes: [fn(&mut ResourceWatchStatus); 5] = [
+        |s| s.matched_pods += 1,
+        |s| s.observed_generation = Some(2),
+        |s| s.summary.leaking = 1,
+        |s| s.reporting_nodes = 9,
+        |s| s.summary.top_cpu = Some("app-1".into()),
+    ];
+    for change in changes {
+        let mut c = b.clone();
+        change(&mut c);
+        assert!(!same_content(&a, &c), "{c:?}");
+    }
+}

@@ -181,8 +181,15 @@ pub(super) async fn write_status(
     name: &str,
     status: &ResourceWatchStatus,
 ) -> Result<()> {
-    let api: Api<ResourceWatch> = Api::namespaced(ctx.client.clone(), ns);
-    apply_status(&api, name, status, &ctx.metrics, ctx.write_timeout).await
+    apply_status::<ResourceWatch>(
+        &ctx.client,
+        Some(ns),
+        name,
+        status,
+        &ctx.metrics,
+        ctx.write_timeout,
+    )
+    .await
 }
 
 /// The objects an Event names: `regarding` (what it is on: the watch, or one of its pods)
