@@ -6,17 +6,10 @@
 use std::path::PathBuf;
 
 use resourcewatch_agent::fuzzing;
-use resourcewatch_fuzz_replay::{replay, targets};
-
-/// Mutations of each committed input (about 1,300 inputs here).
-const MUTATIONS: u32 = 256;
+use resourcewatch_fuzz_replay::{MUTATIONS, corpus, replay, targets};
 
 fn fuzz_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz")
-}
-
-fn corpus(target: &str) -> PathBuf {
-    fuzz_dir().join("corpus").join(target)
 }
 
 #[test]
@@ -37,30 +30,50 @@ fn every_fuzz_target_is_replayed_here() {
 
 #[test]
 fn demangle() {
-    replay(&corpus("demangle"), MUTATIONS, fuzzing::demangle);
+    replay(
+        &corpus(&fuzz_dir(), "demangle"),
+        MUTATIONS,
+        fuzzing::demangle,
+    );
 }
 
 #[test]
 fn elf_file() {
-    replay(&corpus("elf_file"), MUTATIONS, fuzzing::elf_file);
+    replay(
+        &corpus(&fuzz_dir(), "elf_file"),
+        MUTATIONS,
+        fuzzing::elf_file,
+    );
 }
 
 #[test]
 fn jvm_reply() {
-    replay(&corpus("jvm_reply"), MUTATIONS, fuzzing::jvm_reply);
+    replay(
+        &corpus(&fuzz_dir(), "jvm_reply"),
+        MUTATIONS,
+        fuzzing::jvm_reply,
+    );
 }
 
 #[test]
 fn perf_map() {
-    replay(&corpus("perf_map"), MUTATIONS, fuzzing::perf_map);
+    replay(
+        &corpus(&fuzz_dir(), "perf_map"),
+        MUTATIONS,
+        fuzzing::perf_map,
+    );
 }
 
 #[test]
 fn proc_maps() {
-    replay(&corpus("proc_maps"), MUTATIONS, fuzzing::maps);
+    replay(&corpus(&fuzz_dir(), "proc_maps"), MUTATIONS, fuzzing::maps);
 }
 
 #[test]
 fn python_memory() {
-    replay(&corpus("python_memory"), MUTATIONS, fuzzing::python_memory);
+    replay(
+        &corpus(&fuzz_dir(), "python_memory"),
+        MUTATIONS,
+        fuzzing::python_memory,
+    );
 }

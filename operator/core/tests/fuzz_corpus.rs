@@ -5,18 +5,11 @@
 
 use std::path::PathBuf;
 
-use resourcewatch_fuzz_replay::{replay, targets};
+use resourcewatch_fuzz_replay::{MUTATIONS, corpus, replay, targets};
 use resourcewatch_operator_core::fuzzing;
-
-/// Mutations of each committed input.
-const MUTATIONS: u32 = 256;
 
 fn fuzz_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
-}
-
-fn corpus(target: &str) -> PathBuf {
-    fuzz_dir().join("corpus").join(target)
 }
 
 #[test]
@@ -30,10 +23,18 @@ fn every_fuzz_target_is_replayed_here() {
 
 #[test]
 fn agent_report() {
-    replay(&corpus("agent_report"), MUTATIONS, fuzzing::agent_report);
+    replay(
+        &corpus(&fuzz_dir(), "agent_report"),
+        MUTATIONS,
+        fuzzing::agent_report,
+    );
 }
 
 #[test]
 fn watch_spec() {
-    replay(&corpus("watch_spec"), MUTATIONS, fuzzing::watch_spec);
+    replay(
+        &corpus(&fuzz_dir(), "watch_spec"),
+        MUTATIONS,
+        fuzzing::watch_spec,
+    );
 }
