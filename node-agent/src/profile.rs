@@ -8,7 +8,10 @@
 
 use std::{
     collections::HashMap,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -27,12 +30,17 @@ use crate::{
     cgroup_resolver::CgroupLayout,
     pipelines::{PipelineOptions, load_object},
     procfs,
-    stacks::{self, RawStack},
+    stacks::{self, RawStack, perfmap::PerfMap},
 };
 
 /// Highest sampling frequency accepted: 999 Hz is what perf's default of 4000 Hz is
 /// mostly throttled to in VMs, and a profiler meant to run in production needs far less.
 pub const MAX_FREQUENCY_HZ: u64 = 999;
+
+/// How long the JVMs a profile sampled have, once it ends, to write their perf maps once
+/// more (stacks/jvm.rs): an attached JVM answers in milliseconds; one that cannot is
+/// named from what it answered during the profile.
+pub const LAST_PERF_MAP_WAIT: Duration = Duration::from_secs(2);
 
 /// What to profile.
 #[derive(Clone, Debug, Default)]
@@ -56,11 +64,20 @@ pub struct Profile {
     pub walk_time: Duration,
     /// Unwind-table bytes read for the walks (stacks/unwind.rs).
     pub table_bytes: usize,
+    /// The perf maps of the JVMs sampled, as they answered during the profile and at its
+    /// end (stacks/jvm.rs): what names their JIT-compiled frames.
+    pub jvm_maps: HashMap<u32, Arc<PerfMap>>,
 }
 
 impl Profile {
     pub fn samples(&self) -> u64 {
         self.stacks.iter().map(|s| s.value).sum()
+    }
+
+    /// A symboliser for these stacks: JIT-compiled Java frames named from the maps the
+    /// JVMs answered while they were sampled.
+    pub fn symbolizer(&self) -> stacks::Symbolizer {
+        stacks::Symbolizer::new().with_perf_maps(self.jvm_maps.clone())
     }
 
     /// CPU time one sample stands for.
@@ -162,7 +179,8 @@ impl Profiler {
                 .ok_or(PipelineError::MissingMap(maps::STACK_SAMPLES))?,
         )
         .map_err(crate::bpf::map_err(maps::STACK_SAMPLES))?;
-        let runtimes = stacks::Runtimes::take(&mut bpf)?;
+        let mut runtimes = stacks::Runtimes::take(&mut bpf)?;
+        runtimes.keep_jvm_maps();
         Ok(Self {
             samples,
             unwinder: stacks::unwind::Unwinder::new(),
@@ -232,6 +250,8 @@ impl Profiler {
             let _ = prog.detach(l);
         }
         walk_time += self.read_samples(&mut walked)?;
+        // Asked once more now: code compiled since the last answer is in no map yet.
+        let jvm_maps = self.runtimes.jvm_maps(LAST_PERF_MAP_WAIT);
         let mut stacks = stacks::sampled(walked);
         let walked: u64 = stacks.iter().map(|s| s.value).sum();
         let table_bytes = self.unwinder.table_bytes();
@@ -251,6 +271,7 @@ impl Profiler {
             walked,
             walk_time,
             table_bytes,
+            jvm_maps,
         })
     }
 
@@ -445,7 +466,7 @@ pub fn command(
         cgroups,
     };
     let profile = profiler.run(&target, opts.frequency_hz, opts.duration, stop)?;
-    let rendered = Rendered::new(&profile, &stacks::Symbolizer::new());
+    let rendered = Rendered::new(&profile, &profile.symbolizer());
     let out = match opts.format {
         Format::Folded => rendered.folded().into_bytes(),
         Format::Svg => rendered.svg().map_err(CommandError::Render)?,

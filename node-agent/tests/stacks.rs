@@ -134,7 +134,7 @@ fn profile(bin: &Path) -> (Vec<Stack>, u64) {
         )
         .expect("profile");
     assert_eq!(prof.lost, 0, "stacks lost");
-    let named = stacks::name(&prof.stacks, &Symbolizer::new(), procfs::comm);
+    let named = stacks::name(&prof.stacks, &prof.symbolizer(), procfs::comm);
     (named, prof.samples())
 }
 
@@ -523,7 +523,7 @@ fn profile_pid(pid: u32) -> (Vec<Stack>, u64) {
             &AtomicBool::new(false),
         )
         .expect("profile");
-    let named = stacks::name(&prof.stacks, &Symbolizer::new(), procfs::comm);
+    let named = stacks::name(&prof.stacks, &prof.symbolizer(), procfs::comm);
     (named, prof.samples())
 }
 
@@ -1145,6 +1145,80 @@ fn a_java_profile_names_the_java_method_with_no_jcmd() {
         "the JVM printed a thread dump: {out}"
     );
     eprintln!("{:.0} % name burnInJava; hottest: {top:?}", share * 100.0);
+}
+
+/// A JVM profiled from its first second, while its JIT compiles and recompiles `Burn`'s
+/// methods (C1, then C2, each on-stack replaced into the running loop): the caller is named
+/// on >= 80 % of the samples of the hot Java method, not only on those whose code was still
+/// in the one perf map asked for when the profile started. What the cluster's Java profile
+/// test asks of a pod started just before it (e2e/tests/cluster/profiles.rs), without the
+/// cluster.
+#[test]
+fn a_warming_jvm_profiled_from_its_start_names_the_caller_on_most_samples() {
+    const TEST: &str = "a_warming_jvm_profiled_from_its_start_names_the_caller_on_most_samples";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    let Some((java, dir)) = java_fixture(TEST, "Burn.java") else {
+        return;
+    };
+    let child = Command::new(java)
+        .args([
+            "-XX:+PreserveFramePointer",
+            "-XX:CompileCommand=quiet",
+            "-XX:CompileCommand=dontinline,Burn::burnInJava",
+            "-cp",
+        ])
+        .arg(&dir)
+        .arg("Burn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start java");
+    let p = Running(child);
+    let map = format!("/tmp/perf-{}.map", p.pid());
+    std::thread::sleep(Duration::from_millis(500));
+    let mut profiler = Profiler::load(4096).expect("load the profiler");
+    let prof = profiler
+        .run(
+            &ProfileTarget {
+                pids: vec![p.pid()],
+                cgroups: vec![],
+            },
+            99,
+            Duration::from_secs(5),
+            &AtomicBool::new(false),
+        )
+        .expect("profile");
+    let named = stacks::name(&prof.stacks, &prof.symbolizer(), procfs::comm);
+    let _ = std::fs::remove_file(&map);
+    let hot: u64 = named
+        .iter()
+        .filter(|s| user(s).iter().any(|f| f.contains("Burn.burnInJava")))
+        .map(|s| s.value)
+        .sum();
+    let under_caller: u64 = named
+        .iter()
+        .filter(|s| has_in_order(user(s), &["Burn.outerJava()", "Burn.burnInJava(int)"]))
+        .map(|s| s.value)
+        .sum();
+    let listing: Vec<String> = named
+        .iter()
+        .take(6)
+        .map(|s| format!("{} {:?}", s.value, user(s)))
+        .collect();
+    assert!(
+        hot * 10 >= prof.samples() * 6,
+        "Burn.burnInJava on {hot} of {} samples: {listing:#?}",
+        prof.samples()
+    );
+    assert!(
+        under_caller * 10 >= hot * 8,
+        "Burn.outerJava above Burn.burnInJava on {under_caller} of {hot} samples: {listing:#?}"
+    );
+    eprintln!(
+        "{under_caller} of {hot} samples of burnInJava under outerJava ({} samples)",
+        prof.samples()
+    );
 }
 
 /// An OpenJDK 17 leak (tests/fixtures/stacks/Leak.java, G1): the agent samples the heap's

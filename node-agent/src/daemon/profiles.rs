@@ -24,7 +24,7 @@ use super::resolve;
 use crate::{
     cgroup_resolver, procfs,
     profile::{MAX_FREQUENCY_HZ, ProfileTarget, Profiler, Rendered},
-    stacks::{self, output::Label},
+    stacks::output::Label,
 };
 
 /// Request ids remembered as started (a snapshot holds at most MAX_PROFILES_PER_NODE).
@@ -181,7 +181,7 @@ fn run(
                 );
             }
         };
-    let rendered = Rendered::new(&profile, &stacks::Symbolizer::new());
+    let rendered = Rendered::new(&profile, &profile.symbolizer());
     // Each process's container, from its cgroup, once per process.
     let containers: RefCell<HashMap<u32, Option<String>>> = RefCell::new(HashMap::new());
     let container_of = |tgid: u32| {

@@ -27,11 +27,13 @@ use std::{
         unix::net::UnixStream,
     },
     sync::{
-        Mutex, OnceLock,
+        Arc, Mutex, OnceLock,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
 };
+
+use super::perfmap::PerfMap;
 
 /// How often a captured JVM is asked for a new perf map (methods compiled since, code
 /// moved by recompilation).
@@ -216,7 +218,11 @@ pub fn request_perf_map(pid: u32, start: u64) -> Result<(), AttachError> {
     // The whole request, from here to the end of the answer: a process that only looks
     // like a JVM (anything can map a file named libjvm.so) and answers a byte at a time
     // holds one of `MAX_IN_FLIGHT` threads for this long at most.
-    let deadline = Instant::now() + LISTENER_WAIT + ANSWER_WAIT;
+    request_perf_map_by(pid, start, Instant::now() + LISTENER_WAIT + ANSWER_WAIT)
+}
+
+/// [`request_perf_map`], given up at `deadline`.
+fn request_perf_map_by(pid: u32, start: u64, deadline: Instant) -> Result<(), AttachError> {
     if !super::maps::maps_jvm(pid) {
         return Err(AttachError::NotJvm);
     }
@@ -230,9 +236,9 @@ pub fn request_perf_map(pid: u32, start: u64) -> Result<(), AttachError> {
             }
             dir.create_trigger()?;
             let signalled = send_sigquit(pid, start);
-            let deadline = Instant::now() + LISTENER_WAIT;
+            let listening_by = deadline.min(Instant::now() + LISTENER_WAIT);
             let mut stream = None;
-            while signalled.is_ok() && stream.is_none() && Instant::now() < deadline {
+            while signalled.is_ok() && stream.is_none() && Instant::now() < listening_by {
                 std::thread::sleep(Duration::from_millis(50));
                 stream = dir.connect().ok().flatten();
             }
@@ -359,6 +365,11 @@ fn known() -> &'static Mutex<HashMap<(u32, u64), Jvm>> {
     KNOWN.get_or_init(Default::default)
 }
 
+/// The perf maps a capture's JVMs wrote while it ran, each answer laid over the ones
+/// before (`PerfMap::overlaid`): code recompiled during the capture is named at both of
+/// its addresses, the old one gone from the JVM's newest map.
+type Answers = Arc<Mutex<HashMap<u32, Arc<PerfMap>>>>;
+
 /// Asks the JVMs whose samples arrive for perf maps, each at most every `EVERY`, each
 /// request on its own thread (the JVM may take seconds to answer).
 #[derive(Default)]
@@ -366,6 +377,9 @@ pub struct PerfMapRequests {
     /// PIDs this capture has seen: a JVM's start time, None for any other process (its
     /// maps and stat read once per PID).
     seen: HashMap<u32, Option<u64>>,
+    /// The maps answered, kept only for a capture that asked ([`Self::keep_answers`]):
+    /// a profile, named once it ends, by which time a warming JVM has freed code it ran.
+    answers: Option<Answers>,
 }
 
 impl PerfMapRequests {
@@ -414,10 +428,16 @@ impl PerfMapRequests {
                 _ => return,
             }
         }
+        let answers = self.answers.clone();
         let spawned = std::thread::Builder::new()
             .name("jvm-perf-map".into())
             .spawn(move || {
                 let outcome = request_perf_map(pid, start);
+                if outcome.is_ok()
+                    && let Some(answers) = &answers
+                {
+                    keep_answer(answers, pid);
+                }
                 IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
                 if let Err(e) = &outcome {
                     tracing::debug!("asking JVM {pid} for its perf map: {e}");
@@ -447,10 +467,116 @@ impl PerfMapRequests {
         }
     }
 
-    /// Forgets the PIDs this capture saw (what is known of each process stays).
+    /// Forgets the PIDs this capture saw (what is known of each process stays), and the
+    /// maps they answered.
     pub fn clear(&mut self) {
         self.seen.clear();
+        if let Some(answers) = &self.answers {
+            answers.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
     }
+
+    /// Keeps the maps JVMs answer from now on, for [`Self::finish`].
+    pub fn keep_answers(&mut self) {
+        self.answers.get_or_insert_with(Default::default);
+    }
+
+    /// The capture ended: each JVM it sampled is asked once more (waiting for a request
+    /// still running first), all within `within`, and the maps they answered during the
+    /// capture are returned, each laid over the ones before. Nothing is asked of a JVM that
+    /// was given up on or when asking is off; without [`Self::keep_answers`], nothing kept.
+    pub fn finish(&mut self, within: Duration) -> HashMap<u32, Arc<PerfMap>> {
+        let Some(answers) = self.answers.clone() else {
+            return HashMap::new();
+        };
+        let deadline = Instant::now() + within;
+        let jvms: Vec<(u32, u64)> = self
+            .seen
+            .iter()
+            .filter_map(|(&pid, start)| Some((pid, (*start)?)))
+            .collect();
+        if ENABLED.load(Ordering::Relaxed) {
+            // A few at a time, each its own thread: one slow JVM does not hold the others.
+            for batch in jvms.chunks(MAX_IN_FLIGHT) {
+                std::thread::scope(|scope| {
+                    for &(pid, start) in batch {
+                        let answers = &answers;
+                        scope.spawn(move || {
+                            if last_request(pid, start, deadline) {
+                                keep_answer(answers, pid);
+                            }
+                        });
+                    }
+                });
+            }
+        }
+        let kept = std::mem::take(&mut *answers.lock().unwrap_or_else(|e| e.into_inner()));
+        self.seen.clear();
+        kept
+    }
+}
+
+/// Asks JVM `(pid, start)` for its map once more before `deadline`, after a request
+/// running now; whether it answered. A JVM given up on is not signalled again.
+fn last_request(pid: u32, start: u64, deadline: Instant) -> bool {
+    let key = (pid, start);
+    loop {
+        {
+            let mut known = known().lock().unwrap_or_else(|e| e.into_inner());
+            match known.get_mut(&key) {
+                Some(Jvm::Asked { busy, .. }) if !*busy => {
+                    *busy = true;
+                    break;
+                }
+                Some(Jvm::Asked { .. }) => {}
+                // Given up on, not a JVM, or never asked (forgotten, or a request that
+                // could not start): not signalled from here.
+                _ => return false,
+            }
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let outcome = request_perf_map_by(pid, start, deadline);
+    if let Err(e) = &outcome {
+        tracing::debug!("asking JVM {pid} for its perf map at the capture's end: {e}");
+    }
+    let next = match &outcome {
+        Err(AttachError::NoQuitHandler | AttachError::NoListener) => Jvm::Given,
+        Err(AttachError::NotJvm | AttachError::Gone) => Jvm::No,
+        _ => Jvm::Asked {
+            last: Some(Instant::now()),
+            busy: false,
+        },
+    };
+    known()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, next);
+    outcome.is_ok()
+}
+
+/// Reads the map JVM `pid` just wrote and lays it over the ones it wrote before. Bounded
+/// as the symboliser's cache is: past `MAX_PROCESSES` JVMs or `CACHE_BUDGET` bytes, a new
+/// answer replaces what was kept instead of adding to it.
+fn keep_answer(answers: &Answers, pid: u32) {
+    let Some(text) = super::perfmap::read_text(pid) else {
+        return;
+    };
+    let mut answers = answers.lock().unwrap_or_else(|e| e.into_inner());
+    let held: usize = answers.values().map(|m| m.bytes()).sum();
+    let merged = match answers.get(&pid) {
+        Some(before) if held + text.len() * 2 <= super::perfmap::CACHE_BUDGET => {
+            before.overlaid(&text)
+        }
+        _ => PerfMap::parse(&text),
+    };
+    if answers.len() >= MAX_PROCESSES && !answers.contains_key(&pid) {
+        answers.clear();
+    }
+    answers.insert(pid, Arc::new(merged));
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use resourcewatch_ebpf::shared::{RwStackKey, RwStackSample};
 use serde::Serialize;
 
 use crate::bpf::PipelineError;
+use perfmap::PerfMap;
 pub use symbolize::{Module, Symbolizer};
 
 /// One counter of the kernel: a process's user and kernel stacks (innermost first, as
@@ -125,6 +126,18 @@ impl Runtimes {
     pub fn seen(&mut self, pid: u32) -> Option<std::sync::Arc<python::Runtime>> {
         self.jvm.seen(pid);
         self.python.runtime(pid)
+    }
+
+    /// Keeps the perf maps JVMs answer, for [`Self::jvm_maps`] (a profile, named after it
+    /// ends).
+    pub fn keep_jvm_maps(&mut self) {
+        self.jvm.keep_answers();
+    }
+
+    /// The capture ended: the perf maps of the JVMs it sampled, each asked once more
+    /// within `within` and laid over what they answered during the capture.
+    pub fn jvm_maps(&mut self, within: std::time::Duration) -> HashMap<u32, Arc<PerfMap>> {
+        self.jvm.finish(within)
     }
 
     /// Forgets every process (a capture ended: PIDs may be reused before the next).

@@ -102,6 +102,22 @@ impl PerfMap {
         map
     }
 
+    /// The map of `newer` (a perf map's text) laid over this one: where their code objects
+    /// overlap `newer` wins, and what it does not cover keeps this map's names. A JVM
+    /// writes its whole code cache again at each request, without the code freed since
+    /// (a method recompiled, its old code flushed), which stacks sampled before still hold.
+    pub fn overlaid(&self, newer: &[u8]) -> PerfMap {
+        use std::fmt::Write as _;
+        let mut text = String::with_capacity(self.names.len() + self.ranges.len() * 40);
+        for &(start, end, offset, len) in &self.ranges {
+            let name = &self.names[offset as usize..(offset + len) as usize];
+            let _ = writeln!(text, "{start:x} {:x} {name}", end - start);
+        }
+        let mut data = text.into_bytes();
+        data.extend_from_slice(newer);
+        PerfMap::parse(&data)
+    }
+
     /// The name of the code object holding `addr`.
     pub fn lookup(&self, addr: u64) -> Option<&str> {
         let i = self.ranges.partition_point(|&(s, ..)| s <= addr);
@@ -163,19 +179,7 @@ impl PerfMaps {
         {
             return c.map.clone();
         }
-        let found = open(pid).and_then(|f| {
-            let meta = f.metadata().ok()?;
-            meta.is_file().then(|| {
-                (
-                    f,
-                    (
-                        meta.len(),
-                        meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                    ),
-                )
-            })
-        });
-        let Some((file, stamp)) = found else {
+        let Some((file, stamp)) = open_file(pid) else {
             self.cache.insert(
                 pid,
                 Cached {
@@ -213,6 +217,28 @@ impl PerfMaps {
         );
         map
     }
+}
+
+/// The text of `pid`'s perf map as it is now (its last [`MAX_BYTES`]); None when it writes
+/// none or it cannot be read.
+pub fn read_text(pid: u32) -> Option<Vec<u8>> {
+    let (file, (len, _)) = open_file(pid)?;
+    read(file, len)
+}
+
+/// `pid`'s perf map opened, if it is a regular file, with its length and mtime.
+fn open_file(pid: u32) -> Option<(File, (u64, SystemTime))> {
+    let f = open(pid)?;
+    let meta = f.metadata().ok()?;
+    meta.is_file().then(|| {
+        (
+            f,
+            (
+                meta.len(),
+                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            ),
+        )
+    })
 }
 
 /// The last [`MAX_BYTES`] of the file, from the first whole line.
@@ -267,6 +293,33 @@ fn open(pid: u32) -> Option<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A JVM's second map lists a method recompiled elsewhere and no longer its old code:
+    /// laid over the first, the old code keeps its name, and where new code took the
+    /// memory of the old, the new name wins.
+    #[test]
+    fn a_newer_map_laid_over_an_older_keeps_freed_code_and_replaces_reused_memory() {
+        let first = PerfMap::parse(
+            b"0x1000 0x100 long Burn.outerJava() [OSR C1]\n\
+              0x2000 0x100 int Burn.burnInJava(int)\n\
+              0x3000 0x100 void Gone.method()\n",
+        );
+        let both = first.overlaid(
+            b"0x2000 0x100 int Burn.burnInJava(int)\n\
+              0x3080 0x100 long Burn.outerJava() [OSR C2]\n",
+        );
+        assert_eq!(both.lookup(0x1010), Some("long Burn.outerJava() [OSR C1]"));
+        assert_eq!(both.lookup(0x2010), Some("int Burn.burnInJava(int)"));
+        assert_eq!(both.lookup(0x3010), Some("void Gone.method()"));
+        assert_eq!(both.lookup(0x3090), Some("long Burn.outerJava() [OSR C2]"));
+        assert_eq!(both.lookup(0x3170), Some("long Burn.outerJava() [OSR C2]"));
+        assert_eq!(both.lookup(0x3180), None);
+        assert_eq!(both.len(), 4);
+        assert_eq!(
+            PerfMap::default().overlaid(b"10 10 a\n").lookup(0x15),
+            Some("a")
+        );
+    }
 
     #[test]
     fn node_and_openjdk_lines_parse_and_later_code_replaces_earlier() {

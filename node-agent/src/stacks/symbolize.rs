@@ -72,6 +72,9 @@ pub struct Symbolizer {
     /// Maps read lately, by PID.
     maps: std::sync::Mutex<HashMap<u32, (std::time::Instant, Arc<str>)>>,
     perf_maps: std::sync::Mutex<super::perfmap::PerfMaps>,
+    /// Perf maps given (a profile's JVMs, as they answered during it), used instead of
+    /// the file as it is now.
+    given_perf_maps: HashMap<u32, Arc<super::perfmap::PerfMap>>,
     /// The names given from a perf map so far: which frames are JIT-compiled code.
     jit_names: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Names of the CPython code objects of Python frames (`python::merge`).
@@ -99,11 +102,19 @@ impl Symbolizer {
                 .enable_inlined_fns(false)
                 .build(),
             perf_maps: Default::default(),
+            given_perf_maps: HashMap::new(),
             jit_names: Default::default(),
             symbols: Default::default(),
             maps: Default::default(),
             python: Default::default(),
         }
+    }
+
+    /// A symboliser naming the JIT code of the processes in `maps` from them rather than
+    /// from their perf map files (`Profile::jvm_maps`).
+    pub fn with_perf_maps(mut self, maps: HashMap<u32, Arc<super::perfmap::PerfMap>>) -> Self {
+        self.given_perf_maps = maps;
+        self
     }
 
     /// Names of `addrs` in process `pid`, in order; one per address.
@@ -203,11 +214,12 @@ impl Symbolizer {
         if outside_files.is_empty() {
             return;
         }
-        let map = self
-            .perf_maps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(pid);
+        let map = self.given_perf_maps.get(&pid).cloned().or_else(|| {
+            self.perf_maps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(pid)
+        });
         if let Some(map) = map {
             let mut jit = self.jit_names.lock().unwrap_or_else(|e| e.into_inner());
             for &i in outside_files {
