@@ -849,15 +849,15 @@ fn a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters() 
     std::thread::sleep(Duration::from_millis(300));
     let t2 = find(&mut pipes);
     // A reconfiguration (another target added) keeps what was counted: wiping the
-    // counters would lose a target's time so far. Not `>=`: t2 includes an estimate of
-    // the slice then running, which its real credit at the switch-out can undercut by a
-    // few ms.
+    // counters would lose a target's time so far. And a reading never goes back, though
+    // t2 includes an estimate of the slice then running, which its real credit at the
+    // switch-out can undercut (by 14 % in a starved VM: targets::never_back).
     pipes
         .set_targets(&[std::process::id()], &[id])
         .expect("targets");
     let t3 = find(&mut pipes);
     assert!(
-        t3.cpu_ns as f64 >= t2.cpu_ns as f64 * 0.9 && t2.cpu_ns > t1.cpu_ns,
+        t3.cpu_ns >= t2.cpu_ns && t2.cpu_ns > t1.cpu_ns,
         "CPU counters survive a reconfiguration: {} -> {} -> {}",
         t1.cpu_ns,
         t2.cpu_ns,
