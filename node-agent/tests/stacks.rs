@@ -1206,8 +1206,9 @@ fn a_warming_jvm_profiled_from_its_start_names_the_caller_on_most_samples() {
         .take(6)
         .map(|s| format!("{} {:?}", s.value, user(s)))
         .collect();
+    // About 495 at 99 Hz for 5 s of a busy thread.
     assert!(
-        hot * 10 >= prof.samples() * 6,
+        prof.samples() >= 200 && hot * 10 >= prof.samples() * 6,
         "Burn.burnInJava on {hot} of {} samples: {listing:#?}",
         prof.samples()
     );

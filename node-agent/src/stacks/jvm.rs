@@ -68,6 +68,8 @@ pub enum AttachError {
     NoQuitHandler,
     #[error("no attach listener after SIGQUIT (-XX:+DisableAttachMechanism?)")]
     NoListener,
+    #[error("no attach listener now (not signalled: no time left to wait for one)")]
+    NotListening,
     #[error("the process exited or its PID was reused")]
     Gone,
     #[error("the JVM answered {0:?}")]
@@ -218,11 +220,23 @@ pub fn request_perf_map(pid: u32, start: u64) -> Result<(), AttachError> {
     // The whole request, from here to the end of the answer: a process that only looks
     // like a JVM (anything can map a file named libjvm.so) and answers a byte at a time
     // holds one of `MAX_IN_FLIGHT` threads for this long at most.
-    request_perf_map_by(pid, start, Instant::now() + LISTENER_WAIT + ANSWER_WAIT)
+    request_perf_map_by(
+        pid,
+        start,
+        Instant::now() + LISTENER_WAIT + ANSWER_WAIT,
+        true,
+    )
 }
 
-/// [`request_perf_map`], given up at `deadline`.
-fn request_perf_map_by(pid: u32, start: u64, deadline: Instant) -> Result<(), AttachError> {
+/// [`request_perf_map`], given up at `deadline`; without `signal`, only through a listener
+/// already there ([`AttachError::NotListening`] if none): a JVM signalled with no time left
+/// to wait for its listener would print a thread dump and be given up on.
+fn request_perf_map_by(
+    pid: u32,
+    start: u64,
+    deadline: Instant,
+    signal: bool,
+) -> Result<(), AttachError> {
     if !super::maps::maps_jvm(pid) {
         return Err(AttachError::NotJvm);
     }
@@ -230,6 +244,7 @@ fn request_perf_map_by(pid: u32, start: u64, deadline: Instant) -> Result<(), At
     let dir = AttachDir::open(pid, nspid)?;
     let stream = match dir.connect()? {
         Some(s) => s,
+        None if !signal => return Err(AttachError::NotListening),
         None => {
             if !catches_sigquit(pid) {
                 return Err(AttachError::NoQuitHandler);
@@ -433,27 +448,18 @@ impl PerfMapRequests {
             .name("jvm-perf-map".into())
             .spawn(move || {
                 let outcome = request_perf_map(pid, start);
+                IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+                if let Err(e) = &outcome {
+                    tracing::debug!("asking JVM {pid} for its perf map: {e}");
+                }
+                settle(key, &outcome);
+                // After the request's slot and the JVM's state are given back: reading the
+                // map cannot hold either.
                 if outcome.is_ok()
                     && let Some(answers) = &answers
                 {
                     keep_answer(answers, pid);
                 }
-                IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-                if let Err(e) = &outcome {
-                    tracing::debug!("asking JVM {pid} for its perf map: {e}");
-                }
-                let next = match outcome {
-                    Err(AttachError::NoQuitHandler | AttachError::NoListener) => Jvm::Given,
-                    Err(AttachError::NotJvm | AttachError::Gone) => Jvm::No,
-                    _ => Jvm::Asked {
-                        last: Some(Instant::now()),
-                        busy: false,
-                    },
-                };
-                known()
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, next);
             });
         if spawned.is_err() {
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
@@ -481,46 +487,80 @@ impl PerfMapRequests {
         self.answers.get_or_insert_with(Default::default);
     }
 
-    /// The capture ended: each JVM it sampled is asked once more (waiting for a request
-    /// still running first), all within `within`, and the maps they answered during the
-    /// capture are returned, each laid over the ones before. Nothing is asked of a JVM that
-    /// was given up on or when asking is off; without [`Self::keep_answers`], nothing kept.
+    /// The capture ended: each JVM it sampled is asked once more, through the listener
+    /// its earlier request started (never signalled now), after a request still running,
+    /// each on its own thread and within the agent's `MAX_IN_FLIGHT`; the maps its JVMs
+    /// answered during the capture come back by `within` at the latest, each laid over the
+    /// ones before, and where a JVM did not answer in time, its file as it is now laid over
+    /// them. Without [`Self::keep_answers`], nothing is kept or asked.
     pub fn finish(&mut self, within: Duration) -> HashMap<u32, Arc<PerfMap>> {
-        let Some(answers) = self.answers.clone() else {
+        let Some(answers) = self.answers.replace(Answers::default()) else {
             return HashMap::new();
         };
+        // A thread still running past the deadline writes into `answers`, which this
+        // capture no longer reads; the next capture has its own.
         let deadline = Instant::now() + within;
         let jvms: Vec<(u32, u64)> = self
             .seen
-            .iter()
-            .filter_map(|(&pid, start)| Some((pid, (*start)?)))
+            .drain()
+            .filter_map(|(pid, start)| Some((pid, start?)))
             .collect();
-        if ENABLED.load(Ordering::Relaxed) {
-            // A few at a time, each its own thread: one slow JVM does not hold the others.
-            for batch in jvms.chunks(MAX_IN_FLIGHT) {
-                std::thread::scope(|scope| {
-                    for &(pid, start) in batch {
-                        let answers = &answers;
-                        scope.spawn(move || {
-                            if last_request(pid, start, deadline) {
-                                keep_answer(answers, pid);
-                            }
-                        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut asked = 0usize;
+        for &(pid, start) in jvms.iter().filter(|_| ENABLED.load(Ordering::Relaxed)) {
+            if IN_FLIGHT
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < MAX_IN_FLIGHT).then_some(n + 1)
+                })
+                .is_err()
+            {
+                break;
+            }
+            let (tx, answers) = (tx.clone(), answers.clone());
+            let spawned = std::thread::Builder::new()
+                .name("jvm-perf-map".into())
+                .spawn(move || {
+                    let answered = last_request(pid, start, deadline);
+                    IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+                    if answered {
+                        keep_answer(&answers, pid);
                     }
+                    let _ = tx.send((pid, answered));
                 });
+            match spawned {
+                Ok(_) => asked += 1,
+                Err(_) => {
+                    IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         }
-        let kept = std::mem::take(&mut *answers.lock().unwrap_or_else(|e| e.into_inner()));
-        self.seen.clear();
-        kept
+        drop(tx);
+        let mut answered = std::collections::HashSet::new();
+        for _ in 0..asked {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((pid, true)) => {
+                    answered.insert(pid);
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        for &(pid, _) in jvms.iter().filter(|(pid, _)| !answered.contains(pid)) {
+            keep_answer(&answers, pid);
+        }
+        std::mem::take(&mut *answers.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
 /// Asks JVM `(pid, start)` for its map once more before `deadline`, after a request
-/// running now; whether it answered. A JVM given up on is not signalled again.
+/// running now, through its listener only; whether it answered.
 fn last_request(pid: u32, start: u64, deadline: Instant) -> bool {
     let key = (pid, start);
     loop {
+        if Instant::now() >= deadline {
+            return false;
+        }
         {
             let mut known = known().lock().unwrap_or_else(|e| e.into_inner());
             match known.get_mut(&key) {
@@ -530,20 +570,24 @@ fn last_request(pid: u32, start: u64, deadline: Instant) -> bool {
                 }
                 Some(Jvm::Asked { .. }) => {}
                 // Given up on, not a JVM, or never asked (forgotten, or a request that
-                // could not start): not signalled from here.
+                // could not start): nothing to ask.
                 _ => return false,
             }
         }
-        if Instant::now() >= deadline {
-            return false;
-        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let outcome = request_perf_map_by(pid, start, deadline);
+    let outcome = request_perf_map_by(pid, start, deadline, false);
     if let Err(e) = &outcome {
         tracing::debug!("asking JVM {pid} for its perf map at the capture's end: {e}");
     }
-    let next = match &outcome {
+    settle(key, &outcome);
+    outcome.is_ok()
+}
+
+/// What a request's outcome says of the JVM from now on: given up on when it cannot be
+/// attached to, forgotten when it is not a JVM (or gone), else asked now (its `busy` done).
+fn settle(key: (u32, u64), outcome: &Result<(), AttachError>) {
+    let next = match outcome {
         Err(AttachError::NoQuitHandler | AttachError::NoListener) => Jvm::Given,
         Err(AttachError::NotJvm | AttachError::Gone) => Jvm::No,
         _ => Jvm::Asked {
@@ -555,25 +599,33 @@ fn last_request(pid: u32, start: u64, deadline: Instant) -> bool {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(key, next);
-    outcome.is_ok()
 }
 
-/// Reads the map JVM `pid` just wrote and lays it over the ones it wrote before. Bounded
-/// as the symboliser's cache is: past `MAX_PROCESSES` JVMs or `CACHE_BUDGET` bytes, a new
-/// answer replaces what was kept instead of adding to it.
+/// Reads the map JVM `pid` wrote last and lays it over the ones it wrote before. Bounded
+/// as the symboliser's cache is: all kept maps together stay under `CACHE_BUDGET` bytes
+/// (past it the others are dropped; a map over it alone is not kept) and `MAX_PROCESSES`
+/// JVMs; one map holds at most `MAX_ENTRIES` code objects (`PerfMap::parse`).
 fn keep_answer(answers: &Answers, pid: u32) {
     let Some(text) = super::perfmap::read_text(pid) else {
         return;
     };
-    let mut answers = answers.lock().unwrap_or_else(|e| e.into_inner());
-    let held: usize = answers.values().map(|m| m.bytes()).sum();
-    let merged = match answers.get(&pid) {
-        Some(before) if held + text.len() * 2 <= super::perfmap::CACHE_BUDGET => {
-            before.overlaid(&text)
-        }
-        _ => PerfMap::parse(&text),
+    let before = answers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&pid)
+        .cloned();
+    // Parsed outside the lock: up to 200,000 entries.
+    let merged = match before {
+        Some(before) => before.overlaid(&text),
+        None => PerfMap::parse(&text),
     };
-    if answers.len() >= MAX_PROCESSES && !answers.contains_key(&pid) {
+    let mut answers = answers.lock().unwrap_or_else(|e| e.into_inner());
+    answers.remove(&pid);
+    if merged.bytes() > super::perfmap::CACHE_BUDGET {
+        return;
+    }
+    let others: usize = answers.values().map(|m| m.bytes()).sum();
+    if others + merged.bytes() > super::perfmap::CACHE_BUDGET || answers.len() >= MAX_PROCESSES {
         answers.clear();
     }
     answers.insert(pid, Arc::new(merged));
