@@ -24,7 +24,14 @@ use resourcewatch_crds::ResourceWatch;
 
 /// The repository root (this crate lives in `e2e/`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    // The directory cargo runs the test from first: a test binary built in another clone
+    // of the repository (a shared target directory; cargo keys products by the path inside
+    // the workspace) carries that clone's path, which may be gone.
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.join("Cargo.toml").is_file())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))
