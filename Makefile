@@ -152,10 +152,9 @@ rules: ## promtool check + test of the alerting rules (config/prometheus/; Debia
 test: ## Everything CI runs: lint, unit, kernel (6.18/v1 here, 6.1/v2 in a VM), fuzz, drift, API, chart and cluster e2e tests
 ifeq ($(AS_ROOT),)
 # Each step runs even when one before it failed; the end of the output names the failed
-# tests and times every step (.ci/steps). The in-VM kernel tests (vm-kernel) run inside
-# the e2e step, beside its remediation tests, which leave the CPUs mostly idle.
+# tests and times every step (.ci/steps).
 test: deps
-	RW_PREBUILD=1 RW_E2E_BESIDE_REMEDIATION=e2e/run-vm-kernel-tests.sh .ci/steps lint unit rules e2e-api chart e2e
+	RW_PREBUILD=1 .ci/steps lint unit vm-kernel rules e2e-api chart e2e
 else
 	$(AS_ROOT) $(MAKE) test
 endif

@@ -2,9 +2,9 @@
 # What the later steps of `make test` build and no earlier step needs, built while the
 # earlier steps run, at the lowest CPU and I/O priority, in the order the steps need them:
 # the VM's kernel and QEMU (vm-kernel), the Kubernetes, containerd, runc, CNI and etcd
-# binaries (e2e-api, e2e), the images' static release build (e2e) and the OpenTelemetry
-# Collector (e2e's cluster tests). Not the Prometheus Operator: the e2e step builds it
-# beside the VM node's tests, which leave a core idle (e2e/run-cluster-tests.sh). On
+# binaries (e2e-api, e2e), the images' static release build (e2e), the OpenTelemetry
+# Collector (e2e's cluster tests) and the Prometheus Operator (e2e's metrics test, which
+# runs after the cluster tests, so on a fresh machine this build goes on beside them). On
 # two CPUs the unit step's compiles leave a core idle while they link, and its kernel tests,
 # the API tests and the cluster tests mostly wait; this fills those gaps instead of leaving
 # the builds to start cold in their own steps (measured: docs/development.md).
@@ -29,4 +29,5 @@ part e2e/cluster/vm.sh fetch
 part e2e/cluster/build.sh
 part make -s images
 part e2e/otel/collector.sh build
+part e2e/prometheus/operator.sh build
 echo "prebuild: done in $((SECONDS - start)) s"

@@ -46,11 +46,8 @@ dump() {
     done
   fi
 }
-# Jobs started beside the tests (below): ended with the run, whatever ends it.
-beside=()
 cleanup() {
   rc=$?
-  for pid in "${beside[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
   # The lap that failed (the tests, usually) gets its own line, not the teardown's.
   [[ $rc -ne 0 ]] && { lap "the step that failed"; dump; }
   if [[ $started -eq 1 ]]; then
@@ -119,60 +116,29 @@ fi
 cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture \
   --skip on_the_cgroup_v2_node ${RW_E2E_ONLY:-}
 lap "e2e tests"
-logs_dir="$(readlink -f "${CARGO_TARGET_DIR:-target}")/tmp"
-mkdir -p "$logs_dir"
-# besides LOG CMD...: runs CMD at the lowest CPU and I/O priority, in its own process
-# group (ended with the run), its output in LOG; its PID in $beside_pid.
-besides() {
-  local log=$1; shift
-  setsid nice -n 19 ionice -c 3 "$@" >"$log" 2>&1 &
-  beside_pid=$!
-  beside+=("$beside_pid")
-}
-late_failures=()
-
+# The metrics test's Prometheus: the Prometheus Operator's, scraping through the shipped
+# ServiceMonitor and PodMonitor (built from their Go modules once, cached). After the
+# cluster tests, not before: on a fresh machine its build (about 470 s on two CPUs) goes
+# on beside them (e2e/prebuild.sh) instead of holding them back.
+# (Left out when RW_E2E_ONLY names other tests.)
+if [[ -z ${RW_E2E_ONLY:-} || $RW_E2E_ONLY == *prometheus* ]]; then
+  e2e/prometheus/operator.sh build >/dev/null
+  lap "Prometheus Operator and Prometheus built"
+  RW_PROMETHEUS_ADDR="$(KUBECTL="$K" e2e/prometheus/operator.sh up)"
+  export RW_PROMETHEUS_ADDR
+  lap "Prometheus Operator up"
+  cargo test -p resourcewatch-e2e --test metrics -- --ignored --test-threads=1 --nocapture \
+    ${RW_E2E_ONLY:-}
+  lap "metrics e2e tests"
+  KUBECTL="$K" e2e/prometheus/operator.sh down
+fi
 # Remediation: the master switch on (it is off in config/ and in the chart).
 "$K" -n resourcewatch-system patch deploy resourcewatch-operator --type=json \
   -p='[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--enable-remediation"}]'
 "$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
-# RW_E2E_BESIDE_REMEDIATION="CMD": CMD runs beside the remediation tests, which mostly
-# wait for leaks to grow (measured: the CPUs 82-93 % idle through them); make test puts
-# the in-VM kernel tests there (e2e/run-vm-kernel-tests.sh), a VM that otherwise had a
-# step of its own on the CPU-bound path. A failure of CMD fails the run at its end, with
-# CMD's output.
-beside_remediation=""
-if [[ -n ${RW_E2E_BESIDE_REMEDIATION:-} ]]; then
-  # shellcheck disable=SC2086 # a command line
-  besides "$logs_dir/beside-remediation.log" $RW_E2E_BESIDE_REMEDIATION
-  beside_remediation=$beside_pid
-fi
 cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture \
   --skip on_the_cgroup_v2_node ${RW_E2E_ONLY:-}
 lap "remediation e2e tests"
-if [[ -n $beside_remediation ]]; then
-  if wait "$beside_remediation"; then
-    tail -3 "$logs_dir/beside-remediation.log"
-  else
-    echo "== $RW_E2E_BESIDE_REMEDIATION (beside the remediation tests) failed; its output:"
-    cat "$logs_dir/beside-remediation.log"
-    late_failures+=("$RW_E2E_BESIDE_REMEDIATION")
-  fi
-  lap "$RW_E2E_BESIDE_REMEDIATION beside them (waited for after them)"
-fi
-
-# The metrics test's Prometheus: the Prometheus Operator's, scraping through the shipped
-# ServiceMonitor and PodMonitor (built from their Go modules once, cached). Built from here
-# on, beside the VM node's tests, whose emulated node leaves a core mostly idle (on a fresh
-# machine the build takes about 12 minutes of two busy CPUs; built beside the cluster tests
-# it slowed them, CPU-bound, by as much). A build that failed here is built again in the
-# foreground, where a failure fails the run. (Left out when RW_E2E_ONLY names other tests.)
-metrics=0
-[[ -z ${RW_E2E_ONLY:-} || $RW_E2E_ONLY == *prometheus* ]] && metrics=1
-prom_build=""
-if ((metrics)); then
-  besides "$logs_dir/prometheus-operator-build.log" e2e/prometheus/operator.sh build
-  prom_build=$beside_pid
-fi
 
 # The second node: Linux 6.1 with cgroup v2 only, in a QEMU/TCG VM (e2e/cluster/vm-node.sh),
 # joined for its own tests (remediation's too: the switch is on by now) and the node view,
@@ -199,32 +165,7 @@ if [[ $started -eq 1 && "${RW_E2E_VM_NODE:-1}" != 0 ]]; then
   lap "VM node e2e tests"
 fi
 
-if ((metrics)); then
-  wait "$prom_build" || true
-  e2e/prometheus/operator.sh build >/dev/null
-  lap "Prometheus Operator and Prometheus built (waited for)"
-  # The test counts the agent pods: the VM node's, gone with its Node, must be gone too.
-  for _ in $(seq 120); do
-    nodes=$("$K" get nodes -o name | wc -l) || nodes=-1
-    agents=$("$K" -n resourcewatch-system get pods -l app.kubernetes.io/name=resourcewatch-agent -o name | wc -l) || agents=-2
-    ((agents == nodes)) && break
-    sleep 1
-  done
-  ((agents == nodes)) || { echo "== $agents agent pods for $nodes nodes after 120 s" >&2; exit 1; }
-  RW_PROMETHEUS_ADDR="$(KUBECTL="$K" e2e/prometheus/operator.sh up)"
-  export RW_PROMETHEUS_ADDR
-  lap "Prometheus Operator up"
-  cargo test -p resourcewatch-e2e --test metrics -- --ignored --test-threads=1 --nocapture \
-    ${RW_E2E_ONLY:-}
-  lap "metrics e2e tests"
-  KUBECTL="$K" e2e/prometheus/operator.sh down
-fi
-
 # The Helm chart, installed for real by Helm's engine where config/ was.
 "$K" delete -k config --wait=true --timeout=180s >/dev/null
 KUBECTL="$K" charts/install-check.sh
 lap "chart installed and uninstalled by Helm's engine"
-if ((${#late_failures[@]})); then
-  echo "== failed beside the tests (output above): ${late_failures[*]}" >&2
-  exit 1
-fi
