@@ -127,9 +127,6 @@ pub struct Pipelines {
     target_slots: MmapArray<shared::RwTargetSlot>,
     /// Slots of exited processes, reported once and retired at the next read (see targets).
     exited_slots: Vec<(usize, u32)>,
-    /// The CPU time last read of each tracked process and the running-slice estimate in
-    /// it, so a reading does not go back by that estimate (see targets::never_back).
-    target_cpu_read: std::collections::HashMap<u32, (u64, u64)>,
     /// Retired slots and when, zeroed and freed once their grace has passed (see targets).
     retired_slots: Vec<(usize, std::time::Instant)>,
     samples: RingBuf<MapData>,
@@ -187,7 +184,6 @@ impl Pipelines {
             control,
             target_slots,
             exited_slots: Vec::new(),
-            target_cpu_read: Default::default(),
             retired_slots: Vec::new(),
             samples,
             stack_samples,

@@ -170,8 +170,7 @@ impl Pipelines {
             .filter(|e| e.2.is_none() && e.1.exited != 0)
             .map(|e| e.0)
             .collect();
-        let mut out = merge_entries(entries, &running, self.page, &mut self.exited_slots);
-        never_back(&mut out, &running, &mut self.target_cpu_read);
+        let out = merge_entries(entries, &running, self.page, &mut self.exited_slots);
         if !spilled_exits.is_empty() {
             let mut spill: BpfHashMap<_, u32, RwTargetProc> = BpfHashMap::try_from(
                 self.bpf
@@ -227,46 +226,6 @@ fn merge_entries(
         });
     }
     out
-}
-
-/// Keeps each process's CPU time from going back between two readings by less than the
-/// estimate the earlier one included, and remembers this reading's (`last`: reading and
-/// its running-slice estimate, of the processes of `rows` only; an exited one forgotten,
-/// since its PID may come back as another process).
-///
-/// A reading adds the running slice as wall time since the switch-in (`running`), while
-/// the kernel credits a slice, at its switch-out, the scheduler's own run time, which
-/// leaves out the time a virtual machine's vCPU was not running (steal) and IRQ time.
-/// Under steal the estimate runs ahead of the credit that replaces it: measured in the
-/// emulated 6.1 VM while the host was busy, a target read 889.8 ms, then 767.6 ms 300 ms
-/// later. A rate made from two such readings would go negative and then overshoot; held
-/// instead, the reading stays put until the credits pass it. A fall larger than the
-/// estimate is not that (the counters started again) and is reported as it is.
-fn never_back(
-    rows: &mut [TargetProcess],
-    running: &HashMap<u32, u64>,
-    last: &mut HashMap<u32, (u64, u64)>,
-) {
-    let mut read = HashMap::with_capacity(rows.len());
-    for r in rows.iter_mut() {
-        if let Some(&(before, estimate)) = last.get(&r.tgid)
-            && r.cpu_ns < before
-            && before - r.cpu_ns <= estimate
-        {
-            r.cpu_ns = before;
-        }
-        if !r.exited {
-            let estimate = running.get(&r.tgid).copied().unwrap_or(0);
-            // A held reading keeps what it may still owe: the earlier estimate, less
-            // nothing credited since (bounded by it either way).
-            let owed = last
-                .get(&r.tgid)
-                .filter(|&&(before, _)| before == r.cpu_ns)
-                .map_or(0, |&(_, e)| e);
-            read.insert(r.tgid, (r.cpu_ns, estimate.max(owed)));
-        }
-    }
-    *last = read;
 }
 
 /// The key of a retired slot: out of every lookup, not yet free (see `targets`).
@@ -424,63 +383,6 @@ mod tests {
             exited: u32::from(exited),
             ..Default::default()
         }
-    }
-
-    fn row(tgid: u32, cpu_ns: u64, exited: bool) -> TargetProcess {
-        TargetProcess {
-            tgid,
-            cpu_ns,
-            rss_bytes: 0,
-            anon_bytes: 0,
-            file_bytes: 0,
-            shmem_bytes: 0,
-            swap_bytes: 0,
-            exited,
-        }
-    }
-
-    /// A reading under the one before by no more than that one's running-slice estimate
-    /// (overtaken by its credit) is held at it, also while the credits catch up; a fall
-    /// larger than the estimate is reported; a process that exited or left the reading is
-    /// forgotten, so its PID, reused, starts from its own figures.
-    #[test]
-    fn a_cpu_reading_never_goes_back_by_its_estimate_and_a_gone_process_is_forgotten() {
-        let mut last = HashMap::new();
-        let ms = 1_000_000u64;
-        let running = HashMap::from([(1, 150 * ms), (4, ms)]);
-        let mut rows = vec![
-            row(1, 889 * ms, false),
-            row(2, 10, false),
-            row(3, 5, false),
-            row(4, 500 * ms, false),
-        ];
-        never_back(&mut rows, &running, &mut last);
-        let none = HashMap::new();
-        let mut rows = vec![
-            row(1, 767 * ms, false),
-            row(2, 20, true),
-            row(4, 100 * ms, false),
-        ];
-        never_back(&mut rows, &none, &mut last);
-        assert_eq!(rows[0].cpu_ns, 889 * ms, "held, not back");
-        assert_eq!(rows[1].cpu_ns, 20);
-        assert_eq!(
-            rows[2].cpu_ns,
-            100 * ms,
-            "a fall past the estimate is reported"
-        );
-        let mut rows = vec![row(1, 800 * ms, false)];
-        never_back(&mut rows, &none, &mut last);
-        assert_eq!(
-            rows[0].cpu_ns,
-            889 * ms,
-            "still held while the credits catch up"
-        );
-        let mut rows = vec![row(1, 900 * ms, false), row(2, 3, false), row(3, 1, false)];
-        never_back(&mut rows, &none, &mut last);
-        assert_eq!(rows[0].cpu_ns, 900 * ms, "credits past the hold count");
-        assert_eq!(rows[1].cpu_ns, 3, "an exited process's PID, reused");
-        assert_eq!(rows[2].cpu_ns, 1, "a process missing from a reading");
     }
 
     #[test]
