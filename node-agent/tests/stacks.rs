@@ -511,6 +511,11 @@ fn wait_for_perf_map(pid: u32, function: &[&str]) -> String {
 
 /// A 2 s profile at 99 Hz of the running `pid`, named, heaviest stack first.
 fn profile_pid(pid: u32) -> (Vec<Stack>, u64) {
+    profile_pid_for(pid, Duration::from_secs(2))
+}
+
+/// [`profile_pid`] for `duration`.
+fn profile_pid_for(pid: u32, duration: Duration) -> (Vec<Stack>, u64) {
     let mut profiler = Profiler::load(4096).expect("load the profiler");
     let prof = profiler
         .run(
@@ -519,7 +524,7 @@ fn profile_pid(pid: u32) -> (Vec<Stack>, u64) {
                 cgroups: vec![],
             },
             99,
-            Duration::from_secs(2),
+            duration,
             &AtomicBool::new(false),
         )
         .expect("profile");
@@ -984,21 +989,7 @@ fn a_java_profile_with_a_perf_map_names_the_java_method() {
         "javac: {}",
         String::from_utf8_lossy(&built.stderr)
     );
-    let child = Command::new(java)
-        // Not inlined: a perf map lists compiled methods, and a method C2 inlines runs as
-        // part of its caller (named after the caller; README "Stacks").
-        .args([
-            "-XX:+PreserveFramePointer",
-            "-XX:CompileCommand=quiet",
-            "-XX:CompileCommand=dontinline,Burn::burnInJava",
-            "-cp",
-        ])
-        .arg(&dir)
-        .arg("Burn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start java");
-    let p = Running(child);
+    let p = burn_in_java(&java, &dir, Stdio::null());
     // Compiled within a second or two, then again by C2 (and on-stack replaced): the map
     // is a snapshot of what is compiled when jcmd asks, so ask until two answers a
     // second apart list the same compiled Burn methods, both of them.
@@ -1077,6 +1068,24 @@ fn java_fixture(test: &str, source: &str) -> Option<(PathBuf, PathBuf)> {
     Some((jdk_bin.join("java"), dir))
 }
 
+/// `Burn` (the fixture in `dir`) run by `java` with frame pointers and `burnInJava` kept
+/// from being inlined (a method C2 inlines runs as part of its caller, named after it).
+fn burn_in_java(java: &Path, dir: &Path, stdout: Stdio) -> Running {
+    let child = Command::new(java)
+        .args([
+            "-XX:+PreserveFramePointer",
+            "-XX:CompileCommand=quiet",
+            "-XX:CompileCommand=dontinline,Burn::burnInJava",
+            "-cp",
+        ])
+        .arg(dir)
+        .arg("Burn")
+        .stdout(stdout)
+        .spawn()
+        .expect("start java");
+    Running(child)
+}
+
 /// OpenJDK 17 with `-XX:+PreserveFramePointer` and nothing else: the agent asks the JVM
 /// for its perf map itself (HotSpot's attach mechanism, stacks/jvm.rs), so the hot Java
 /// method is named under its Java caller with no jcmd run by anyone, and the attach
@@ -1090,19 +1099,7 @@ fn a_java_profile_names_the_java_method_with_no_jcmd() {
     let Some((java, dir)) = java_fixture(TEST, "Burn.java") else {
         return;
     };
-    let child = Command::new(java)
-        .args([
-            "-XX:+PreserveFramePointer",
-            "-XX:CompileCommand=quiet",
-            "-XX:CompileCommand=dontinline,Burn::burnInJava",
-            "-cp",
-        ])
-        .arg(&dir)
-        .arg("Burn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start java");
-    let mut p = Running(child);
+    let mut p = burn_in_java(&java, &dir, Stdio::piped());
     let map = format!("/tmp/perf-{}.map", p.pid());
     let _ = std::fs::remove_file(&map);
     // A trigger planted as a symlink to another file (what a container could do in its
@@ -1162,34 +1159,10 @@ fn a_warming_jvm_profiled_from_its_start_names_the_caller_on_most_samples() {
     let Some((java, dir)) = java_fixture(TEST, "Burn.java") else {
         return;
     };
-    let child = Command::new(java)
-        .args([
-            "-XX:+PreserveFramePointer",
-            "-XX:CompileCommand=quiet",
-            "-XX:CompileCommand=dontinline,Burn::burnInJava",
-            "-cp",
-        ])
-        .arg(&dir)
-        .arg("Burn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start java");
-    let p = Running(child);
+    let p = burn_in_java(&java, &dir, Stdio::null());
     let map = format!("/tmp/perf-{}.map", p.pid());
     std::thread::sleep(Duration::from_millis(500));
-    let mut profiler = Profiler::load(4096).expect("load the profiler");
-    let prof = profiler
-        .run(
-            &ProfileTarget {
-                pids: vec![p.pid()],
-                cgroups: vec![],
-            },
-            99,
-            Duration::from_secs(5),
-            &AtomicBool::new(false),
-        )
-        .expect("profile");
-    let named = stacks::name(&prof.stacks, &prof.symbolizer(), procfs::comm);
+    let (named, samples) = profile_pid_for(p.pid(), Duration::from_secs(5));
     let _ = std::fs::remove_file(&map);
     let hot: u64 = named
         .iter()
@@ -1208,18 +1181,14 @@ fn a_warming_jvm_profiled_from_its_start_names_the_caller_on_most_samples() {
         .collect();
     // About 495 at 99 Hz for 5 s of a busy thread.
     assert!(
-        prof.samples() >= 200 && hot * 10 >= prof.samples() * 6,
-        "Burn.burnInJava on {hot} of {} samples: {listing:#?}",
-        prof.samples()
+        samples >= 200 && hot * 10 >= samples * 6,
+        "Burn.burnInJava on {hot} of {samples} samples: {listing:#?}"
     );
     assert!(
         under_caller * 10 >= hot * 8,
         "Burn.outerJava above Burn.burnInJava on {under_caller} of {hot} samples: {listing:#?}"
     );
-    eprintln!(
-        "{under_caller} of {hot} samples of burnInJava under outerJava ({} samples)",
-        prof.samples()
-    );
+    eprintln!("{under_caller} of {hot} samples of burnInJava under outerJava ({samples} samples)");
 }
 
 /// An OpenJDK 17 leak (tests/fixtures/stacks/Leak.java, G1): the agent samples the heap's
