@@ -9,7 +9,7 @@
 #
 # Environment: RW_VM_TAP=IFNAME gives the VM a virtio NIC on that (existing) tap device;
 # RW_VM_XDIR=DIR is the exchange directory (kept afterwards; default: a fresh one, removed);
-# RW_VM_MEMORY (MiB), RW_VM_CPUS.
+# RW_VM_MEMORY (MiB), RW_VM_CPUS; RW_VM_APPEND: more kernel arguments (a debug run: "loglevel=7").
 #
 # `run` boots the VM with this machine's root shared read-only over 9p, mounts proc, sys,
 # devtmpfs, cgroup2, tracefs, debugfs and bpffs over it, tmpfs on /tmp, /run and the
@@ -153,7 +153,7 @@ run() {
     -machine q35 -cpu max -m "$RW_VM_MEMORY" -smp "$RW_VM_CPUS" \
     -nographic -no-reboot -nodefaults -serial stdio -display none \
     -kernel "$RW_VM_CACHE/vmlinuz" -initrd "$initramfs" \
-    -append "console=ttyS0 quiet loglevel=3 cgroup_no_v1=all panic=-1 rw_x=$xdir rw_mods=$RW_VM_CACHE/modules" \
+    -append "console=ttyS0 quiet loglevel=3 cgroup_no_v1=all panic=-1 rw_x=$xdir rw_mods=$RW_VM_CACHE/modules ${RW_VM_APPEND:-}" \
     "${net[@]}" \
     -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$xdir,mount_tag=x,security_model=none" \
