@@ -62,7 +62,14 @@ fmt: ## Format the code
 lint: deps ## rustfmt check, clippy with warnings as errors, and the benchmark report against its kept runs
 	$(CARGO) fmt --all -- --check
 	python3 bench/tables.py --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy $(if $(LINT_TARGET_DIR),--target-dir $(LINT_TARGET_DIR)) --workspace --all-targets -- -D warnings
+
+.PHONY: build-tests
+build-tests: deps ## The debug builds the test steps run (the operator and plugin, every test binary), so later steps start warm
+	$(CARGO) build -p resourcewatch-operator -p kubectl-resourcewatch
+	$(CARGO) test -p resourcewatch-e2e --no-run
+	$(CARGO) test -p resourcewatch-agent --lib --test kernel --test stacks --no-run
+	$(CARGO) test --workspace --no-run
 
 .PHONY: unit
 SKIPPED_TESTS := $(or $(CARGO_TARGET_DIR),target)/tmp/skipped-tests.txt
@@ -152,9 +159,16 @@ rules: ## promtool check + test of the alerting rules (config/prometheus/; Debia
 test: ## Everything CI runs: lint, unit, kernel (6.18/v1 here, 6.1/v2 in a VM), fuzz, drift, API, chart and cluster e2e tests
 ifeq ($(AS_ROOT),)
 # Each step runs even when one before it failed; the end of the output names the failed
-# tests and times every step (.ci/steps).
+# tests and times every step (.ci/steps). Two lanes: the cluster's (the debug builds, the
+# API tests, the cluster e2e) in order, and beside it the steps that need no cluster, each
+# started at a mark (e2e/ci-sync.sh): the unit tests once the cluster's own builds are done
+# (chain) and before the cluster tests start, clippy at the lowest priority in its own
+# target directory (cargo holds a target directory's lock through a compile: a starved
+# clippy must not hold back the cluster lane's cargo), the kernel tests in the VM after the
+# cluster tests, beside the metrics and remediation tests (the VM node waits for them). Why: docs/development.md.
 test: deps
-	RW_PREBUILD=1 .ci/steps lint unit vm-kernel rules e2e-api chart e2e
+	RW_PREBUILD=1 LINT_TARGET_DIR=$(or $(CARGO_TARGET_DIR),target)/lint .ci/steps \
+	  --beside "unit@chain lint/19 vm-kernel@cluster-tests-done rules/19 chart/19" build-tests e2e-api e2e
 else
 	$(AS_ROOT) $(MAKE) test
 endif

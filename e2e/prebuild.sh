@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# What the later steps of `make test` build and no earlier step needs, built while the
-# earlier steps run, at the lowest CPU and I/O priority, in the order the steps need them:
-# the VM's kernel and QEMU (vm-kernel), the Kubernetes, containerd, runc, CNI and etcd
-# binaries (e2e-api, e2e), the images' static release build (e2e), the OpenTelemetry
-# Collector (e2e's cluster tests) and the Prometheus Operator (e2e's metrics test, which
-# runs after the cluster tests, so on a fresh machine this build goes on beside them). On
-# two CPUs the unit step's compiles leave a core idle while they link, and its kernel tests,
-# the API tests and the cluster tests mostly wait; this fills those gaps instead of leaving
-# the builds to start cold in their own steps (measured: docs/development.md).
+# What the later steps of `make test` build and no earlier step needs, started with the
+# steps (.ci/steps), in the order the steps need them. The chain the cluster's lane waits
+# for, at normal priority: the Kubernetes, containerd, runc, CNI and etcd binaries (e2e-api,
+# e2e), then the images' static release build (e2e); when both are done it writes the mark
+# `chain` (e2e/ci-sync.sh), which the unit step waits for so that its CPU-measuring tests
+# neither slow this chain nor run starved beside it; then the OpenTelemetry Collector
+# (e2e's cluster tests). Then, at the lowest CPU and I/O priority: the VM's kernel and QEMU
+# (vm-kernel, the VM node) and the Prometheus Operator (e2e's metrics test, after the cluster
+# tests: on a fresh machine this build goes on beside them). Measured: docs/development.md.
 #
 # Each part runs the command its step runs, into the same caches: a step finds its part
 # done, waits for it (the build scripts hold a lock, cargo locks its target directory), or
@@ -19,15 +19,24 @@ cd "$(dirname "$0")/.."
 for d in /usr/local/go/bin "$HOME/.cargo/bin"; do
   [[ -d $d && ":$PATH:" != *":$d:"* ]] && export PATH="$d:$PATH"
 done
-part() {
-  local t=$SECONDS rc=0
-  nice -n 19 ionice -c 3 "$@" >/dev/null 2>&1 || rc=$?
-  printf 'prebuild: %-40s exit %d, %4d s\n' "$*" "$rc" "$((SECONDS - t))"
+# shellcheck source=ci-sync.sh
+source e2e/ci-sync.sh
+part() { # NICE COMMAND...
+  local t=$SECONDS rc=0 n=$1
+  shift
+  if ((n > 0)); then
+    nice -n "$n" ionice -c 3 "$@" >/dev/null 2>&1 || rc=$?
+  else
+    "$@" >/dev/null 2>&1 || rc=$?
+  fi
+  printf 'prebuild: %-40s nice %2d, exit %d, %4d s (done at %d s)\n' "$*" "$n" "$rc" \
+    "$((SECONDS - t))" "$((SECONDS - start))"
 }
 start=$SECONDS
-part e2e/cluster/vm.sh fetch
-part e2e/cluster/build.sh
-part make -s images
-part e2e/otel/collector.sh build
-part e2e/prometheus/operator.sh build
+part 0 e2e/cluster/build.sh
+part 0 make -s images
+rw_ci_mark chain
+part 0 e2e/otel/collector.sh build
+part 19 e2e/cluster/vm.sh fetch
+part 19 e2e/prometheus/operator.sh build
 echo "prebuild: done in $((SECONDS - start)) s"

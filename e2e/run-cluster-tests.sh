@@ -14,6 +14,8 @@ t0=$(date +%s)
 lap() { local now; now=$(date +%s); timings+=("$1 $((now - t0))s"); t0=$now; }
 # shellcheck source=target-cluster.sh
 source e2e/target-cluster.sh
+# shellcheck source=ci-sync.sh
+source e2e/ci-sync.sh
 rw_target_cluster
 started=0
 if [[ $RW_E2E_EXTERNAL -eq 0 ]]; then
@@ -113,9 +115,14 @@ if [[ -z ${RW_E2E_ONLY:-} || $RW_E2E_ONLY == *otlp* ]]; then
   export RW_OTELCOL
   lap "OpenTelemetry Collector built"
 fi
+# In make test the unit step runs beside this lane: its duty-cycle tests and these tests'
+# burner pods and profiles both measure CPU, so they never overlap (e2e/ci-sync.sh).
+rw_ci_wait unit-done
 cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture \
   --skip on_the_cgroup_v2_node ${RW_E2E_ONLY:-}
 lap "e2e tests"
+# The in-VM kernel tests may start beside the metrics and remediation tests (mostly waits).
+rw_ci_mark cluster-tests-done
 # The metrics test's Prometheus: the Prometheus Operator's, scraping through the shipped
 # ServiceMonitor and PodMonitor (built from their Go modules once, cached). After the
 # cluster tests, not before: on a fresh machine its build (about 470 s on two CPUs) goes
@@ -147,6 +154,8 @@ lap "remediation e2e tests"
 # core and profiles came back short of samples).
 # RW_E2E_VM_NODE=0 leaves it out.
 if [[ $started -eq 1 && "${RW_E2E_VM_NODE:-1}" != 0 ]]; then
+  # Not beside the in-VM kernel tests: two emulated VMs on two CPUs starve both.
+  rw_ci_wait vm-kernel-done
   e2e/cluster/vm-node.sh up
   lap "VM node up (cgroup v2, Linux 6.1, emulated)"
   # Only what its tests run: every image is unpacked under emulation there.
