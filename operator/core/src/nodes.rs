@@ -77,28 +77,30 @@ impl WatchTargets {
     }
 
     /// Puts one pod's target in place of the pod `uid`'s (`None`: removes it), keeping
-    /// the node order; the nodes whose pods changed (none when the target is the same).
-    /// A pod event moves one pod of a 2,000-pod watch without rebuilding its targets.
-    pub fn put_pod(&mut self, uid: &str, pod: Option<TargetPod>) -> BTreeSet<String> {
-        let mut touched = BTreeSet::new();
+    /// the node order; what changed (nothing when the target is the same). A pod event
+    /// moves one pod of a 2,000-pod watch without rebuilding its targets.
+    pub fn put_pod(&mut self, uid: &str, pod: Option<TargetPod>) -> PodChange {
+        let mut change = PodChange::default();
         let old = self.pods.iter().position(|p| p.uid == uid);
         if let (Some(i), Some(new)) = (old, &pod)
             && self.pods[i] == *new
         {
-            return touched;
+            return change;
         }
         if let Some(i) = old {
-            touched.insert(self.pods.remove(i).node);
+            let old = self.pods.remove(i);
+            change.touched.insert(old.node.clone());
+            change.old = Some(old);
         }
         if let Some(new) = pod {
             let key = (new.node.as_str(), new.uid.as_str());
             let at = self
                 .pods
                 .partition_point(|p| (p.node.as_str(), p.uid.as_str()) < key);
-            touched.insert(new.node.clone());
+            change.touched.insert(new.node.clone());
             self.pods.insert(at, new);
         }
-        touched
+        change
     }
 
     /// Whether the watch has a pod or its profile order on `node`.
@@ -112,6 +114,15 @@ impl WatchTargets {
             .chunk_by(|a, b| a.node == b.node)
             .map(|c| (c[0].node.as_str(), c))
     }
+}
+
+/// What [`WatchTargets::put_pod`] changed.
+#[derive(Debug, Default, PartialEq)]
+pub struct PodChange {
+    /// The nodes whose pods changed (none: the target was the same).
+    pub touched: BTreeSet<String>,
+    /// The pod's target before (`None`: the watch did not target it).
+    pub old: Option<TargetPod>,
 }
 
 /// A CPU profile the node `node` must run once.
@@ -211,7 +222,8 @@ pub fn desired<'a>(
     out
 }
 
-fn target_pod(p: &TargetPod) -> pb::TargetPod {
+/// A targeted pod as its node's agent is sent it.
+pub fn target_pod(p: &TargetPod) -> pb::TargetPod {
     pb::TargetPod {
         uid: p.uid.clone(),
         namespace: p.namespace.clone(),
@@ -281,18 +293,26 @@ mod tests {
         w.sort_pods();
         let nodes =
             |names: &[&str]| -> BTreeSet<String> { names.iter().map(|n| n.to_string()).collect() };
-        assert!(
-            w.put_pod("b", Some(pod("b", "n2", ""))).is_empty(),
+        assert_eq!(
+            w.put_pod("b", Some(pod("b", "n2", ""))),
+            PodChange::default(),
             "unchanged"
         );
-        assert_eq!(w.put_pod("b", Some(pod("b", "n2", "c1"))), nodes(&["n2"]));
+        let moved = w.put_pod("b", Some(pod("b", "n2", "c1")));
+        assert_eq!(moved.touched, nodes(&["n2"]));
+        assert_eq!(moved.old, Some(pod("b", "n2", "")));
         assert_eq!(
-            w.put_pod("a", Some(pod("a", "n3", ""))),
+            w.put_pod("a", Some(pod("a", "n3", ""))).touched,
             nodes(&["n1", "n3"])
         );
-        assert_eq!(w.put_pod("d", Some(pod("d", "n0", ""))), nodes(&["n0"]));
-        assert_eq!(w.put_pod("c", None), nodes(&["n2"]));
-        assert!(w.put_pod("zz", None).is_empty(), "a pod it never had");
+        let new = w.put_pod("d", Some(pod("d", "n0", "")));
+        assert_eq!((new.touched, new.old), (nodes(&["n0"]), None));
+        assert_eq!(w.put_pod("c", None).touched, nodes(&["n2"]));
+        assert_eq!(
+            w.put_pod("zz", None),
+            PodChange::default(),
+            "a pod it never had"
+        );
         let order: Vec<(&str, &str, &str)> = w
             .pods
             .iter()

@@ -127,6 +127,9 @@ pub struct Hub {
     /// (controller::watches). Bounded like `trigger_tx`.
     first_tx: mpsc::Sender<WatchKey>,
     first_rx: Mutex<Option<mpsc::Receiver<WatchKey>>>,
+    /// How many pod changes were put into a node's configuration in place (tests).
+    #[cfg(test)]
+    edited_in_place: AtomicU64,
 }
 
 #[derive(Default)]
@@ -173,6 +176,8 @@ impl Hub {
             trigger_rx: Mutex::new(Some(trigger_rx)),
             first_tx,
             first_rx: Mutex::new(Some(first_rx)),
+            #[cfg(test)]
+            edited_in_place: AtomicU64::new(0),
         }
     }
 
@@ -235,26 +240,102 @@ impl Hub {
     /// the hub does not hold (not reconciled yet, or its spec invalid) is left to its
     /// reconcile.
     pub fn update_pod(&self, key: &WatchKey, uid: &str, pod: Option<TargetPod>) {
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let Some(w) = inner.watches.get_mut(key) else {
             return;
         };
-        let touched = w.put_pod(uid, pod);
-        if touched.is_empty() {
+        let new_node = pod.as_ref().map(|p| p.node.clone());
+        let change = w.put_pod(uid, pod);
+        if change.touched.is_empty() {
             return;
         }
-        let on: Vec<(String, bool)> = touched.iter().map(|n| (n.clone(), w.is_on(n))).collect();
-        for (node, on) in on {
-            if on {
-                inner.by_node.entry(node).or_default().insert(key.clone());
+        let old_node = change.old.as_ref().map(|p| p.node.as_str());
+        let w = &inner.watches[key];
+        let mut rebuild = BTreeSet::new();
+        for node in change.touched {
+            if w.is_on(&node) {
+                inner
+                    .by_node
+                    .entry(node.clone())
+                    .or_default()
+                    .insert(key.clone());
             } else if let Some(keys) = inner.by_node.get_mut(&node) {
                 keys.remove(key);
                 if keys.is_empty() {
                     inner.by_node.remove(&node);
                 }
             }
+            // The watch's own pods on the node before and after this pod's change.
+            let after = w.pods_on(&node).len();
+            let before = after + usize::from(old_node == Some(node.as_str()))
+                - usize::from(new_node.as_deref() == Some(node.as_str()));
+            let edited = before > 0
+                && after > 0
+                && self.edit_target(
+                    &inner.by_node,
+                    &inner.watches,
+                    &mut inner.nodes,
+                    (key, &node, uid),
+                );
+            if !edited {
+                rebuild.insert(node);
+            }
         }
-        self.recompute(&mut inner, touched);
+        self.recompute(inner, rebuild);
+    }
+
+    /// Puts one pod's change into `node`'s configuration in place, when that is all that
+    /// changes there: the watch `key` had pods on the node before and still has (so the
+    /// K, cadence and leak settings merged from the node's watches are the same, and so
+    /// are its profiles), and no other watch on the node targets the pod (its target is
+    /// this watch's copy). `false`: the caller rebuilds the node's configuration. Rebuilding the whole configuration of a node
+    /// for each pod's change, and comparing it with the one sent, was most of
+    /// `Hub::update_pod`'s cost (11 % of the operator's CPU at 2,000 pods).
+    fn edit_target(
+        &self,
+        by_node: &BTreeMap<String, BTreeSet<WatchKey>>,
+        watches: &BTreeMap<WatchKey, WatchTargets>,
+        nodes: &mut BTreeMap<String, NodeState>,
+        (key, node, uid): (&WatchKey, &str, &str),
+    ) -> bool {
+        let Some(pods) = watches.get(key).map(|w| w.pods_on(node)) else {
+            return false;
+        };
+        let shared = by_node.get(node).into_iter().flatten().any(|k| {
+            k != key
+                && watches.get(k).is_some_and(|o| {
+                    o.pods_on(node)
+                        .binary_search_by(|p| p.uid.as_str().cmp(uid))
+                        .is_ok()
+                })
+        });
+        let Some(n) = nodes.get_mut(node) else {
+            return false;
+        };
+        if shared || n.config.targets.is_empty() {
+            return false;
+        }
+        let now = pods
+            .binary_search_by(|p| p.uid.as_str().cmp(uid))
+            .ok()
+            .map(|i| nodes::target_pod(&pods[i]));
+        let targets = &mut n.config.targets;
+        match (targets.binary_search_by(|t| t.uid.as_str().cmp(uid)), now) {
+            (Ok(i), Some(t)) if targets[i] == t => return true,
+            (Ok(i), Some(t)) => targets[i] = t,
+            (Ok(i), None) => {
+                targets.remove(i);
+            }
+            (Err(i), Some(t)) => targets.insert(i, t),
+            (Err(_), None) => return true,
+        }
+        #[cfg(test)]
+        self.edited_in_place.fetch_add(1, Ordering::Relaxed);
+        n.config.version = self.next_version();
+        n.sent.insert(n.config.version);
+        n.config_tx.send_replace(n.config.clone());
+        true
     }
 
     /// How many pods a watch targets, and its interval; `None` for a watch the hub does
@@ -857,14 +938,29 @@ fn session_node<'a>(
         .ok_or_else(|| HubError::NoSession(node.into()))
 }
 
+/// Whether two configurations ask the same of a node (their versions aside). Field by
+/// field, naming every field so that a new one cannot be left out: cloning both to blank
+/// their versions was an allocation per targeted pod of each node recomputed.
 fn same_body(a: &pb::NodeConfig, b: &pb::NodeConfig) -> bool {
-    pb::NodeConfig {
-        version: 0,
-        ..a.clone()
-    } == pb::NodeConfig {
-        version: 0,
-        ..b.clone()
-    }
+    let pb::NodeConfig {
+        version: _,
+        top_k,
+        sketch_depth,
+        sketch_width,
+        report_interval_ms,
+        leak,
+        targets,
+        profiles,
+        protocol_version,
+    } = a;
+    *top_k == b.top_k
+        && *sketch_depth == b.sketch_depth
+        && *sketch_width == b.sketch_width
+        && *report_interval_ms == b.report_interval_ms
+        && *leak == b.leak
+        && *targets == b.targets
+        && *profiles == b.profiles
+        && *protocol_version == b.protocol_version
 }
 
 #[cfg(test)]
@@ -1216,6 +1312,78 @@ mod tests {
         // The last pod of "a" on n3 goes: the node is no longer targeted by it.
         moved.update_pod(&key("a"), "1", None);
         assert!(!moved.lock().by_node.contains_key("n3"));
+    }
+
+    #[test]
+    fn pods_changed_one_by_one_configure_every_node_as_a_full_rebuild_would() {
+        // Three watches with different K and cadence over four nodes, pods sharing UIDs
+        // across watches (a pod two watches target), containers starting and pods moving:
+        // after each change, every node's configuration is what rebuilding all of them
+        // from the watches' pods gives (the in-place edit must never drift from it).
+        let hub = Hub::new(HubOptions::default());
+        let watches = [(key("a"), 5, 30), (key("b"), 3, 10), (key("c"), 8, 60)];
+        let mut model: BTreeMap<WatchKey, BTreeMap<String, TargetPod>> = BTreeMap::new();
+        for (k, top_k, every) in &watches {
+            let first = pod("1", "n1");
+            hub.set_watch(k.clone(), targets(*top_k, *every, vec![first.clone()]));
+            model
+                .entry(k.clone())
+                .or_default()
+                .insert("1".into(), first);
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut versions = BTreeMap::new();
+        for step in 0..600 {
+            let k = &watches[next(3) as usize].0;
+            let uid = (1 + next(6)).to_string();
+            let target = (next(5) != 0).then(|| {
+                let mut p = pod(&uid, &format!("n{}", 1 + next(4)));
+                p.containers[0].1 = format!("cid-{}", next(3));
+                p
+            });
+            hub.update_pod(k, &uid, target.clone());
+            let pods = model.entry(k.clone()).or_default();
+            match target {
+                Some(p) => pods.insert(uid, p),
+                None => pods.remove(&uid),
+            };
+            let full = Hub::new(HubOptions::default());
+            for (k2, k2_top, k2_every) in &watches {
+                let pods = model[k2].values().cloned().collect();
+                full.set_watch(k2.clone(), targets(*k2_top, *k2_every, pods));
+            }
+            for n in ["n1", "n2", "n3", "n4"] {
+                match (hub.config(n), full.config(n)) {
+                    (Some(a), Some(b)) => {
+                        assert!(same_body(&a, &b), "step {step}, {n}: {a:?} != {b:?}");
+                        let old = versions.insert(n, (a.version, a));
+                        if let Some((v, before)) = old {
+                            let (now, ref cfg) = versions[n];
+                            assert_eq!(
+                                now != v,
+                                !same_body(&before, cfg),
+                                "step {step}, {n}: a new version iff a new body"
+                            );
+                        }
+                    }
+                    (None, None) => {
+                        versions.remove(n);
+                    }
+                    (a, b) => panic!("step {step}, {n}: {a:?} against {b:?}"),
+                }
+            }
+        }
+        let edited = hub.edited_in_place.load(Ordering::Relaxed);
+        assert!(
+            edited > 100,
+            "{edited} changes edited in place: the test misses that path"
+        );
     }
 
     #[tokio::test]
