@@ -4,9 +4,11 @@
 # for, at normal priority: the Kubernetes, containerd, runc, CNI and etcd binaries (e2e-api,
 # e2e), then the images' static release build (e2e); when both are done it writes the mark
 # `chain` (e2e/ci-sync.sh), which the unit step waits for so that its CPU-measuring tests
-# neither slow this chain nor run starved beside it; then the OpenTelemetry Collector
-# (e2e's cluster tests). Then, at the lowest CPU and I/O priority: the VM's kernel and QEMU
-# (vm-kernel, the VM node) and the Prometheus Operator (e2e's metrics test, after the cluster
+# neither slow this chain nor run starved beside it. Then, at the lowest CPU and I/O
+# priority, beside the unit tests (a Collector built at normal priority beside them halved
+# a CPU-sampling test's burner): the OpenTelemetry Collector (e2e's cluster tests, which
+# wait for the unit tests anyway), the VM's kernel and QEMU (vm-kernel, the VM node) and
+# the Prometheus Operator (e2e's metrics test, after the cluster
 # tests: on a fresh machine this build goes on beside them). Measured: docs/development.md.
 #
 # Each part runs the command its step runs, into the same caches: a step finds its part
@@ -36,7 +38,7 @@ start=$SECONDS
 part 0 e2e/cluster/build.sh
 part 0 make -s images
 rw_ci_mark chain
-part 0 e2e/otel/collector.sh build
+part 19 e2e/otel/collector.sh build
 part 19 e2e/cluster/vm.sh fetch
 part 19 e2e/prometheus/operator.sh build
 echo "prebuild: done in $((SECONDS - start)) s"

@@ -12,6 +12,14 @@ cd "$(dirname "$0")/.."
 timings=()
 t0=$(date +%s)
 lap() { local now; now=$(date +%s); timings+=("$1 $((now - t0))s"); t0=$now; }
+# A stage's failed tests do not stop the later stages (each runs its own tests on the same
+# cluster): the run ends by naming every failed stage, instead of hiding what came after.
+failed_stages=()
+tests() { # STAGE CARGO-TEST-ARGS...
+  local stage=$1
+  shift
+  cargo test -p resourcewatch-e2e "$@" || failed_stages+=("$stage")
+}
 # shellcheck source=target-cluster.sh
 source e2e/target-cluster.sh
 # shellcheck source=ci-sync.sh
@@ -118,7 +126,7 @@ fi
 # In make test the unit step runs beside this lane: its duty-cycle tests and these tests'
 # burner pods and profiles both measure CPU, so they never overlap (e2e/ci-sync.sh).
 rw_ci_wait unit-done
-cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture \
+tests "cluster tests" --test cluster -- --ignored --test-threads=1 --nocapture \
   --skip on_the_cgroup_v2_node ${RW_E2E_ONLY:-}
 lap "e2e tests"
 # The in-VM kernel tests may start beside the metrics and remediation tests (mostly waits).
@@ -134,7 +142,7 @@ if [[ -z ${RW_E2E_ONLY:-} || $RW_E2E_ONLY == *prometheus* ]]; then
   RW_PROMETHEUS_ADDR="$(KUBECTL="$K" e2e/prometheus/operator.sh up)"
   export RW_PROMETHEUS_ADDR
   lap "Prometheus Operator up"
-  cargo test -p resourcewatch-e2e --test metrics -- --ignored --test-threads=1 --nocapture \
+  tests "metrics tests" --test metrics -- --ignored --test-threads=1 --nocapture \
     ${RW_E2E_ONLY:-}
   lap "metrics e2e tests"
   KUBECTL="$K" e2e/prometheus/operator.sh down
@@ -143,7 +151,7 @@ fi
 "$K" -n resourcewatch-system patch deploy resourcewatch-operator --type=json \
   -p='[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--enable-remediation"}]'
 "$K" -n resourcewatch-system rollout status deploy/resourcewatch-operator --timeout=120s
-cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture \
+tests "remediation tests" --test remediation -- --ignored --test-threads=1 --nocapture \
   --skip on_the_cgroup_v2_node ${RW_E2E_ONLY:-}
 lap "remediation e2e tests"
 
@@ -165,10 +173,10 @@ if [[ $started -eq 1 && "${RW_E2E_VM_NODE:-1}" != 0 ]]; then
   lap "VM node: images imported, agent ready"
   # RW_E2E_VM_ONLY=NAME runs only the VM node's tests whose name contains NAME.
   # shellcheck disable=SC2086 # the filters are words
-  cargo test -p resourcewatch-e2e --test cluster -- --ignored --test-threads=1 --nocapture \
+  tests "VM node cluster tests" --test cluster -- --ignored --test-threads=1 --nocapture \
     ${RW_E2E_VM_ONLY:-on_the_cgroup_v2_node the_node_view}
   # shellcheck disable=SC2086
-  cargo test -p resourcewatch-e2e --test remediation -- --ignored --test-threads=1 --nocapture \
+  tests "VM node remediation tests" --test remediation -- --ignored --test-threads=1 --nocapture \
     ${RW_E2E_VM_ONLY:-on_the_cgroup_v2_node}
   e2e/cluster/vm-node.sh down
   lap "VM node e2e tests"
@@ -178,3 +186,7 @@ fi
 "$K" delete -k config --wait=true --timeout=180s >/dev/null
 KUBECTL="$K" charts/install-check.sh
 lap "chart installed and uninstalled by Helm's engine"
+if ((${#failed_stages[@]})); then
+  echo "run-cluster-tests: failed: $(IFS=,; echo "${failed_stages[*]}" | sed 's/,/, /g')" >&2
+  exit 1
+fi
