@@ -66,6 +66,8 @@ lint: deps ## rustfmt check, clippy with warnings as errors, and the benchmark r
 
 .PHONY: build-tests
 build-tests: deps ## The debug builds the test steps run (the operator and plugin, every test binary), so later steps start warm
+	@# The later steps' own cargo invocations, each once: a package set resolves its own
+	@# dependency features, so `--workspace` alone would leave some of theirs to build.
 	$(CARGO) build -p resourcewatch-operator -p kubectl-resourcewatch
 	$(CARGO) test -p resourcewatch-e2e --no-run
 	$(CARGO) test -p resourcewatch-agent --lib --test kernel --test stacks --no-run

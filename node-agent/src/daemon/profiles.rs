@@ -148,7 +148,7 @@ impl Drop for Runner {
 /// the container's memory limit counts them: the agent's RSS went from 18 to 89 MiB over
 /// a C, a Java and a Node.js profile and stayed at 75 MiB after them, until a later
 /// profile's BPF maps could not be allocated under the 192Mi limit (ENOMEM; the e2e
-/// profile tests of 29 November 2026).
+/// profile tests, docs/ci-runs/2026-11-30-agent-profile-memory.md).
 fn release_freed_memory() {
     // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the
     // kernel; it touches no memory in use.

@@ -289,9 +289,10 @@ impl Hub {
     /// changes there: the watch `key` had pods on the node before and still has (so the
     /// K, cadence and leak settings merged from the node's watches are the same, and so
     /// are its profiles), and no other watch on the node targets the pod (its target is
-    /// this watch's copy). `false`: the caller rebuilds the node's configuration. Rebuilding the whole configuration of a node
-    /// for each pod's change, and comparing it with the one sent, was most of
-    /// `Hub::update_pod`'s cost (11 % of the operator's CPU at 2,000 pods).
+    /// this watch's copy). `false`: the caller rebuilds the node's configuration.
+    /// Rebuilding a node's whole configuration for each pod's change, and comparing it
+    /// with the one sent, was most of `Hub::update_pod`'s cost (11 % of the operator's CPU
+    /// at 2,000 pods: e2e/scale/profiles/2026-11-29-ci-scale-head.txt).
     fn edit_target(
         &self,
         by_node: &BTreeMap<String, BTreeSet<WatchKey>>,
