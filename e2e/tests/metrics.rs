@@ -433,5 +433,22 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
         "time to OOM {first:.0}s then {later:.0}s; alert firing for {alerted:?}; agents {}",
         agents.len()
     );
+    // Every kill of the sudden pod (it restarts) is a miss: none listed at minConfidence.
+    let kills = rws
+        .get_status("scraped")
+        .await
+        .expect("status")
+        .status
+        .map(|s| s.oom_kills)
+        .unwrap_or_default();
+    let graded: Vec<(&str, bool)> = kills
+        .iter()
+        .map(|k| (k.pod.as_str(), k.predicted))
+        .collect();
+    eprintln!("kills graded: {graded:?}");
+    assert!(
+        kills.iter().all(|k| k.pod == "sudden" && !k.predicted),
+        "{kills:?}"
+    );
     ns.delete().await;
 }
