@@ -1134,11 +1134,16 @@ fn regressions(base: &Baseline, now: &Baseline, tolerance: f64) -> Vec<String> {
             n.rss_peak_mib,
             32.0,
         );
+        // The p99 is a bucket bound of the operator's histogram (0.05, 0.1, 0.25, 0.5 s:
+        // 2-2.5x apart), so twice a bound fails on a single bucket's step: the same build
+        // read 0.1 and 0.25 s at 1,000 pods in four runs (e2e/scale/runs/2026-11-30-ci-scale-shipped.md),
+        // and a run that lowered the baseline to 0.1 failed the next. The floor lets one
+        // bucket's step through from 0.1 and fails two (0.5 s).
         check(
             format!("{p} pods: reconcile p99 s"),
             b.reconcile_p99_s,
             n.reconcile_p99_s,
-            0.05,
+            RECONCILE_P99_FLOOR_S,
         );
         check(
             format!("{p} pods: first figure p99 s"),
@@ -1205,6 +1210,9 @@ fn regressions(base: &Baseline, now: &Baseline, tolerance: f64) -> Vec<String> {
     out
 }
 
+/// The floor of the reconcile p99 the gate compares (see `regressions`).
+const RECONCILE_P99_FLOOR_S: f64 = 0.125;
+
 fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
@@ -1232,6 +1240,29 @@ mod tests {
 
     /// The baseline only moves down: a figure a run beat is lowered to it, one it did not
     /// beat stays, and what the gate does not check is left alone.
+    #[test]
+    fn the_reconcile_p99_fails_on_two_buckets_up_not_one() {
+        let row = |p99: f64| Row {
+            pods: 1000,
+            reconcile_p99_s: p99,
+            ..Row::default()
+        };
+        let at = |p99: f64| Baseline {
+            rows: vec![row(p99)],
+            ..Baseline::default()
+        };
+        let failed = |base: f64, now: f64| {
+            regressions(&at(base), &at(now), 2.0)
+                .iter()
+                .any(|r| r.contains("reconcile p99"))
+        };
+        assert!(!failed(0.1, 0.25), "one bucket up");
+        assert!(!failed(0.05, 0.25), "from the lowest bucket gated");
+        assert!(failed(0.1, 0.5), "two buckets up");
+        assert!(failed(0.25, 1.0));
+        assert!(!failed(0.25, 0.5));
+    }
+
     #[test]
     fn a_baseline_is_lowered_only_where_a_run_beat_it() {
         let row = |cpu: f64, p99: f64, writes: f64| Row {
