@@ -18,6 +18,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client, api::ListParams};
+use resourcewatch_crds::ResourceWatch;
 use resourcewatch_e2e::harness::{self, wait_for};
 use serde_json::Value;
 
@@ -81,6 +82,14 @@ async fn pod_ips(client: &Client, app: &str) -> Vec<String> {
 
 async fn workload(client: &Client, ns: &str, name: &str, args: &[&str], limit: &str) {
     harness::leak_sim_pod(client, ns, name, "scraped", args, limit).await;
+}
+
+/// The OOM kills the watch `scraped` graded in its status.
+async fn oom_kills(
+    rws: &Api<ResourceWatch>,
+) -> anyhow::Result<Vec<resourcewatch_crds::OomKillEntry>> {
+    let w = rws.get_status("scraped").await?;
+    Ok(w.status.map(|s| s.oom_kills).unwrap_or_default())
 }
 
 #[tokio::test]
@@ -277,12 +286,7 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
             let counters = query(&format!(
                 r#"resourcewatch_oom_kills_total{{namespace="{n}"}}[10m]"#
             ));
-            let kills = rws
-                .get_status("scraped")
-                .await
-                .ok()
-                .and_then(|w| w.status)
-                .map(|s| s.oom_kills);
+            let kills = oom_kills(&rws).await;
             panic!(
                 "the unpredicted kill's alert: {e:#}\ncounters: {counters:?}\nstatus.oomKills: {kills:?}"
             )
@@ -434,13 +438,7 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
         agents.len()
     );
     // Every kill of the sudden pod (it restarts) is a miss: none listed at minConfidence.
-    let kills = rws
-        .get_status("scraped")
-        .await
-        .expect("status")
-        .status
-        .map(|s| s.oom_kills)
-        .unwrap_or_default();
+    let kills = oom_kills(&rws).await.expect("the watch's status");
     let graded: Vec<(&str, bool)> = kills
         .iter()
         .map(|k| (k.pod.as_str(), k.predicted))

@@ -1238,8 +1238,7 @@ mod tests {
         assert_eq!(reconcile_quantiles(&before, &after), (0.1, 1.0));
     }
 
-    /// The baseline only moves down: a figure a run beat is lowered to it, one it did not
-    /// beat stays, and what the gate does not check is left alone.
+    /// The reconcile p99 is a histogram bucket's bound: one bucket up passes, two fail.
     #[test]
     fn the_reconcile_p99_fails_on_two_buckets_up_not_one() {
         let row = |p99: f64| Row {
@@ -1263,6 +1262,8 @@ mod tests {
         assert!(!failed(0.25, 0.5));
     }
 
+    /// The baseline only moves down: a figure a run beat is lowered to it, one it did not
+    /// beat stays, and what the gate does not check is left alone.
     #[test]
     fn a_baseline_is_lowered_only_where_a_run_beat_it() {
         let row = |cpu: f64, p99: f64, writes: f64| Row {
