@@ -385,6 +385,20 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
             "{q}: {r:?}"
         );
     }
+    // The agents' CPU rate needs two of the PodMonitor's 30 s scrapes of each agent: the
+    // agents can be younger than a minute here (the harness rolls them out just before,
+    // and this test can reach this line 47 s in), so wait for it rather than read an
+    // empty panel.
+    wait_for(
+        "each agent's CPU rate (two scrapes)",
+        Duration::from_secs(120),
+        || async {
+            let r = query(r#"rate(process_cpu_seconds_total{job=~".*resourcewatch-agent"}[2m])"#)?;
+            Ok((r.len() >= agents.len()).then_some(()))
+        },
+    )
+    .await
+    .expect("the agents' CPU rate");
     // Every query of the Grafana dashboard is valid PromQL against the real series, and
     // the panels about this watch show data.
     let dashboard: Value = serde_json::from_str(
