@@ -206,19 +206,43 @@ pub fn token_expiry(token: &str) -> Option<SystemTime> {
     UNIX_EPOCH.checked_add(Duration::from_secs(exp))
 }
 
+/// At most this many agents are reviewed at once (a TokenReview and a pod read each).
+/// Every agent connects at once when an operator starts or takes over: 1,000 reviews at
+/// once opened ~1,500 HTTP/1.1 connections to the API server (the client opens one per
+/// request in flight), ~20 MiB of the operator's peak at 1,000 nodes, and asked the API
+/// server for 2,000 requests in the same instant. Eight in flight review 1,000 agents in
+/// about a second here (e2e/SCALE.md's restart figures).
+pub const REVIEWS_IN_FLIGHT: usize = 8;
+
 /// Authenticates agents through the API server's TokenReview and the agent pod.
 pub struct TokenReviewer {
     pub client: Client,
     /// The operator's namespace, where the agent DaemonSet runs.
     pub namespace: String,
     pub service_account: String,
-    /// Each API call is bounded by this.
+    /// Each review (its wait for a turn included) is bounded by this.
     pub timeout: Duration,
+    /// Turns to review: [`REVIEWS_IN_FLIGHT`] permits.
+    pub in_flight: tokio::sync::Semaphore,
 }
 
-#[tonic::async_trait]
-impl Authenticator for TokenReviewer {
-    async fn verify(&self, token: &str, claimed_node: &str) -> Result<AgentIdentity, AuthError> {
+impl TokenReviewer {
+    pub fn new(
+        client: Client,
+        namespace: String,
+        service_account: String,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            client,
+            namespace,
+            service_account,
+            timeout,
+            in_flight: tokio::sync::Semaphore::new(REVIEWS_IN_FLIGHT),
+        }
+    }
+
+    async fn review(&self, token: &str, claimed_node: &str) -> Result<AgentIdentity, AuthError> {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_owned()),
@@ -248,6 +272,24 @@ impl Authenticator for TokenReviewer {
             pod: bound.name,
             expires: token_expiry(token),
         })
+    }
+}
+
+#[tonic::async_trait]
+impl Authenticator for TokenReviewer {
+    async fn verify(&self, token: &str, claimed_node: &str) -> Result<AgentIdentity, AuthError> {
+        // An agent that waits longer than a review may take is told the operator is
+        // unavailable and retries with its backoff, as when the API server is slow.
+        let _turn = tokio::time::timeout(self.timeout, self.in_flight.acquire())
+            .await
+            .map_err(|_| {
+                AuthError::Unavailable(format!(
+                    "no turn to review within {:?} ({REVIEWS_IN_FLIGHT} reviews in flight)",
+                    self.timeout
+                ))
+            })?
+            .map_err(|_| AuthError::Unavailable("reviews closed".into()))?;
+        self.review(token, claimed_node).await
     }
 }
 
@@ -413,5 +455,58 @@ mod tests {
             Some(UNIX_EPOCH + Duration::from_secs(1_700_003_600))
         );
         assert_eq!(token_expiry("not-a-jwt"), None);
+    }
+
+    /// Agents connecting at once (an operator's start or takeover) are reviewed
+    /// REVIEWS_IN_FLIGHT at a time: the API server never holds more of the operator's
+    /// reviews than that, and the others wait their turn rather than fail.
+    #[tokio::test]
+    async fn agents_connecting_at_once_are_reviewed_a_few_at_a_time() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let reviewer = std::sync::Arc::new(TokenReviewer::new(
+            Client::new(svc, "default"),
+            "ns".into(),
+            "sa".into(),
+            Duration::from_secs(60),
+        ));
+        let agents = 3 * REVIEWS_IN_FLIGHT;
+        let mut connecting = tokio::task::JoinSet::new();
+        for i in 0..agents {
+            let r = reviewer.clone();
+            connecting.spawn(async move { r.verify(&format!("token-{i}"), "node-1").await });
+        }
+        let mut answered = 0;
+        while answered < agents {
+            // Every request the API server holds unanswered, until none more come.
+            let mut held = Vec::new();
+            while let Ok(Some(req)) =
+                tokio::time::timeout(Duration::from_millis(200), api.next_request()).await
+            {
+                held.push(req);
+            }
+            assert_eq!(
+                held.len(),
+                REVIEWS_IN_FLIGHT.min(agents - answered),
+                "reviews in flight at once"
+            );
+            for (req, answer) in held {
+                assert!(req.uri().path().ends_with("/tokenreviews"), "{}", req.uri());
+                answer.send_response(
+                    Response::builder()
+                        .status(503)
+                        .body(Body::from(br#"{"kind":"Status","code":503}"#.to_vec()))
+                        .unwrap(),
+                );
+                answered += 1;
+            }
+        }
+        while let Some(r) = connecting.join_next().await {
+            assert!(
+                matches!(r.expect("joined"), Err(AuthError::Unavailable(_))),
+                "an unanswerable review leaves the agent to retry"
+            );
+        }
     }
 }

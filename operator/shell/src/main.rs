@@ -514,12 +514,12 @@ fn serve_agents(
     let service = AgentService {
         hub,
         metrics: parts.metrics.clone(),
-        auth: Arc::new(TokenReviewer {
-            client: parts.client.clone(),
-            namespace: args.namespace.clone(),
-            service_account: args.agent_service_account.clone(),
-            timeout: Duration::from_secs(10),
-        }),
+        auth: Arc::new(TokenReviewer::new(
+            parts.client.clone(),
+            args.namespace.clone(),
+            args.agent_service_account.clone(),
+            Duration::from_secs(10),
+        )),
         leader,
         shutdown: parts.shutdown.clone(),
     };
