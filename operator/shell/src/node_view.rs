@@ -9,7 +9,7 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, Resource, ResourceExt,
     runtime::{
@@ -30,13 +30,13 @@ use crate::{
     Error, Result,
     hub::{Hub, NodeScope},
     metrics::Metrics,
-    pods::selected_pod,
+    pods::{CachedPod, selected_pod},
     status_write::apply_status,
 };
 
 /// The pods scheduled to `nodes`, by UID: only their processes can be in the view, so the
 /// rest of the cluster's pods are not indexed at each reconcile.
-pub fn pod_index(pods: &[Arc<Pod>], nodes: &BTreeSet<String>) -> PodIndex {
+pub fn pod_index(pods: &[Arc<CachedPod>], nodes: &BTreeSet<String>) -> PodIndex {
     pods.iter()
         .filter(|p| {
             p.spec
@@ -64,7 +64,7 @@ pub struct Context {
     pub hub: Arc<Hub>,
     pub metrics: Arc<Metrics>,
     pub nodes: Store<Node>,
-    pub pods: Store<Pod>,
+    pub pods: Store<CachedPod>,
     pub views: Store<ClusterResourceWatch>,
     pub leader: watch::Receiver<bool>,
     pub write_timeout: Duration,
@@ -181,7 +181,7 @@ pub fn error_policy(crw: Arc<ClusterResourceWatch>, error: &Error, ctx: Arc<Cont
 pub async fn run(
     client: Client,
     hub: Arc<Hub>,
-    pods: Store<Pod>,
+    pods: Store<CachedPod>,
     metrics: Arc<Metrics>,
     leader: watch::Receiver<bool>,
     shutdown: watch::Receiver<bool>,
@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn only_pods_of_the_selected_nodes_are_indexed_with_their_containers() {
-        let pod = |uid: &str, node: &str| -> Arc<Pod> {
+        let pod = |uid: &str, node: &str| -> Arc<CachedPod> {
             Arc::new(
                 serde_json::from_value(serde_json::json!({
                     "metadata": {"name": format!("p-{uid}"), "namespace": "shop", "uid": uid},

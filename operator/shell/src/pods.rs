@@ -1,12 +1,98 @@
 //! What the operator keeps and reads of a Pod. Every pod of the cluster is cached (the
 //! watches' selectors and the node view need them), so each is cut down first.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::{
+    api::core::v1::{ContainerState, ContainerStatus, Pod},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use kube::ResourceExt;
 use resourcewatch_operator_core::status::SelectedPod;
+use serde::{Deserialize, Serialize};
+
+/// A Pod as the operator caches it: the API's JSON read straight into the fields the
+/// operator uses, with the API's field names (code reads it as it would a `Pod`).
+/// k8s-openapi's `Pod` is 2,176 bytes before any of its strings (its `PodSpec` alone
+/// 1,416, a `ContainerStatus` 752), nearly all of it empty fields here: at 20,000 pods the
+/// cache of full `Pod`s, even emptied, was 46 MB of the operator's 262 MB heap peak at
+/// 1,000 nodes (heaptrack, e2e/SCALE.md). Unknown fields are skipped by serde, so the
+/// watch does not build what it would then drop.
+#[derive(kube::Resource, Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[resource(inherit = Pod)]
+pub struct CachedPod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<CachedPodSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<CachedPodStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPodSpec {
+    #[serde(default)]
+    pub node_name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPodStatus {
+    #[serde(default)]
+    pub phase: Option<String>,
+    /// Of the conditions, Ready's status alone is kept (a remediation rail reads it).
+    #[serde(default)]
+    pub conditions: Option<Vec<CachedCondition>>,
+    #[serde(default)]
+    pub container_statuses: Option<Vec<CachedContainerStatus>>,
+    #[serde(default)]
+    pub init_container_statuses: Option<Vec<CachedContainerStatus>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct CachedCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+}
+
+/// A container status's name, runtime id and whether it runs; of a terminated instance
+/// (now or last), its runtime id alone: it names an OOM kill's container after a restart
+/// replaced it.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedContainerStatus {
+    pub name: String,
+    /// `containerID` in the API (not the camel case of the other fields).
+    #[serde(default, rename = "containerID")]
+    pub container_id: Option<String>,
+    #[serde(default)]
+    pub state: Option<CachedContainerState>,
+    #[serde(default)]
+    pub last_state: Option<CachedContainerState>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct CachedContainerState {
+    #[serde(default)]
+    pub running: Option<Running>,
+    #[serde(default)]
+    pub terminated: Option<Terminated>,
+}
+
+/// A running state's details are not read.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct Running {}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Terminated {
+    /// `containerID` in the API (not the camel case of the other fields).
+    #[serde(default, rename = "containerID")]
+    pub container_id: Option<String>,
+}
 
 /// The pod's Ready condition is True.
-pub fn is_ready(pod: &Pod) -> bool {
+pub fn is_ready(pod: &CachedPod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -14,83 +100,77 @@ pub fn is_ready(pod: &Pod) -> bool {
 }
 
 /// A pod that has finished (`Succeeded`, `Failed`): it runs nothing any more.
-pub fn is_terminal(p: &Pod) -> bool {
+pub fn is_terminal(p: &CachedPod) -> bool {
     matches!(
         p.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     )
 }
 
-/// Cuts a pod down to what the operator reads of it before it enters the cache of every
-/// pod in the cluster: metadata without annotations and managed fields (labels, owners,
-/// deletion time stay), the node, the phase, whether it is Ready, and each container
-/// status's name, runtime id and whether it runs. A real pod's env, volumes, probes and `last-applied-configuration`
-/// are kilobytes; at 20,000 pods they would be most of the operator's memory.
-pub fn slim_pod(p: &mut Pod) {
-    use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateTerminated, ContainerStatus, PodCondition, PodSpec, PodStatus,
-    };
+/// Sheds what the cache does not read of what the watch decoded: metadata's annotations
+/// and managed fields (a real pod's `last-applied-configuration` and field managers are
+/// kilobytes; labels, owners and the deletion time stay), and every condition but Ready.
+pub fn slim_pod(p: &mut CachedPod) {
     p.metadata.managed_fields = None;
     p.metadata.annotations = None;
-    if let Some(spec) = p.spec.as_mut() {
-        *spec = PodSpec {
-            node_name: spec.node_name.take(),
-            ..Default::default()
-        };
+    if let Some(st) = p.status.as_mut()
+        && let Some(c) = st.conditions.as_mut()
+    {
+        c.retain(|c| c.type_ == "Ready");
+        c.shrink_to_fit();
     }
-    let slim = |v: Option<Vec<ContainerStatus>>| {
-        v.map(|v| {
-            v.into_iter()
-                .map(|c| {
-                    // A terminated instance's runtime id alone: it names an OOM kill's
-                    // container after a restart replaced it.
-                    let terminated = |s: Option<ContainerState>| {
-                        s.and_then(|s| s.terminated)
-                            .map(|t| ContainerStateTerminated {
-                                container_id: t.container_id,
-                                ..Default::default()
-                            })
-                    };
-                    let (running, state_terminated) = match c.state {
-                        Some(s) => (s.running.clone(), terminated(Some(s))),
-                        None => (None, None),
-                    };
-                    ContainerStatus {
-                        name: c.name,
-                        container_id: c.container_id,
-                        state: Some(ContainerState {
-                            running,
-                            terminated: state_terminated,
-                            ..Default::default()
-                        }),
-                        last_state: terminated(c.last_state).map(|t| ContainerState {
-                            terminated: Some(t),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }
-                })
-                .collect()
-        })
-    };
-    if let Some(st) = p.status.as_mut() {
-        // Of the conditions, Ready's status alone (a remediation rail reads it).
-        let ready = st.conditions.take().and_then(|c| {
-            c.into_iter().find(|c| c.type_ == "Ready").map(|c| {
-                vec![PodCondition {
-                    type_: c.type_,
-                    status: c.status,
-                    ..Default::default()
-                }]
-            })
-        });
-        *st = PodStatus {
-            phase: st.phase.take(),
-            conditions: ready,
-            container_statuses: slim(st.container_statuses.take()),
-            init_container_statuses: slim(st.init_container_statuses.take()),
-            ..Default::default()
+}
+
+impl From<&ContainerState> for CachedContainerState {
+    fn from(s: &ContainerState) -> Self {
+        Self {
+            running: s.running.as_ref().map(|_| Running {}),
+            terminated: s.terminated.as_ref().map(|t| Terminated {
+                container_id: t.container_id.clone(),
+            }),
+        }
+    }
+}
+
+impl From<&ContainerStatus> for CachedContainerStatus {
+    fn from(c: &ContainerStatus) -> Self {
+        Self {
+            name: c.name.clone(),
+            container_id: c.container_id.clone(),
+            state: c.state.as_ref().map(Into::into),
+            last_state: c.last_state.as_ref().map(Into::into),
+        }
+    }
+}
+
+/// A full Pod as the cache holds it (tests build pods with k8s-openapi's types; the
+/// operator's watch reads JSON straight into [`CachedPod`]).
+impl From<&Pod> for CachedPod {
+    fn from(p: &Pod) -> Self {
+        let statuses = |v: &Option<Vec<ContainerStatus>>| {
+            v.as_ref().map(|v| v.iter().map(Into::into).collect())
         };
+        let mut c = Self {
+            metadata: p.metadata.clone(),
+            spec: p.spec.as_ref().map(|s| CachedPodSpec {
+                node_name: s.node_name.clone(),
+            }),
+            status: p.status.as_ref().map(|s| CachedPodStatus {
+                phase: s.phase.clone(),
+                conditions: s.conditions.as_ref().map(|c| {
+                    c.iter()
+                        .map(|c| CachedCondition {
+                            type_: c.type_.clone(),
+                            status: c.status.clone(),
+                        })
+                        .collect()
+                }),
+                container_statuses: statuses(&s.container_statuses),
+                init_container_statuses: statuses(&s.init_container_statuses),
+            }),
+        };
+        slim_pod(&mut c);
+        c
     }
 }
 
@@ -98,7 +178,7 @@ pub fn slim_pod(p: &mut Pod) {
 /// while they run, which covers the restartable sidecars of Kubernetes 1.28+ (init
 /// containers with `restartPolicy: Always`, reported only in `initContainerStatuses`, that
 /// run as long as the pod and count against its memory like any container).
-pub fn selected_pod(p: &Pod) -> SelectedPod {
+pub fn selected_pod(p: &CachedPod) -> SelectedPod {
     let running_init = p
         .status
         .iter()
@@ -167,69 +247,122 @@ mod tests {
 
     use super::*;
 
-    fn pod(json: &str) -> Pod {
+    /// A pod as the watch caches it: the API's JSON read into [`CachedPod`], slimmed.
+    fn pod(json: &str) -> CachedPod {
+        let mut p: CachedPod = serde_json::from_str(json).expect("a Pod");
+        slim_pod(&mut p);
+        p
+    }
+
+    fn full(json: &str) -> Pod {
         serde_json::from_str(json).expect("a Pod")
     }
 
-    fn names(p: &Pod) -> Vec<String> {
+    fn names(p: &CachedPod) -> Vec<String> {
         let mut n: Vec<String> = selected_pod(p).containers.into_values().collect();
         n.sort();
         n
     }
 
+    const RECORDED: [&str; 5] = [
+        include_str!("../tests/fixtures/k8s-1.20/pod-running.json"),
+        include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"),
+        include_str!("../tests/fixtures/k8s-1.37/pod-running.json"),
+        include_str!("../tests/fixtures/k8s-1.37/pod-init-running.json"),
+        include_str!("../tests/fixtures/k8s-1.37/pod-sidecar.json"),
+    ];
+
     #[test]
-    fn a_slimmed_pod_reads_the_same_and_sheds_the_rest() {
-        for json in [
-            include_str!("../tests/fixtures/k8s-1.20/pod-running.json"),
-            include_str!("../tests/fixtures/k8s-1.20/pod-init-running.json"),
-            include_str!("../tests/fixtures/k8s-1.37/pod-running.json"),
-            include_str!("../tests/fixtures/k8s-1.37/pod-init-running.json"),
-            include_str!("../tests/fixtures/k8s-1.37/pod-sidecar.json"),
-        ] {
-            let full = pod(json);
-            let mut slim = full.clone();
-            slim_pod(&mut slim);
-            assert_eq!(selected_pod(&slim), selected_pod(&full));
-            assert_eq!(is_terminal(&slim), is_terminal(&full));
-            assert_eq!(slim.labels(), full.labels());
-            assert_eq!(slim.owner_references(), full.owner_references());
+    fn a_cached_pod_reads_what_the_full_pod_says_and_sheds_the_rest() {
+        for json in RECORDED {
+            let full = full(json);
+            let cached = pod(json);
+            // The watch's path (JSON into CachedPod) and the tests' (a built Pod
+            // converted) hold the same.
+            assert_eq!(cached, CachedPod::from(&full));
+            assert_eq!(cached.labels(), full.labels());
+            assert_eq!(cached.owner_references(), full.owner_references());
+            assert_eq!(cached.uid(), full.uid());
             assert_eq!(
-                slim.metadata.deletion_timestamp,
+                cached.metadata.deletion_timestamp,
                 full.metadata.deletion_timestamp
             );
-            assert_eq!(is_ready(&slim), is_ready(&full));
-            // What is shed: the spec but the node, conditions but Ready's status,
-            // images, annotations.
-            let spec = slim.spec.as_ref().unwrap();
-            assert_eq!(spec.node_name, full.spec.as_ref().unwrap().node_name);
-            assert!(spec.containers.is_empty() && spec.volumes.is_none());
-            let status = slim.status.as_ref().unwrap();
-            assert!(status.pod_ip.is_none());
-            assert!(
-                status
-                    .conditions
+            let fs = full.status.as_ref().unwrap();
+            assert_eq!(
+                is_ready(&cached),
+                fs.conditions
                     .iter()
                     .flatten()
-                    .all(|c| c.type_ == "Ready"
-                        && c.message.is_none()
-                        && c.last_transition_time.is_none())
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
             );
-            assert!(
-                status
-                    .container_statuses
-                    .iter()
-                    .flatten()
-                    .all(|c| c.image.is_empty())
+            assert_eq!(cached.status.as_ref().unwrap().phase, fs.phase);
+            assert_eq!(
+                cached.spec.as_ref().unwrap().node_name,
+                full.spec.as_ref().unwrap().node_name
             );
-            assert!(slim.metadata.annotations.is_none());
-            let size = |p: &Pod| serde_json::to_vec(p).map(|v| v.len()).unwrap_or(0);
-            assert!(
-                size(&slim) < size(&full) * 2 / 3,
-                "{} of {}",
-                size(&slim),
-                size(&full)
+            // Every runtime id the full status names is named by the cached one.
+            let ids = |v: Vec<Option<&String>>| -> Vec<String> {
+                let mut v: Vec<String> = v.into_iter().flatten().cloned().collect();
+                v.sort();
+                v
+            };
+            let full_ids = ids(fs
+                .container_statuses
+                .iter()
+                .flatten()
+                .chain(fs.init_container_statuses.iter().flatten())
+                .flat_map(|c| {
+                    [
+                        c.container_id.as_ref(),
+                        c.state
+                            .as_ref()
+                            .and_then(|s| s.terminated.as_ref())
+                            .and_then(|t| t.container_id.as_ref()),
+                        c.last_state
+                            .as_ref()
+                            .and_then(|s| s.terminated.as_ref())
+                            .and_then(|t| t.container_id.as_ref()),
+                    ]
+                })
+                .collect());
+            let cs = cached.status.as_ref().unwrap();
+            let cached_ids = ids(cs
+                .container_statuses
+                .iter()
+                .flatten()
+                .chain(cs.init_container_statuses.iter().flatten())
+                .flat_map(|c| {
+                    [
+                        c.container_id.as_ref(),
+                        c.state
+                            .as_ref()
+                            .and_then(|s| s.terminated.as_ref())
+                            .and_then(|t| t.container_id.as_ref()),
+                        c.last_state
+                            .as_ref()
+                            .and_then(|s| s.terminated.as_ref())
+                            .and_then(|t| t.container_id.as_ref()),
+                    ]
+                })
+                .collect());
+            assert_eq!(cached_ids, full_ids);
+            // What is shed: annotations, managed fields, conditions but Ready.
+            assert!(cached.metadata.annotations.is_none());
+            assert!(cached.metadata.managed_fields.is_none());
+            assert!(cs.conditions.iter().flatten().all(|c| c.type_ == "Ready"));
+            let (c, f) = (
+                serde_json::to_vec(&cached).unwrap().len(),
+                serde_json::to_vec(&full).unwrap().len(),
             );
+            assert!(c < f * 2 / 3, "{c} of {f}");
         }
+        // The point of the type: what a cached pod holds before its strings.
+        assert!(
+            std::mem::size_of::<CachedPod>() * 4 < std::mem::size_of::<Pod>(),
+            "{} bytes against a Pod's {}",
+            std::mem::size_of::<CachedPod>(),
+            std::mem::size_of::<Pod>()
+        );
     }
 
     #[test]
@@ -261,8 +394,9 @@ mod tests {
     fn restartable_sidecars_are_tracked() {
         // Recorded on 1.37.2: the sidecar (an init container with restartPolicy
         // Always) runs beside the app; the completed migration is not tracked.
-        let p = pod(include_str!("../tests/fixtures/k8s-1.37/pod-sidecar.json"));
-        assert_eq!(names(&p), ["app", "log-shipper"]);
+        let json = include_str!("../tests/fixtures/k8s-1.37/pod-sidecar.json");
+        assert_eq!(names(&pod(json)), ["app", "log-shipper"]);
+        let p = full(json);
         let sidecar = p.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[1].clone();
         assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
         let done = &p

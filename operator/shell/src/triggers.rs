@@ -22,7 +22,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::{
     ResourceExt,
     runtime::{reflector::ObjectRef, watcher::Event},
@@ -30,7 +29,7 @@ use kube::{
 use resourcewatch_crds::{LabelSelector, PodSelector, ResourceWatch};
 
 use crate::{
-    pods::{is_terminal, selected_pod},
+    pods::{CachedPod, is_terminal, selected_pod},
     spec::{pod_selector, selects},
     status::SelectedPod,
 };
@@ -103,7 +102,11 @@ pub struct PodTriggers {
 impl PodTriggers {
     /// The watches to reconcile for this event, given every watch the controller knows,
     /// each with the pod as it should now target it.
-    pub fn on_event(&mut self, event: &Event<Pod>, watches: &[Arc<ResourceWatch>]) -> Vec<Concern> {
+    pub fn on_event(
+        &mut self,
+        event: &Event<CachedPod>,
+        watches: &[Arc<ResourceWatch>],
+    ) -> Vec<Concern> {
         match event {
             Event::Init => {
                 self.relisting = Some(HashSet::new());
@@ -274,7 +277,7 @@ impl PodTriggers {
     }
 }
 
-fn seen(pod: &Pod) -> Option<(String, Seen)> {
+fn seen(pod: &CachedPod) -> Option<(String, Seen)> {
     Some((
         pod.uid()?,
         Seen {
@@ -300,12 +303,12 @@ pub const MAX_DEPARTED: usize = 4096;
 /// Only pods that ran on a node are kept (what an agent can report a kill of).
 #[derive(Debug, Default)]
 pub struct Departed {
-    by_namespace: HashMap<String, VecDeque<(Instant, Arc<Pod>)>>,
+    by_namespace: HashMap<String, VecDeque<(Instant, Arc<CachedPod>)>>,
     len: usize,
 }
 
 impl Departed {
-    pub fn record(&mut self, pod: &Pod, now: Instant) {
+    pub fn record(&mut self, pod: &CachedPod, now: Instant) {
         let (Some(ns), true) = (
             pod.metadata.namespace.as_deref(),
             pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()),
@@ -335,7 +338,7 @@ impl Departed {
     }
 
     /// The pods of `namespace` deleted within [`DEPARTED_FOR`] of `now`.
-    pub fn in_namespace(&self, namespace: &str, now: Instant) -> Vec<Arc<Pod>> {
+    pub fn in_namespace(&self, namespace: &str, now: Instant) -> Vec<Arc<CachedPod>> {
         self.by_namespace
             .get(namespace)
             .into_iter()
@@ -457,17 +460,16 @@ mod tests {
         )
     }
 
-    fn pod(ns: &str, uid: &str, labels: serde_json::Value) -> Pod {
+    fn pod(ns: &str, uid: &str, labels: serde_json::Value) -> CachedPod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": format!("p-{uid}"), "namespace": ns, "uid": uid, "labels": labels}
         }))
         .unwrap()
     }
 
-    fn on_node(mut p: Pod) -> Pod {
-        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+    fn on_node(mut p: CachedPod) -> CachedPod {
+        p.spec = Some(crate::pods::CachedPodSpec {
             node_name: Some("n1".into()),
-            ..Default::default()
         });
         p
     }
@@ -483,7 +485,8 @@ mod tests {
         // Never scheduled: nothing ran, nothing can be killed.
         d.record(&pod("a", "u2", serde_json::json!({})), t0);
         d.record(&on_node(pod("b", "u3", serde_json::json!({}))), t0);
-        let uids = |v: Vec<Arc<Pod>>| -> Vec<String> { v.iter().filter_map(|p| p.uid()).collect() };
+        let uids =
+            |v: Vec<Arc<CachedPod>>| -> Vec<String> { v.iter().filter_map(|p| p.uid()).collect() };
         assert_eq!(
             uids(d.in_namespace("a", t0 + Duration::from_secs(599))),
             ["u1"]
@@ -693,7 +696,7 @@ mod tests {
         );
         // Finished: selected still, targeted by none.
         let mut done = moved.clone();
-        done.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        done.status = Some(crate::pods::CachedPodStatus {
             phase: Some("Succeeded".into()),
             ..Default::default()
         });
@@ -820,8 +823,8 @@ mod tests {
         // What a reconcile reads of a pod follows its changes: a container that started,
         // a pod that finished.
         let mut started = pod("a", "u2", serde_json::json!({"app": "api"}));
-        started.status = Some(k8s_openapi::api::core::v1::PodStatus {
-            container_statuses: Some(vec![k8s_openapi::api::core::v1::ContainerStatus {
+        started.status = Some(crate::pods::CachedPodStatus {
+            container_statuses: Some(vec![crate::pods::CachedContainerStatus {
                 name: "app".into(),
                 container_id: Some("containerd://c2".into()),
                 ..Default::default()
@@ -859,7 +862,7 @@ mod tests {
     #[test]
     fn a_pod_without_uid_or_namespace_triggers_nothing() {
         let (mut t, w) = (listed(), watches());
-        let p: Pod =
+        let p: CachedPod =
             serde_json::from_value(serde_json::json!({"metadata": {"name": "x"}})).unwrap();
         assert!(t.on_event(&Event::Apply(p), &w).is_empty());
         assert!(t.is_empty());

@@ -72,7 +72,7 @@ pub(super) fn context(
     let (pod_store, mut pod_writer) = reflector::store();
     pod_writer.apply_watcher_event(&WatchEvent::Init);
     for p in pods {
-        pod_writer.apply_watcher_event(&WatchEvent::InitApply(p));
+        pod_writer.apply_watcher_event(&WatchEvent::InitApply(CachedPod::from(&p)));
     }
     pod_writer.apply_watcher_event(&WatchEvent::InitDone);
     let (rw_store, mut rw_writer) = reflector::store();

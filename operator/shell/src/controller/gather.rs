@@ -229,7 +229,10 @@ pub(super) async fn namespace_opted_in(ctx: &Context, ns: &str) -> Result<bool> 
 /// kind: a pod's ownerReferences are written by whoever creates the pod, so one naming a
 /// StatefulSet that does not exist (or another object of that name) must not make a bare
 /// pod evictable. The owner must exist with the UID the reference names.
-pub(super) async fn workload_of(ctx: &Context, pod: &Pod) -> Option<(String, Option<Replicas>)> {
+pub(super) async fn workload_of(
+    ctx: &Context,
+    pod: &CachedPod,
+) -> Option<(String, Option<Replicas>)> {
     use k8s_openapi::api::{
         apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet},
         core::v1::ReplicationController,

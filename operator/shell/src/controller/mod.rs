@@ -38,7 +38,7 @@ use crate::{
     hub::{Hub, WatchKey},
     ledger::{self, Conflict, Known, Ledger, LedgerStore, Versioned, Workload},
     metrics::Metrics,
-    pods::{is_ready, is_terminal, selected_pod, slim_pod},
+    pods::{CachedPod, is_ready, is_terminal, selected_pod, slim_pod},
     profile, profile_store,
     remediation::{Gate, Grants, NoEvictRight, NoGrant, PodFacts, Replicas},
     spec::{Floors, WatchSettings, selects},
@@ -90,7 +90,7 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Every pod in the cluster, from the controller's own pod watch (managed fields
     /// stripped).
-    pub pods: Store<Pod>,
+    pub pods: Store<CachedPod>,
     /// The watches themselves, to forget deleted ones in the hub.
     pub watches: Store<ResourceWatch>,
     /// Every RemediationPolicy: the grants of `Restart` watches.
@@ -252,14 +252,14 @@ fn select_pods(
         running,
         mut finished,
     } = selection.unwrap_or_else(|| {
-        let (finished, running): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) = ctx
+        let (finished, running): (Vec<Arc<CachedPod>>, Vec<Arc<CachedPod>>) = ctx
             .pods
             .state()
             .into_iter()
             .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
             .filter(|p| selects(&s.pods, p.labels()))
             .partition(|p| is_terminal(p));
-        let made = |v: Vec<Arc<Pod>>| v.iter().map(|p| Arc::new(selected_pod(p))).collect();
+        let made = |v: Vec<Arc<CachedPod>>| v.iter().map(|p| Arc::new(selected_pod(p))).collect();
         Selection {
             running: made(running),
             finished: made(finished),

@@ -115,7 +115,11 @@ fn events_about_different_containers_nodes_or_thresholds_are_not_folded() {
     let rw = watch_fixture(serde_json::json!({"selector": {}}));
     let pods: Vec<Arc<SelectedPod>> = [("a", "uid-a"), ("b", "uid-b")]
         .into_iter()
-        .map(|(n, u)| Arc::new(selected_pod(&pod_fixture(n, u, CID_A, &[], "node-1"))))
+        .map(|(n, u)| {
+            Arc::new(selected_pod(
+                &(&pod_fixture(n, u, CID_A, &[], "node-1")).into(),
+            ))
+        })
         .collect();
     let leak = |pod: &str, container: &str, on_pod: bool| {
         EventSpec::new(

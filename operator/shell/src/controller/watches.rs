@@ -72,14 +72,18 @@ fn due(hub: &Hub, key: &WatchKey) -> (ObjectRef<ResourceWatch>, Duration) {
 /// the hub at once and yields the watches it concerns, each with its gathering window.
 pub(super) fn pod_triggers(
     client: &Client,
-    writer: reflector::store::Writer<Pod>,
+    writer: reflector::store::Writer<CachedPod>,
     watches: Store<ResourceWatch>,
     index: Arc<std::sync::Mutex<PodTriggers>>,
     hub: Arc<Hub>,
 ) -> impl futures::Stream<Item = (ObjectRef<ResourceWatch>, Duration)> + Send + use<> {
     reflector::reflector(
         writer,
-        watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()).modify(slim_pod),
+        watcher(
+            Api::<CachedPod>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .modify(slim_pod),
     )
     .default_backoff()
     .flat_map(move |event| {
@@ -222,7 +226,7 @@ pub async fn run(
     leader: watch::Receiver<bool>,
     shutdown: watch::Receiver<bool>,
     settings: Settings,
-    (pods, pods_writer): (Store<Pod>, reflector::store::Writer<Pod>),
+    (pods, pods_writer): (Store<CachedPod>, reflector::store::Writer<CachedPod>),
 ) {
     let (rw_store, rw_writer) = reflector::store();
     let controller = controller(&client, rw_writer, rw_store.clone());
