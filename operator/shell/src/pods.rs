@@ -300,52 +300,30 @@ mod tests {
                 cached.spec.as_ref().unwrap().node_name,
                 full.spec.as_ref().unwrap().node_name
             );
-            // Every runtime id the full status names is named by the cached one.
-            let ids = |v: Vec<Option<&String>>| -> Vec<String> {
-                let mut v: Vec<String> = v.into_iter().flatten().cloned().collect();
-                v.sort();
-                v
-            };
-            let full_ids = ids(fs
-                .container_statuses
-                .iter()
-                .flatten()
-                .chain(fs.init_container_statuses.iter().flatten())
-                .flat_map(|c| {
-                    [
-                        c.container_id.as_ref(),
-                        c.state
-                            .as_ref()
-                            .and_then(|s| s.terminated.as_ref())
-                            .and_then(|t| t.container_id.as_ref()),
-                        c.last_state
-                            .as_ref()
-                            .and_then(|s| s.terminated.as_ref())
-                            .and_then(|t| t.container_id.as_ref()),
-                    ]
-                })
-                .collect());
+            // Every runtime id the API's pod names (running, terminated, last terminated
+            // instance) the cached one names: every `containerID` in either JSON.
+            fn ids(v: &serde_json::Value, out: &mut Vec<String>) {
+                match v {
+                    serde_json::Value::Object(m) => {
+                        for (k, v) in m {
+                            match (k.as_str(), v.as_str()) {
+                                ("containerID", Some(id)) => out.push(id.to_owned()),
+                                _ => ids(v, out),
+                            }
+                        }
+                    }
+                    serde_json::Value::Array(a) => a.iter().for_each(|v| ids(v, out)),
+                    _ => {}
+                }
+            }
+            let (mut api_ids, mut cached_ids) = (Vec::new(), Vec::new());
+            ids(&serde_json::from_str(json).unwrap(), &mut api_ids);
+            ids(&serde_json::to_value(&cached).unwrap(), &mut cached_ids);
+            api_ids.sort();
+            cached_ids.sort();
+            assert!(!api_ids.is_empty());
+            assert_eq!(cached_ids, api_ids);
             let cs = cached.status.as_ref().unwrap();
-            let cached_ids = ids(cs
-                .container_statuses
-                .iter()
-                .flatten()
-                .chain(cs.init_container_statuses.iter().flatten())
-                .flat_map(|c| {
-                    [
-                        c.container_id.as_ref(),
-                        c.state
-                            .as_ref()
-                            .and_then(|s| s.terminated.as_ref())
-                            .and_then(|t| t.container_id.as_ref()),
-                        c.last_state
-                            .as_ref()
-                            .and_then(|s| s.terminated.as_ref())
-                            .and_then(|t| t.container_id.as_ref()),
-                    ]
-                })
-                .collect());
-            assert_eq!(cached_ids, full_ids);
             // What is shed: annotations, managed fields, conditions but Ready.
             assert!(cached.metadata.annotations.is_none());
             assert!(cached.metadata.managed_fields.is_none());
