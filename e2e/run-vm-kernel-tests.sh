@@ -18,7 +18,7 @@ done
 # the CPU sketch (sched_switch), the memory sketch and its sample stream (rss_stat),
 # rss_stat changes made by another task, exact tracking of a v2 cgroup's processes, a
 # path seen from inside a cgroup namespace (the agent's own, under containerd), a late
-# target, the leak detector on real samples, time-to-OOM against a real memory.max
+# target and one targeted mid-interval (its first rate), the leak detector on real samples, time-to-OOM against a real memory.max
 # kill (and the kill itself, seen through the kprobe 6.1 has; a sudden one; the node's
 # memory running out, which only this VM may do), allocation uprobes on libc, growth sites and a profile named through unwind
 # tables (C), the CPython walk, and a JVM's perf map (asked of the JVM by the agent).
@@ -30,6 +30,7 @@ CI_SUBSET=(
   kernel:exact_targets_cover_every_process_of_a_cgroup
   kernel:a_cgroup_path_seen_from_inside_a_cgroup_namespace_resolves_to_the_hierarchys
   kernel:a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters
+  kernel:a_process_targeted_mid_interval_reads_its_rate_in_its_first_frame
   kernel:time_to_oom_predicts_the_real_kill
   kernel:a_sudden_allocation_is_killed_and_seen_with_no_prediction
   kernel:a_system_wide_oom_kill_is_seen_as_the_nodes

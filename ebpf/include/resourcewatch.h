@@ -103,7 +103,7 @@ struct rw_oncpu {
 	__s64 clock_offset;  /* CLOCK_MONOTONIC minus the scheduler's task clock, on this CPU */
 	__u64 calib_epoch;   /* epoch_word when clock_offset was measured */
 	__u64 credited_ns;   /* the running part up to here was credited by rw_cpu_sync */
-	__u64 _pad1;
+	__u64 target_from_ns; /* a target's slice counts for it from here (>= start_ns) */
 };
 
 /* Exact, never-evicted values of a targeted process (hash map keyed by tgid). */

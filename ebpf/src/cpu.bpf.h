@@ -98,15 +98,18 @@ int BPF_PROG(rw_sched_switch, bool preempt, struct task_struct *prev, struct tas
 		if (slice > credited)
 			cpu_sketch_add(epoch & 1, tgid, slice - credited);
 		/* User space adds the running part of a target's slice when it reads, without
-		 * storing it. */
-		if (oc->target && slice)
-			target_add_cpu(prev, tgid, slice);
+		 * storing it. A task that became a target while on this CPU counts from then
+		 * (rw_cpu_sync set target_from_ns): its slice before was not the target's. */
+		__u64 before = oc->target_from_ns > oc->start_ns ? oc->target_from_ns - oc->start_ns : 0;
+		if (oc->target && slice > before)
+			target_add_cpu(prev, tgid, slice - before);
 	} else if (prev->tgid) {
 		credit_unseen_slice(ctl, oc, prev, epoch, now);
 	}
 
 	__u32 next_tgid = next->tgid;
 	oc->start_ns = now;
+	oc->target_from_ns = now;
 	oc->credited_ns = 0;
 	oc->start_runtime = next->se.sum_exec_runtime;
 	oc->tgid = next_tgid;
@@ -145,6 +148,7 @@ int rw_cpu_sync(__u64 *ctx)
 		__u32 tgid = pid ? BPF_CORE_READ(cur, tgid) : 0;
 		__u64 ran = ran_since_pick(cur, now > oc->start_ns ? now - oc->start_ns : 0);
 		oc->start_ns = now - ran;
+		oc->target_from_ns = oc->start_ns;
 		oc->credited_ns = 0;
 		__u64 runtime = BPF_CORE_READ(cur, se.sum_exec_runtime);
 		oc->start_runtime = runtime > ran ? runtime - ran : 0;
@@ -158,8 +162,12 @@ int rw_cpu_sync(__u64 *ctx)
 		 * after it was switched in (targets just programmed, a busy loop that no switch
 		 * interrupts). Its slot said "not a target" until its next switch, so user space
 		 * counted none of that slice: a CPU-bound process targeted while on-CPU read
-		 * 0.5 % busy for a whole interval. */
-		oc->target = task_is_target(ctl->targets, oc->tgid, cur);
+		 * 0.5 % busy for a whole interval. It counts from now: the part of its
+		 * slice before it became one is not its target's. */
+		__u32 target = task_is_target(ctl->targets, oc->tgid, cur);
+		if (target && !oc->target)
+			oc->target_from_ns = now;
+		oc->target = target;
 	}
 	if (!close)
 		return 0;

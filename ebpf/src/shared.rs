@@ -121,7 +121,8 @@ pub struct RwOncpu {
     pub clock_offset: i64,
     pub calib_epoch: u64,
     pub credited_ns: u64,
-    pub _pad1: u64,
+    /// A target's slice counts for it from here (a task on a CPU when it became a target).
+    pub target_from_ns: u64,
 }
 
 #[repr(C)]
@@ -337,7 +338,7 @@ mod tests {
         let rust = layout! {
             "rw_config" => RwConfig { cpu_depth, cpu_width_shift, mem_depth, mem_width_shift, cgroup_v1_memory, page_shift },
             "rw_control" => RwControl { epoch_word, targets, _pad0, sample_min_delta_pages, sample_min_interval_ns, ring_coalesce_ns, site_pids, site_pid },
-            "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, start_runtime, clock_offset, calib_epoch, credited_ns, _pad1 },
+            "rw_oncpu" => RwOncpu { start_ns, tgid, pid, target, _pad0, start_runtime, clock_offset, calib_epoch, credited_ns, target_from_ns },
             "rw_target_proc" => RwTargetProc { cpu_ns, cgroup_id, file_pages, anon_pages, swap_pages, shmem_pages, updated_ns, exited, _pad0 },
             "rw_target_slot" => RwTargetSlot { tgid, _pad0, v },
             "rw_proc_mem" => RwProcMem { last_emit_pages, last_emit_ns, ring_head, ring_count, ring_mib, ring_ds },

@@ -922,6 +922,60 @@ fn a_process_targeted_while_on_cpu_is_counted_at_once() {
     );
 }
 
+/// A burner targeted three quarters into a frame's interval (a watch applied between two
+/// reports) is rated over the quarter it was counted: its first row reads what the CPU
+/// sketch reads for the whole interval, not a quarter of it (in the e2e cluster a burner
+/// read 17 % of a core in the report after its watch was applied).
+#[test]
+fn a_process_targeted_mid_interval_reads_its_rate_in_its_first_frame() {
+    use resourcewatch_agent::snapshot::FrameBuilder;
+    let Some(_k) =
+        kernel_or_skip("a_process_targeted_mid_interval_reads_its_rate_in_its_first_frame")
+    else {
+        return;
+    };
+    let mut pipes = load(PipelineOptions::default());
+    let mut builder = FrameBuilder::new(100, Some(pipes.cgroup_layout().clone()));
+    builder.sites = None;
+    let kid = Child::spawn(|| {
+        loop {
+            std::hint::spin_loop();
+        }
+    });
+    pipes.close_cpu_epoch();
+    std::thread::sleep(Duration::from_millis(1500));
+    pipes.set_targets(&[kid.pid], &[]).expect("targets");
+    std::thread::sleep(Duration::from_millis(500));
+    let epoch = pipes.close_cpu_epoch();
+    let frame = builder.build(&mut pipes, &epoch);
+    let exact = frame
+        .targets
+        .iter()
+        .find(|t| t.pid == kid.pid)
+        .unwrap_or_else(|| panic!("the burner is tracked: {:?}", frame.targets));
+    let sketch = frame
+        .cpu
+        .iter()
+        .find(|r| r.pid == kid.pid)
+        .unwrap_or_else(|| panic!("the burner is in the CPU sketch: {:?}", frame.cpu));
+    eprintln!(
+        "first frame: exact {} %, sketch {} %",
+        exact.cpu_percent, sketch.cpu_percent
+    );
+    // Both are the burner's share of a core: the sketch over the whole interval, the exact
+    // row over the part counted. Divided by the whole interval the exact row read a
+    // quarter (13.7 %; 54 % while a running task learnt it was a target only at its next
+    // switch or read); counting the slice before it was targeted would read more.
+    assert!(
+        sketch.cpu_percent > 30.0
+            && exact.cpu_percent > 0.7 * sketch.cpu_percent
+            && exact.cpu_percent < 1.3 * sketch.cpu_percent + 5.0,
+        "first frame: exact {} % against the sketch's {} %",
+        exact.cpu_percent,
+        sketch.cpu_percent
+    );
+}
+
 #[test]
 fn allocation_mode_counts_outstanding_bytes() {
     let Some(_k) = kernel_or_skip("allocation_mode_counts_outstanding_bytes") else {

@@ -129,6 +129,9 @@ pub struct Pipelines {
     exited_slots: Vec<(usize, u32)>,
     /// Retired slots and when, zeroed and freed once their grace has passed (see targets).
     retired_slots: Vec<(usize, std::time::Instant)>,
+    /// Processes already running when they became targets, and when counting began
+    /// (monotonic ns): handed out once with their first row (see `TargetProcess`).
+    counted_from: std::collections::HashMap<u32, u64>,
     samples: RingBuf<MapData>,
     /// Growth-site stack samples, walked by `unwinder` into `site_walked` as they come.
     stack_samples: RingBuf<MapData>,
@@ -185,6 +188,7 @@ impl Pipelines {
             target_slots,
             exited_slots: Vec::new(),
             retired_slots: Vec::new(),
+            counted_from: std::collections::HashMap::new(),
             samples,
             stack_samples,
             unwinder: crate::stacks::unwind::Unwinder::new(),
