@@ -120,6 +120,7 @@ async fn on_the_cgroup_v2_node_a_watch_over_both_nodes_aggregates_both() {
     );
     assert!(h < v, "200 MiB ranked above 120 MiB: {order:?}");
     let burn = &s.top_cpu[0];
+    eprintln!("burn-vm at {}% of a core", burn.process.value);
     assert_eq!(burn.container, "main");
     assert!(burn.process.pid > 0);
     // A burner on an emulated CPU still takes most of one.
