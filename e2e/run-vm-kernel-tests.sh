@@ -17,17 +17,20 @@ done
 # One test per pipeline (each a few seconds natively; TCG costs ~17x on CPU-bound code):
 # the CPU sketch (sched_switch), the memory sketch and its sample stream (rss_stat),
 # rss_stat changes made by another task, exact tracking of a v2 cgroup's processes, a
-# path seen from inside a cgroup namespace (the agent's own, under containerd), a late
-# target and one targeted mid-interval (its first rate), the leak detector on real samples, time-to-OOM against a real memory.max
-# kill (and the kill itself, seen through the kprobe 6.1 has; a sudden one; the node's
-# memory running out, which only this VM may do), allocation uprobes on libc, growth sites and a profile named through unwind
-# tables (C), the CPython walk, and a JVM's perf map (asked of the JVM by the agent).
+# short process named by its exit record, a path seen from inside a cgroup namespace (the
+# agent's own, under containerd), a late target and one targeted mid-interval (its first
+# rate), the leak detector on real samples, time-to-OOM against a real memory.max kill
+# (and the kill itself, seen through the kprobe 6.1 has; a sudden one; the node's memory
+# running out, which only this VM may do), allocation uprobes on libc, growth sites and a
+# profile named through unwind tables (C), the CPython walk, and a JVM's perf map (asked
+# of the JVM by the agent).
 CI_SUBSET=(
   kernel:this_machine_has_what_the_pipelines_need
   kernel:cpu_sketch_ranks_duty_cycles_and_matches_proc
   kernel:memory_sketch_follows_a_growing_process_and_streams_samples
   kernel:rss_changes_made_by_another_task_are_counted
   kernel:exact_targets_cover_every_process_of_a_cgroup
+  kernel:a_short_heavy_process_gone_before_its_frame_is_named
   kernel:a_cgroup_path_seen_from_inside_a_cgroup_namespace_resolves_to_the_hierarchys
   kernel:a_running_process_targeted_late_has_its_rss_at_once_and_keeps_its_counters
   kernel:a_process_targeted_mid_interval_reads_its_rate_in_its_first_frame

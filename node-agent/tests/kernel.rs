@@ -976,6 +976,47 @@ fn a_process_targeted_mid_interval_reads_its_rate_in_its_first_frame() {
     );
 }
 
+/// A process that burns 300 ms, exits and is reaped before the frame is built (a compiler,
+/// a cron job) is ranked by its CPU and named by its exit record: /proc has nothing of it
+/// by then, and its row had no command.
+#[test]
+fn a_short_heavy_process_gone_before_its_frame_is_named() {
+    use resourcewatch_agent::snapshot::FrameBuilder;
+    let Some(_k) = kernel_or_skip("a_short_heavy_process_gone_before_its_frame_is_named") else {
+        return;
+    };
+    let mut pipes = load(PipelineOptions::default());
+    let mut builder = FrameBuilder::new(100, Some(pipes.cgroup_layout().clone()));
+    builder.sites = None;
+    pipes.close_cpu_epoch();
+    let kid = Child::spawn(|| {
+        // SAFETY: prctl with a NUL-terminated name of at most 16 bytes.
+        unsafe { libc::prctl(libc::PR_SET_NAME, c"rwshortburn".as_ptr()) };
+        let r = Region::new(4 << 20);
+        r.touch(0, 4 << 20);
+        let t = now();
+        while t.elapsed() < Duration::from_millis(300) {
+            std::hint::spin_loop();
+        }
+    });
+    let pid = kid.pid;
+    // SAFETY: reaping our child, which exits on its own.
+    unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), 0) };
+    std::mem::forget(kid);
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+    let epoch = pipes.close_cpu_epoch();
+    pipes.drain_samples(|s| builder.observe_sample(s));
+    let frame = builder.build(&mut pipes, &epoch);
+    let row = frame
+        .cpu
+        .iter()
+        .find(|r| r.pid == pid)
+        .unwrap_or_else(|| panic!("the burner {pid} is ranked: {:?}", frame.cpu));
+    assert!(row.cpu_ns > 150_000_000, "{row:?}");
+    assert_eq!(row.who.comm.as_deref(), Some("rwshortburn"), "{row:?}");
+    assert!(row.who.cgroup.is_some(), "its cgroup found by id: {row:?}");
+}
+
 #[test]
 fn allocation_mode_counts_outstanding_bytes() {
     let Some(_k) = kernel_or_skip("allocation_mode_counts_outstanding_bytes") else {

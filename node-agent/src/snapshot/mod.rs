@@ -335,7 +335,18 @@ pub struct FrameBuilder {
     trails: Trails,
     /// OOM kills seen since the last frame.
     oom_kills: Vec<OomKill>,
+    /// Processes the kernel saw exit, with the name and cgroup its exit record carries:
+    /// since this frame, and in the frame before (an exit drained just after its CPU's
+    /// epoch closed names that epoch's row in the next frame). Rows name from here what
+    /// /proc no longer has: a short, heavy process (a compiler, a cron job) ran, exited and
+    /// was ranked with no command or pod.
+    exit_names: [FxHashMap<u32, ([u8; 16], u64)>; 2],
+    /// Cgroup paths found by id in the hierarchy, and when (see `cgroup_path`).
+    walked_cgroups: FxHashMap<u64, (u64, Option<String>)>,
 }
+
+/// Exit records kept per frame for naming rows (a fork storm keeps the first ones).
+const MAX_EXIT_NAMES: usize = 8192;
 
 /// Whether a tracked process publishes JVM counters (`leak::jvm`). Looked for when its
 /// series starts and again with a doubling back-off (a JVM creates the file early in its
@@ -390,6 +401,27 @@ impl FrameBuilder {
             jvms: HashMap::new(),
             trails: Trails::default(),
             oom_kills: Vec::new(),
+            exit_names: Default::default(),
+            walked_cgroups: FxHashMap::default(),
+        }
+    }
+
+    /// After a frame: exits recorded since the frame before are forgotten.
+    fn end_exit_names(&mut self) {
+        self.exit_names.swap(0, 1);
+        self.exit_names[0].clear();
+    }
+
+    /// What a row says of `pid`: from /proc (cached), else, for a process gone since it
+    /// ran, from its exit record (its cgroup found by id only for the rows shown).
+    pub fn who(&mut self, pid: u32, now: u64) -> Arc<Attribution> {
+        let a = self.attributor.get(pid, now);
+        if a.comm.is_some() {
+            return a;
+        }
+        match self.exit_names.iter().find_map(|m| m.get(&pid)).copied() {
+            Some((comm, cgroup_id)) => self.victim(pid, cgroup_id, comm_of(&comm)),
+            None => a,
         }
     }
 
@@ -403,6 +435,9 @@ impl FrameBuilder {
         if s.kind == SAMPLE_EXIT {
             self.leaks.forget(key);
             self.attributor.exited(s.tgid);
+            if self.exit_names[0].len() < MAX_EXIT_NAMES {
+                self.exit_names[0].insert(s.tgid, (s.comm, s.cgroup_id));
+            }
             return;
         }
         let page = self.page;
@@ -506,16 +541,29 @@ impl FrameBuilder {
     }
 
     /// A cgroup's path from its id: an exactly tracked container's, or found in the
-    /// hierarchy.
-    fn cgroup_path(&self, id: u64) -> Option<String> {
+    /// hierarchy. Walks are remembered for a minute (found or not): rows of exited
+    /// processes ask for the same few containers' ids frame after frame, and a walk visits
+    /// up to 100,000 directories. A minute bounds how long an id whose cgroup was removed
+    /// (and whose inode number was reused) can name the wrong one.
+    fn cgroup_path(&mut self, id: u64) -> Option<String> {
         if id == 0 {
             return None;
         }
-        self.watched_cgroups
-            .iter()
-            .find(|(c, _)| *c == id)
-            .map(|(_, p)| p.clone())
-            .or_else(|| self.layout.as_ref().and_then(|l| l.path_of_id(id)))
+        if let Some((_, p)) = self.watched_cgroups.iter().find(|(c, _)| *c == id) {
+            return Some(p.clone());
+        }
+        let now = procfs::monotonic_ns();
+        if let Some((at, p)) = self.walked_cgroups.get(&id)
+            && now.saturating_sub(*at) < ATTRIBUTION_TTL_NS
+        {
+            return p.clone();
+        }
+        let p = self.layout.as_ref().and_then(|l| l.path_of_id(id));
+        if self.walked_cgroups.len() >= MAX_EXIT_NAMES {
+            self.walked_cgroups.clear();
+        }
+        self.walked_cgroups.insert(id, (now, p.clone()));
+        p
     }
 
     /// The watched containers' charges read now if a second has passed since the last
@@ -854,7 +902,7 @@ impl FrameBuilder {
                 pid,
                 cpu_ns: ns,
                 cpu_percent: round2(ns as f64 * 100.0 / interval_ns as f64),
-                who: self.attributor.get(pid, now),
+                who: self.who(pid, now),
             })
             .collect();
         let mem = pipes.memory();
@@ -863,7 +911,7 @@ impl FrameBuilder {
             .map(|(pid, bytes)| MemoryRow {
                 pid,
                 rss_bytes: bytes,
-                who: self.attributor.get(pid, now),
+                who: self.who(pid, now),
             })
             .collect();
         let targets = self.target_rows(pipes, interval_ns, now);
@@ -876,7 +924,7 @@ impl FrameBuilder {
                 allocs: s.allocs,
                 frees: s.frees,
                 unknown_frees: s.unknown_frees,
-                who: self.attributor.get(pid, now),
+                who: self.who(pid, now),
             })
             .collect();
         // The frame is stamped when its leak rows' limits and usage are read (their times
@@ -889,6 +937,7 @@ impl FrameBuilder {
             sites.update(pipes, &mut leaks, now);
         }
         self.attributor.end_frame(now);
+        self.end_exit_names();
         Frame {
             ts_ns,
             interval_ns,
@@ -955,7 +1004,7 @@ impl FrameBuilder {
             shmem_bytes: t.shmem_bytes,
             swap_bytes: t.swap_bytes,
             exited: t.exited,
-            who: self.attributor.get(t.tgid, now),
+            who: self.who(t.tgid, now),
         }
     }
 }
@@ -992,6 +1041,48 @@ mod tests {
             exited,
             counted_from_ns: None,
         }
+    }
+
+    /// A process that ran and exited between two frames is named by its exit record,
+    /// its cgroup found by id: for that frame and the next (an exit drained just after its
+    /// CPU's epoch closed), then forgotten. One without a record stays unnamed.
+    #[test]
+    fn a_process_gone_before_its_row_is_built_is_named_by_its_exit_record() {
+        use std::os::unix::fs::MetadataExt;
+        let root = std::env::temp_dir().join(format!("rw-exit-names-{}", std::process::id()));
+        let dir = root
+            .join("kubepods")
+            .join("pod1")
+            .join("cri-containerd-abc.scope");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mountinfo = format!("1 0 0:1 / {} rw - cgroup2 cgroup2 rw", root.display());
+        let layout = CgroupLayout::from_mountinfo(&mountinfo).unwrap();
+        let mut b = FrameBuilder::new(10, Some(layout));
+        // PIDs above the kernel's limit (4,194,304): no /proc entry.
+        let (gone, unknown) = (4_000_000_001u32, 4_000_000_002u32);
+        let mut comm = [0u8; 16];
+        comm[..9].copy_from_slice(b"shortburn");
+        b.observe_sample(&RwMemSample {
+            tgid: gone,
+            kind: SAMPLE_EXIT,
+            comm,
+            cgroup_id: std::fs::metadata(&dir).unwrap().ino(),
+            ..Default::default()
+        });
+        let now = 5_000_000_000;
+        for frame in 0..2 {
+            let a = b.who(gone, now);
+            assert_eq!(a.comm.as_deref(), Some("shortburn"), "frame {frame}");
+            assert_eq!(
+                a.cgroup.as_deref(),
+                Some("/kubepods/pod1/cri-containerd-abc.scope"),
+                "frame {frame}"
+            );
+            b.end_exit_names();
+        }
+        assert_eq!(b.who(gone, now).comm, None, "forgotten two frames later");
+        assert_eq!(b.who(unknown, now).comm, None);
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     /// A process already running when a watch made it a target, 1.5 s into a 2 s
