@@ -265,8 +265,13 @@ fn a_c_growth_site_without_frame_pointers_reaches_main() {
         has_in_order(user(top), &["main", "grow", "keep", "leak_here"]),
         "top site: {top:?}"
     );
+    eprintln!(
+        "the leak's site has {} of {total} bytes ({:.1} %)",
+        top.value,
+        top.value as f64 * 100.0 / total as f64
+    );
     assert!(
-        top.value * 10 >= total * 4,
+        top.value * 3 >= total,
         "the leak's site has {} of {total} bytes: {named:?}",
         top.value
     );
@@ -390,10 +395,20 @@ fn growth_sites_name_the_leaking_function_not_the_churn() {
     // The rest is glibc's own bookkeeping (_int_malloc, sysmalloc) moving the heap's top
     // while the churn's chunk is carved: those pages are new, and the leak's chunks take
     // them once the churn frees its own. Walked with .eh_frame, those stacks go through
-    // churn_here's call to malloc (0-45 % of the growth in this fixture's runs); the
-    // churn's own writes (its memset, on memory already resident) are never charged.
+    // churn_here's call to malloc; the churn's own writes (its memset, on memory already
+    // resident) are never charged. How the growth splits is the allocator's and the
+    // kernel's timing, not the agent's. On 30 November (host kernel build fc-v857) the
+    // leak's site held 42-100 % in 28 runs of this test and the one above on an idle
+    // machine, and 39.5 % in CI beside other tests (10.1 of 25.6 MB, the churn's malloc
+    // holding the rest in two stacks), under the 40 % floor this had. The floor is now a
+    // third: below every share measured, above an even split among the three stacks.
+    eprintln!(
+        "the leak's site has {} of {total} bytes ({:.1} %)",
+        top.value,
+        top.value as f64 * 100.0 / total as f64
+    );
     assert!(
-        top.value * 10 >= total * 4,
+        top.value * 3 >= total,
         "the leak's site has {} of {total} bytes: {named:?}",
         top.value
     );
