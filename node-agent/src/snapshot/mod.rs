@@ -1096,8 +1096,7 @@ mod tests {
         burner.counted_from_ns = Some(100 * s - s / 2);
         let first = b.target_row(burner, 2 * s, 100 * s);
         assert_eq!(first.cpu_percent, 100.0);
-        let mut later = tracked(7, s / 2 + 2 * s, 1 << 20, false);
-        later.counted_from_ns = None;
+        let later = tracked(7, s / 2 + 2 * s, 1 << 20, false);
         assert_eq!(b.target_row(later, 2 * s, 102 * s).cpu_percent, 100.0);
         // Started after the targets were programmed: its CPU over the interval, as top's.
         let fresh = tracked(8, s / 2, 1 << 20, false);
