@@ -40,6 +40,7 @@ CI_SUBSET=(
   kernel:allocation_mode_counts_outstanding_bytes
   stacks:a_c_profile_without_frame_pointers_reaches_main
   stacks:a_c_growth_site_without_frame_pointers_reaches_main
+  stacks:growth_sites_beside_a_buffer_given_back_name_the_leak
   stacks:a_python_profile_names_the_python_functions_from_the_interpreter_frames
   stacks:a_java_profile_with_a_perf_map_names_the_java_method
 )

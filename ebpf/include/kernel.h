@@ -41,9 +41,17 @@ struct css_set {
 	struct cgroup *dfl_cgrp;
 };
 
-/* Since 6.2 each RSS counter is a percpu_counter; count is what get_mm_counter() reads. */
+/* Since 6.2 each RSS counter is a percpu_counter; count is what get_mm_counter() reads,
+ * `counters` the per-CPU deltas not yet folded into it (a percpu address). */
 struct percpu_counter {
 	s64 count;
+	void *counters;
+};
+
+/* kernel/bpf/arraymap.c: a per-CPU array's per-CPU values start right after `aux`, in an
+ * 8-aligned union with a percpu address per entry (mem.bpf.h, resident_exact). */
+struct bpf_array {
+	void *aux;
 };
 
 struct mm_struct {
@@ -60,6 +68,18 @@ struct mm_rss_stat {
 struct mm_struct___pre62 {
 	struct mm_rss_stat rss_stat;
 	struct task_struct *owner;
+};
+
+/* Before 6.2 (SPLIT_RSS_COUNTING): the page faults a thread has not yet added to its mm's
+ * counters, and how many events since it last did (it does at 64). */
+struct task_rss_stat {
+	int events;
+	int count[4];
+};
+
+struct task_struct___pre62 {
+	struct task_rss_stat rss_stat;
+	struct mm_struct *mm;
 };
 
 struct signal_struct {

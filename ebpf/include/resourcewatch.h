@@ -267,6 +267,7 @@ struct rw_py_proc {
 #define RW_STACK_SAMPLE_PROFILE 1
 #define RW_STACK_SAMPLE_SITE 2
 #define RW_STACK_SAMPLE_JVM_ALLOC 3
+#define RW_STACK_SAMPLE_REVOKE 4
 
 /*
  * One stack sample of a captured process, for unwinding in user space: the registers a
@@ -287,17 +288,60 @@ struct rw_stack_sample {
 	__s32 kernel_stack;
 	__u32 stack_len;
 	__u32 py_len;
+	__u32 seq; /* a growth-site sample's number, for its revocation (0: none) */
+	__u32 _pad;
 	__u64 py_frames[RW_PY_DEPTH];
 	__u8 stack[RW_STACK_COPY];
 };
 
-/* A growth-site capture's state per process (rw_site_pids): the highest resident pages
- * seen, the bytes of growth not yet charged to a stack sample, and for a JVM the bytes of
- * heap allocation not yet charged (its allocation probes, stacks.bpf.h). */
+/* How many charges of a growth-site capture stay revocable (see rw_site_state). */
+#define RW_SITE_KEPT 128
+
+/* One charge of resident growth: the pages (top - count, top] of the resident level,
+ * charged to sample `seq` (0: to no stack, the growth came from outside the process) when
+ * the level reached `next` (at or below `top`: the kernel may tell the level in steps). */
+struct rw_site_charge {
+	__u32 seq;
+	__u32 top;
+	__u32 count;
+	__u32 next;
+};
+
+/*
+ * A growth-site capture's state per process (rw_site_pids), in pages of the process's
+ * resident level. `mark` is where the last charge ends and `next` the level at which the
+ * next is taken, a random gap above it (1 to 2 x RW_SITE_SAMPLE_BYTES, a sample per
+ * RW_SITE_SAMPLE_BYTES on average). The event whose level reaches `next` charges the
+ * pages (mark, level] to its stack; they stay charged while the level stays at or above
+ * that top. A charge whose top the level falls below is revoked whole (a record of kind
+ * RW_STACK_SAMPLE_REVOKE to user space), and the `next` it reached is `next` again:
+ * memory given back soon after it was taken was a transient's. The
+ * charges still revocable are a stack (kept[], a ring of RW_SITE_KEPT from `bottom`,
+ * covering (floor, mark] in order); one pushed out at the bottom stays for good and
+ * raises `floor`, below which nothing is charged again. `started` is 0 until the
+ * process's first event, which sets the levels. `alloc_pending` is a JVM's heap
+ * allocation not yet charged (its allocation probes, stacks.bpf.h).
+ */
 struct rw_site_state {
-	__u64 high;
-	__u64 pending;
+	__u64 mark;
+	__u64 next;
+	__u64 floor;
 	__u64 alloc_pending;
+	__u32 seq;
+	__u32 bottom;
+	__u32 depth;
+	__u32 started;
+	struct rw_site_charge kept[RW_SITE_KEPT];
+};
+
+/* What a revoke record says: `bytes` of sample `seq` of process `tgid` were given back
+ * (same first fields as rw_stack_sample, told apart by kind). */
+struct rw_site_revoke {
+	__u64 bytes;
+	__u32 tgid;
+	__u32 kind;
+	__u32 seq;
+	__u32 _pad;
 };
 
 /* Bytes of growth per stack sample of a growth-site capture (a sample is charged with

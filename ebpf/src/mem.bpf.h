@@ -106,7 +106,7 @@ int BPF_PROG(rw_rss_stat, struct mm_struct *mm, int member)
 		return 0;
 
 	if (ctl->site_pids && site_listed(ctl, tgid))
-		record_growth_site(ctx, tgid, total);
+		record_growth_site(ctx, mm, member, tgid, total);
 	__u32 targets = ctl->targets;
 	if (targets) {
 		__u64 cgid = (targets & RW_TARGET_CGROUPS) ? task_cgroup_id(owner) : 0;

@@ -41,6 +41,10 @@ pub const PY_NO_CFRAME: u32 = u32::MAX;
 pub const STACK_SAMPLE_PROFILE: u32 = 1;
 pub const STACK_SAMPLE_SITE: u32 = 2;
 pub const STACK_SAMPLE_JVM_ALLOC: u32 = 3;
+/// A growth-site revocation ([`RwSiteRevoke`]), not a stack.
+pub const STACK_SAMPLE_REVOKE: u32 = 4;
+/// Growth-site charges that stay revocable (`RW_SITE_KEPT`).
+pub const SITE_KEPT: usize = 128;
 /// Bytes of growth per growth-site stack sample (`RW_SITE_SAMPLE_BYTES`).
 pub const SITE_SAMPLE_BYTES: u64 = 256 * 1024;
 /// Processes whose growth sites can be captured at once (`rw_control.site_pid`).
@@ -241,6 +245,9 @@ pub struct RwStackSample {
     pub kernel_stack: i32,
     pub stack_len: u32,
     pub py_len: u32,
+    /// A growth-site sample's number, for its revocation (0: none).
+    pub seq: u32,
+    pub _pad: u32,
     pub py_frames: [u64; PY_DEPTH],
     pub stack: [u8; STACK_COPY],
 }
@@ -259,6 +266,8 @@ impl Default for RwStackSample {
             kernel_stack: -1,
             stack_len: 0,
             py_len: 0,
+            seq: 0,
+            _pad: 0,
             py_frames: [0; PY_DEPTH],
             stack: [0; STACK_COPY],
         }
@@ -283,14 +292,60 @@ pub struct RwPyProc {
     pub entry_kind: u32,
 }
 
-/// A growth-site capture's state (`struct rw_site_state`): the high-water mark in pages
-/// and the bytes not yet charged to a stack sample.
+/// One charge of a growth-site capture (`struct rw_site_charge`): resident pages
+/// `(top - count, top]` charged to sample `seq` when the level reached `next`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwSiteCharge {
+    pub seq: u32,
+    pub top: u32,
+    pub count: u32,
+    pub next: u32,
+}
+
+/// A growth-site capture's state (`struct rw_site_state`, whose comment says how growth
+/// is charged and revoked). All zero starts a capture: the kernel sets the levels from
+/// the process's first event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RwSiteState {
-    pub high: u64,
-    pub pending: u64,
+    pub mark: u64,
+    pub next: u64,
+    pub floor: u64,
     pub alloc_pending: u64,
+    pub seq: u32,
+    pub bottom: u32,
+    pub depth: u32,
+    pub started: u32,
+    pub kept: [RwSiteCharge; SITE_KEPT],
+}
+
+impl Default for RwSiteState {
+    fn default() -> Self {
+        Self {
+            mark: 0,
+            next: 0,
+            floor: 0,
+            alloc_pending: 0,
+            seq: 0,
+            bottom: 0,
+            depth: 0,
+            started: 0,
+            kept: [RwSiteCharge::default(); SITE_KEPT],
+        }
+    }
+}
+
+/// A growth-site revocation (`struct rw_site_revoke`, kind [`STACK_SAMPLE_REVOKE`] in the
+/// stack-sample ring): `bytes` of sample `seq` of `tgid` were given back.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwSiteRevoke {
+    pub bytes: u64,
+    pub tgid: u32,
+    pub kind: u32,
+    pub seq: u32,
+    pub _pad: u32,
 }
 
 // SAFETY: all of these are repr(C) plain-old-data with explicit padding fields, so every
@@ -307,6 +362,8 @@ unsafe impl aya::Pod for RwAllocPending {}
 unsafe impl aya::Pod for RwAllocStats {}
 unsafe impl aya::Pod for RwStackKey {}
 unsafe impl aya::Pod for RwSiteState {}
+unsafe impl aya::Pod for RwSiteCharge {}
+unsafe impl aya::Pod for RwSiteRevoke {}
 unsafe impl aya::Pod for RwPyProc {}
 
 #[cfg(test)]
@@ -349,9 +406,11 @@ mod tests {
             "rw_stack_key" => RwStackKey { caller, tgid, user_stack, kernel_stack, _pad0 },
             "rw_stack_sample" => RwStackSample {
                 value, ip, sp, bp, caller, tgid, kind, user_stack, kernel_stack, stack_len, py_len,
-                py_frames, stack,
+                seq, _pad, py_frames, stack,
             },
-            "rw_site_state" => RwSiteState { high, pending, alloc_pending },
+            "rw_site_charge" => RwSiteCharge { seq, top, count, next },
+            "rw_site_state" => RwSiteState { mark, next, floor, alloc_pending, seq, bottom, depth, started, kept },
+            "rw_site_revoke" => RwSiteRevoke { bytes, tgid, kind, seq, _pad },
             "rw_py_proc" => RwPyProc {
                 runtime, interp_main, threads_head, tstate_next, tstate_thread_id, tstate_frame,
                 cframe_frame, frame_code, frame_previous, frame_entry, entry_kind,
@@ -421,6 +480,8 @@ mod tests {
                 u64::from(STACK_SAMPLE_JVM_ALLOC),
             ),
             ("RW_SITE_SAMPLE_BYTES", SITE_SAMPLE_BYTES),
+            ("RW_STACK_SAMPLE_REVOKE", u64::from(STACK_SAMPLE_REVOKE)),
+            ("RW_SITE_KEPT", SITE_KEPT as u64),
             ("RW_PY_DEPTH", PY_DEPTH as u64),
             ("RW_PY_ENTRY", PY_ENTRY),
             ("RW_PY_THREADS", u64::from(PY_THREADS)),

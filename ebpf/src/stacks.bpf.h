@@ -150,7 +150,7 @@ static __always_inline __u64 top_return_address(void)
  * (a kernel thread), and the caller counts the sample by its frame-pointer walk instead.
  */
 static __always_inline int send_stack_sample(__u32 kind, __u32 tgid, __u64 value,
-					     __s32 user_stack, __s32 kernel_stack)
+					     __s32 user_stack, __s32 kernel_stack, __u32 seq)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
@@ -165,6 +165,8 @@ static __always_inline int send_stack_sample(__u32 kind, __u32 tgid, __u64 value
 	s->user_stack = user_stack;
 	s->kernel_stack = kernel_stack;
 	s->py_len = 0;
+	s->seq = seq;
+	s->_pad = 0;
 	s->ip = 0;
 	s->sp = 0;
 	s->bp = 0;
@@ -222,23 +224,18 @@ static __always_inline int send_stack_sample(__u32 kind, __u32 tgid, __u64 value
 }
 
 /*
- * Adds `add` bytes to `*pending` and, once RW_SITE_SAMPLE_BYTES have gathered, charges
- * them all to the current user stack: one stack per RW_SITE_SAMPLE_BYTES, since a copy of
- * the stack per fault (or per allocation) would cost more than what it explains.
+ * Charges `bytes` to the current user stack: a stack sample to user space (numbered `seq`
+ * for a growth site's revocation), or the frame-pointer walk's stack id when the sample
+ * cannot be sent.
  */
-static __always_inline void charge_site(void *ctx, __u64 *pending, __u32 tgid, __u64 add,
-					__u32 kind)
+static __always_inline void charge_stack(void *ctx, __u32 tgid, __u64 bytes, __u32 kind,
+					 __u32 seq)
 {
-	__u64 bytes = __sync_fetch_and_add(pending, add) + add;
-	if (bytes < RW_SITE_SAMPLE_BYTES)
-		return;
-	/* Taken by this event; a racing thread's add lands in the next sample. */
-	__sync_fetch_and_sub(pending, bytes);
 	__s32 user_stack = bpf_get_stackid(ctx, &rw_site_stacks, BPF_F_USER_STACK);
 	/* A stack id that failed (a hash collision in the stack map, a task with no user
 	 * stack) loses nothing while the sample reaches user space with its stack copy: lost
 	 * is counted only for a sample that keeps no stack at all. */
-	if (send_stack_sample(kind, tgid, bytes, user_stack, -1) == 0)
+	if (send_stack_sample(kind, tgid, bytes, user_stack, -1, seq) == 0)
 		return;
 	if (user_stack < 0)
 		stat_inc(RW_STAT_STACKS_LOST);
@@ -252,16 +249,21 @@ static __always_inline void charge_site(void *ctx, __u64 *pending, __u32 tgid, _
 }
 
 /*
- * Called from rw_rss_stat for a process listed in rw_site_pids: when its resident total
- * goes above the highest seen so far, the growth is charged to the user stack of the task
- * that caused it, if that task belongs to the process (a fault, a brk or an mmap of its
- * own; reclaim or another process's ptrace write have no stack of the process).
- *
- * Only new highs count: memory a process frees and takes back (allocator churn, a GC
- * sawtooth) is resident already and adds nothing, so over a capture window what stays is
- * where the process's footprint really grew, which for a leak is the leak. Two threads of
- * one process racing on the high-water mark can misattribute a few pages.
+ * Adds `add` bytes to `*pending` and, once RW_SITE_SAMPLE_BYTES have gathered, charges
+ * them all to the current user stack: one stack per RW_SITE_SAMPLE_BYTES, since a copy of
+ * the stack per allocation would cost more than what it explains.
  */
+static __always_inline void charge_site(void *ctx, __u64 *pending, __u32 tgid, __u64 add,
+					__u32 kind)
+{
+	__u64 bytes = __sync_fetch_and_add(pending, add) + add;
+	if (bytes < RW_SITE_SAMPLE_BYTES)
+		return;
+	/* Taken by this event; a racing thread's add lands in the next sample. */
+	__sync_fetch_and_sub(pending, bytes);
+	charge_stack(ctx, tgid, bytes, kind, 0);
+}
+
 /* Whether user space listed `tgid` for a growth-site capture: constant indices, unrolled. */
 static __always_inline int site_listed(const struct rw_control *ctl, __u32 tgid)
 {
@@ -272,19 +274,275 @@ static __always_inline int site_listed(const struct rw_control *ctl, __u32 tgid)
 	return 0;
 }
 
-static __always_inline void record_growth_site(void *ctx, __u32 tgid, __u64 total)
+/* CPUs whose per-CPU counter deltas resident_exact() adds; a larger machine's growth
+ * sites use the folded counts alone. */
+#define RW_MAX_SUMMED_CPUS 512
+
+/* An entry per CPU: its address on each CPU, less the percpu address every CPU's is
+ * found from, is that CPU's per-CPU offset (resident_exact). */
+struct rw_pcpu_probe {
+	__u64 map;  /* this map's own address, stored to be read back as a number */
+	__u64 real; /* likewise, one CPU's entry's address */
+	__u64 base; /* the entry's percpu address: 0 until read */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rw_pcpu_probe);
+} rw_pcpu SEC(".maps");
+
+/*
+ * The resident pages of `mm` exactly, where the kernel keeps them as percpu_counters
+ * (6.2 on): the folded counts plus every CPU's deltas, or `approx` (what read_rss()
+ * summed) when those cannot be read; before 6.2, see below. Why: the folded count moves in steps of 32+ pages, at whichever event crosses
+ * a CPU's batch, so the stack seen when it moves is a random one of the events before;
+ * a churn that faults more often than a leak takes most of the leak's growth that way.
+ *
+ * A CPU's delta is at `counters` plus that CPU's per-CPU offset. Kernels built with GCC
+ * have no percpu tag in their BTF, so bpf_per_cpu_ptr() refuses the pointer, and
+ * __per_cpu_offset is not a BTF variable; the offset is found instead from a per-CPU
+ * array of this program's own: bpf_map_lookup_percpu_elem() gives its entry's address on
+ * a CPU, and the array (struct bpf_array) holds the entry's percpu address after `aux`.
+ * Reading the map's address as a number is allowed to CAP_PERFMON (it stores a pointer
+ * into a map value). A delta outside what a batch allows means the layout is not the one
+ * expected: the folded counts are used then.
+ *
+ * Before 6.2 the counters are atomic, but each thread keeps the page faults of its own mm
+ * in its task (task->rss_stat) and adds them only every 64 events, and only that sync
+ * fires the tracepoint; pages unmapped are subtracted at once. A level from the counters
+ * alone fell by up to 64 pages more than the process gave back at each unmap, and took
+ * back charges it had not given back (a leak beside a buffer unmapped each time kept
+ * nothing). So the current thread's own pending faults are added, except those of the
+ * event's member while it is being synced (events then above 64: the counter has them
+ * already, the task not yet cleared). Other threads' pending faults are not seen: each
+ * can hide up to 64 pages.
+ */
+/* What resident_exact() hands each CPU's step of its bpf_loop(). */
+struct rw_pcpu_sum {
+	struct rw_pcpu_probe *pp;
+	__u64 base;
+	__u64 file, anon, shmem; /* percpu addresses of the three counters' deltas */
+	__s64 sum;
+	__u32 failed;
+};
+
+static long pcpu_sum_step(__u32 cpu, void *data)
+{
+	struct rw_pcpu_sum *d = data;
+	__u32 zero = 0;
+	void *entry = bpf_map_lookup_percpu_elem(&rw_pcpu, &zero, cpu);
+	if (!entry)
+		return 1; /* past the last CPU */
+	struct rw_pcpu_probe *pp = d->pp;
+	pp->real = (__u64)entry;
+	__u64 off = *(volatile __u64 *)&pp->real - d->base;
+	__s32 f = 0, a = 0, sh = 0;
+	if (bpf_probe_read_kernel(&f, sizeof(f), (void *)(d->file + off)) ||
+	    bpf_probe_read_kernel(&a, sizeof(a), (void *)(d->anon + off)) ||
+	    bpf_probe_read_kernel(&sh, sizeof(sh), (void *)(d->shmem + off))) {
+		d->failed = 1;
+		return 1;
+	}
+	/* percpu_counter_batch is max(32, 2 x CPUs): no delta is near this. */
+	if (f > 65536 || f < -65536 || a > 65536 || a < -65536 || sh > 65536 || sh < -65536) {
+		d->failed = 1;
+		return 1;
+	}
+	d->sum += f + a + sh;
+	return 0;
+}
+
+static __always_inline __u64 resident_pre62(struct mm_struct *mm, int member)
+{
+	struct mm_struct___pre62 *old = (void *)mm;
+	__s64 level = (long)BPF_CORE_READ(old, rss_stat.count[MM_FILEPAGES].counter) +
+		      (long)BPF_CORE_READ(old, rss_stat.count[MM_ANONPAGES].counter) +
+		      (long)BPF_CORE_READ(old, rss_stat.count[MM_SHMEMPAGES].counter);
+	struct task_struct___pre62 *t = (void *)bpf_get_current_task_btf();
+	if (bpf_core_field_exists(t->rss_stat) && BPF_CORE_READ(t, mm) == (void *)mm) {
+		int syncing = BPF_CORE_READ(t, rss_stat.events) > 64;
+		int file = BPF_CORE_READ(t, rss_stat.count[MM_FILEPAGES]);
+		int anon = BPF_CORE_READ(t, rss_stat.count[MM_ANONPAGES]);
+		int shmem = BPF_CORE_READ(t, rss_stat.count[MM_SHMEMPAGES]);
+		if (!(syncing && member == MM_FILEPAGES))
+			level += file;
+		if (!(syncing && member == MM_ANONPAGES))
+			level += anon;
+		if (!(syncing && member == MM_SHMEMPAGES))
+			level += shmem;
+	}
+	return level > 0 ? (__u64)level : 0;
+}
+
+static __always_inline __u64 resident_exact(struct mm_struct *mm, int member, __u64 approx)
+{
+	if (bpf_core_type_exists(struct mm_rss_stat))
+		return resident_pre62(mm, member);
+	__u32 zero = 0;
+	struct rw_pcpu_probe *pp = bpf_map_lookup_elem(&rw_pcpu, &zero);
+	if (!pp)
+		return approx;
+	__u64 base = pp->base;
+	if (!base) {
+		pp->map = (__u64)(void *)&rw_pcpu;
+		__u64 map = *(volatile __u64 *)&pp->map;
+		__u64 at = map + bpf_core_field_offset(struct bpf_array, aux) + sizeof(void *);
+		if (bpf_probe_read_kernel(&base, sizeof(base), (void *)at) || !base)
+			return approx;
+		pp->base = base;
+	}
+	struct rw_pcpu_sum d = {
+		.pp = pp,
+		.base = base,
+		.file = (__u64)mm->rss_stat[MM_FILEPAGES].counters,
+		.anon = (__u64)mm->rss_stat[MM_ANONPAGES].counters,
+		.shmem = (__u64)mm->rss_stat[MM_SHMEMPAGES].counters,
+		.sum = (__s64)mm->rss_stat[MM_FILEPAGES].count + (__s64)mm->rss_stat[MM_ANONPAGES].count +
+		       (__s64)mm->rss_stat[MM_SHMEMPAGES].count,
+	};
+	/* bpf_loop: the verifier checks the step once, not once per CPU. */
+	bpf_loop(RW_MAX_SUMMED_CPUS, pcpu_sum_step, &d, 0);
+	if (d.failed)
+		return approx;
+	return d.sum > 0 ? (__u64)d.sum : 0;
+}
+
+/* Tells user space that `bytes` of growth-site sample `seq` were given back. */
+static __always_inline void send_revoke(__u32 tgid, __u32 seq, __u64 bytes)
+{
+	if (!seq)
+		return;
+	struct rw_site_revoke *r = bpf_ringbuf_reserve(&rw_stack_samples, sizeof(*r), 0);
+	if (!r) {
+		/* That sample's bytes stay charged: counted as a sample's stack lost. */
+		stat_inc(RW_STAT_STACKS_LOST);
+		return;
+	}
+	r->bytes = bytes;
+	r->tgid = tgid;
+	r->kind = RW_STACK_SAMPLE_REVOKE;
+	r->seq = seq;
+	r->_pad = 0;
+	bpf_ringbuf_submit(r, 0);
+}
+
+/* What record_growth_site() hands each step of its revoking bpf_loop(). */
+struct rw_site_revoking {
+	struct rw_site_state *st;
+	__u64 level;
+	__u64 next; /* the `next` the lowest charge taken back reached: `next` again */
+	__u32 tgid;
+};
+
+/* Takes back the newest charge if the level fell below its top. */
+static long site_revoke_step(__u32 i, void *data)
+{
+	struct rw_site_revoking *r = data;
+	struct rw_site_state *st = r->st;
+	__u32 depth = st->depth;
+	if (!depth || depth > RW_SITE_KEPT)
+		return 1;
+	struct rw_site_charge *c = &st->kept[(st->bottom + depth - 1) & (RW_SITE_KEPT - 1)];
+	if (c->top <= r->level)
+		return 1;
+	send_revoke(r->tgid, c->seq, (__u64)c->count << rw_config.page_shift);
+	r->next = c->next;
+	st->depth = depth - 1;
+	return 0;
+}
+
+/* A gap to the next charge, in pages: uniform in 1 .. 2 x RW_SITE_SAMPLE_BYTES - 1. */
+static __always_inline __u64 site_gap(void)
+{
+	__u64 mean = RW_SITE_SAMPLE_BYTES >> rw_config.page_shift;
+	if (!mean)
+		mean = 1;
+	return 1 + bpf_get_prandom_u32() % (2 * mean - 1);
+}
+
+/*
+ * Called from rw_rss_stat for a process listed in rw_site_pids (see struct rw_site_state
+ * for the levels). The event whose resident level reaches `next` charges the growth since
+ * the last charge to the user stack of its task if that task belongs to the process (a
+ * fault, a brk or an mmap of its own; reclaim or another process's ptrace write have
+ * none, and their pages are kept with no sample). A charge whose top the level falls
+ * back below is taken back whole, and the next charge is taken where it was: so each
+ * stretch of the level ends up charged to an event that raised the level through it for
+ * good, and not to a transient that went through it first.
+ *
+ * Why, and not only new highs charged: a transient that faults memory in and gives it
+ * back (a buffer unmapped after use, an arena freed, a heap top trimmed) sits on top of
+ * everything else, so it makes every new high while a leak under it raises the floor;
+ * charging new highs charged a leak beside a 512 KiB buffer to the buffer's memset, all
+ * of it. Memory a process frees and takes back without giving it to the kernel moves no
+ * counter. Why random gaps: a program's growth is often periodic (16
+ * pages an iteration, say), and charges at fixed steps of 64 pages then land on the same
+ * point of every period: on one allocator write that first touches a page of the next
+ * chunk, it took half of a leak's growth in 1 run of 10. Two threads of one process
+ * racing here can misattribute a charge; the indexes stay in bounds.
+ */
+static __noinline void record_growth_site(void *ctx, struct mm_struct *mm, int member,
+					  __u32 tgid, __u64 total)
 {
 	struct rw_site_state *st = bpf_map_lookup_elem(&rw_site_pids, &tgid);
 	if (!st)
 		return;
-	__u64 prev = st->high;
-	if (total <= prev)
+	__u64 level = resident_exact(mm, member, total);
+	if (!st->started) {
+		st->mark = level;
+		st->floor = level;
+		st->next = level + site_gap();
+		st->started = 1;
 		return;
-	st->high = total;
-	if ((bpf_get_current_pid_tgid() >> 32) != tgid)
+	}
+	__u64 mark = st->mark;
+	if (level >= st->next) {
+		__u32 seq = 0;
+		if ((bpf_get_current_pid_tgid() >> 32) == tgid) {
+			seq = st->seq + 1;
+			if (!seq)
+				seq = 1;
+			st->seq = seq;
+		}
+		__u32 depth = st->depth;
+		if (depth >= RW_SITE_KEPT) {
+			/* The oldest charge stays for good: nothing under it is revoked. */
+			struct rw_site_charge *old = &st->kept[st->bottom & (RW_SITE_KEPT - 1)];
+			st->floor = old->top;
+			st->bottom++;
+			depth = RW_SITE_KEPT - 1;
+		}
+		struct rw_site_charge *c = &st->kept[(st->bottom + depth) & (RW_SITE_KEPT - 1)];
+		c->seq = seq;
+		c->top = level;
+		c->count = level - mark;
+		c->next = st->next;
+		st->depth = depth + 1;
+		st->mark = level;
+		st->next = level + site_gap();
+		if (seq)
+			charge_stack(ctx, tgid, (level - mark) << rw_config.page_shift,
+				     RW_STACK_SAMPLE_SITE, seq);
 		return;
-	charge_site(ctx, &st->pending, tgid, (total - prev) << rw_config.page_shift,
-		    RW_STACK_SAMPLE_SITE);
+	}
+	if (level >= mark)
+		return;
+	struct rw_site_revoking r = { .st = st, .tgid = tgid, .level = level };
+	bpf_loop(RW_SITE_KEPT, site_revoke_step, &r, 0);
+	/* Charged now: up to the top of the newest charge left. The next is taken where the
+	 * lowest one taken back was, by whatever raises the level there again: its `next`,
+	 * not its top, which can be far above where an older kernel told the level in steps
+	 * of 64 faults (the transient would then take every charge again before the growth
+	 * under it got there). */
+	__u32 depth = st->depth;
+	if (depth && depth <= RW_SITE_KEPT)
+		st->mark = st->kept[(st->bottom + depth - 1) & (RW_SITE_KEPT - 1)].top;
+	else
+		st->mark = st->floor;
+	if (r.next)
+		st->next = r.next;
 }
 
 /*
@@ -329,7 +587,7 @@ int rw_profile(struct bpf_perf_event_data *ctx)
 	key.kernel_stack = bpf_get_stackid(ctx, &rw_profile_stacks, 0);
 	/* As for growth sites: lost only when the sample keeps no stack at all. */
 	if (send_stack_sample(RW_STACK_SAMPLE_PROFILE, tgid, 1, key.user_stack,
-			      key.kernel_stack) == 0)
+			      key.kernel_stack, 0) == 0)
 		return 0;
 	if (key.user_stack < 0 && key.kernel_stack < 0)
 		stat_inc(RW_STAT_STACKS_LOST);

@@ -26,6 +26,8 @@ pub enum CheckId {
     SchedProcessExit,
     RingBuffer,
     Atomics,
+    /// rss_stat at every page fault (6.2 on): growth sites charged where pages are taken.
+    FaultTimeRss,
     Cgroups,
     Uprobes,
     Ptrace,
@@ -253,8 +255,9 @@ fn tracepoint_checks(btf: Option<&[u8]>) -> Vec<Check> {
     .collect()
 }
 
-/// What the kernel's version alone decides: the ring buffer and BPF atomics.
-fn kernel_version_checks(release: &str) -> [Check; 2] {
+/// What the kernel's version alone decides: the ring buffer, BPF atomics, and whether
+/// rss_stat fires at every page fault.
+fn kernel_version_checks(release: &str) -> [Check; 3] {
     let version = parse_release(release);
     [
         Check::of(
@@ -273,6 +276,18 @@ fn kernel_version_checks(release: &str) -> [Check; 2] {
             "kernel >= 5.12 (compare-and-exchange for the sketches)",
             format!(
                 "kernel {release} < 5.12 lacks BPF compare-and-exchange, which the sketches use"
+            ),
+        ),
+        // ebpf/src/stacks.bpf.h, resident_exact(): before 6.2 a thread adds its page
+        // faults to its mm's counters (and the tracepoint fires) only every 64 events.
+        Check::of(
+            CheckId::FaultTimeRss,
+            "rss_stat at every page fault",
+            false,
+            version >= (6, 2),
+            "kernel >= 6.2: a leak's growth sites are charged at the faults that take its pages",
+            format!(
+                "kernel {release} < 6.2 reports a thread's page faults to rss_stat every 64 events: growth sites are charged at those, and a leak whose faults never include the 64th (one beside a buffer unmapped each time, which makes the kernel count afresh) is not charged at all"
             ),
         ),
     ]

@@ -285,6 +285,7 @@ impl Profiler {
             &mut self.unwinder,
             &mut self.runtimes,
             walked,
+            None,
         )?;
         Ok(t.elapsed())
     }

@@ -265,7 +265,7 @@ fn a_c_growth_site_without_frame_pointers_reaches_main() {
         has_in_order(user(top), &["main", "grow", "keep", "leak_here"]),
         "top site: {top:?}"
     );
-    assert_leak_site_holds_a_third(top, total, &named);
+    assert_leak_site_holds_two_thirds(top, total, &named);
     eprintln!(
         "C -O2 without frame pointers, top site ({} of {total} bytes): {:?}",
         top.value,
@@ -276,6 +276,18 @@ fn a_c_growth_site_without_frame_pointers_reaches_main() {
 /// Runs `bin` and captures its growth sites for 4 s: the named sites, heaviest first, and
 /// the bytes charged, checked against the growth /proc saw (6.4 MB/s fixtures).
 fn capture_sites(bin: &Path) -> (Vec<Stack>, u64) {
+    let (named, total, grew) = capture_sites_unchecked(bin);
+    // 6.4 MB/s for 4 s; every byte of growth is charged to some stack (the drain came
+    // after the second reading, so the charge can exceed it by a few pages).
+    assert!(
+        total as f64 >= grew as f64 * 0.8 && total as f64 <= grew as f64 * 1.2 + 1e6,
+        "charged {total} bytes for {grew} of growth: {named:?}"
+    );
+    (named, total)
+}
+
+/// As [`capture_sites`], with the growth /proc saw, unchecked.
+fn capture_sites_unchecked(bin: &Path) -> (Vec<Stack>, u64, u64) {
     let mut pipes = Pipelines::load(PipelineOptions::default()).expect("pipelines");
     let p = Running::start(bin);
     pipes.capture_growth_sites(p.pid()).expect("capture");
@@ -293,37 +305,31 @@ fn capture_sites(bin: &Path) -> (Vec<Stack>, u64) {
     let named = stacks::name(&raw, &Symbolizer::new(), procfs::comm);
     let total: u64 = named.iter().map(|s| s.value).sum();
     let grew = after.saturating_sub(before);
-    // 6.4 MB/s for 4 s; every byte of new high is charged to some stack (the drain came
-    // after the second reading, so the charge can exceed it by a few pages).
     assert!(grew > 16 << 20, "the fixture grew {grew} bytes");
-    assert!(
-        total as f64 >= grew as f64 * 0.8 && total as f64 <= grew as f64 * 1.2 + 1e6,
-        "charged {total} bytes for {grew} of growth: {named:?}"
-    );
-    (named, total)
+    (named, total, grew)
 }
 
-/// The C leak fixture's site (`leak.c`, a leak beside a churn) holds at least a third of
-/// the growth.
+/// The C leak fixture's site (`leak.c`, a leak beside a churn) holds at least two thirds
+/// of the growth.
 ///
-/// The rest is glibc's own bookkeeping (_int_malloc, sysmalloc) moving the heap's top
-/// while the churn's chunk is carved: those pages are new, and the leak's chunks take
-/// them once the churn frees its own. Walked with .eh_frame, those stacks go through
-/// churn_here's call to malloc; the churn's own writes are never charged (its memset, a
-/// store before free, is removed by the compiler at -O2). How the growth splits is the allocator's and the
-/// kernel's timing, not the agent's. On 30 November (host kernel build fc-v857) the
-/// leak's site held 42-100 % in 28 runs of the two tests that call this on an idle
-/// machine, and 39.5 % in CI beside other tests (10.1 of 25.6 MB, the churn's malloc
-/// holding the rest in two stacks), under the 40 % floor this had. The floor is now a
-/// third: below every share measured, above an even split among the three stacks.
-fn assert_leak_site_holds_a_third(top: &Stack, total: u64, named: &[Stack]) {
+/// The churn's own writes are never charged (its memset, a store before free, is removed
+/// by the compiler at -O2): it calls malloc, whose bookkeeping (_int_malloc, sysmalloc:
+/// the heap's top moved while its chunk is carved) first touches about one page in 16 of
+/// what the leak then fills (counted with a tracer on rss_stat: 2,770 of 2,960 faults in
+/// 2 s are the leak's memset). That share is what the churn's malloc should get. Until
+/// the kernel's per-CPU counter deltas were read and charges were taken at random gaps
+/// (stacks.bpf.h, resident_exact and record_growth_site), it got 0-60 %: the counter moved
+/// in steps of 32 pages at whichever fault crossed a CPU's batch, and fixed 64-page steps
+/// landed every time on the same fault of the fixture's 16-page period. Since: the leak's
+/// site held 83.6-98.3 % in 24 runs of the two tests that call this (30 November, 6.18).
+fn assert_leak_site_holds_two_thirds(top: &Stack, total: u64, named: &[Stack]) {
     eprintln!(
         "the leak's site has {} of {total} bytes ({:.1} %)",
         top.value,
         top.value as f64 * 100.0 / total as f64
     );
     assert!(
-        top.value * 3 >= total,
+        top.value * 3 >= total * 2,
         "the leak's site has {} of {total} bytes: {named:?}",
         top.value
     );
@@ -409,7 +415,7 @@ fn growth_sites_name_the_leaking_function_not_the_churn() {
         at >= 2 && frames[at - 1] == "keep" && frames[at - 2] == "grow",
         "top site: {top:?}"
     );
-    assert_leak_site_holds_a_third(top, total, &named);
+    assert_leak_site_holds_two_thirds(top, total, &named);
     for s in &named {
         let Some(at) = s.frames.iter().position(|f| f == "churn_here") else {
             continue;
@@ -419,6 +425,60 @@ fn growth_sites_name_the_leaking_function_not_the_churn() {
             "the churn's own writes charged with growth: {s:?} of {total}: {named:?}"
         );
     }
+}
+
+/// A leak under a buffer that the process maps, writes and gives back to the kernel each
+/// time (`leak-buffer.c`): the buffer makes every new high of resident memory, so charging
+/// new highs named the buffer's memset for all of the growth (100 % in the run before the
+/// fix); the bands it gives back are revoked, and the leak's function holds the growth.
+#[test]
+fn growth_sites_beside_a_buffer_given_back_name_the_leak() {
+    const TEST: &str = "growth_sites_beside_a_buffer_given_back_name_the_leak";
+    let Some(_k) = kernel_or_skip(TEST) else {
+        return;
+    };
+    let Some(bin) = build(TEST, "leak-buffer.c") else {
+        return;
+    };
+    if !resourcewatch_agent::capabilities::kernel_at_least(6, 2) {
+        // Before 6.2 a thread's faults reach rss_stat every 64 events, and the unmap of
+        // the buffer makes the kernel count afresh, so those 64th faults are always the
+        // buffer's: nothing of the leak can be charged (the capability check says so).
+        // What holds there: the buffer is not named for the leak's growth either.
+        let report = resourcewatch_agent::capabilities::probe();
+        assert!(
+            !report.holds(resourcewatch_agent::capabilities::CheckId::FaultTimeRss),
+            "{report:?}"
+        );
+        let (named, total, grew) = capture_sites_unchecked(&bin);
+        let buffer = charged_through(&named, &["main", "buffer_here"]);
+        eprintln!("before 6.2: {total} bytes charged for {grew} grown, {buffer} to buffer_here");
+        assert!(
+            buffer <= grew / 10 && total <= grew + (1 << 20),
+            "the buffer charged with {buffer} of {grew} bytes grown: {named:?}"
+        );
+        return;
+    }
+    let (named, total) = capture_sites(&bin);
+    let top = &named[0];
+    assert!(
+        has_in_order(user(top), &["main", "grow", "keep", "leak_here"]),
+        "top site: {top:?} of {named:?}"
+    );
+    let leak = charged_through(&named, &["main", "grow", "keep", "leak_here"]);
+    let buffer = charged_through(&named, &["main", "buffer_here"]);
+    eprintln!("through leak_here {leak} of {total} bytes, through buffer_here {buffer}");
+    // glibc's malloc moving the heap's top under leak_here is the leak's growth too.
+    assert!(
+        leak * 10 >= total * 8,
+        "{leak} of {total} bytes through leak_here: {named:?}"
+    );
+    // A charge the buffer holds when the capture's window closes stays with it: the
+    // buffer and the growth since the charge before (under 1 MiB) of the ~25 MB grown.
+    assert!(
+        buffer <= total / 10,
+        "the buffer charged with {buffer} of {total} bytes: {named:?}"
+    );
 }
 
 /// The kernel compares each rss_stat event's process with the control words' slots, so

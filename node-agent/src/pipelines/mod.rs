@@ -139,6 +139,8 @@ pub struct Pipelines {
     /// CPython processes listed for the kernel's frame walk, JVMs asked for perf maps.
     runtimes: crate::stacks::Runtimes,
     site_walked: crate::stacks::Walked,
+    /// The growth-site samples the kernel can still revoke.
+    site_revocable: crate::stacks::Revocable,
     opts: PipelineOptions,
     layout: CgroupLayout,
     ncpus: u32,
@@ -194,6 +196,7 @@ impl Pipelines {
             unwinder: crate::stacks::unwind::Unwinder::new(),
             runtimes,
             site_walked: HashMap::new(),
+            site_revocable: crate::stacks::Revocable::default(),
             opts,
             layout,
             ncpus,

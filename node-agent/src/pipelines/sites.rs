@@ -1,7 +1,8 @@
 //! Growth-site capture: the stacks that make a leaking process's resident memory grow.
-//! Kernel side: `ebpf/src/stacks.bpf.h` (the capture slots in `rw_control`, one stack
-//! sample per 256 KiB of growth to the ring `rw_stack_samples`); the user side walks
-//! those with `crate::stacks` as they come. When to capture is the snapshot's
+//! Kernel side: `ebpf/src/stacks.bpf.h` (the capture slots in `rw_control`, a stack
+//! sample per 256 KiB of growth on average to the ring `rw_stack_samples`, and a
+//! revocation record when growth is given back); the user side walks those with
+//! `crate::stacks` as they come and takes back what is revoked. When to capture is the snapshot's
 //! (`snapshot/sites.rs`).
 
 use std::sync::atomic::Ordering;
@@ -24,13 +25,13 @@ use crate::{
 };
 
 impl Pipelines {
-    /// Starts charging each new high of `tgid`'s resident memory to the user stack that
-    /// caused it (ebpf/src/stacks.bpf.h). The high starts at the process's RSS now, so
-    /// only growth from here on counts. Up to `MAX_SITE_CAPTURES` processes at once: the
+    /// Starts charging the growth of `tgid`'s resident memory to the user stacks that
+    /// make it, taking back what the process gives back (ebpf/src/stacks.bpf.h,
+    /// `record_growth_site`). Only growth from the process's next rss_stat event on counts. Up to `MAX_SITE_CAPTURES` processes at once: the
     /// kernel compares each rss_stat event's process with that many control-word slots
     /// before it looks anything up.
     pub fn capture_growth_sites(&mut self, tgid: u32) -> Result<(), PipelineError> {
-        let pages = procfs::resident_pages(tgid).ok_or(PipelineError::NoProcess(tgid))?;
+        procfs::resident_pages(tgid).ok_or(PipelineError::NoProcess(tgid))?;
         let slots = (0..shared::MAX_SITE_CAPTURES).map(|i| shared::control::SITE_PID + i);
         let slot_of = |this: &Self, pid: u64| {
             slots
@@ -50,13 +51,11 @@ impl Pipelines {
                 .ok_or(PipelineError::MissingMap(name))?,
         )
         .map_err(map_err(name))?;
-        // The high-water mark first: the kernel acts on the slot, and looks this up.
-        let state = shared::RwSiteState {
-            high: pages,
-            pending: 0,
-            alloc_pending: 0,
-        };
-        pids.insert(tgid, state, 0).map_err(map_err(name))?;
+        // The state first: the kernel acts on the slot, and looks this up. All zero: the
+        // kernel sets the bands from the process's first event.
+        pids.insert(tgid, shared::RwSiteState::default(), 0)
+            .map_err(map_err(name))?;
+        self.site_revocable.forget(tgid);
         // Listed for the kernel's Python frame walk before its first sample if CPython,
         // asked for its perf map if a JVM, whose heap allocations are sampled too.
         self.runtimes.seen(tgid);
@@ -126,6 +125,8 @@ impl Pipelines {
 
     /// Stops capturing `tgid`'s growth sites (what was captured stays until read).
     pub fn stop_growth_sites(&mut self, tgid: u32) {
+        // Revocations still in the ring after this are not applied: drain first.
+        self.site_revocable.forget(tgid);
         if let Some(links) = self.jvm_alloc_links.remove(&tgid)
             && let Some(prog) = self.bpf.program_mut(progs::JVM_ALLOC)
             && let Ok(prog) = <&mut UProbe>::try_from(prog)
@@ -189,10 +190,19 @@ impl Pipelines {
             &mut self.unwinder,
             &mut self.runtimes,
             &mut self.site_walked,
+            Some(&mut self.site_revocable),
         )
     }
 
-    /// Growth captured since the last call, every captured process's (bytes per stack).
+    /// Bytes taken back since the last call from stacks an earlier
+    /// [`Self::drain_growth_sites`] handed out: its caller subtracts them.
+    pub fn revoked_growth_sites(&mut self) -> Vec<crate::stacks::RawStack> {
+        self.site_revocable.take_revoked()
+    }
+
+    /// Growth captured since the last call, every captured process's (bytes per stack),
+    /// less what was given back since (see [`Self::revoked_growth_sites`] for what was
+    /// given back of earlier calls').
     pub fn drain_growth_sites(&mut self) -> Result<Vec<crate::stacks::RawStack>, PipelineError> {
         self.read_growth_samples()?;
         let mut raw = crate::stacks::sampled(std::mem::take(&mut self.site_walked));

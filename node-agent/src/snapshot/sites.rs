@@ -1,17 +1,19 @@
 //! Leak growth sites: where a leaking process's memory grows.
 //!
 //! When a process's leak series reaches [`SITE_CONFIDENCE`], the kernel is asked to charge
-//! each new high of its resident memory to the user stack that caused it
-//! ([`Pipelines::capture_growth_sites`]) for [`CAPTURE_FOR`]; no other process pays more
+//! the growth of its resident memory to the user stacks that make it, and to take back
+//! what the process gives back ([`Pipelines::capture_growth_sites`]) for [`CAPTURE_FOR`];
+//! no other process pays more
 //! than one load and branch per rss_stat event. The stacks are named every few seconds
 //! while the capture runs; the sites are shown once two namings in a row agree on the top
 //! one (or the capture ends), about ten seconds after the leak is found, and kept while
 //! the process lives. A process is captured again only after [`RECAPTURE_AFTER`].
 //!
-//! What a site means: the code that first touched memory the process had never held
-//! before. For a leak in a malloc-based program (C, C++, Rust, CPython's objects) that is
-//! the leak's allocation or its first write; memory freed and reused adds nothing. For a
-//! garbage-collected runtime it is wherever the heap's new peak was reached, which points
+//! What a site means: the code that first touched memory the process still holds. For a
+//! leak in a malloc-based program (C, C++, Rust, CPython's objects) that is the leak's
+//! allocation or its first write; memory freed and reused adds nothing, and memory given
+//! back to the kernel is taken off whoever was charged with it. For a
+//! garbage-collected runtime it is wherever the heap reached new pages, which points
 //! at allocation pressure rather than at what is retained (the runtime's own heap profile,
 //! e.g. Go's pprof inuse_space, answers that).
 //!
@@ -225,7 +227,10 @@ impl SiteTracker {
         }
         if self.captures.iter().any(|(pid, c)| due(pid, c)) {
             match pipes.drain_growth_sites() {
-                Ok(raw) => self.accumulate(raw),
+                Ok(raw) => {
+                    self.accumulate(raw);
+                    self.take_back(pipes.revoked_growth_sites());
+                }
                 Err(e) => tracing::warn!(
                     "reading growth sites failed: {}",
                     resourcewatch_runtime::error_chain(&e)
@@ -347,6 +352,21 @@ impl SiteTracker {
         for r in raw {
             if let Some(c) = self.captures.get_mut(&r.tgid) {
                 *c.raw.entry((r.user, r.caller)).or_default() += r.value;
+            }
+        }
+    }
+
+    /// Growth given back after an earlier drain counted it (the kernel revoked its band).
+    fn take_back(&mut self, revoked: Vec<RawStack>) {
+        for r in revoked {
+            let key = (r.user, r.caller);
+            if let Some(c) = self.captures.get_mut(&r.tgid)
+                && let Some(v) = c.raw.get_mut(&key)
+            {
+                *v = v.saturating_sub(r.value);
+                if *v == 0 {
+                    c.raw.remove(&key);
+                }
             }
         }
     }

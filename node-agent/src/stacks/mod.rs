@@ -11,13 +11,16 @@ pub mod python;
 pub mod symbolize;
 pub mod unwind;
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+};
 
 use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData, RingBuf, StackTraceMap},
 };
-use resourcewatch_ebpf::shared::{RwStackKey, RwStackSample};
+use resourcewatch_ebpf::shared::{self, RwSiteRevoke, RwStackKey, RwStackSample};
 use serde::Serialize;
 
 use crate::bpf::PipelineError;
@@ -148,7 +151,72 @@ impl Runtimes {
 }
 
 /// Walked stack samples merged: (process, user frames, kernel frames, caller) -> figure.
-pub type Walked = HashMap<(u32, Vec<u64>, Vec<u64>, u64), u64>;
+pub type Walked = HashMap<WalkedKey, u64>;
+/// (process, user frames, kernel frames, caller).
+pub type WalkedKey = (u32, Vec<u64>, Vec<u64>, u64);
+
+/// Growth-site samples the kernel can still revoke (stacks.bpf.h, `record_growth_site`:
+/// a band of resident memory given back is taken off the sample that was charged with it),
+/// per process, oldest first: each one's number, the stack its bytes went to and how many
+/// are left. As many per process as the kernel keeps revocable.
+#[derive(Default)]
+pub struct Revocable {
+    recent: HashMap<u32, VecDeque<(u32, WalkedKey, u64)>>,
+    /// Bytes revoked from stacks already handed out by a drain: the next drain's user
+    /// takes them off what it added up.
+    revoked: Walked,
+}
+
+impl Revocable {
+    fn charged(&mut self, tgid: u32, seq: u32, key: WalkedKey, bytes: u64) {
+        let recent = self.recent.entry(tgid).or_default();
+        if recent.len() >= shared::SITE_KEPT {
+            recent.pop_front();
+        }
+        recent.push_back((seq, key, bytes));
+    }
+
+    /// Takes `bytes` of sample `seq` of `tgid` off its stack in `into`, or off what was
+    /// handed out already. A sample never seen (lost to a full ring, or from before the
+    /// capture) has nothing to take back.
+    fn revoke(&mut self, tgid: u32, seq: u32, bytes: u64, into: &mut Walked) {
+        let Some(recent) = self.recent.get_mut(&tgid) else {
+            return;
+        };
+        let Some(at) = recent.iter().rposition(|(s, _, _)| *s == seq) else {
+            return;
+        };
+        let (_, key, left) = &mut recent[at];
+        let take = bytes.min(*left);
+        *left -= take;
+        let key = key.clone();
+        if *left == 0 {
+            recent.remove(at);
+        }
+        let mut rest = take;
+        if let Some(v) = into.get_mut(&key) {
+            let here = rest.min(*v);
+            *v -= here;
+            rest -= here;
+            if *v == 0 {
+                into.remove(&key);
+            }
+        }
+        if rest > 0 {
+            *self.revoked.entry(key).or_default() += rest;
+        }
+    }
+
+    /// Bytes revoked from stacks a drain already handed out, as raw stacks to subtract.
+    pub fn take_revoked(&mut self) -> Vec<RawStack> {
+        sampled(std::mem::take(&mut self.revoked))
+    }
+
+    /// Forgets `tgid`'s samples (its capture ended).
+    pub fn forget(&mut self, tgid: u32) {
+        self.recent.remove(&tgid);
+    }
+}
 
 /// Reads every stack sample waiting in `ring` (stacks.bpf.h's copies of user stacks),
 /// walks each with `unwinder`, and adds it to `into` (merged with equal stacks). Each walk
@@ -162,12 +230,24 @@ pub(crate) fn read_samples(
     unwinder: &mut unwind::Unwinder,
     runtimes: &mut Runtimes,
     into: &mut Walked,
+    mut revocable: Option<&mut Revocable>,
 ) -> Result<(), PipelineError> {
     let traces: StackTraceMap<_> =
         StackTraceMap::try_from(bpf.map(stacks).ok_or(PipelineError::MissingMap(stacks))?)
             .map_err(crate::bpf::map_err(stacks))?;
     let frames = |id: i32| trace(&traces, id);
     while let Some(item) = ring.next() {
+        if item.len() == std::mem::size_of::<RwSiteRevoke>() {
+            // SAFETY: as below, a whole plain-old-data rw_site_revoke.
+            let r: RwSiteRevoke = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            drop(item);
+            if r.kind == shared::STACK_SAMPLE_REVOKE
+                && let Some(rv) = revocable.as_deref_mut()
+            {
+                rv.revoke(r.tgid, r.seq, r.bytes, into);
+            }
+            continue;
+        }
         if item.len() < std::mem::size_of::<RwStackSample>() {
             continue;
         }
@@ -202,9 +282,13 @@ pub(crate) fn read_samples(
         // A walk that reached the root has every caller; the return address found on top
         // of the stack is only for walks that stopped early.
         let caller = if walk.complete { 0 } else { s.caller };
-        *into
-            .entry((s.tgid, user, frames(s.kernel_stack), caller))
-            .or_default() += s.value;
+        let key = (s.tgid, user, frames(s.kernel_stack), caller);
+        if s.seq != 0
+            && let Some(rv) = revocable.as_deref_mut()
+        {
+            rv.charged(s.tgid, s.seq, key.clone(), s.value);
+        }
+        *into.entry(key).or_default() += s.value;
     }
     Ok(())
 }
