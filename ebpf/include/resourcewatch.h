@@ -319,7 +319,7 @@ struct rw_site_charge {
  * charges still revocable are a stack (kept[], a ring of RW_SITE_KEPT from `bottom`,
  * covering (floor, mark] in order); one pushed out at the bottom stays for good and
  * raises `floor`, below which nothing is charged again. `started` is 0 until the
- * process's first event, which sets the levels. `alloc_pending` is a JVM's heap
+ * process's first event, which sets the levels and reads every CPU's counter deltas. `alloc_pending` is a JVM's heap
  * allocation not yet charged (its allocation probes, stacks.bpf.h).
  */
 struct rw_site_state {
@@ -331,7 +331,16 @@ struct rw_site_state {
 	__u32 bottom;
 	__u32 depth;
 	__u32 started;
+	__u32 exact;     /* 1 while `unfolded` is kept (stacks.bpf.h, resident_exact) */
+	__u32 _pad;
+	__s64 unfolded;  /* every CPU's deltas not yet in the counters, summed */
 	struct rw_site_charge kept[RW_SITE_KEPT];
+};
+
+/* One CPU's unfolded deltas of a captured process's resident counters (file, anon,
+ * shmem; the fourth unused) as last read: the per-CPU hash rw_site_deltas. */
+struct rw_site_deltas {
+	__s32 d[4];
 };
 
 /* What a revoke record says: `bytes` of sample `seq` of process `tgid` were given back

@@ -56,6 +56,7 @@ pub mod maps {
     pub const SITE_STACKS: &str = "rw_site_stacks";
     pub const SITE_BYTES: &str = "rw_site_bytes";
     pub const SITE_PIDS: &str = "rw_site_pids";
+    pub const SITE_DELTAS: &str = "rw_site_deltas";
     pub const STACK_SAMPLES: &str = "rw_stack_samples";
     pub const PY_PROCS: &str = "rw_py_procs";
 }

@@ -317,7 +317,18 @@ pub struct RwSiteState {
     pub bottom: u32,
     pub depth: u32,
     pub started: u32,
+    pub exact: u32,
+    pub _pad: u32,
+    pub unfolded: i64,
     pub kept: [RwSiteCharge; SITE_KEPT],
+}
+
+/// One CPU's unfolded counter deltas of a captured process (`struct rw_site_deltas`, in
+/// `rw_site_deltas`, a per-CPU hash the agent fills with zeros at a capture's start).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwSiteDeltas {
+    pub d: [i32; 4],
 }
 
 impl Default for RwSiteState {
@@ -331,6 +342,9 @@ impl Default for RwSiteState {
             bottom: 0,
             depth: 0,
             started: 0,
+            exact: 0,
+            _pad: 0,
+            unfolded: 0,
             kept: [RwSiteCharge::default(); SITE_KEPT],
         }
     }
@@ -364,6 +378,7 @@ unsafe impl aya::Pod for RwStackKey {}
 unsafe impl aya::Pod for RwSiteState {}
 unsafe impl aya::Pod for RwSiteCharge {}
 unsafe impl aya::Pod for RwSiteRevoke {}
+unsafe impl aya::Pod for RwSiteDeltas {}
 unsafe impl aya::Pod for RwPyProc {}
 
 #[cfg(test)]
@@ -409,8 +424,9 @@ mod tests {
                 seq, _pad, py_frames, stack,
             },
             "rw_site_charge" => RwSiteCharge { seq, top, count, next },
-            "rw_site_state" => RwSiteState { mark, next, floor, alloc_pending, seq, bottom, depth, started, kept },
+            "rw_site_state" => RwSiteState { mark, next, floor, alloc_pending, seq, bottom, depth, started, exact, _pad, unfolded, kept },
             "rw_site_revoke" => RwSiteRevoke { bytes, tgid, kind, seq, _pad },
+            "rw_site_deltas" => RwSiteDeltas { d },
             "rw_py_proc" => RwPyProc {
                 runtime, interp_main, threads_head, tstate_next, tstate_thread_id, tstate_frame,
                 cframe_frame, frame_code, frame_previous, frame_entry, entry_kind,

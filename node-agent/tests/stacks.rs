@@ -299,6 +299,22 @@ fn capture_sites_unchecked(bin: &Path) -> (Vec<Stack>, u64, u64) {
         pipes.read_growth_samples().expect("walk the stack samples");
     }
     let after = procfs::resident_pages(p.pid()).expect("alive") * procfs::page_size();
+    let state = pipes
+        .growth_site_state(p.pid())
+        .expect("the capture's state");
+    assert_eq!(state.started, 1, "{state:?}");
+    // From 6.2 the level is the counters plus every CPU's unfolded deltas, kept from the
+    // first event on: a read that failed would have fallen back to the counters alone.
+    if resourcewatch_agent::capabilities::kernel_at_least(6, 2) {
+        assert_eq!(state.exact, 1, "the level fell back to the folded counters");
+    }
+    assert!(
+        state.mark <= after / procfs::page_size() + 64 && state.mark < state.next,
+        "charged up to page {} (next {}) of {} resident",
+        state.mark,
+        state.next,
+        after / procfs::page_size()
+    );
     let raw = pipes.drain_growth_sites().expect("drain");
     pipes.stop_growth_sites(p.pid());
     assert!(pipes.growth_site_pids().is_empty());

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::num::NonZeroU32;
 
 use aya::{
-    maps::HashMap as BpfHashMap,
+    maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues},
     programs::{
         UProbe,
         uprobe::{UProbeAttachLocation, UProbeScope},
@@ -51,10 +51,24 @@ impl Pipelines {
                 .ok_or(PipelineError::MissingMap(name))?,
         )
         .map_err(map_err(name))?;
-        // The state first: the kernel acts on the slot, and looks this up. All zero: the
-        // kernel sets the bands from the process's first event.
+        // The state first: the kernel acts on the slot, and looks these up. All zero: the
+        // kernel sets the levels from the process's first event, and reads every CPU's
+        // counter deltas into its entry of rw_site_deltas then.
         pids.insert(tgid, shared::RwSiteState::default(), 0)
             .map_err(map_err(name))?;
+        let deltas_name = maps::SITE_DELTAS;
+        let cpus = procfs::possible_cpus().map_err(PipelineError::Cpus)?;
+        let zeros = PerCpuValues::try_from(vec![shared::RwSiteDeltas::default(); cpus as usize])
+            .map_err(PipelineError::Cpus)?;
+        let mut deltas: PerCpuHashMap<_, u32, shared::RwSiteDeltas> = PerCpuHashMap::try_from(
+            self.bpf
+                .map_mut(deltas_name)
+                .ok_or(PipelineError::MissingMap(deltas_name))?,
+        )
+        .map_err(map_err(deltas_name))?;
+        deltas
+            .insert(tgid, zeros, 0)
+            .map_err(map_err(deltas_name))?;
         self.site_revocable.forget(tgid);
         // Listed for the kernel's Python frame walk before its first sample if CPython,
         // asked for its perf map if a JVM, whose heap allocations are sampled too.
@@ -150,7 +164,13 @@ impl Pipelines {
             return;
         };
         let _ = pids.remove(&tgid);
-        if pids.keys().next().is_none() {
+        let none_left = pids.keys().next().is_none();
+        if let Some(map) = self.bpf.map_mut(maps::SITE_DELTAS)
+            && let Ok(mut deltas) = PerCpuHashMap::<_, u32, shared::RwSiteDeltas>::try_from(map)
+        {
+            let _ = deltas.remove(&tgid);
+        }
+        if none_left {
             // No capture left: what the unwinder cached (tables, mappings) goes with it.
             self.unwinder = crate::stacks::unwind::Unwinder::new();
             self.runtimes.clear();
@@ -168,6 +188,15 @@ impl Pipelines {
             .count() as u64;
         self.control_word(shared::control::SITE_PIDS)
             .store(n, Ordering::SeqCst);
+    }
+
+    /// The kernel's state of `tgid`'s capture (ebpf/include/resourcewatch.h,
+    /// `rw_site_state`), while it runs.
+    pub fn growth_site_state(&self, tgid: u32) -> Option<shared::RwSiteState> {
+        self.bpf
+            .map(maps::SITE_PIDS)
+            .and_then(|m| BpfHashMap::<_, u32, shared::RwSiteState>::try_from(m).ok())
+            .and_then(|pids| pids.get(&tgid, 0).ok())
     }
 
     /// The processes whose growth sites are being captured.
