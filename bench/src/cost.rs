@@ -236,7 +236,7 @@ pub(crate) fn capture_target(pipes: &mut Pipelines, capture: Capture) -> Workloa
         Capture::Other => fork(|| std::thread::sleep(Duration::from_secs(3600))),
         Capture::Own => fork(|| {
             std::thread::sleep(Duration::from_millis(300));
-            // One growing round: every resident-page increment is a new high.
+            // One growing round: every event is a page of growth.
             drop(resourcewatch_workloads::Chunk::new(256 << 20));
         }),
     };

@@ -85,8 +85,8 @@ enum Cmd {
         pin_cpu: Option<u32>,
         /// With a growth-site capture running: `other` (on an idle process: what every
         /// other process's events pay while the agent names a leak's sites), or `self`
-        /// (on the faulting process, whose every event is then a new high with a stack
-        /// walk: the captured process's own worst case).
+        /// (on the faulting process, whose every event is then a page of growth, with a
+        /// stack sent about every 256 KiB: the captured process's own worst case).
         #[arg(long, value_enum)]
         capture: Option<Capture>,
     },
