@@ -393,6 +393,51 @@ fn user_frames(r: &RawStack, sym: &Symbolizer) -> Vec<symbolize::Named> {
 mod tests {
     use super::*;
 
+    fn key(tgid: u32, leaf: u64) -> WalkedKey {
+        (tgid, vec![leaf, 0x1000], Vec::new(), 0)
+    }
+
+    /// Growth given back is taken off the stack its sample was charged to: before a drain
+    /// from the stacks still gathering, after it from what the drain handed out (to be
+    /// subtracted by its user); a sample never seen, or another process's, is untouched.
+    #[test]
+    fn a_revoked_growth_sample_is_taken_off_its_stack_before_or_after_a_drain() {
+        let mut rv = Revocable::default();
+        let mut into = Walked::new();
+        let (leak, buffer) = (key(7, 0xa), key(7, 0xb));
+        for (seq, k, bytes) in [(1, &leak, 300), (2, &buffer, 500), (3, &buffer, 200)] {
+            rv.charged(7, seq, k.clone(), bytes);
+            *into.entry(k.clone()).or_default() += bytes;
+        }
+        rv.revoke(7, 3, 200, &mut into);
+        rv.revoke(7, 2, 100, &mut into);
+        assert_eq!(into.get(&buffer), Some(&400));
+        rv.revoke(7, 9, 100, &mut into); // never seen
+        rv.revoke(8, 1, 100, &mut into); // another process
+        assert_eq!(into.get(&leak), Some(&300));
+        // Drained: the rest of sample 2 is revoked from what was handed out.
+        let drained = sampled(std::mem::take(&mut into));
+        assert_eq!(drained.iter().map(|r| r.value).sum::<u64>(), 700);
+        rv.revoke(7, 2, 1000, &mut into);
+        let back = rv.take_revoked();
+        assert_eq!(back.len(), 1);
+        assert_eq!(
+            (back[0].user.clone(), back[0].value),
+            (buffer.1.clone(), 400)
+        );
+        assert!(rv.take_revoked().is_empty());
+        // A sample revoked whole is forgotten: revoking it again takes nothing.
+        rv.revoke(7, 2, 10, &mut into);
+        assert!(into.is_empty() && rv.take_revoked().is_empty());
+        // At most as many samples per process as the kernel keeps revocable.
+        for seq in 100..100 + shared::SITE_KEPT as u32 + 5 {
+            rv.charged(7, seq, leak.clone(), 1);
+        }
+        assert_eq!(rv.recent[&7].len(), shared::SITE_KEPT);
+        rv.forget(7);
+        assert!(!rv.recent.contains_key(&7));
+    }
+
     #[test]
     fn identical_named_stacks_merge_and_sort_by_value() {
         let sym = Symbolizer::new();
