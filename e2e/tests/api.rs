@@ -427,6 +427,16 @@ async fn status_columns_events_agent_loss_and_operator_restart() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e:#}\noperator log:\n{}", op.log_text()));
+    // The Event is published after the status it goes with is written: waited for, as
+    // AgentRecovered is below (read the moment the condition showed, it was not there yet
+    // once in CI, on 30 November).
+    wait_for("AgentLost", Duration::from_secs(10), || {
+        let client = client.clone();
+        let n = n.clone();
+        async move { Ok((!events(&client, &n, "AgentLost").await.is_empty()).then_some(())) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\noperator log:\n{}", op.log_text()));
     assert_eq!(events(&client, &n, "AgentLost").await.len(), 1);
     let agent = SimAgent::spawn(
         endpoint,
