@@ -326,7 +326,7 @@ fn capture_sites_unchecked(bin: &Path) -> (Vec<Stack>, u64, u64) {
 }
 
 /// The C leak fixture's site (`leak.c`, a leak beside a churn) holds at least two thirds
-/// of the growth.
+/// of the growth (a third before 6.2, see below).
 ///
 /// The churn's own writes are never charged (its memset, a store before free, is removed
 /// by the compiler at -O2): it calls malloc, whose bookkeeping (_int_malloc, sysmalloc:
@@ -338,15 +338,23 @@ fn capture_sites_unchecked(bin: &Path) -> (Vec<Stack>, u64, u64) {
 /// in steps of 32 pages at whichever fault crossed a CPU's batch, and fixed 64-page steps
 /// landed every time on the same fault of the fixture's 16-page period. Since: the leak's
 /// site held 83.6-98.3 % in 24 runs of the two tests that call this (30 November, 6.18).
+/// Before 6.2 the kernel reports a thread's faults every 65th, a period of its own that
+/// can fall on the same fault of the fixture's period run after run (the capability
+/// check `rss_stat at every page fault` says so): there, a third, the floor this had.
 fn assert_leak_site_holds_two_thirds(top: &Stack, total: u64, named: &[Stack]) {
     eprintln!(
         "the leak's site has {} of {total} bytes ({:.1} %)",
         top.value,
         top.value as f64 * 100.0 / total as f64
     );
+    let (parts, of) = if resourcewatch_agent::capabilities::kernel_at_least(6, 2) {
+        (2, 3)
+    } else {
+        (1, 3)
+    };
     assert!(
-        top.value * 3 >= total * 2,
-        "the leak's site has {} of {total} bytes: {named:?}",
+        top.value * of >= total * parts,
+        "the leak's site has {} of {total} bytes, under {parts}/{of}: {named:?}",
         top.value
     );
 }
