@@ -493,6 +493,8 @@ static __always_inline void send_revoke(__u32 tgid, __u32 seq, __u64 bytes)
 	bpf_ringbuf_submit(r, 0);
 }
 
+#define RW_HAVE_BPF_LOOP bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop)
+
 /* What record_growth_site() hands each step of its revoking bpf_loop(). */
 struct rw_site_revoking {
 	struct rw_site_state *st;
@@ -595,7 +597,16 @@ static __noinline void record_growth_site(void *ctx, struct mm_struct *mm, int m
 	if (level >= mark)
 		return;
 	struct rw_site_revoking r = { .st = st, .tgid = tgid, .level = level };
-	bpf_loop(RW_SITE_KEPT, site_revoke_step, &r, 0);
+	if (RW_HAVE_BPF_LOOP) {
+		bpf_loop(RW_SITE_KEPT, site_revoke_step, &r, 0);
+	} else {
+		/* bpf_loop is Linux 5.17's (on an older kernel that branch is dead code the
+		 * verifier drops): eight at an event here, the rest at the next ones below. */
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			if (site_revoke_step(i, &r))
+				break;
+	}
 	/* Charged now: up to the top of the newest charge left. The next is taken where the
 	 * lowest one taken back was, by whatever raises the level there again: its `next`,
 	 * not its top, which can be far above where an older kernel told the level in steps
