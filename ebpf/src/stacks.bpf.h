@@ -310,7 +310,7 @@ struct {
  * (rw_site_deltas); after that, an event reads only its own counter's delta on its own
  * CPU, since each change of a delta fires this tracepoint on the CPU that made it: one
  * read per event whatever the number of CPUs (all of them at each event cost the captured
- * process 317 ns per event on 2 CPUs). A delta outside what a batch allows means the
+ * process about twice as much already on 2 CPUs). A delta outside what a batch allows means the
  * layout is not the one expected: the folded counts are used then, for the capture.
  *
  * Before 6.2 the counters are atomic, but each thread keeps the page faults of its own mm

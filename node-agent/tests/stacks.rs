@@ -369,6 +369,16 @@ fn charged_through(named: &[Stack], path: &[&str]) -> u64 {
         .sum()
 }
 
+/// At least four fifths of the `total` bytes charged go through `path`.
+fn assert_four_fifths_through(named: &[Stack], total: u64, path: &[&str]) {
+    let through = charged_through(named, path);
+    eprintln!("through {path:?}: {through} of {total} bytes");
+    assert!(
+        through * 10 >= total * 8,
+        "{through} of {total} bytes through {path:?}: {named:?}"
+    );
+}
+
 /// Go (walked with its .debug_frame, frame pointers besides) and Rust built without frame
 /// pointers (walked with its .eh_frame): the leak's site is named with its callers.
 #[test]
@@ -386,11 +396,7 @@ fn growth_sites_of_go_and_rust_name_the_leaking_function() {
         ends_with(user(top), &["main.keep", "main.grow", "main.leakHere"]),
         "Go's top site: {top:?}"
     );
-    let through = charged_through(&named, &["main.keep", "main.grow", "main.leakHere"]);
-    assert!(
-        through * 10 >= total * 8,
-        "Go: {through} of {total} through main.leakHere: {named:?}"
-    );
+    assert_four_fifths_through(&named, total, &["main.keep", "main.grow", "main.leakHere"]);
     eprintln!(
         "Go top site ({} of {total} bytes): {:?}",
         top.value,
@@ -407,11 +413,7 @@ fn growth_sites_of_go_and_rust_name_the_leaking_function() {
     );
     // glibc's malloc moving its heap top under leak_here (`_int_malloc`, `sysmalloc`) is
     // the leak's own growth: its own stacks, charged to the same function.
-    let through = charged_through(&named, &["main", "keep", "grow", "leak_here"]);
-    assert!(
-        through * 10 >= total * 8,
-        "Rust: {through} of {total} through leak_here: {named:?}"
-    );
+    assert_four_fifths_through(&named, total, &["main", "keep", "grow", "leak_here"]);
     eprintln!(
         "Rust top site ({} of {total} bytes): {:?}",
         top.value,
@@ -454,7 +456,7 @@ fn growth_sites_name_the_leaking_function_not_the_churn() {
 /// A leak under a buffer that the process maps, writes and gives back to the kernel each
 /// time (`leak-buffer.c`): the buffer makes every new high of resident memory, so charging
 /// new highs named the buffer's memset for all of the growth (100 % in the run before the
-/// fix); the bands it gives back are revoked, and the leak's function holds the growth.
+/// fix); the charges it gives back are revoked, and the leak's function holds the growth.
 #[test]
 fn growth_sites_beside_a_buffer_given_back_name_the_leak() {
     const TEST: &str = "growth_sites_beside_a_buffer_given_back_name_the_leak";
@@ -489,14 +491,10 @@ fn growth_sites_beside_a_buffer_given_back_name_the_leak() {
         has_in_order(user(top), &["main", "grow", "keep", "leak_here"]),
         "top site: {top:?} of {named:?}"
     );
-    let leak = charged_through(&named, &["main", "grow", "keep", "leak_here"]);
-    let buffer = charged_through(&named, &["main", "buffer_here"]);
-    eprintln!("through leak_here {leak} of {total} bytes, through buffer_here {buffer}");
     // glibc's malloc moving the heap's top under leak_here is the leak's growth too.
-    assert!(
-        leak * 10 >= total * 8,
-        "{leak} of {total} bytes through leak_here: {named:?}"
-    );
+    assert_four_fifths_through(&named, total, &["main", "grow", "keep", "leak_here"]);
+    let buffer = charged_through(&named, &["main", "buffer_here"]);
+    eprintln!("through buffer_here {buffer} of {total} bytes");
     // A charge the buffer holds when the capture's window closes stays with it: the
     // buffer and the growth since the charge before (under 1 MiB) of the ~25 MB grown.
     assert!(

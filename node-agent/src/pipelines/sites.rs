@@ -2,8 +2,8 @@
 //! Kernel side: `ebpf/src/stacks.bpf.h` (the capture slots in `rw_control`, a stack
 //! sample per 256 KiB of growth on average to the ring `rw_stack_samples`, and a
 //! revocation record when growth is given back); the user side walks those with
-//! `crate::stacks` as they come and takes back what is revoked. When to capture is the snapshot's
-//! (`snapshot/sites.rs`).
+//! `crate::stacks` as they come and takes back what is revoked. When to capture is the
+//! snapshot's (`snapshot/sites.rs`).
 
 use std::sync::atomic::Ordering;
 
@@ -27,9 +27,10 @@ use crate::{
 impl Pipelines {
     /// Starts charging the growth of `tgid`'s resident memory to the user stacks that
     /// make it, taking back what the process gives back (ebpf/src/stacks.bpf.h,
-    /// `record_growth_site`). Only growth from the process's next rss_stat event on counts. Up to `MAX_SITE_CAPTURES` processes at once: the
-    /// kernel compares each rss_stat event's process with that many control-word slots
-    /// before it looks anything up.
+    /// `record_growth_site`). Only growth from the process's next rss_stat event on
+    /// counts. Up to `MAX_SITE_CAPTURES` processes at once: the kernel compares each
+    /// rss_stat event's process with that many control-word slots before it looks
+    /// anything up.
     pub fn capture_growth_sites(&mut self, tgid: u32) -> Result<(), PipelineError> {
         procfs::resident_pages(tgid).ok_or(PipelineError::NoProcess(tgid))?;
         let slots = (0..shared::MAX_SITE_CAPTURES).map(|i| shared::control::SITE_PID + i);
@@ -44,18 +45,8 @@ impl Pipelines {
         let free = slot_of(self, 0).ok_or(PipelineError::SiteCapturesFull {
             max: shared::MAX_SITE_CAPTURES,
         })?;
-        let name = maps::SITE_PIDS;
-        let mut pids: BpfHashMap<_, u32, shared::RwSiteState> = BpfHashMap::try_from(
-            self.bpf
-                .map_mut(name)
-                .ok_or(PipelineError::MissingMap(name))?,
-        )
-        .map_err(map_err(name))?;
-        // The state first: the kernel acts on the slot, and looks these up. All zero: the
-        // kernel sets the levels from the process's first event, and reads every CPU's
-        // counter deltas into its entry of rw_site_deltas then.
-        pids.insert(tgid, shared::RwSiteState::default(), 0)
-            .map_err(map_err(name))?;
+        // The per-CPU deltas' entry first (left behind harmlessly if what follows fails),
+        // then the state: the kernel acts on the slot, set last, and looks both up.
         let deltas_name = maps::SITE_DELTAS;
         let cpus = procfs::possible_cpus().map_err(PipelineError::Cpus)?;
         let zeros = PerCpuValues::try_from(vec![shared::RwSiteDeltas::default(); cpus as usize])
@@ -69,6 +60,17 @@ impl Pipelines {
         deltas
             .insert(tgid, zeros, 0)
             .map_err(map_err(deltas_name))?;
+        let name = maps::SITE_PIDS;
+        let mut pids: BpfHashMap<_, u32, shared::RwSiteState> = BpfHashMap::try_from(
+            self.bpf
+                .map_mut(name)
+                .ok_or(PipelineError::MissingMap(name))?,
+        )
+        .map_err(map_err(name))?;
+        // All zero: the kernel sets the levels from the process's first event, and reads
+        // every CPU's counter deltas into its entry of rw_site_deltas then.
+        pids.insert(tgid, shared::RwSiteState::default(), 0)
+            .map_err(map_err(name))?;
         self.site_revocable.forget(tgid);
         // Listed for the kernel's Python frame walk before its first sample if CPython,
         // asked for its perf map if a JVM, whose heap allocations are sampled too.

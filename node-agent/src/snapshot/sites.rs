@@ -356,7 +356,7 @@ impl SiteTracker {
         }
     }
 
-    /// Growth given back after an earlier drain counted it (the kernel revoked its band).
+    /// Growth given back after an earlier drain counted it (the kernel revoked its charge).
     fn take_back(&mut self, revoked: Vec<RawStack>) {
         for r in revoked {
             let key = (r.user, r.caller);

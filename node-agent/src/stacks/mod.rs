@@ -156,7 +156,7 @@ pub type Walked = HashMap<WalkedKey, u64>;
 pub type WalkedKey = (u32, Vec<u64>, Vec<u64>, u64);
 
 /// Growth-site samples the kernel can still revoke (stacks.bpf.h, `record_growth_site`:
-/// a band of resident memory given back is taken off the sample that was charged with it),
+/// growth given back to the kernel is taken off the sample that was charged with it),
 /// per process, oldest first: each one's number, the stack its bytes went to and how many
 /// are left. As many per process as the kernel keeps revocable.
 #[derive(Default)]
