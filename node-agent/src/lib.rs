@@ -9,6 +9,7 @@ pub mod leak;
 pub mod pipelines;
 pub mod procfs;
 pub mod profile;
+pub mod reader;
 pub mod snapshot;
 pub mod stacks;
 pub mod top;
@@ -44,7 +45,7 @@ pub mod fuzzing {
         else {
             return;
         };
-        let _ = unwind::tables_of_file(&file, 0x7f00_0000_0000, 0);
+        let _ = unwind::Tables::from_file(&file);
         let Some(file) = elf::ElfFile::new(f, elf::FILE_BUDGET) else {
             return;
         };

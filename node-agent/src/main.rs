@@ -199,6 +199,13 @@ fn interval(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    // The reader process (src/reader/): the agent starts this binary again to parse what
+    // workloads choose. Dispatched before anything else runs (no thread, no logger):
+    // it confines itself first.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "reader") {
+        let code = resourcewatch_agent::reader::serve::serve();
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let cli = Cli::parse();
     // The cluster agent logs its life (connections, configurations) by default; the
     // interactive tools only warnings.

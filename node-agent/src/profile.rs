@@ -232,6 +232,7 @@ impl Profiler {
                 }
             }
         }
+        const HELD_WAIT: Duration = Duration::from_secs(5);
         let start = Instant::now();
         // Samples are walked as they come, while the processes (and their mappings) are
         // there: every 50 ms, well before the ring buffer (256 samples) fills at 999 Hz
@@ -250,6 +251,18 @@ impl Profiler {
             let _ = prog.detach(l);
         }
         walk_time += self.read_samples(&mut walked)?;
+        // Samples of processes whose tables were still being read: walked with them
+        // when they come in time (a profile is not the agent's engine: it may wait).
+        let t = Instant::now();
+        self.unwinder.wait_loaded(HELD_WAIT);
+        stacks::settle(
+            &mut self.unwinder,
+            &mut self.runtimes,
+            &mut walked,
+            None,
+            true,
+        );
+        walk_time += t.elapsed();
         // Asked once more now: code compiled since the last answer is in no map yet.
         let jvm_maps = self.runtimes.jvm_maps(LAST_PERF_MAP_WAIT);
         let mut stacks = stacks::sampled(walked);

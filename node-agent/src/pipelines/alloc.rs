@@ -63,9 +63,14 @@ impl Pipelines {
         // read the file by a path resolved outside the root, whole), attached through
         // /proc/self/fd/N of that open file at the offsets found.
         let names: Vec<&str> = ALLOC_PROGRAMS.iter().map(|(_, s)| *s).collect();
-        let (libc, offsets) =
-            crate::stacks::elf::mapped_symbol_offsets(pid, is_libc, &names, |n, w| n == w)
-                .ok_or(PipelineError::NoLibc { pid })?;
+        let (libc, offsets) = crate::stacks::elf::mapped_symbol_offsets(
+            pid,
+            is_libc,
+            &names,
+            |n, w| n == w,
+            crate::reader::DEADLINE,
+        )
+        .ok_or(PipelineError::NoLibc { pid })?;
         let libc_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&libc));
         let scope =
             UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(PipelineError::NoLibc { pid })?);

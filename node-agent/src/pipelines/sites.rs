@@ -72,6 +72,8 @@ impl Pipelines {
         pids.insert(tgid, shared::RwSiteState::default(), 0)
             .map_err(map_err(name))?;
         self.site_revocable.forget(tgid);
+        // Its tables asked for now, so its first samples find them ready.
+        self.unwinder.refresh(tgid, 0);
         // Listed for the kernel's Python frame walk before its first sample if CPython,
         // asked for its perf map if a JVM, whose heap allocations are sampled too.
         self.runtimes.seen(tgid);
@@ -172,8 +174,10 @@ impl Pipelines {
         {
             let _ = deltas.remove(&tgid);
         }
+        self.unwinder.forget(tgid);
         if none_left {
-            // No capture left: what the unwinder cached (tables, mappings) goes with it.
+            // No capture left: what the unwinder cached (mappings, held samples) goes
+            // with it (the loader's file caches stay, bounded).
             self.unwinder = crate::stacks::unwind::Unwinder::new();
             self.runtimes.clear();
         }
@@ -260,5 +264,8 @@ fn jvm_allocation_tracer(pid: u32) -> Option<(std::fs::File, Vec<u64>)> {
             "AllocTracer28send_allocation_outside_tlab",
         ],
         |name, wanted| name.contains(wanted),
+        // Waited for on the engine, only when uprobes are granted and a JVM's capture
+        // starts: past it the JVM's sites are its resident growth, as without uprobes.
+        std::time::Duration::from_secs(1),
     )
 }

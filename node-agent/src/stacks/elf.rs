@@ -25,14 +25,19 @@ use std::{
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ReadRef, SectionKind};
 
+use crate::reader::wire::{Dec, Enc, Malformed};
+
 /// Bytes one file may cost to read, all reads together (the largest unwind tables seen
 /// here: libjvm.so's `.eh_frame`, 2.3 MiB; a Go binary's `.debug_frame`, about 1 MiB;
 /// Chromium-sized symbol tables pass 100 MiB and are left unnamed).
-pub const FILE_BUDGET: u64 = 48 << 20;
+pub const FILE_BUDGET: u64 = 32 << 20;
 /// The largest section kept, after decompression.
-pub const MAX_SECTION: u64 = 32 << 20;
+pub const MAX_SECTION: u64 = 16 << 20;
 /// The most function symbols kept of one file.
-pub const MAX_SYMBOLS: usize = 1 << 20;
+pub const MAX_SYMBOLS: usize = 1 << 19;
+/// The most bytes of distinct symbol names kept of one file (a name shared by many
+/// symbols is kept once: 2^20 symbols naming one 4 KiB string once cost 4 GiB).
+pub const MAX_NAME_BYTES: usize = 4 << 20;
 /// Longest symbol name demangled (cpp_demangle's cost grows with the name).
 const MAX_DEMANGLE: usize = 4096;
 
@@ -155,8 +160,12 @@ impl<'a> ReadRef<'a> for &'a ElfFile {
 }
 
 /// A section's bytes, decompressed, or None when its size in the file or its declared
-/// uncompressed size is over `cap` (checked before anything is read or inflated).
+/// uncompressed size is over `cap` (checked before anything is read), or when it inflates
+/// to more than it declared. Inflated here, not by `object`'s `decompress()`, which
+/// reads a zstd stream to its end whatever size was declared (a 32 KiB frame of RLE
+/// blocks declaring 4 KiB inflated to 1 GiB and OOM-killed the agent).
 pub fn section_data<'a, S: ObjectSection<'a>>(s: &S, cap: u64) -> Option<Cow<'a, [u8]>> {
+    use object::CompressionFormat;
     if s.kind() == SectionKind::UninitializedData {
         return None;
     }
@@ -164,41 +173,60 @@ pub fn section_data<'a, S: ObjectSection<'a>>(s: &S, cap: u64) -> Option<Cow<'a,
     if range.uncompressed_size > cap || range.compressed_size > cap {
         return None;
     }
-    s.compressed_data().ok()?.decompress().ok()
+    let c = s.compressed_data().ok()?;
+    let size = usize::try_from(c.uncompressed_size).ok()?;
+    match c.format {
+        CompressionFormat::None => Some(Cow::Borrowed(c.data)),
+        CompressionFormat::Zlib => {
+            // decompress_vec never writes past the capacity it is given.
+            let mut out = Vec::with_capacity(size);
+            let mut z = flate2::Decompress::new(true);
+            let status = z
+                .decompress_vec(c.data, &mut out, flate2::FlushDecompress::Finish)
+                .ok()?;
+            (status == flate2::Status::StreamEnd && out.len() == size).then_some(Cow::Owned(out))
+        }
+        CompressionFormat::Zstandard => {
+            let mut input = c.data;
+            let mut out = Vec::with_capacity(size);
+            while !input.is_empty() && out.len() <= size {
+                let decoder = ruzstd::decoding::StreamingDecoder::new(&mut input).ok()?;
+                // One byte past what is left tells a stream that lied.
+                let left = (size - out.len()) as u64 + 1;
+                std::io::Read::read_to_end(&mut std::io::Read::take(decoder, left), &mut out)
+                    .ok()?;
+            }
+            (out.len() == size).then_some(Cow::Owned(out))
+        }
+        _ => None,
+    }
 }
 
 /// The first file of `pid`'s maps whose name `is_lib` accepts, opened inside its root,
 /// and the file offsets of the symbols named `want` (`matches(name, wanted)`), one per
-/// entry, in order (None if one is missing): what a uprobe is attached at, through `/proc/self/fd/N` of the open
-/// file, so neither the path nor the ELF parse leaves the process's root or the bounds.
+/// entry, in order (None if one is missing): what a uprobe is attached at, through
+/// `/proc/self/fd/N` of the open file, so neither the path nor the ELF parse leaves the
+/// process's root or the bounds. The maps and the symbols are parsed by the reader
+/// process (`crate::reader`); this waits for them up to `within`.
 pub fn mapped_symbol_offsets(
     pid: u32,
     is_lib: impl Fn(&str) -> bool,
     want: &[&str],
     matches: fn(&str, &str) -> bool,
+    within: std::time::Duration,
 ) -> Option<(File, Vec<u64>)> {
-    let maps = super::maps::read(pid)?;
+    let loader = crate::reader::loader();
+    let maps = loader.maps(pid, within)?;
     let path = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
+        .iter()
+        .map(|m| &m.path)
         .find(|p| is_lib(p.rsplit('/').next().unwrap_or("")))?;
     let file = crate::procfs::open_regular_in_root(pid, path)?;
-    let elf_file = ElfFile::new(file.try_clone().ok()?, FILE_BUDGET)?;
-    let elf = object::File::parse(&elf_file).ok()?;
-    let mut offsets = Vec::new();
-    for w in want {
-        let sym = elf
-            .dynamic_symbols()
-            .chain(elf.symbols())
-            .find(|s| s.address() != 0 && s.name().is_ok_and(|n| matches(n, w)))?;
-        let addr = sym.address();
-        let off = elf.segments().find_map(|seg| {
-            let (file_off, size) = seg.file_range();
-            (seg.address() <= addr && addr < seg.address().saturating_add(size))
-                .then(|| addr - seg.address() + file_off)
-        })?;
-        offsets.push(off);
-    }
+    let symbols = loader.symbols(pid, path, within)?;
+    let offsets = want
+        .iter()
+        .map(|w| symbols.offset_of(|n| matches(n, w)))
+        .collect::<Option<Vec<u64>>>()?;
     Some((file, offsets))
 }
 
@@ -256,6 +284,9 @@ impl Symbols {
         }
         let mut funcs = Vec::new();
         let mut names = String::new();
+        // Where each distinct name (by where the file's string table holds it: `ElfFile`
+        // hands out one buffer per string) already is in `names`.
+        let mut placed: HashMap<(usize, usize), (u32, u32)> = HashMap::new();
         for sym in elf.symbols().chain(elf.dynamic_symbols()) {
             let Some(section) = sym.section_index().and_then(|i| sections.get(&i.0)) else {
                 continue;
@@ -276,14 +307,23 @@ impl Symbols {
             } else {
                 section.end
             };
-            let at = u32::try_from(names.len()).ok()?;
-            let len = u32::try_from(name.len()).ok()?;
-            names.push_str(name);
-            funcs.push(Func {
-                start,
-                end,
-                name: (at, len),
-            });
+            let key = (name.as_ptr() as usize, name.len());
+            let name = match placed.get(&key) {
+                Some(&n) => n,
+                None => {
+                    if names.len() + name.len() > MAX_NAME_BYTES {
+                        continue;
+                    }
+                    let n = (
+                        u32::try_from(names.len()).ok()?,
+                        u32::try_from(name.len()).ok()?,
+                    );
+                    names.push_str(name);
+                    placed.insert(key, n);
+                    n
+                }
+            };
+            funcs.push(Func { start, end, name });
         }
         // Sized symbols before sizeless ones at one address (aliases: the first is kept).
         funcs.sort_by_key(|f| (f.start, std::cmp::Reverse(f.end)));
@@ -345,6 +385,93 @@ impl Symbols {
     }
 }
 
+impl Symbols {
+    /// The file offset of the first function whose (mangled) name `matches`.
+    pub fn offset_of(&self, matches: impl Fn(&str) -> bool) -> Option<u64> {
+        let f = self.funcs.iter().find(|f| {
+            let (at, len) = (f.name.0 as usize, f.name.1 as usize);
+            self.names.get(at..at + len).is_some_and(&matches)
+        })?;
+        self.loads
+            .iter()
+            .find(|&&(_, vaddr, size)| vaddr <= f.start && f.start < vaddr.saturating_add(size))
+            .map(|&(off, vaddr, _)| f.start - vaddr + off)
+    }
+
+    pub fn encode(&self, e: &mut Enc) {
+        e.u32(self.funcs.len() as u32);
+        for f in &self.funcs {
+            e.u64(f.start).u64(f.end).u32(f.name.0).u32(f.name.1);
+        }
+        e.bytes(self.names.as_bytes());
+        e.u32(self.loads.len() as u32);
+        for &(o, v, s) in &self.loads {
+            e.u64(o).u64(v).u64(s);
+        }
+        e.u32(self.plt.len() as u32);
+        for r in &self.plt {
+            e.u64(r.start).u64(r.end);
+        }
+        e.bytes(self.build_id.as_deref().unwrap_or("").as_bytes());
+    }
+
+    /// Decoded and checked: sorted functions whose names lie in `names` at char
+    /// boundaries, at most `MAX_SYMBOLS` of them and `MAX_NAME_BYTES` of names.
+    pub fn decode(d: &mut Dec<'_>) -> Result<Self, Malformed> {
+        let n = d.count(24)?;
+        if n > MAX_SYMBOLS {
+            return Err(Malformed);
+        }
+        let mut funcs = Vec::with_capacity(n);
+        for _ in 0..n {
+            let f = Func {
+                start: d.u64()?,
+                end: d.u64()?,
+                name: (d.u32()?, d.u32()?),
+            };
+            if funcs.last().is_some_and(|l: &Func| l.start >= f.start) || f.end <= f.start {
+                return Err(Malformed);
+            }
+            funcs.push(f);
+        }
+        let names = d.bytes()?;
+        if names.len() > MAX_NAME_BYTES {
+            return Err(Malformed);
+        }
+        let names = std::str::from_utf8(names)
+            .map_err(|_| Malformed)?
+            .to_owned();
+        if funcs.iter().any(|f| {
+            let (at, len) = (f.name.0 as usize, f.name.1 as usize);
+            names.get(at..at + len).is_none()
+        }) {
+            return Err(Malformed);
+        }
+        let n = d.count(24)?;
+        let mut loads = Vec::with_capacity(n.min(64));
+        for _ in 0..n {
+            loads.push((d.u64()?, d.u64()?, d.u64()?));
+        }
+        let n = d.count(16)?;
+        let mut plt = Vec::with_capacity(n.min(64));
+        for _ in 0..n {
+            plt.push(d.u64()?..d.u64()?);
+        }
+        let id = d.bytes()?;
+        if id.len() > MAX_BUILD_ID * 2 || !id.iter().all(u8::is_ascii_hexdigit) {
+            return Err(Malformed);
+        }
+        let build_id = (!id.is_empty()).then(|| String::from_utf8_lossy(id).into_owned());
+        Ok(Self {
+            funcs,
+            names,
+            loads,
+            plt,
+            build_id,
+        })
+    }
+}
+
 /// A Rust or C++ symbol demangled (Rust's without its hash), as blazesym did; other names
 /// as they are.
 pub fn demangle(name: &str) -> String {
@@ -368,16 +495,34 @@ pub fn demangle(name: &str) -> String {
 /// their headers at the end.
 #[cfg(test)]
 pub(crate) fn crafted(sections: &[(&str, u32, u64, &[u8], u64)]) -> Vec<u8> {
+    let linked: Vec<_> = sections
+        .iter()
+        .map(|&(n, t, f, b, s)| (n, t, f, b, s, 0u32, 0u64))
+        .collect();
+    crafted_linked(&linked)
+}
+
+/// A crafted section: name, type, flags, the bytes in the file, the size declared,
+/// `sh_link` and `sh_entsize`.
+#[cfg(test)]
+pub(crate) type CraftedSection<'a> = (&'a str, u32, u64, &'a [u8], u64, u32, u64);
+
+/// As [`crafted`], each section also with its `sh_link` and `sh_entsize`.
+#[cfg(test)]
+pub(crate) fn crafted_linked(sections: &[CraftedSection<'_>]) -> Vec<u8> {
     let mut names = vec![0u8];
     let mut name_at = Vec::new();
-    for (n, ..) in sections.iter().chain([&(".shstrtab", 3, 0, &[][..], 0)]) {
+    for (n, ..) in sections
+        .iter()
+        .chain([&(".shstrtab", 3, 0, &[][..], 0, 0, 0)])
+    {
         name_at.push(names.len() as u32);
         names.extend_from_slice(n.as_bytes());
         names.push(0);
     }
     let mut out = vec![0u8; 64];
     let mut placed = Vec::new();
-    for (_, _, _, bytes, _) in sections {
+    for (_, _, _, bytes, ..) in sections {
         placed.push(out.len() as u64);
         out.extend_from_slice(bytes);
     }
@@ -388,21 +533,30 @@ pub(crate) fn crafted(sections: &[(&str, u32, u64, &[u8], u64)]) -> Vec<u8> {
     }
     let shoff = out.len() as u64;
     out.extend_from_slice(&[0u8; 64]);
-    let mut sh = |name: u32, ty: u32, flags: u64, off: u64, size: u64| {
+    let mut sh = |name: u32, ty: u32, flags: u64, off: u64, size: u64, link: u32, ent: u64| {
         out.extend_from_slice(&name.to_le_bytes());
         out.extend_from_slice(&ty.to_le_bytes());
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&0x1000u64.to_le_bytes()); // sh_addr
         out.extend_from_slice(&off.to_le_bytes());
         out.extend_from_slice(&size.to_le_bytes());
-        out.extend_from_slice(&[0u8; 8]); // link, info
+        out.extend_from_slice(&link.to_le_bytes());
+        out.extend_from_slice(&[0u8; 4]); // info
         out.extend_from_slice(&1u64.to_le_bytes()); // addralign
-        out.extend_from_slice(&0u64.to_le_bytes()); // entsize
+        out.extend_from_slice(&ent.to_le_bytes());
     };
-    for (i, (_, ty, flags, _, size)) in sections.iter().enumerate() {
-        sh(name_at[i], *ty, *flags, placed[i], *size);
+    for (i, (_, ty, flags, _, size, link, ent)) in sections.iter().enumerate() {
+        sh(name_at[i], *ty, *flags, placed[i], *size, *link, *ent);
     }
-    sh(name_at[sections.len()], 3, 0, names_at, names.len() as u64);
+    sh(
+        name_at[sections.len()],
+        3,
+        0,
+        names_at,
+        names.len() as u64,
+        0,
+        0,
+    );
     let mut h = Vec::new();
     h.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
     h.extend_from_slice(&3u16.to_le_bytes()); // ET_DYN
@@ -439,10 +593,108 @@ pub(crate) fn compressed(size: u64, stream: &[u8]) -> Vec<u8> {
     v
 }
 
+/// As [`compressed`], for zstd (`ELFCOMPRESS_ZSTD`).
+#[cfg(test)]
+pub(crate) fn compressed_zstd(size: u64, stream: &[u8]) -> Vec<u8> {
+    let mut v = compressed(size, stream);
+    v[..4].copy_from_slice(&2u32.to_le_bytes());
+    v
+}
+
+/// A zstd frame of RLE blocks that inflates to `size` bytes (a multiple of 128 KiB)
+/// from 4 bytes per 128 KiB: 1 GiB from 32 KiB.
+#[cfg(test)]
+pub(crate) fn zstd_rle_bomb(size: u64) -> Vec<u8> {
+    let block: u32 = 128 << 10;
+    let n = size / u64::from(block);
+    // Magic, a descriptor without content size, a 128 KiB window.
+    let mut v = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x38];
+    for i in 0..n {
+        let last = u32::from(i + 1 == n);
+        let head = (block << 3) | (1 << 1) | last;
+        v.extend_from_slice(&head.to_le_bytes()[..3]);
+        v.push(0);
+    }
+    v
+}
+
+/// An ELF file whose `.symtab` holds `count` functions all named by one string of
+/// `name_len` bytes (2^20 such symbols once cost 4 GiB).
+#[cfg(test)]
+pub(crate) fn symbol_name_bomb(count: usize, name_len: usize) -> Vec<u8> {
+    let mut strtab = vec![0u8];
+    strtab.extend(std::iter::repeat_n(b'f', name_len));
+    strtab.push(0);
+    let mut symtab = vec![0u8; 24];
+    for i in 0..count as u64 {
+        symtab.extend_from_slice(&1u32.to_le_bytes()); // st_name
+        symtab.push(0x12); // global function
+        symtab.push(0);
+        symtab.extend_from_slice(&1u16.to_le_bytes()); // .text
+        symtab.extend_from_slice(&(0x1000 + i * 16).to_le_bytes());
+        symtab.extend_from_slice(&16u64.to_le_bytes());
+    }
+    let text_size = count as u64 * 16 + 16;
+    crafted_linked(&[
+        (".text", 1, 6, &[0xc3; 16], text_size, 0, 0),
+        (".symtab", 2, 0, &symtab, symtab.len() as u64, 3, 24),
+        (".strtab", 3, 0, &strtab, strtab.len() as u64, 0, 0),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// Compressed sections that lie about their size are refused, whatever the format,
+    /// before they cost more than they declared: a zstd frame declaring 4 KiB that
+    /// inflates to 1 GiB, the same for zlib, and a stream shorter than declared.
+    #[test]
+    fn compressed_sections_cost_at_most_what_they_declare() {
+        let zstd = zstd_rle_bomb(1 << 30);
+        assert!(zstd.len() <= 33 << 10);
+        let zlib = {
+            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+            z.write_all(&vec![0u8; 8 << 20]).expect("deflate");
+            z.finish().expect("deflate")
+        };
+        let honest = {
+            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+            z.write_all(&[7u8; 5000]).expect("deflate");
+            z.finish().expect("deflate")
+        };
+        let section = |bytes: Vec<u8>| {
+            let file = crafted(&[(".debug_frame", 1, 0x800, &bytes, bytes.len() as u64)]);
+            let (path, f) = temp(&format!("c{}", bytes.len()), &file);
+            let elf = ElfFile::new(f, FILE_BUDGET).expect("regular");
+            let parsed = object::File::parse(&elf).expect("elf");
+            let s = parsed.section_by_name(".debug_frame").expect("section");
+            let out = section_data(&s, MAX_SECTION).map(|d| d.len());
+            let _ = std::fs::remove_file(path);
+            out
+        };
+        let before = crate::procfs::peak_rss_bytes(std::process::id()).expect("VmHWM");
+        assert_eq!(section(compressed_zstd(4096, &zstd)), None);
+        assert_eq!(section(compressed(4096, &zlib)), None);
+        assert_eq!(section(compressed(9000, &honest)), None);
+        assert_eq!(section(compressed(5000, &honest)), Some(5000));
+        let grown = crate::procfs::peak_rss_bytes(std::process::id())
+            .expect("VmHWM")
+            .saturating_sub(before);
+        assert!(grown < 16 << 20, "peak grew by {grown} bytes");
+    }
+
+    /// One name shared by many symbols is kept once.
+    #[test]
+    fn a_name_shared_by_many_symbols_is_kept_once() {
+        let (path, f) = temp("names", &symbol_name_bomb(20_000, 4000));
+        let elf = ElfFile::new(f, FILE_BUDGET).expect("regular");
+        let syms = Symbols::read(&elf).expect("symbols");
+        assert_eq!(syms.funcs.len(), 20_000);
+        assert!(syms.names.len() == 4000, "{}", syms.names.len());
+        let _ = std::fs::remove_file(path);
+    }
 
     fn temp(name: &str, bytes: &[u8]) -> (std::path::PathBuf, File) {
         let dir = std::env::temp_dir().join(format!("rw-elf-{}-{name}", std::process::id()));

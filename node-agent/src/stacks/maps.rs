@@ -18,7 +18,11 @@ pub fn read(pid: u32) -> Option<String> {
 }
 
 fn read_path(path: &str, max: u64) -> Option<String> {
-    let file = std::fs::File::open(path).ok()?;
+    read_file(std::fs::File::open(path).ok()?, max)
+}
+
+/// An open maps file read whole, or None when it is over `max` bytes.
+pub fn read_file(file: std::fs::File, max: u64) -> Option<String> {
     let mut out = Vec::new();
     // One byte more than the bound tells a file at the bound from one past it.
     file.take(max + 1).read_to_end(&mut out).ok()?;
@@ -92,6 +96,88 @@ pub fn maps_jvm(pid: u32) -> bool {
             .iter()
             .any(|m| m.path.rsplit('/').next() == Some("libjvm.so"))
     })
+}
+
+/// The most executable file mappings of one process kept (a JVM has about 100; a tenant
+/// can make 65,530).
+pub const MAX_FILE_MAPPINGS: usize = 8192;
+/// The longest path kept (the kernel's PATH_MAX).
+const MAX_PATH: usize = 4096;
+
+/// One executable file mapping, owned: what the reader answers of a maps file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileMapping {
+    pub range: Range<u64>,
+    pub offset: u64,
+    pub dev: u64,
+    pub inode: u64,
+    pub path: std::sync::Arc<str>,
+}
+
+impl FileMapping {
+    /// The file offset of address `addr` of this mapping.
+    pub fn file_offset(&self, addr: u64) -> Option<u64> {
+        self.range
+            .contains(&addr)
+            .then(|| self.offset.checked_add(addr - self.range.start))?
+    }
+
+    pub fn encode_all(all: &[Self], e: &mut crate::reader::wire::Enc) {
+        e.u32(all.len() as u32);
+        for m in all {
+            e.u64(m.range.start)
+                .u64(m.range.end)
+                .u64(m.offset)
+                .u64(m.dev)
+                .u64(m.inode)
+                .bytes(m.path.as_bytes());
+        }
+    }
+
+    /// Decoded and checked as `Mapping::parse` checks a line: non-empty ranges, absolute
+    /// paths of at most PATH_MAX bytes, at most `MAX_FILE_MAPPINGS`.
+    pub fn decode_all(
+        d: &mut crate::reader::wire::Dec<'_>,
+    ) -> Result<Vec<Self>, crate::reader::wire::Malformed> {
+        use crate::reader::wire::Malformed;
+        let n = d.count(44)?;
+        if n > MAX_FILE_MAPPINGS {
+            return Err(Malformed);
+        }
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let range = d.u64()?..d.u64()?;
+            let (offset, dev, inode) = (d.u64()?, d.u64()?, d.u64()?);
+            let path = std::str::from_utf8(d.bytes()?).map_err(|_| Malformed)?;
+            if range.is_empty() || !path.starts_with('/') || path.len() > MAX_PATH {
+                return Err(Malformed);
+            }
+            out.push(Self {
+                range,
+                offset,
+                dev,
+                inode,
+                path: path.into(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Every executable file mapping of a maps text, owned, at most `MAX_FILE_MAPPINGS`.
+pub fn executable_owned(maps: &str) -> Vec<FileMapping> {
+    maps.lines()
+        .filter_map(Mapping::parse)
+        .filter(|m| m.path.len() <= MAX_PATH)
+        .take(MAX_FILE_MAPPINGS)
+        .map(|m| FileMapping {
+            range: m.range,
+            offset: m.offset,
+            dev: m.dev,
+            inode: m.inode,
+            path: m.path.into(),
+        })
+        .collect()
 }
 
 /// Every executable file mapping of a maps text.

@@ -218,11 +218,28 @@ impl Revocable {
     }
 }
 
-/// Reads every stack sample waiting in `ring` (stacks.bpf.h's copies of user stacks),
-/// walks each with `unwinder`, and adds it to `into` (merged with equal stacks). Each walk
-/// is stitched to the sample's frame-pointer walk, read with its kernel stack from the
-/// stack-trace map `stacks`: call this before [`drain`] empties that map. The CPython
-/// frames the kernel read go in where their evaluation loop is (`runtimes`).
+/// One item of the stack-sample ring, held in order per process until its tables are
+/// ready (`unwind::Held`): a sample with the kernel's walks of it (read at once, before
+/// [`drain`] empties the stack-trace map), or a revocation.
+pub(crate) enum RingItem {
+    Sample {
+        s: Box<RwStackSample>,
+        fp: Vec<u64>,
+        kernel: Vec<u64>,
+    },
+    Revoke {
+        seq: u32,
+        bytes: u64,
+    },
+}
+
+/// Reads every stack sample waiting in `ring` (stacks.bpf.h's copies of user stacks) and
+/// walks those whose process's tables are ready with `unwinder` (the others are held, in
+/// order, until theirs are, or for at most `unwind::HOLD_FOR`), adding each to `into`
+/// (merged with equal stacks). Each walk is stitched to the sample's frame-pointer walk,
+/// read with its kernel stack from the stack-trace map `stacks`: call this before
+/// [`drain`] empties that map. The CPython frames the kernel read go in where their
+/// evaluation loop is (`runtimes`). Never waits for the reader.
 pub(crate) fn read_samples(
     ring: &mut RingBuf<MapData>,
     bpf: &Ebpf,
@@ -230,7 +247,7 @@ pub(crate) fn read_samples(
     unwinder: &mut unwind::Unwinder,
     runtimes: &mut Runtimes,
     into: &mut Walked,
-    mut revocable: Option<&mut Revocable>,
+    revocable: Option<&mut Revocable>,
 ) -> Result<(), PipelineError> {
     let traces: StackTraceMap<_> =
         StackTraceMap::try_from(bpf.map(stacks).ok_or(PipelineError::MissingMap(stacks))?)
@@ -241,10 +258,14 @@ pub(crate) fn read_samples(
             // SAFETY: as below, a whole plain-old-data rw_site_revoke.
             let r: RwSiteRevoke = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             drop(item);
-            if r.kind == shared::STACK_SAMPLE_REVOKE
-                && let Some(rv) = revocable.as_deref_mut()
-            {
-                rv.revoke(r.tgid, r.seq, r.bytes, into);
+            if r.kind == shared::STACK_SAMPLE_REVOKE {
+                unwinder.held.push(
+                    r.tgid,
+                    RingItem::Revoke {
+                        seq: r.seq,
+                        bytes: r.bytes,
+                    },
+                );
             }
             continue;
         }
@@ -254,22 +275,47 @@ pub(crate) fn read_samples(
         // SAFETY: the item holds a whole rw_stack_sample (checked above), a plain-old-data
         // struct that any bytes are valid for; read unaligned as the ring gives 8-byte
         // alignment only.
-        let s: RwStackSample = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        let s: Box<RwStackSample> =
+            Box::new(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) });
         drop(item);
-        let len = (s.stack_len as usize).min(s.stack.len());
-        // framehop and gimli parse tables a workload wrote: should one of them panic on
-        // them, that process's sample keeps its leaf only, and the agent goes on.
-        let walk = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            unwinder.walk(s.tgid, s.ip, s.sp, s.bp, &s.stack[..len])
-        }))
-        .unwrap_or_else(|_| {
-            *unwinder = unwind::Unwinder::new();
-            unwind::Walk {
-                frames: vec![s.ip],
-                complete: false,
+        // Asked for when new (or its mappings changed); never waited for.
+        unwinder.refresh(s.tgid, s.ip);
+        let (fp, kernel) = (frames(s.user_stack), frames(s.kernel_stack));
+        unwinder
+            .held
+            .push(s.tgid, RingItem::Sample { s, fp, kernel });
+    }
+    settle(unwinder, runtimes, into, revocable, false);
+    Ok(())
+}
+
+/// Walks the held items of processes whose tables are ready (every one when `all`), in
+/// order, into `into`.
+pub(crate) fn settle(
+    unwinder: &mut unwind::Unwinder,
+    runtimes: &mut Runtimes,
+    into: &mut Walked,
+    mut revocable: Option<&mut Revocable>,
+    all: bool,
+) {
+    let mut held = std::mem::take(&mut unwinder.held);
+    let items = held.release(all, |pid| {
+        unwinder.refresh(pid, 0) == unwind::Readiness::Ready
+    });
+    unwinder.held = held;
+    for (tgid, item) in items {
+        let (s, fp, kernel) = match item {
+            RingItem::Revoke { seq, bytes } => {
+                if let Some(rv) = revocable.as_deref_mut() {
+                    rv.revoke(tgid, seq, bytes, into);
+                }
+                continue;
             }
-        });
-        let mut user = unwind::stitch(&walk, &frames(s.user_stack));
+            RingItem::Sample { s, fp, kernel } => (s, fp, kernel),
+        };
+        let len = (s.stack_len as usize).min(s.stack.len());
+        let walk = unwinder.walk(s.tgid, s.ip, s.sp, s.bp, &s.stack[..len]);
+        let mut user = unwind::stitch(&walk, &fp);
         // Every sampled process is looked at once: a CPython one is listed for the
         // kernel's frame walk from then on (its first samples have native frames only),
         // a JVM asked for its perf map.
@@ -282,7 +328,7 @@ pub(crate) fn read_samples(
         // A walk that reached the root has every caller; the return address found on top
         // of the stack is only for walks that stopped early.
         let caller = if walk.complete { 0 } else { s.caller };
-        let key = (s.tgid, user, frames(s.kernel_stack), caller);
+        let key = (s.tgid, user, kernel, caller);
         if s.seq != 0
             && let Some(rv) = revocable.as_deref_mut()
         {
@@ -290,7 +336,6 @@ pub(crate) fn read_samples(
         }
         *into.entry(key).or_default() += s.value;
     }
-    Ok(())
 }
 
 /// Stacks read by [`read_samples`], as raw stacks.

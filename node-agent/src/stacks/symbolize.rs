@@ -1,12 +1,13 @@
 //! Addresses to function names.
 //!
 //! User addresses are placed from `/proc/PID/maps` (which file of the process, at which
-//! offset: PIE and ASLR undone; the maps read with a bound, `maps`), then looked up in the
-//! function symbols (`.symtab`, `.dynsym`) of that file, opened inside the process's root
-//! so a container's binaries are found in its own mount namespace and a symlink cannot
-//! lead out of it. The files are workload-chosen input, so they are read by `elf`, with
-//! bounds, and never mapped; blazesym, which mmaps them, names kernel addresses only
-//! (`/proc/kallsyms`, the kernel's own). An address outside any file is JIT-compiled code
+//! offset: PIE and ASLR undone), then looked up in the function symbols (`.symtab`,
+//! `.dynsym`) of that file, opened inside the process's root so a container's binaries
+//! are found in its own mount namespace and a symlink cannot lead out of it. The maps and
+//! the files are workload-chosen input, so they are parsed by the reader process
+//! (`crate::reader`), with bounds, never mapped, and cached by the identity of the file
+//! opened, not by what the maps say; blazesym, which mmaps files, names kernel addresses
+//! only (`/proc/kallsyms`, the kernel's own). An address outside any file is JIT-compiled code
 //! when the process's runtime writes a perf map (see `perfmap`), named from it. What
 //! cannot be resolved is said, never guessed: `[unknown]` outside any file and any perf
 //! map (JIT code of a runtime writing none, a garbage frame of a binary without frame
@@ -23,11 +24,12 @@ use blazesym::{
     },
 };
 
-use super::elf::{ElfFile, Symbols};
+use super::{elf::Symbols, maps::FileMapping};
 
-/// Symbol bytes kept for all files together (cleared whole when a new file would pass
-/// it, as the unwinder's tables are).
-pub const MAX_SYMBOL_BYTES: usize = 32 << 20;
+/// How long the naming waits for the reader's answer about one file or maps (the
+/// loader's queue, then the reader's deadline): past it, that file's frames are named
+/// by the file alone.
+const READER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a process's maps read are used for.
 const MAPS_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 /// Processes whose maps are kept (cleared whole when passed).
@@ -68,9 +70,12 @@ pub type Named = (String, Option<Arc<Module>>);
 /// process's JIT code names.
 pub struct Symbolizer {
     blaze: Blaze,
-    symbols: std::sync::Mutex<SymbolCache>,
+    /// The symbols the reader answered, by process and the file its maps name: never
+    /// shared between processes on what their maps say (a chrooted process's path can
+    /// show another file); the reader's own cache is keyed by the file opened.
+    symbols: std::sync::Mutex<HashMap<(u32, u64, u64), NamedFile>>,
     /// Maps read lately, by PID.
-    maps: std::sync::Mutex<HashMap<u32, (std::time::Instant, Arc<str>)>>,
+    maps: std::sync::Mutex<HashMap<u32, ReadMaps>>,
     perf_maps: std::sync::Mutex<super::perfmap::PerfMaps>,
     /// Perf maps given (a profile's JVMs, as they answered during it), used instead of
     /// the file as it is now.
@@ -81,12 +86,10 @@ pub struct Symbolizer {
     python: std::sync::Mutex<super::python::Names>,
 }
 
-/// The symbols read, by (device, inode) of the mapped file.
-#[derive(Default)]
-struct SymbolCache {
-    files: HashMap<(u64, u64), Option<Arc<Symbols>>>,
-    bytes: usize,
-}
+/// A file's symbols as the reader answered (None: nothing usable).
+type NamedFile = Option<Arc<Symbols>>;
+/// A process's executable file mappings, and when they were read.
+type ReadMaps = (std::time::Instant, Arc<[FileMapping]>);
 
 impl Default for Symbolizer {
     fn default() -> Self {
@@ -145,7 +148,7 @@ impl Symbolizer {
             // The process is gone, or its maps are not readable (or over their bound).
             return names.into_iter().zip(modules).collect();
         };
-        let mappings = super::maps::executable(&maps);
+        let mappings = &*maps;
         // File offsets grouped by file, so each file is looked up once.
         let mut by_file: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
         let mut outside_files = Vec::new();
@@ -170,11 +173,11 @@ impl Symbolizer {
                     .rsplit('/')
                     .next()
                     .filter(|n| !n.is_empty())
-                    .unwrap_or(m.path)
+                    .unwrap_or(&m.path)
             );
             let symbols = self.symbols_of(pid, m);
             let file = Arc::new(Module {
-                path: m.path.into(),
+                path: m.path.clone(),
                 build_id: symbols
                     .as_ref()
                     .and_then(|s| s.build_id.as_deref())
@@ -231,16 +234,19 @@ impl Symbolizer {
         }
     }
 
-    /// The maps of `pid`, read again only after `MAPS_FOR` (one stack asks several times,
-    /// and a hostile process's maps may be megabytes).
-    fn maps(&self, pid: u32) -> Option<Arc<str>> {
-        let mut cache = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((at, maps)) = cache.get(&pid)
-            && at.elapsed() < MAPS_FOR
+    /// The executable file mappings of `pid` (parsed by the reader), asked again only
+    /// after `MAPS_FOR` (one stack asks several times).
+    fn maps(&self, pid: u32) -> Option<Arc<[FileMapping]>> {
         {
-            return Some(maps.clone());
+            let cache = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((at, maps)) = cache.get(&pid)
+                && at.elapsed() < MAPS_FOR
+            {
+                return Some(maps.clone());
+            }
         }
-        let maps: Arc<str> = super::maps::read(pid)?.into();
+        let maps = crate::reader::loader().maps(pid, READER_WAIT)?;
+        let mut cache = self.maps.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= MAX_MAPS_KEPT {
             cache.clear();
         }
@@ -248,25 +254,23 @@ impl Symbolizer {
         Some(maps)
     }
 
-    /// The symbols of the file of mapping `m` of `pid`, read once per (device, inode) and
-    /// kept while all files' symbols together stay under `MAX_SYMBOL_BYTES`.
-    fn symbols_of(&self, pid: u32, m: &super::maps::Mapping<'_>) -> Option<Arc<Symbols>> {
-        let key = (m.dev, m.inode);
-        let mut cache = self.symbols.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = cache.files.get(&key) {
+    /// The symbols of the file of mapping `m` of `pid`, as the reader answered.
+    fn symbols_of(&self, pid: u32, m: &FileMapping) -> Option<Arc<Symbols>> {
+        let key = (pid, m.dev, m.inode);
+        if let Some(s) = self
+            .symbols
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
             return s.clone();
         }
-        let symbols = ElfFile::open(pid, m.path)
-            .and_then(|f| Symbols::read(&f))
-            .map(Arc::new);
-        let bytes = symbols.as_ref().map_or(0, |s| s.bytes());
-        if cache.bytes + bytes > MAX_SYMBOL_BYTES {
-            // Cleared whole: the files of the processes being named now come back.
-            cache.files.clear();
-            cache.bytes = 0;
+        let symbols = crate::reader::loader().symbols(pid, &m.path, READER_WAIT);
+        let mut cache = self.symbols.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= 4096 {
+            cache.clear();
         }
-        cache.bytes += bytes;
-        cache.files.insert(key, symbols.clone());
+        cache.insert(key, symbols.clone());
         symbols
     }
 
@@ -282,11 +286,8 @@ impl Symbolizer {
     /// plausible code address).
     pub fn in_file(&self, pid: u32, addr: u64) -> bool {
         let addr = addr.saturating_sub(1);
-        self.maps(pid).is_some_and(|maps| {
-            super::maps::executable(&maps)
-                .iter()
-                .any(|m| m.range.contains(&addr))
-        })
+        self.maps(pid)
+            .is_some_and(|maps| maps.iter().any(|m| m.range.contains(&addr)))
     }
 
     /// Names of kernel addresses (the first is the sampled instruction, the others return

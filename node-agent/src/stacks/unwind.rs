@@ -2,100 +2,233 @@
 //! `.debug_frame`), for code built without frame pointers.
 //!
 //! The kernel sends, per stack sample, the user registers and the top `STACK_COPY` bytes
-//! of the user stack (ebpf/src/stacks.bpf.h); this walks them with framehop (samply's
-//! unwinder: DWARF CFI through `.eh_frame_hdr`, a frame-pointer rule where a module has
-//! no entry, as for JIT code). Where the copy ends before the stack does, the walk is
-//! continued with the kernel's frame-pointer walk of the same sample, from the first
-//! frame both have.
+//! of the user stack (ebpf/src/stacks.bpf.h); this walks them. Where the copy ends before
+//! the stack does, the walk is continued with the kernel's frame-pointer walk of the same
+//! sample, from the first frame both have.
 //!
-//! Bounded: the tables of at most `MAX_TABLE_BYTES` of files are kept (cleared whole
-//! when a new file would pass it), read once per (device, inode) through the process's
-//! root; at most `MAX_PROCESSES` processes' module lists, re-read at most every
-//! `MAPS_EVERY` when a walk meets an address outside them.
+//! The tables are workload-chosen files, so they are never parsed here: the reader
+//! process (`crate::reader`) turns a file's DWARF CFI into [`Tables`], one [`Rule`] per
+//! address range (what production profilers call stack deltas), checked as they are
+//! decoded; this side only binary-searches them. The rules and their execution are
+//! framehop's x86-64 ones (samply's unwinder, used here before the reader): its
+//! translation from CFI rows and its rule executor are not public, and its module index
+//! parses the sections in the caller's process, so both are written out below, with the
+//! same semantics (an address with no rule, or with one framehop would evaluate
+//! generically, is walked by its frame pointer, as framehop's fallback does).
+//!
+//! Nothing here waits for the reader: a process's tables are asked for when it is first
+//! walked, and its samples are held (a bounded while) until they are ready; a walk uses
+//! what is ready. Bounded: the tables of at most `MAX_TABLE_BYTES` of files are kept
+//! (cleared whole when a new file would pass it), shared by every process that maps the
+//! same file (keyed by the identity of the file opened in the process's root); at most
+//! `MAX_PROCESSES` processes' module lists, asked again at most every `MAPS_EVERY` when a
+//! walk meets an address outside them.
 
 use std::{
-    collections::HashMap,
-    ops::{Deref, Range},
-    sync::Arc,
+    collections::{HashMap, VecDeque},
+    ops::Range,
+    sync::{Arc, mpsc},
     time::{Duration, Instant},
 };
 
-use object::{Object, ObjectSection};
+use crate::reader::wire::{Dec, Enc, Malformed};
 
-/// Unwind-table bytes kept for all files together.
-pub const MAX_TABLE_BYTES: usize = 64 << 20;
+/// Rule bytes kept for all files together.
+pub const MAX_TABLE_BYTES: usize = 16 << 20;
+/// The most rules kept of one file (16 bytes each): libjvm.so has about 170,000.
+pub const MAX_RULES: usize = 1 << 19;
 /// Processes whose module lists are kept.
 pub const MAX_PROCESSES: usize = 256;
-/// How soon a process's mappings are read again.
+/// How soon a process's mappings are asked for again.
 const MAPS_EVERY: Duration = Duration::from_secs(2);
 /// Frames kept per walk, as the kernel's frame-pointer walk keeps.
 const MAX_FRAMES: usize = resourcewatch_ebpf::shared::STACK_DEPTH;
 
-/// Section bytes shared by every process that maps the file.
-#[derive(Clone)]
-pub struct Bytes(Arc<[u8]>);
+/// How one frame is stepped to its caller (framehop's `UnwindRuleX86_64`, the cases the
+/// CFI of real binaries gives). The return address is always at the new stack pointer
+/// less 8.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// No row covers the address, or its row is one framehop evaluates generically: the
+    /// frame pointer is followed, as framehop's fallback does.
+    Fallback,
+    /// The return address is undefined: the root of the stack.
+    EndOfStack,
+    /// (sp, bp) = (sp + 8x, bp)
+    OffsetSp { sp_by8: u16 },
+    /// (sp, bp) = (sp + 8x, *(sp + 8y))
+    OffsetSpAndRestoreBp { sp_by8: u16, bp_by8: i16 },
+    /// (sp, bp) = (bp + 16, *bp)
+    UseFramePointer,
+}
 
-impl Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.0
+impl Rule {
+    fn pack(self) -> u64 {
+        match self {
+            Rule::Fallback => 0,
+            Rule::EndOfStack => 1,
+            Rule::OffsetSp { sp_by8 } => 2 | (u64::from(sp_by8) << 8),
+            Rule::OffsetSpAndRestoreBp { sp_by8, bp_by8 } => {
+                3 | (u64::from(sp_by8) << 8) | (u64::from(bp_by8 as u16) << 24)
+            }
+            Rule::UseFramePointer => 4,
+        }
+    }
+
+    fn unpack(v: u64) -> Result<Self, Malformed> {
+        let a = (v >> 8) as u16;
+        let b = (v >> 24) as u16 as i16;
+        Ok(match v & 0xff {
+            0 => Rule::Fallback,
+            1 => Rule::EndOfStack,
+            2 => Rule::OffsetSp { sp_by8: a },
+            3 => Rule::OffsetSpAndRestoreBp {
+                sp_by8: a,
+                bp_by8: b,
+            },
+            4 => Rule::UseFramePointer,
+            _ => return Err(Malformed),
+        })
+    }
+
+    /// Steps `regs` to the caller's frame: the return address, None at the root, Err
+    /// when the stack cannot be read or the step goes nowhere (framehop's `exec`).
+    fn exec(
+        self,
+        first: bool,
+        regs: &mut Regs,
+        read: &mut impl FnMut(u64) -> Result<u64, ()>,
+    ) -> Result<Option<u64>, ()> {
+        let sp = regs.sp;
+        let (new_sp, new_bp) = match self {
+            Rule::EndOfStack => return Ok(None),
+            Rule::OffsetSp { sp_by8 } => {
+                (sp.checked_add(u64::from(sp_by8) * 8).ok_or(())?, regs.bp)
+            }
+            Rule::OffsetSpAndRestoreBp { sp_by8, bp_by8 } => {
+                let new_sp = sp.checked_add(u64::from(sp_by8) * 8).ok_or(())?;
+                let at = sp.checked_add_signed(i64::from(bp_by8) * 8).ok_or(())?;
+                let bp = match read(at) {
+                    Ok(v) => v,
+                    // Epilogues pop registers whose rows still say "saved below sp": the
+                    // copy starts at sp, so the caller's bp is the one in the register.
+                    Err(()) if first && at < sp => regs.bp,
+                    Err(()) => return Err(()),
+                };
+                (new_sp, bp)
+            }
+            Rule::Fallback | Rule::UseFramePointer => {
+                let bp = regs.bp;
+                if bp == 0 {
+                    return Ok(None);
+                }
+                let new_sp = bp.checked_add(16).ok_or(())?;
+                if new_sp <= sp {
+                    return Err(());
+                }
+                (new_sp, read(bp)?)
+            }
+        };
+        let ra = read(new_sp.checked_sub(8).ok_or(())?)?;
+        if ra == 0 {
+            return Ok(None);
+        }
+        if new_sp == sp && ra == regs.ip {
+            return Err(());
+        }
+        *regs = Regs {
+            ip: ra,
+            sp: new_sp,
+            bp: new_bp,
+        };
+        Ok(Some(ra))
     }
 }
 
-/// What unwinding needs of one ELF file: its unwind sections and where its loadable
-/// segments sit in the file (to place a mapping's addresses).
-struct Tables {
-    sections: Vec<(&'static [u8], Range<u64>, Bytes)>,
+/// The registers a walk tracks.
+#[derive(Clone, Copy, Debug)]
+struct Regs {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+}
+
+/// What unwinding needs of one ELF file, as the reader built it: rules by address (as
+/// the file states addresses), and where its loadable segments sit in the file (to
+/// place a mapping's addresses).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Tables {
+    /// Sorted; `rules[i]` holds from `starts[i]` to `starts[i + 1]`.
+    starts: Vec<u64>,
+    rules: Vec<Rule>,
     /// PT_LOAD segments: (file offset, virtual address, file size).
     loads: Vec<(u64, u64, u64)>,
-    bytes: usize,
 }
 
+/// The most loadable segments read of one file.
+const MAX_LOADS: usize = 64;
+
 impl Tables {
-    /// The tables of `path` in `pid`'s root, read within the bounds of `super::elf`.
-    fn read(pid: u32, path: &str) -> Option<Self> {
-        Self::from_file(&super::elf::ElfFile::open(pid, path)?)
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.starts.len() * 16 + self.loads.len() * 24 + std::mem::size_of::<Self>()
     }
 
-    fn from_file(file: &super::elf::ElfFile) -> Option<Self> {
+    /// The rules of an open ELF file, built from its CFI (in the reader). None when it is
+    /// not an ELF file; a file without CFI, or whose CFI breaks a bound, gives no rules.
+    pub fn from_file(file: &super::elf::ElfFile) -> Option<Self> {
+        use object::{Object, ObjectSection};
         let elf = object::File::parse(file).ok()?;
-        let mut sections = Vec::new();
-        let mut bytes = 0;
-        // .eh_frame with its index when there is one; Go writes only .debug_frame
-        // (compressed), which framehop indexes itself.
-        let names: &[&'static [u8]] = if elf.section_by_name(".eh_frame").is_some() {
-            &[b".eh_frame", b".eh_frame_hdr"]
-        } else {
-            &[b".debug_frame"]
-        };
-        for &name in names {
-            let Some(s) = elf.section_by_name_bytes(name) else {
-                continue;
-            };
-            let Some(data) = super::elf::section_data(&s, super::elf::MAX_SECTION) else {
-                continue;
-            };
-            bytes += data.len();
-            sections.push((
-                name,
-                s.address()..s.address() + s.size(),
-                Bytes(Arc::from(&*data)),
-            ));
+        let loads: Vec<_> = super::elf::loads(&elf)
+            .into_iter()
+            .take(MAX_LOADS)
+            .collect();
+        let mut rows = Vec::new();
+        let text = elf.section_by_name(".text").map_or(0, |s| s.address());
+        let got = elf.section_by_name(".got").map_or(0, |s| s.address());
+        // .eh_frame when there is one; Go writes only .debug_frame (compressed).
+        if let Some(s) = elf.section_by_name(".eh_frame") {
+            if let Some(data) = super::elf::section_data(&s, super::elf::MAX_SECTION) {
+                let bases = gimli::BaseAddresses::default()
+                    .set_eh_frame(s.address())
+                    .set_text(text)
+                    .set_got(got);
+                let mut section = gimli::EhFrame::new(&data, gimli::LittleEndian);
+                section.set_address_size(8);
+                cfi_rows(&section, &bases, &mut rows);
+            }
+        } else if let Some(s) = elf.section_by_name(".debug_frame")
+            && let Some(data) = super::elf::section_data(&s, super::elf::MAX_SECTION)
+        {
+            let bases = gimli::BaseAddresses::default().set_text(text);
+            let mut section = gimli::DebugFrame::new(&data, gimli::LittleEndian);
+            section.set_address_size(8);
+            cfi_rows(&section, &bases, &mut rows);
         }
-        if let Some(text) = elf.section_by_name(".text") {
-            // Its range only: it tells framehop where instruction analysis would apply.
-            sections.push((
-                b".text",
-                text.address()..text.address() + text.size(),
-                Bytes(Arc::from(&[][..])),
-            ));
-        }
-        let loads = super::elf::loads(&elf);
-        Some(Self {
-            sections,
+        Some(Self::from_rows(rows, loads))
+    }
+
+    /// Rows (start, rule; `Rule::Fallback` also marks where an entry ends) sorted into
+    /// ranges, equal neighbours merged.
+    fn from_rows(mut rows: Vec<(u64, Rule)>, loads: Vec<(u64, u64, u64)>) -> Self {
+        // A real row before an entry's end at the same address (adjacent entries).
+        rows.sort_by_key(|&(start, rule)| (start, rule == Rule::Fallback));
+        rows.dedup_by_key(|r| r.0);
+        rows.dedup_by_key(|r| r.1);
+        let (starts, rules) = rows.into_iter().unzip();
+        Self {
+            starts,
+            rules,
             loads,
-            bytes,
-        })
+        }
+    }
+
+    /// The rule at address `svma` of the file.
+    fn rule_at(&self, svma: u64) -> Rule {
+        match self.starts.partition_point(|&s| s <= svma).checked_sub(1) {
+            Some(i) => self.rules[i],
+            None => Rule::Fallback,
+        }
     }
 
     /// The address this file's image is based at when file offset `offset` is mapped at
@@ -108,75 +241,160 @@ impl Tables {
         let &(p_off, p_vaddr, _) = self
             .loads
             .iter()
-            .filter(|&&(o, _, size)| o / page * page <= offset && offset < o + size.max(1))
+            .filter(|&&(o, _, size)| {
+                o / page * page <= offset && offset < o.saturating_add(size.max(1))
+            })
             .max_by_key(|&&(o, _, _)| o)?;
         // The mapping's first byte is at this virtual address of the file.
         let svma = p_vaddr.wrapping_add(offset).wrapping_sub(p_off);
         Some(start.wrapping_sub(svma))
     }
-}
 
-/// What the unwinder would keep of an ELF file (for the fuzz targets): its table bytes,
-/// and where a mapping at `start` of file offset `offset` would place it.
-#[doc(hidden)]
-pub fn tables_of_file(
-    file: &super::elf::ElfFile,
-    start: u64,
-    offset: u64,
-) -> Option<(usize, Option<u64>)> {
-    let t = Tables::from_file(file)?;
-    #[cfg(target_arch = "x86_64")]
-    {
-        // framehop indexes the sections as the unwinder would (a malformed .eh_frame_hdr
-        // must not panic here either).
-        let mut u = Native::new();
-        if let Some(base) = t.base_avma(start, offset) {
-            framehop::Unwinder::add_module(
-                &mut u,
-                framehop::Module::new(
-                    String::new(),
-                    start..start.saturating_add(0x10000),
-                    base,
-                    Sections(&t),
-                ),
-            );
+    pub fn encode(&self, e: &mut Enc) {
+        e.u32(self.loads.len() as u32);
+        for &(o, v, s) in &self.loads {
+            e.u64(o).u64(v).u64(s);
+        }
+        e.u32(self.starts.len() as u32);
+        for (s, r) in self.starts.iter().zip(&self.rules) {
+            e.u64(*s).u64(r.pack());
         }
     }
-    Some((t.bytes, t.base_avma(start, offset)))
+
+    /// Decoded and checked: at most `MAX_LOADS` segments and `MAX_RULES` rules, sorted.
+    pub fn decode(d: &mut Dec<'_>) -> Result<Self, Malformed> {
+        let n = d.count(24)?;
+        if n > MAX_LOADS {
+            return Err(Malformed);
+        }
+        let mut loads = Vec::with_capacity(n);
+        for _ in 0..n {
+            loads.push((d.u64()?, d.u64()?, d.u64()?));
+        }
+        let n = d.count(16)?;
+        if n > MAX_RULES {
+            return Err(Malformed);
+        }
+        let (mut starts, mut rules) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            let s = d.u64()?;
+            if starts.last().is_some_and(|&l| l >= s) {
+                return Err(Malformed);
+            }
+            starts.push(s);
+            rules.push(Rule::unpack(d.u64()?)?);
+        }
+        Ok(Self {
+            starts,
+            rules,
+            loads,
+        })
+    }
 }
 
-/// `framehop::ModuleSectionInfo` over cached tables.
-struct Sections<'a>(&'a Tables);
-
-impl framehop::ModuleSectionInfo<Bytes> for Sections<'_> {
-    fn base_svma(&self) -> u64 {
-        0
-    }
-    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
-        self.0
-            .sections
-            .iter()
-            .find(|(n, _, _)| *n == name)
-            .map(|(_, r, _)| r.clone())
-    }
-    fn section_data(&mut self, name: &[u8]) -> Option<Bytes> {
-        self.0
-            .sections
-            .iter()
-            .find(|(n, _, d)| *n == name && !d.is_empty())
-            .map(|(_, _, d)| d.clone())
+/// Every row of every entry of a CFI section, as rules, each entry's end marked, at most
+/// `MAX_RULES` (past it the rest of the file is walked by frame pointers). An entry that
+/// does not parse is skipped.
+fn cfi_rows<'a, S>(section: &S, bases: &gimli::BaseAddresses, rows: &mut Vec<(u64, Rule)>)
+where
+    S: gimli::UnwindSection<gimli::EndianSlice<'a, gimli::LittleEndian>>,
+{
+    use gimli::CieOrFde;
+    let mut ctx = Box::new(gimli::UnwindContext::new());
+    let mut entries = section.entries(bases);
+    let mut cies = HashMap::new();
+    loop {
+        let entry = match entries.next() {
+            Ok(Some(e)) => e,
+            // A section that does not parse past here: what was read is kept.
+            Ok(None) | Err(_) => break,
+        };
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(|s, b, o| {
+            // A CIE shared by many entries is parsed once (a hostile file can point
+            // thousands of entries at one large CIE).
+            let at: usize = gimli::UnwindOffset::into(o);
+            if let Some(c) = cies.get(&at) {
+                return Ok(std::clone::Clone::clone(c));
+            }
+            let c = s.cie_from_offset(b, o)?;
+            if cies.len() < 4096 {
+                cies.insert(at, c.clone());
+            }
+            Ok(c)
+        }) else {
+            continue;
+        };
+        let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
+            continue;
+        };
+        loop {
+            if rows.len() >= MAX_RULES - 1 {
+                return;
+            }
+            match table.next_row() {
+                Ok(Some(row)) => rows.push((row.start_address(), translate(row))),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        rows.push((fde.end_address(), Rule::Fallback));
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-type Native = framehop::x86_64::UnwinderX86_64<Bytes>;
-#[cfg(target_arch = "x86_64")]
-type NativeCache = framehop::x86_64::CacheX86_64;
+/// One CFI row as a rule, as framehop translates it (`x86_64/dwarf.rs`).
+fn translate<T: gimli::ReaderOffset, S: gimli::UnwindContextStorage<T>>(
+    row: &gimli::UnwindTableRow<T, S>,
+) -> Rule {
+    use gimli::{CfaRule, RegisterRule, X86_64};
+    let saved_at = |r: Option<RegisterRule<T>>| match r {
+        None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => Ok(None),
+        Some(RegisterRule::Offset(o)) => Ok(Some(o)),
+        _ => Err(()),
+    };
+    match row.register(X86_64::RA) {
+        None | Some(RegisterRule::Undefined) => return Rule::EndOfStack,
+        Some(RegisterRule::Offset(-8)) => {}
+        _ => return Rule::Fallback,
+    }
+    let Ok(bp) = saved_at(row.register(X86_64::RBP)) else {
+        return Rule::Fallback;
+    };
+    match *row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } if register == X86_64::RSP => {
+            let Ok(sp_by8) = u16::try_from(offset / 8) else {
+                return Rule::Fallback;
+            };
+            match bp {
+                None => Rule::OffsetSp { sp_by8 },
+                Some(b) => match i16::try_from(offset.saturating_add(b) / 8) {
+                    Ok(bp_by8) => Rule::OffsetSpAndRestoreBp { sp_by8, bp_by8 },
+                    Err(_) => Rule::Fallback,
+                },
+            }
+        }
+        CfaRule::RegisterAndOffset { register, offset }
+            if register == X86_64::RBP && offset == 16 && bp == Some(-16) =>
+        {
+            Rule::UseFramePointer
+        }
+        _ => Rule::Fallback,
+    }
+}
 
-#[cfg(target_arch = "x86_64")]
+/// One executable file mapping of a process, with its file's rules when they were read.
+struct Module {
+    range: Range<u64>,
+    /// Where the file's address 0 is in the process.
+    base: u64,
+    tables: Arc<Tables>,
+}
+
+/// A process's modules, as the reader answered.
 struct Process {
-    unwinder: Native,
-    /// Executable mappings added, by start address.
+    modules: Vec<Module>,
+    /// Every executable file mapping, tables or not (a plausible code address).
     ranges: Vec<Range<u64>>,
     read_at: Instant,
     /// Return addresses in code outside any file, and the stack bytes their code pops
@@ -184,10 +402,18 @@ struct Process {
     stubs: HashMap<u64, Option<u64>>,
 }
 
-#[cfg(target_arch = "x86_64")]
 impl Process {
     fn in_file(&self, addr: u64) -> bool {
         self.ranges.iter().any(|r| r.contains(&addr))
+    }
+
+    fn rule_at(&self, lookup: u64) -> Rule {
+        self.modules
+            .iter()
+            .find(|m| m.range.contains(&lookup))
+            .map_or(Rule::Fallback, |m| {
+                m.tables.rule_at(lookup.wrapping_sub(m.base))
+            })
     }
 
     /// One step through generated code that keeps no frame pointer and has no table, when
@@ -195,16 +421,20 @@ impl Process {
     /// returns: `add $n, %rsp; ret` or `ret`. CPython's perf trampolines (3.12+, `-X perf`)
     /// are `sub $8, %rsp; call *%rcx; add $8, %rsp; ret`: the Python function each one
     /// stands for is named by the perf map, and the walk goes on into the interpreter
-    /// that called it. Read from the process's memory once per address.
+    /// that called it. Five bytes of the process's memory, matched against two fixed
+    /// patterns, once per address.
     fn stub_return(
         &mut self,
         pid: u32,
         ra: u64,
-        regs: &mut framehop::x86_64::UnwindRegsX86_64,
+        regs: &mut Regs,
         read: &mut impl FnMut(u64) -> Result<u64, ()>,
     ) -> Result<Option<u64>, ()> {
         let pops = *self.stubs.entry(ra).or_insert_with(|| {
-            let code = read_memory::<5>(pid, ra)?;
+            let mut code = [0u8; 5];
+            if !crate::procfs::read_process_memory(pid, ra, &mut code) {
+                return None;
+            }
             match code {
                 [0x48, 0x83, 0xc4, n, 0xc3] if n < 0x80 => Some(u64::from(n)),
                 [0xc3, ..] => Some(0),
@@ -212,19 +442,11 @@ impl Process {
             }
         });
         let pops = pops.ok_or(())?;
-        let sp = regs.sp();
-        let next = read(sp + pops)?;
-        regs.set_sp(sp + pops + 8);
-        regs.set_ip(next);
+        let next = read(regs.sp + pops)?;
+        regs.sp += pops + 8;
+        regs.ip = next;
         Ok(Some(next))
     }
-}
-
-/// `N` bytes of process `pid`'s memory at `addr`.
-#[cfg(target_arch = "x86_64")]
-fn read_memory<const N: usize>(pid: u32, addr: u64) -> Option<[u8; N]> {
-    let mut buf = [0u8; N];
-    crate::procfs::read_process_memory(pid, addr, &mut buf).then_some(buf)
 }
 
 /// A walk of one sample: frames innermost first (the leaf's address, then return
@@ -235,65 +457,166 @@ pub struct Walk {
     pub complete: bool,
 }
 
-/// Unwinds the stack samples of any number of processes, caching what it reads.
-#[derive(Default)]
-pub struct Unwinder {
-    tables: HashMap<(u64, u64), Option<Arc<Tables>>>,
-    table_bytes: usize,
-    #[cfg(target_arch = "x86_64")]
-    procs: HashMap<u32, Process>,
-    #[cfg(target_arch = "x86_64")]
-    cache: Option<Box<NativeCache>>,
+/// Where a process's tables stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    /// Asked of the reader, not answered yet.
+    Loading,
 }
+
+/// What the loader answers for one process: its executable mappings and the tables of
+/// the files it could read (`crate::reader::Loader::load_process`).
+pub struct Loaded {
+    pub pid: u32,
+    /// (mapping's range, file offset, the file's tables if read).
+    pub modules: Vec<(Range<u64>, u64, Option<Arc<Tables>>)>,
+}
+
+/// Unwinds the stack samples of any number of processes with tables the reader built.
+pub struct Unwinder {
+    /// Ring items waiting for their process's tables (`super::read_samples`).
+    pub(crate) held: Held<super::RingItem>,
+    procs: HashMap<u32, Process>,
+    loading: HashMap<u32, Instant>,
+    answers: mpsc::Receiver<Loaded>,
+    tx: mpsc::Sender<Loaded>,
+    table_bytes: usize,
+}
+
+impl Default for Unwinder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// How long a load may stay unanswered before it is asked again.
+const LOAD_AGAIN_AFTER: Duration = Duration::from_secs(10);
 
 impl Unwinder {
     pub fn new() -> Self {
-        Self::default()
+        let (tx, answers) = mpsc::channel();
+        Self {
+            held: Held::default(),
+            procs: HashMap::new(),
+            loading: HashMap::new(),
+            answers,
+            tx,
+            table_bytes: 0,
+        }
+    }
+
+    /// Takes up what the reader answered since the last call (never waits).
+    fn take_answers(&mut self) {
+        while let Ok(loaded) = self.answers.try_recv() {
+            self.install(loaded);
+        }
+    }
+
+    fn install(&mut self, loaded: Loaded) {
+        self.loading.remove(&loaded.pid);
+        if self.procs.len() >= MAX_PROCESSES && !self.procs.contains_key(&loaded.pid) {
+            self.procs.clear();
+        }
+        let mut modules = Vec::new();
+        let mut ranges = Vec::new();
+        for (range, offset, tables) in loaded.modules {
+            if let Some(tables) = tables
+                && let Some(base) = tables.base_avma(range.start, offset)
+            {
+                modules.push(Module {
+                    range: range.clone(),
+                    base,
+                    tables,
+                });
+            }
+            ranges.push(range);
+        }
+        self.table_bytes = crate::reader::loader().table_bytes();
+        self.procs.insert(
+            loaded.pid,
+            Process {
+                modules,
+                ranges,
+                read_at: Instant::now(),
+                stubs: HashMap::new(),
+            },
+        );
+    }
+
+    /// Asks for `pid`'s tables when it is new, or when `ip` is outside its mappings and
+    /// they were read more than `MAPS_EVERY` ago (a library loaded since). Never waits.
+    pub fn refresh(&mut self, pid: u32, ip: u64) -> Readiness {
+        self.take_answers();
+        if let Some(at) = self.loading.get(&pid) {
+            if at.elapsed() < LOAD_AGAIN_AFTER {
+                return Readiness::Loading;
+            }
+            self.loading.remove(&pid);
+        }
+        if let Some(p) = self.procs.get(&pid)
+            && (ip == 0 || p.in_file(ip) || p.read_at.elapsed() < MAPS_EVERY)
+        {
+            return Readiness::Ready;
+        }
+        self.loading.insert(pid, Instant::now());
+        crate::reader::loader().load_process(pid, self.tx.clone());
+        if self.procs.contains_key(&pid) {
+            // Walked with the mappings known until the new ones come.
+            Readiness::Ready
+        } else {
+            Readiness::Loading
+        }
+    }
+
+    /// Waits up to `within` for every process asked for to be answered (for a capture's
+    /// end, never on the agent's engine).
+    pub fn wait_loaded(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.loading.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.answers.recv_timeout(left) {
+                Ok(loaded) => self.install(loaded),
+                Err(_) => break,
+            }
+        }
     }
 
     /// Walks `stack` (the bytes from `sp` up) of process `pid`, interrupted at `ip` with
-    /// frame register `bp`.
-    #[cfg(target_arch = "x86_64")]
+    /// frame register `bp`, with the tables ready now.
     pub fn walk(&mut self, pid: u32, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> Walk {
-        use framehop::{FrameAddress, Unwinder as _};
-        self.refresh(pid, ip);
         let Some(proc) = self.procs.get_mut(&pid) else {
-            // Gone before its sample was read: its leaf is all that is known.
+            // Gone, or its tables not read: its leaf is all that is known.
             return Walk {
                 frames: vec![ip],
                 complete: false,
             };
         };
-        let cache = self
-            .cache
-            .get_or_insert_with(|| Box::new(NativeCache::new()));
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
             let word = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
             Ok(u64::from_le_bytes(word.try_into().map_err(|_| ())?))
         };
-        let mut regs = framehop::x86_64::UnwindRegsX86_64::new(ip, sp, bp);
-        let mut at = FrameAddress::from_instruction_pointer(ip);
+        let mut regs = Regs { ip, sp, bp };
         let mut walk = Walk::default();
-        // Frame by frame rather than framehop's iterator: a step it cannot take in code
-        // outside any file gets one more chance below.
+        let mut at = ip;
+        let mut first = true;
         while walk.frames.len() < MAX_FRAMES {
-            walk.frames.push(at.address());
-            let step = match proc.unwinder.unwind_frame(at, &mut regs, cache, &mut read) {
+            walk.frames.push(at);
+            // A return address is looked up inside its call instruction.
+            let lookup = if first { at } else { at.saturating_sub(1) };
+            let step = match proc.rule_at(lookup).exec(first, &mut regs, &mut read) {
                 Ok(next) => Ok(next),
-                Err(_) if at.is_return_address() && !proc.in_file(at.address()) => {
-                    proc.stub_return(pid, at.address(), &mut regs, &mut read)
+                Err(()) if !first && !proc.in_file(at) => {
+                    proc.stub_return(pid, at, &mut regs, &mut read)
                 }
-                Err(_) => Err(()),
+                Err(()) => Err(()),
             };
             match step {
-                Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
-                    Some(next) => at = next,
-                    None => {
-                        walk.complete = true;
-                        break;
-                    }
-                },
+                Ok(Some(ra)) => {
+                    at = ra;
+                    first = false;
+                }
                 Ok(None) => {
                     walk.complete = true;
                     break;
@@ -304,81 +627,75 @@ impl Unwinder {
         walk
     }
 
-    #[cfg(not(target_arch = "x86_64"))]
-    pub fn walk(&mut self, _pid: u32, ip: u64, _sp: u64, _bp: u64, _stack: &[u8]) -> Walk {
-        Walk {
-            frames: vec![ip],
-            complete: false,
-        }
+    /// Forgets `pid`'s modules (its capture ended).
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+        self.loading.remove(&pid);
     }
 
-    /// Reads `pid`'s executable mappings when it is new, or when `ip` is outside them and
-    /// they were read more than `MAPS_EVERY` ago (a library loaded since).
-    #[cfg(target_arch = "x86_64")]
-    fn refresh(&mut self, pid: u32, ip: u64) {
-        use framehop::Unwinder as _;
-        if let Some(p) = self.procs.get(&pid)
-            && (p.ranges.iter().any(|r| r.contains(&ip)) || p.read_at.elapsed() < MAPS_EVERY)
-        {
-            return;
-        }
-        if self.procs.len() >= MAX_PROCESSES && !self.procs.contains_key(&pid) {
-            self.procs.clear();
-        }
-        let Some(maps) = super::maps::read(pid) else {
-            self.procs.remove(&pid);
-            return;
-        };
-        let mut unwinder = Native::new();
-        let mut ranges = Vec::new();
-        for m in super::maps::executable(&maps) {
-            let Some(tables) = self.tables_of(pid, &m) else {
-                continue;
-            };
-            let Some(base) = tables.base_avma(m.range.start, m.offset) else {
-                continue;
-            };
-            unwinder.add_module(framehop::Module::new(
-                m.path.to_owned(),
-                m.range.clone(),
-                base,
-                Sections(&tables),
-            ));
-            ranges.push(m.range);
-        }
-        self.procs.insert(
-            pid,
-            Process {
-                unwinder,
-                ranges,
-                read_at: Instant::now(),
-                stubs: HashMap::new(),
-            },
-        );
-    }
-
-    fn tables_of(&mut self, pid: u32, m: &super::maps::Mapping<'_>) -> Option<Arc<Tables>> {
-        let key = (m.dev, m.inode);
-        if let Some(t) = self.tables.get(&key) {
-            return t.clone();
-        }
-        let t = Tables::read(pid, m.path).map(Arc::new);
-        let bytes = t.as_ref().map_or(0, |t| t.bytes);
-        if self.table_bytes + bytes > MAX_TABLE_BYTES {
-            // Cleared whole: the files of the processes being captured now come back.
-            self.tables.clear();
-            self.table_bytes = 0;
-            #[cfg(target_arch = "x86_64")]
-            self.procs.clear();
-        }
-        self.table_bytes += bytes;
-        self.tables.insert(key, t.clone());
-        t
-    }
-
-    /// Bytes of unwind tables held.
+    /// Bytes of unwind tables the loader holds for all captures.
     pub fn table_bytes(&self) -> usize {
         self.table_bytes
+    }
+}
+
+/// Samples held until their process's tables are ready: at most this many per process
+/// and in all (each holds a 16 KiB stack copy), and for at most `HOLD_FOR`.
+pub const HOLD_PER_PROCESS: usize = 64;
+pub const HOLD_TOTAL: usize = 512;
+pub const HOLD_FOR: Duration = Duration::from_millis(1500);
+
+/// Items of the stack ring held in order per process while its tables load.
+pub struct Held<T> {
+    queues: HashMap<u32, VecDeque<(Instant, T)>>,
+    total: usize,
+}
+
+impl<T> Default for Held<T> {
+    fn default() -> Self {
+        Self {
+            queues: HashMap::new(),
+            total: 0,
+        }
+    }
+}
+
+impl<T> Held<T> {
+    pub fn push(&mut self, pid: u32, item: T) {
+        self.queues
+            .entry(pid)
+            .or_default()
+            .push_back((Instant::now(), item));
+        self.total += 1;
+    }
+
+    /// The items to handle now, in order per process: every process's when `all`, else
+    /// those of processes `ready` says are ready, held too long, or over the bounds.
+    pub fn release(&mut self, all: bool, mut ready: impl FnMut(u32) -> bool) -> Vec<(u32, T)> {
+        let over = self.total > HOLD_TOTAL;
+        let pids: Vec<u32> = self
+            .queues
+            .iter()
+            .filter(|(pid, q)| {
+                all || over
+                    || q.len() > HOLD_PER_PROCESS
+                    || q.front().is_some_and(|(t, _)| t.elapsed() >= HOLD_FOR)
+                    || ready(**pid)
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        let mut out = Vec::new();
+        for pid in pids {
+            if let Some(q) = self.queues.remove(&pid) {
+                self.total -= q.len();
+                out.extend(q.into_iter().map(|(_, item)| (pid, item)));
+            }
+        }
+        out
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
     }
 }
 
@@ -410,93 +727,129 @@ pub fn stitch(walk: &Walk, fp: &[u64]) -> Vec<u64> {
 mod tests {
     use super::*;
 
-    /// Peak resident memory of this process (VmHWM), bytes.
-    fn peak() -> u64 {
-        crate::procfs::peak_rss_bytes(std::process::id()).expect("VmHWM")
+    #[test]
+    fn rules_survive_the_wire_and_bad_tables_are_refused() {
+        let rules = [
+            Rule::Fallback,
+            Rule::EndOfStack,
+            Rule::OffsetSp { sp_by8: 7 },
+            Rule::OffsetSpAndRestoreBp {
+                sp_by8: 65535,
+                bp_by8: -3,
+            },
+            Rule::UseFramePointer,
+        ];
+        let t = Tables {
+            starts: (0..rules.len() as u64).map(|i| 0x1000 + i * 16).collect(),
+            rules: rules.to_vec(),
+            loads: vec![(0, 0, 0x5000)],
+        };
+        let mut e = Enc::default();
+        t.encode(&mut e);
+        assert_eq!(Tables::decode(&mut Dec(&e.0)), Ok(t));
+        // Unsorted starts, an unknown rule, a short message.
+        for bad in [
+            {
+                let mut e = Enc::default();
+                e.u32(0).u32(2).u64(5).u64(0).u64(5).u64(0);
+                e.0
+            },
+            {
+                let mut e = Enc::default();
+                e.u32(0).u32(1).u64(5).u64(9);
+                e.0
+            },
+            vec![0, 0, 0, 0, 1, 0],
+        ] {
+            assert_eq!(Tables::decode(&mut Dec(&bad)), Err(Malformed));
+        }
     }
 
-    /// Files as a hostile pod would map them cost the unwinder nothing past its bounds:
-    /// a section declaring 1 GiB in a sparse file (the old reader allocated and zeroed the
-    /// declared size), a zlib section declaring 1 TiB once inflated, a zlib bomb just
-    /// under a real size, a truncated header, a thousand headers over one range.
     #[test]
-    fn hostile_unwind_tables_cost_no_more_than_the_bounds() {
-        use super::super::elf::{compressed, crafted};
-        let dir = std::env::temp_dir().join(format!("rw-hostile-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let write = |name: &str, bytes: &[u8], len: Option<u64>| {
-            let p = dir.join(name);
-            std::fs::write(&p, bytes).expect("write");
-            if let Some(len) = len {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&p)
-                    .and_then(|f| f.set_len(len))
-                    .expect("sparse");
-            }
-            p.to_string_lossy().into_owned()
-        };
-        // 64 MiB of zeros, deflated (~64 KiB), declared as 64 MiB: over MAX_SECTION.
-        let bomb = {
-            use std::io::Write as _;
-            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
-            z.write_all(&vec![0u8; 64 << 20]).expect("deflate");
-            z.finish().expect("deflate")
-        };
-        let cases = [
-            write(
-                "huge-section",
-                &crafted(&[(".eh_frame", 1, 2, &[0u8; 16], 1 << 30)]),
-                Some((1 << 30) + 4096),
-            ),
-            write(
-                "tera-zlib",
-                &crafted(&[(
-                    ".debug_frame",
-                    1,
-                    0x800,
-                    &compressed(1 << 40, &bomb[..1024]),
-                    1048,
-                )]),
-                None,
-            ),
-            write(
-                "zlib-bomb",
-                &crafted(&[(
-                    ".debug_frame",
-                    1,
-                    0x800,
-                    &compressed(64 << 20, &bomb),
-                    bomb.len() as u64 + 24,
-                )]),
-                None,
-            ),
-            write(
-                "truncated",
-                &crafted(&[(".eh_frame", 1, 2, &[1u8; 64], 64)])[..40],
-                None,
-            ),
-            write(
-                "many-headers",
-                &crafted(&vec![(".eh_frame_hdr", 1, 2, &[0u8; 8][..], 8u64); 1000]),
-                None,
-            ),
-        ];
-        let before = peak();
-        for c in &cases {
-            let t = Tables::read(std::process::id(), c);
-            assert!(
-                t.as_ref()
-                    .is_none_or(|t| t.bytes <= super::super::elf::MAX_SECTION as usize * 2),
-                "{c}"
-            );
-        }
-        let grown = peak().saturating_sub(before);
-        assert!(
-            grown < 48 << 20,
-            "reading hostile files grew the peak RSS by {grown} bytes"
+    fn rows_become_ranges_and_an_address_between_entries_falls_back() {
+        let t = Tables::from_rows(
+            vec![
+                (0x100, Rule::OffsetSp { sp_by8: 1 }),
+                (0x104, Rule::OffsetSp { sp_by8: 2 }),
+                (0x110, Rule::Fallback),
+                (0x110, Rule::OffsetSp { sp_by8: 1 }),
+                (0x120, Rule::Fallback),
+                (0x130, Rule::OffsetSp { sp_by8: 1 }),
+                (0x134, Rule::OffsetSp { sp_by8: 1 }),
+                (0x140, Rule::Fallback),
+            ],
+            Vec::new(),
         );
-        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(t.rule_at(0xff), Rule::Fallback);
+        assert_eq!(t.rule_at(0x100), Rule::OffsetSp { sp_by8: 1 });
+        assert_eq!(t.rule_at(0x10f), Rule::OffsetSp { sp_by8: 2 });
+        assert_eq!(t.rule_at(0x110), Rule::OffsetSp { sp_by8: 1 });
+        assert_eq!(t.rule_at(0x125), Rule::Fallback);
+        assert_eq!(t.rule_at(0x13f), Rule::OffsetSp { sp_by8: 1 });
+        assert_eq!(t.rule_at(0x140), Rule::Fallback);
+        // Equal neighbours merged.
+        assert_eq!(t.starts, [0x100, 0x104, 0x110, 0x120, 0x130, 0x140]);
+    }
+
+    #[test]
+    fn rules_step_as_framehops_do() {
+        let stack = [
+            1u64, 2, 0x100300, 4, 0x40, 0x100200, 5, 6, 0x70, 0x100100, 7, 8, 9, 10, 0, 0,
+        ];
+        let mut read = |addr: u64| stack.get((addr / 8) as usize).copied().ok_or(());
+        let mut regs = Regs {
+            ip: 0x100400,
+            sp: 0x10,
+            bp: 0x20,
+        };
+        let r = Rule::OffsetSp { sp_by8: 1 }.exec(true, &mut regs, &mut read);
+        assert_eq!(r, Ok(Some(0x100300)));
+        assert_eq!((regs.ip, regs.sp, regs.bp), (0x100300, 0x18, 0x20));
+        let r = Rule::UseFramePointer.exec(false, &mut regs, &mut read);
+        assert_eq!(r, Ok(Some(0x100200)));
+        assert_eq!((regs.sp, regs.bp), (0x30, 0x40));
+        let r = Rule::UseFramePointer.exec(false, &mut regs, &mut read);
+        assert_eq!(r, Ok(Some(0x100100)));
+        assert_eq!((regs.sp, regs.bp), (0x50, 0x70));
+        assert_eq!(
+            Rule::UseFramePointer.exec(false, &mut regs, &mut read),
+            Ok(None)
+        );
+        assert_eq!(Rule::EndOfStack.exec(false, &mut regs, &mut read), Ok(None));
+        // A bp of -1 (code using it as a general register) overflows without a panic.
+        let mut regs = Regs {
+            ip: 1,
+            sp: u64::MAX / 8 * 8,
+            bp: u64::MAX,
+        };
+        for r in [
+            Rule::OffsetSp { sp_by8: 1 },
+            Rule::UseFramePointer,
+            Rule::OffsetSpAndRestoreBp {
+                sp_by8: 1,
+                bp_by8: 2,
+            },
+        ] {
+            assert_eq!(r.exec(true, &mut regs, &mut read), Err(()));
+        }
+    }
+
+    #[test]
+    fn held_items_keep_their_order_and_leave_when_ready_or_over_bounds() {
+        let mut h = Held::default();
+        for i in 0..3 {
+            h.push(7, i);
+            h.push(8, 10 + i);
+        }
+        assert!(h.release(false, |_| false).is_empty());
+        assert_eq!(h.release(false, |p| p == 8), [(8, 10), (8, 11), (8, 12)]);
+        for i in 3..=HOLD_PER_PROCESS as i32 {
+            h.push(7, i);
+        }
+        let out = h.release(false, |_| false);
+        assert_eq!(out.len(), HOLD_PER_PROCESS + 1);
+        assert!(out.windows(2).all(|w| w[0].1 < w[1].1));
+        assert!(h.is_empty());
     }
 
     #[test]
@@ -522,9 +875,7 @@ mod tests {
     }
 
     /// This test binary's own stack, copied as the kernel copies one, walks back to the
-    /// test's caller through tables (the test profile keeps frame pointers or not: the
-    /// tables do not care).
-    #[cfg(target_arch = "x86_64")]
+    /// test's caller through the tables the reader process built.
     #[test]
     fn a_copied_stack_of_this_process_walks_through_its_callers() {
         #[inline(never)]
@@ -544,7 +895,11 @@ mod tests {
             // SAFETY: the 8 KiB above the stack pointer are this thread's stack (the test
             // harness's frames lie there), read as the kernel would copy them.
             let stack = unsafe { std::slice::from_raw_parts(sp as *const u8, 8192) }.to_vec();
-            u.walk(std::process::id(), ip, sp, bp, &stack)
+            let me = std::process::id();
+            assert_eq!(u.refresh(me, ip), Readiness::Loading);
+            u.wait_loaded(Duration::from_secs(20));
+            assert_eq!(u.refresh(me, ip), Readiness::Ready);
+            u.walk(me, ip, sp, bp, &stack)
         }
         #[inline(never)]
         fn outer(u: &mut Unwinder) -> Walk {
