@@ -223,8 +223,48 @@ impl Collector for AgentMetrics {
             &one(t.leaks_reported as f64),
         )?;
         self.encode_counters(&mut e, t.ticks)?;
-        encode_kernel(&mut e, &t)
+        encode_kernel(&mut e, &t)?;
+        encode_reader(&mut e)
     }
+}
+
+/// The reader process's counters (`crate::reader`): requests, restarts, the time the
+/// loader waited on it, and the files whose content was refused, by reason.
+fn encode_reader(e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    use crate::reader::{Refusal, STATS};
+    use std::sync::atomic::Ordering::Relaxed;
+    let c = |v: u64| vec![(Vec::new(), v)];
+    counter(
+        e,
+        "resourcewatch_agent_reader_requests",
+        "Files and maps sent to the reader process to parse",
+        &c(STATS.requests.load(Relaxed)),
+    )?;
+    counter(
+        e,
+        "resourcewatch_agent_reader_starts",
+        "Reader processes started (one per crash, missed deadline or budget exceeded, and after a large answer)",
+        &c(STATS.restarts.load(Relaxed)),
+    )?;
+    let refusals: Vec<_> = Refusal::ALL
+        .iter()
+        .map(|r| (vec![("reason", r.reason().into())], STATS.refusals(*r)))
+        .collect();
+    counter(
+        e,
+        "resourcewatch_agent_reader_refusals",
+        "Workload files whose content was not used, by reason (their frames are named by the file alone)",
+        &refusals,
+    )?;
+    let mut family = e.encode_descriptor(
+        "resourcewatch_agent_reader_busy_seconds",
+        "Time the loader spent waiting on the reader process",
+        None,
+        MetricType::Counter,
+    )?;
+    ConstCounter::new(STATS.busy_ns.load(Relaxed) as f64 / 1e9)
+        .encode(family.encode_family(&Vec::<(&str, String)>::new())?)?;
+    Ok(())
 }
 
 impl AgentMetrics {
@@ -472,6 +512,9 @@ mod tests {
             );
         }
         for name in [
+            "resourcewatch_agent_reader_refusals_total{reason=\"deadline\"} ",
+            "resourcewatch_agent_reader_refusals_total{reason=\"over_budget\"} ",
+            "resourcewatch_agent_reader_busy_seconds_total",
             "process_cpu_seconds_total ",
             "process_resident_memory_bytes ",
             "resourcewatch_agent_build_info{",
