@@ -265,7 +265,8 @@ fn jvm_allocation_tracer(pid: u32) -> Option<(std::fs::File, Vec<u64>)> {
         ],
         |name, wanted| name.contains(wanted),
         // Waited for on the engine, only when uprobes are granted and a JVM's capture
-        // starts: past it the JVM's sites are its resident growth, as without uprobes.
-        std::time::Duration::from_secs(1),
+        // starts (behind the JVM's own tables, asked for just before): past it the
+        // JVM's sites are its resident growth, as without uprobes.
+        2 * crate::reader::DEADLINE,
     )
 }
