@@ -162,6 +162,8 @@ fn filters() -> Result<(seccompiler::BpfProgram, seccompiler::BpfProgram), secco
         libc::SYS_exit_group,
         // abort(3) raises SIGABRT at itself (an allocation over the budget).
         libc::SYS_tgkill,
+        // Some libcs raise with tkill.
+        libc::SYS_tkill,
     ];
     let rules = allowed
         .iter()
