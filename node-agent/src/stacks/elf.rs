@@ -252,6 +252,8 @@ struct Func {
 /// The function symbols of one file (`.symtab` and `.dynsym`), and its PLT ranges.
 pub struct Symbols {
     funcs: Vec<Func>,
+    /// Functions at an address another one names first.
+    aliases: Vec<Func>,
     names: String,
     loads: Vec<(u64, u64, u64)>,
     /// Virtual address ranges of the PLT sections (`.plt`, `.plt.sec`, `.plt.got`): stubs
@@ -327,7 +329,17 @@ impl Symbols {
         }
         // Sized symbols before sizeless ones at one address (aliases: the first is kept).
         funcs.sort_by_key(|f| (f.start, std::cmp::Reverse(f.end)));
-        funcs.dedup_by_key(|f| f.start);
+        // The other names at one address are kept apart, for `offset_of` only (glibc's
+        // `malloc` is `__libc_malloc`'s alias, and a uprobe is found by either).
+        let mut aliases = Vec::new();
+        let mut kept: Vec<Func> = Vec::with_capacity(funcs.len());
+        for f in funcs {
+            match kept.last() {
+                Some(k) if k.start == f.start => aliases.push(f),
+                _ => kept.push(f),
+            }
+        }
+        let mut funcs = kept;
         for i in 0..funcs.len().saturating_sub(1) {
             let next = funcs[i + 1].start;
             if funcs[i].end > next {
@@ -343,8 +355,10 @@ impl Symbols {
             .flatten()
             .filter(|id| !id.is_empty() && id.len() <= MAX_BUILD_ID)
             .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
+        aliases.shrink_to_fit();
         Some(Self {
             funcs,
+            aliases,
             names,
             loads: loads(&elf),
             plt,
@@ -354,7 +368,7 @@ impl Symbols {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.funcs.len() * std::mem::size_of::<Func>() + self.names.len()
+        (self.funcs.len() + self.aliases.len()) * std::mem::size_of::<Func>() + self.names.len()
     }
 
     /// The virtual address (as the file states it) at file offset `offset`.
@@ -388,7 +402,7 @@ impl Symbols {
 impl Symbols {
     /// The file offset of the first function whose (mangled) name `matches`.
     pub fn offset_of(&self, matches: impl Fn(&str) -> bool) -> Option<u64> {
-        let f = self.funcs.iter().find(|f| {
+        let f = self.funcs.iter().chain(&self.aliases).find(|f| {
             let (at, len) = (f.name.0 as usize, f.name.1 as usize);
             self.names.get(at..at + len).is_some_and(&matches)
         })?;
@@ -399,9 +413,11 @@ impl Symbols {
     }
 
     pub fn encode(&self, e: &mut Enc) {
-        e.u32(self.funcs.len() as u32);
-        for f in &self.funcs {
-            e.u64(f.start).u64(f.end).u32(f.name.0).u32(f.name.1);
+        for list in [&self.funcs, &self.aliases] {
+            e.u32(list.len() as u32);
+            for f in list {
+                e.u64(f.start).u64(f.end).u32(f.name.0).u32(f.name.1);
+            }
         }
         e.bytes(self.names.as_bytes());
         e.u32(self.loads.len() as u32);
@@ -434,6 +450,18 @@ impl Symbols {
             }
             funcs.push(f);
         }
+        let n = d.count(24)?;
+        if n > MAX_SYMBOLS {
+            return Err(Malformed);
+        }
+        let mut aliases = Vec::with_capacity(n);
+        for _ in 0..n {
+            aliases.push(Func {
+                start: d.u64()?,
+                end: d.u64()?,
+                name: (d.u32()?, d.u32()?),
+            });
+        }
         let names = d.bytes()?;
         if names.len() > MAX_NAME_BYTES {
             return Err(Malformed);
@@ -441,7 +469,7 @@ impl Symbols {
         let names = std::str::from_utf8(names)
             .map_err(|_| Malformed)?
             .to_owned();
-        if funcs.iter().any(|f| {
+        if funcs.iter().chain(&aliases).any(|f| {
             let (at, len) = (f.name.0 as usize, f.name.1 as usize);
             names.get(at..at + len).is_none()
         }) {
@@ -464,6 +492,7 @@ impl Symbols {
         let build_id = (!id.is_empty()).then(|| String::from_utf8_lossy(id).into_owned());
         Ok(Self {
             funcs,
+            aliases,
             names,
             loads,
             plt,
