@@ -8,6 +8,7 @@
 //! configurations in, acknowledgements out, the latest report (older unsent reports
 //! are worthless, so only the newest is kept), and profile results (profiles.rs).
 
+pub mod kills;
 pub mod metrics;
 pub mod profiles;
 pub mod report;
@@ -425,8 +426,9 @@ struct Engine {
     metrics: Arc<metrics::AgentMetrics>,
     profiles: profiles::Runner,
     /// OOM kills seen, repeated in every report for `OOM_KILL_RESEND_SECS` (a report
-    /// made while the stream is down is replaced by the next one, unsent).
-    oom_kills: std::collections::VecDeque<(Instant, pb::OomKill)>,
+    /// made while the stream is down is replaced by the next one, unsent); watched pods'
+    /// kills are never pushed out by others' (`kills`).
+    oom_kills: kills::Kills,
 }
 
 /// Before the first configuration arrives.
@@ -465,7 +467,7 @@ impl Engine {
             self_cpu: None,
             metrics,
             profiles,
-            oom_kills: std::collections::VecDeque::new(),
+            oom_kills: kills::Kills::default(),
         }
     }
 
@@ -721,17 +723,16 @@ impl Engine {
         let now = Instant::now();
         for k in &frame.oom_kills {
             self.metrics.oom_kills.fetch_add(1, Ordering::Relaxed);
-            self.oom_kills.push_back((now, report::oom_kill(k)));
+            let kill = report::oom_kill(k);
+            let watched = self.resolved.iter().any(|c| {
+                (!kill.container_id.is_empty() && c.container_id == kill.container_id)
+                    || (!kill.pod_uid.is_empty() && c.pod_uid == kill.pod_uid)
+            });
+            self.oom_kills.push(now, kill, watched);
         }
         let resend = Duration::from_secs(pb::OOM_KILL_RESEND_SECS);
-        while self
-            .oom_kills
-            .front()
-            .is_some_and(|(seen, _)| now.duration_since(*seen) > resend)
-            || self.oom_kills.len() > pb::MAX_OOM_KILLS_PER_REPORT
-        {
-            self.oom_kills.pop_front();
-        }
+        self.oom_kills
+            .trim(now, resend, pb::MAX_OOM_KILLS_PER_REPORT);
         let mut r = report::build(report::ReportInputs {
             frame: &frame,
             config: &self.config,
@@ -741,7 +742,7 @@ impl Engine {
             agent_cpu_percent: (agent_cpu * 100.0).round() / 100.0,
             agent_rss_bytes: agent_rss,
         });
-        r.oom_kills = self.oom_kills.iter().map(|(_, k)| k.clone()).collect();
+        r.oom_kills = self.oom_kills.report();
         r
     }
 }

@@ -503,9 +503,16 @@ impl FrameBuilder {
             predictions,
             who,
         });
-        // Bounded whatever happens between two frames (a fork bomb in a small cgroup).
+        // Bounded whatever happens between two frames (a fork bomb in a small cgroup):
+        // the oldest kill of a cgroup killed again since goes first, so one cgroup's storm
+        // folds to its newest kills and pushes out no other cgroup's.
         if self.oom_kills.len() > MAX_OOM_KILLS_PER_FRAME {
-            self.oom_kills.remove(0);
+            let key = |k: &OomKill| (k.limit_cgroup.clone(), k.who.cgroup.clone());
+            let repeated = (0..self.oom_kills.len()).find(|&i| {
+                let at = key(&self.oom_kills[i]);
+                self.oom_kills[i + 1..].iter().any(|k| key(k) == at)
+            });
+            self.oom_kills.remove(repeated.unwrap_or(0));
         }
     }
 
