@@ -331,7 +331,7 @@ impl Profiler {
         // A CPython process named is listed for the frame walk before its first sample,
         // a JVM asked for its perf map (one in a profiled cgroup is, at its first sample).
         for &pid in &target.pids {
-            self.runtimes.seen(pid);
+            self.runtimes.seen_within(pid, Duration::from_secs(5));
         }
         replace_keys(&mut self.bpf, maps::PROFILE_CGROUPS, &target.cgroups)?;
         Ok(())

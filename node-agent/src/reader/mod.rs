@@ -61,6 +61,8 @@ pub enum Kind {
     Tables = 2,
     /// An ELF file's function symbols.
     Symbols = 3,
+    /// What CPython detection needs of an interpreter's file.
+    Python = 4,
 }
 
 impl Kind {
@@ -69,6 +71,7 @@ impl Kind {
             1 => Kind::Maps,
             2 => Kind::Tables,
             3 => Kind::Symbols,
+            4 => Kind::Python,
             _ => return None,
         })
     }
@@ -489,6 +492,11 @@ enum Job {
         pid: u32,
         answer: mpsc::SyncSender<Option<Arc<[FileMapping]>>>,
     },
+    /// Whether a process runs CPython: its maps, then its interpreter files (at most 4).
+    Python {
+        pid: u32,
+        answer: mpsc::SyncSender<Option<crate::stacks::python::Runtime>>,
+    },
 }
 
 /// The one thread that talks to the reader, and what it keeps of the answers.
@@ -562,6 +570,18 @@ impl Loader {
         let (tx, rx) = mpsc::sync_channel(1);
         self.push(Job::Maps { pid, answer: tx });
         rx.recv_timeout(within).ok().flatten()
+    }
+
+    /// Whether `pid` runs CPython, answered on the receiver (never waits).
+    pub fn python_async(&self, pid: u32) -> mpsc::Receiver<Option<crate::stacks::python::Runtime>> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.push(Job::Python { pid, answer: tx });
+        rx
+    }
+
+    /// Whether `pid` runs CPython, waiting up to `within` (as `symbols`).
+    pub fn python(&self, pid: u32, within: Duration) -> Option<crate::stacks::python::Runtime> {
+        self.python_async(pid).recv_timeout(within).ok().flatten()
     }
 
     /// Bytes of unwind tables held.
@@ -654,6 +674,22 @@ impl Loader {
             }
             Job::Symbols { pid, path, answer } => {
                 let _ = answer.send(self.symbols_of(reader, pid, &path));
+                None
+            }
+            Job::Python { pid, answer } => {
+                let found = self.read_maps(reader, pid).and_then(|maps| {
+                    crate::stacks::python::python_files(&maps).iter().find_map(
+                        |(path, mappings)| {
+                            let file = crate::procfs::open_regular_in_root(pid, path)?;
+                            let id = FileId::of(&file)?;
+                            let body = self.ask(reader, Kind::Python, &file, id).ok()?;
+                            crate::stacks::python::PythonSymbols::decode(&mut wire::Dec(&body))
+                                .ok()?
+                                .runtime_in(pid, mappings)
+                        },
+                    )
+                });
+                let _ = answer.send(found);
                 None
             }
             Job::Process {
@@ -775,6 +811,10 @@ pub fn parse(kind: Kind, file: File) -> Option<Vec<u8>> {
         Kind::Symbols => {
             let f = crate::stacks::elf::ElfFile::new(file, crate::stacks::elf::FILE_BUDGET)?;
             Symbols::read(&f)?.encode(&mut e);
+        }
+        Kind::Python => {
+            let f = crate::stacks::elf::ElfFile::new(file, crate::stacks::elf::FILE_BUDGET)?;
+            crate::stacks::python::PythonSymbols::read(&f)?.encode(&mut e);
         }
     }
     Some(e.0)

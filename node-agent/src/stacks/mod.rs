@@ -131,6 +131,17 @@ impl Runtimes {
         self.python.runtime(pid)
     }
 
+    /// As [`Self::seen`], waiting up to `within` for the CPython detection (a profile's
+    /// named processes; never the engine).
+    pub fn seen_within(
+        &mut self,
+        pid: u32,
+        within: std::time::Duration,
+    ) -> Option<std::sync::Arc<python::Runtime>> {
+        self.jvm.seen(pid);
+        self.python.runtime_within(pid, within)
+    }
+
     /// Keeps the perf maps JVMs answer, for [`Self::jvm_maps`] (a profile, named after it
     /// ends).
     pub fn keep_jvm_maps(&mut self) {

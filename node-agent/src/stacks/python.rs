@@ -25,12 +25,7 @@
 //! their function: a code object freed and its address reused between the sample and the
 //! naming (at most one profile or one 5 s naming round) would be named after the new one.
 
-use std::{
-    collections::HashMap,
-    ops::Range,
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+use std::{collections::HashMap, ops::Range, path::Path, sync::Arc};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use object::{Object, ObjectSegment, ObjectSymbol};
@@ -164,43 +159,33 @@ impl Runtime {
     }
 }
 
-/// Finds whether process `pid` runs a CPython interpreter of a known layout.
-pub fn detect(pid: u32) -> Option<Runtime> {
-    let maps = super::maps::read(pid)?;
-    let mut files: Vec<(PathBuf, Vec<(u64, u64)>)> = Vec::new();
-    for line in maps.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(offset), Some(_dev), Some(_inode)) =
-            (it.next(), it.next(), it.next(), it.next(), it.next())
-        else {
-            continue;
-        };
-        let Some(path) = it.next().filter(|p| p.starts_with('/')) else {
-            continue;
-        };
-        if !Path::new(path)
-            .file_name()
-            .is_some_and(|n| is_python_file(&n.to_string_lossy()))
-        {
+/// Finds whether process `pid` runs a CPython interpreter of a known layout: its maps
+/// and the interpreter's symbols are parsed by the reader process (`crate::reader`);
+/// waits up to `within` (never on the engine: see [`Registry::runtime`]).
+pub fn detect(pid: u32, within: std::time::Duration) -> Option<Runtime> {
+    crate::reader::loader().python(pid, within)
+}
+
+/// The mapped files of a process that may hold its interpreter: (path, its mappings'
+/// (start, file offset)), at most 4 files, named `python*` or `libpython*` (not the
+/// extension modules, `_struct.cpython-311-x86_64-linux-gnu.so`, mapped before
+/// libpython by some builds).
+pub fn python_files(maps: &[super::maps::FileMapping]) -> Vec<(Arc<str>, Vec<(u64, u64)>)> {
+    let mut files: Vec<(Arc<str>, Vec<(u64, u64)>)> = Vec::new();
+    for m in maps {
+        if !Path::new(&*m.path).file_name().is_some_and(|n| {
+            let n = n.to_string_lossy();
+            (n.starts_with("python") || n.starts_with("libpython")) && is_python_file(&n)
+        }) {
             continue;
         }
-        let (Some(start), Ok(offset)) = (
-            range
-                .split('-')
-                .next()
-                .and_then(|s| u64::from_str_radix(s, 16).ok()),
-            u64::from_str_radix(offset, 16),
-        ) else {
-            continue;
-        };
-        match files.iter_mut().find(|(p, _)| p == Path::new(path)) {
-            Some((_, m)) => m.push((start, offset)),
-            None => files.push((PathBuf::from(path), vec![(start, offset)])),
+        if let Some((_, v)) = files.iter_mut().find(|(p, _)| *p == m.path) {
+            v.push((m.range.start, m.offset));
+        } else if files.len() < 4 {
+            files.push((m.path.clone(), vec![(m.range.start, m.offset)]));
         }
     }
     files
-        .iter()
-        .find_map(|(path, mappings)| runtime_in(pid, path, mappings))
 }
 
 /// Whether a mapped file's name is a CPython interpreter or library of the default build
@@ -215,50 +200,128 @@ fn is_python_file(name: &str) -> bool {
     !digits.starts_with('t')
 }
 
-/// The runtime defined by file `path` (in `pid`'s root), mapped by `pid` at `mappings`
-/// (start, file offset).
-fn runtime_in(pid: u32, path: &Path, mappings: &[(u64, u64)]) -> Option<Runtime> {
-    let file = super::elf::ElfFile::open(pid, &path.to_string_lossy())?;
-    let elf = object::File::parse(&file).ok()?;
-    let page = crate::procfs::page_size();
-    // The load bias: a mapping of file offset `off` at `start` holds the segment whose
-    // page-rounded file offset is `off`.
-    let bias = mappings.iter().find_map(|&(start, off)| {
-        elf.segments()
-            .find(|s| s.file_range().0 / page * page == off)
-            .map(|s| start.wrapping_sub(s.address() / page * page))
-    })?;
-    let mut runtime = None;
-    let mut version = None;
-    let mut eval = Vec::new();
-    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
-        match sym.name() {
-            Ok("_PyRuntime") => runtime = Some(sym.address()),
-            Ok("Py_Version") => version = Some(sym.address()),
-            Ok(n)
-                if n == "_PyEval_EvalFrameDefault"
-                    || n.starts_with("_PyEval_EvalFrameDefault.") =>
-            {
-                let r =
-                    bias.wrapping_add(sym.address())..bias.wrapping_add(sym.address() + sym.size());
-                if !r.is_empty() && !eval.contains(&r) {
-                    eval.push(r);
+/// What detection needs of an interpreter's file, as the reader read it: where its
+/// loadable segments are, and the addresses (as the file states them) of `_PyRuntime`,
+/// `Py_Version` and the evaluation loop's code.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PythonSymbols {
+    /// (file offset, virtual address) of each PT_LOAD segment.
+    segments: Vec<(u64, u64)>,
+    runtime: Option<u64>,
+    version: Option<u64>,
+    eval: Vec<Range<u64>>,
+}
+
+/// The most evaluation-loop ranges kept (CPython has one, a build with clones a few).
+const MAX_EVAL: usize = 16;
+
+impl PythonSymbols {
+    /// Read in the reader from an open ELF file.
+    pub fn read(file: &super::elf::ElfFile) -> Option<Self> {
+        let elf = object::File::parse(file).ok()?;
+        let mut out = Self {
+            segments: elf
+                .segments()
+                .take(64)
+                .map(|s| (s.file_range().0, s.address()))
+                .collect(),
+            ..Self::default()
+        };
+        for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+            match sym.name() {
+                Ok("_PyRuntime") => out.runtime = Some(sym.address()),
+                Ok("Py_Version") => out.version = Some(sym.address()),
+                Ok(n)
+                    if n == "_PyEval_EvalFrameDefault"
+                        || n.starts_with("_PyEval_EvalFrameDefault.") =>
+                {
+                    let r = sym.address()..sym.address().saturating_add(sym.size());
+                    if !r.is_empty() && !out.eval.contains(&r) && out.eval.len() < MAX_EVAL {
+                        out.eval.push(r);
+                    }
                 }
+                _ => {}
             }
-            _ => {}
+        }
+        Some(out)
+    }
+
+    pub fn encode(&self, e: &mut crate::reader::wire::Enc) {
+        e.u32(self.segments.len() as u32);
+        for &(o, v) in &self.segments {
+            e.u64(o).u64(v);
+        }
+        for a in [self.runtime, self.version] {
+            e.u8(u8::from(a.is_some())).u64(a.unwrap_or(0));
+        }
+        e.u32(self.eval.len() as u32);
+        for r in &self.eval {
+            e.u64(r.start).u64(r.end);
         }
     }
-    let mut v = [0u8; 4];
-    if !crate::procfs::read_process_memory(pid, bias.wrapping_add(version?), &mut v) {
-        return None;
+
+    pub fn decode(
+        d: &mut crate::reader::wire::Dec<'_>,
+    ) -> Result<Self, crate::reader::wire::Malformed> {
+        use crate::reader::wire::Malformed;
+        let n = d.count(16)?;
+        if n > 64 {
+            return Err(Malformed);
+        }
+        let mut segments = Vec::with_capacity(n);
+        for _ in 0..n {
+            segments.push((d.u64()?, d.u64()?));
+        }
+        let mut opt = || -> Result<Option<u64>, Malformed> {
+            let some = d.u8()? != 0;
+            let v = d.u64()?;
+            Ok(some.then_some(v))
+        };
+        let (runtime, version) = (opt()?, opt()?);
+        let n = d.count(16)?;
+        if n > MAX_EVAL {
+            return Err(Malformed);
+        }
+        let mut eval = Vec::with_capacity(n);
+        for _ in 0..n {
+            eval.push(d.u64()?..d.u64()?);
+        }
+        Ok(Self {
+            segments,
+            runtime,
+            version,
+            eval,
+        })
     }
-    let v = u32::from_ne_bytes(v);
-    let layout = Layout::for_version((v >> 24) as u8, (v >> 16) as u8)?;
-    Some(Runtime {
-        layout,
-        runtime: bias.wrapping_add(runtime?),
-        eval,
-    })
+
+    /// The runtime of process `pid`, which maps this file at `mappings` (start, file
+    /// offset): its load bias, then its version read from its memory (4 bytes).
+    pub fn runtime_in(&self, pid: u32, mappings: &[(u64, u64)]) -> Option<Runtime> {
+        let page = crate::procfs::page_size();
+        // The load bias: a mapping of file offset `off` at `start` holds the segment whose
+        // page-rounded file offset is `off`.
+        let bias = mappings.iter().find_map(|&(start, off)| {
+            self.segments
+                .iter()
+                .find(|&&(file_off, _)| file_off / page * page == off)
+                .map(|&(_, vaddr)| start.wrapping_sub(vaddr / page * page))
+        })?;
+        let mut v = [0u8; 4];
+        if !crate::procfs::read_process_memory(pid, bias.wrapping_add(self.version?), &mut v) {
+            return None;
+        }
+        let v = u32::from_ne_bytes(v);
+        let layout = Layout::for_version((v >> 24) as u8, (v >> 16) as u8)?;
+        Some(Runtime {
+            layout,
+            runtime: bias.wrapping_add(self.runtime?),
+            eval: self
+                .eval
+                .iter()
+                .map(|r| bias.wrapping_add(r.start)..bias.wrapping_add(r.end))
+                .collect(),
+        })
+    }
 }
 
 /// The CPython processes listed for the kernel's frame walk (`rw_py_procs`), found as
@@ -266,6 +329,8 @@ fn runtime_in(pid: u32, path: &Path, mappings: &[(u64, u64)]) -> Option<Runtime>
 pub struct Registry {
     map: Option<BpfHashMap<MapData, u32, RwPyProc>>,
     known: HashMap<u32, Option<Arc<Runtime>>>,
+    /// Processes asked of the reader and not answered yet.
+    asked: HashMap<u32, std::sync::mpsc::Receiver<Option<Runtime>>>,
     /// Whether processes are listed at all (off only to measure what the walk costs).
     pub enabled: bool,
 }
@@ -280,13 +345,26 @@ impl Registry {
         Ok(Self {
             map: Some(BpfHashMap::try_from(map).map_err(crate::bpf::map_err(name))?),
             known: HashMap::new(),
+            asked: HashMap::new(),
             enabled: true,
         })
     }
 
-    /// Process `pid`'s runtime, if it is CPython; looked for once, and listed for the
-    /// kernel when found.
+    /// Process `pid`'s runtime, if it is CPython; looked for once (by the reader, never
+    /// waited for: the process's samples until the answer keep their native frames),
+    /// and listed for the kernel when found.
     pub fn runtime(&mut self, pid: u32) -> Option<Arc<Runtime>> {
+        self.runtime_within(pid, std::time::Duration::ZERO)
+    }
+
+    /// As [`Self::runtime`], waiting up to `within` for the answer (a profile's named
+    /// processes, listed before their first sample; never the engine).
+    pub fn runtime_within(
+        &mut self,
+        pid: u32,
+        within: std::time::Duration,
+    ) -> Option<Arc<Runtime>> {
+        use std::sync::mpsc::RecvTimeoutError;
         if !self.enabled {
             return None;
         }
@@ -296,7 +374,20 @@ impl Registry {
         if self.known.len() >= MAX_PROCESSES {
             self.clear();
         }
-        let found = detect(pid).map(Arc::new);
+        if !self.asked.contains_key(&pid) {
+            if self.asked.len() >= MAX_PROCESSES {
+                return None;
+            }
+            self.asked
+                .insert(pid, crate::reader::loader().python_async(pid));
+        }
+        let answer = match self.asked.get(&pid).map(|rx| rx.recv_timeout(within)) {
+            Some(Ok(found)) => found.map(Arc::new),
+            Some(Err(RecvTimeoutError::Timeout)) | None => return None,
+            Some(Err(RecvTimeoutError::Disconnected)) => None,
+        };
+        self.asked.remove(&pid);
+        let found = answer;
         if let (Some(rt), Some(map)) = (&found, &mut self.map)
             && let Err(e) = map.insert(pid, rt.kernel_entry(), 0)
         {
@@ -318,6 +409,7 @@ impl Registry {
             }
         }
         self.known.clear();
+        self.asked.clear();
     }
 }
 
@@ -359,6 +451,9 @@ pub fn is_python(addr: u64) -> bool {
     addr & TAG != 0 && addr >> 63 == 0
 }
 
+/// How long naming waits for a process's detection.
+const DETECT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Names of code objects per process (`py::qualname:filename`, as CPython's own perf
 /// maps name them), read from the process when first asked.
 #[derive(Default)]
@@ -381,7 +476,7 @@ impl Names {
         let layout = *self
             .runtimes
             .entry(pid)
-            .or_insert_with(|| detect(pid).map(|r| r.layout));
+            .or_insert_with(|| detect(pid, DETECT_WAIT).map(|r| r.layout));
         let Some(name) = layout.and_then(|l| code_name(pid, l, code)) else {
             return "py::[unknown]".to_owned();
         };
@@ -543,7 +638,8 @@ mod tests {
 
     #[test]
     fn a_process_that_is_not_python_is_not_detected() {
-        assert!(detect(std::process::id()).is_none());
-        assert!(detect(1 << 23).is_none());
+        let wait = std::time::Duration::from_secs(20);
+        assert!(detect(std::process::id(), wait).is_none());
+        assert!(detect(1 << 23, wait).is_none());
     }
 }
