@@ -166,12 +166,15 @@ pub fn detect(pid: u32, within: std::time::Duration) -> Option<Runtime> {
     crate::reader::loader().python(pid, within)
 }
 
+/// A file's path and its mappings' (start, file offset).
+pub type MappedFile = (Arc<str>, Vec<(u64, u64)>);
+
 /// The mapped files of a process that may hold its interpreter: (path, its mappings'
 /// (start, file offset)), at most 4 files, named `python*` or `libpython*` (not the
 /// extension modules, `_struct.cpython-311-x86_64-linux-gnu.so`, mapped before
 /// libpython by some builds).
-pub fn python_files(maps: &[super::maps::FileMapping]) -> Vec<(Arc<str>, Vec<(u64, u64)>)> {
-    let mut files: Vec<(Arc<str>, Vec<(u64, u64)>)> = Vec::new();
+pub fn python_files(maps: &[super::maps::FileMapping]) -> Vec<MappedFile> {
+    let mut files: Vec<MappedFile> = Vec::new();
     for m in maps {
         if !Path::new(&*m.path).file_name().is_some_and(|n| {
             let n = n.to_string_lossy();
