@@ -193,8 +193,16 @@ IMAGE_TAG ?= 0.1.0
 STATIC_TARGET := x86_64-unknown-linux-gnu
 STATIC_DIR := $(or $(CARGO_TARGET_DIR),target)/$(STATIC_TARGET)/release
 
-.PHONY: images
+.PHONY: images images-locked
 images: deps ## Build the operator, agent and workload images (static binaries; docker-archive tarballs in target/images/, no Docker needed)
+	@# One build at a time: CI's prebuild and the e2e step may both run it, and two
+	@# rustc or cc runs writing one output in target/images/ remove each other's
+	@# temporary objects (a cold CI run failed so, linking burn-rs). The second waits,
+	@# then finds everything built.
+	@mkdir -p target
+	flock target/.images.lock $(MAKE) --no-print-directory images-locked
+
+images-locked:
 	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release --target $(STATIC_TARGET) \
 	  -p resourcewatch-operator -p resourcewatch-agent -p resourcewatch-workloads --bin resourcewatch-operator --bin resourcewatch-agent --bin leak-sim
 	mkdir -p target/images
