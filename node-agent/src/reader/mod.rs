@@ -567,9 +567,14 @@ impl Loader {
 
     /// `pid`'s executable file mappings, waiting up to `within` (as `symbols`).
     pub fn maps(&self, pid: u32, within: Duration) -> Option<Arc<[FileMapping]>> {
+        self.maps_async(pid).recv_timeout(within).ok().flatten()
+    }
+
+    /// `pid`'s executable file mappings, answered on the receiver (never waits).
+    pub fn maps_async(&self, pid: u32) -> mpsc::Receiver<Option<Arc<[FileMapping]>>> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.push(Job::Maps { pid, answer: tx });
-        rx.recv_timeout(within).ok().flatten()
+        rx
     }
 
     /// Whether `pid` runs CPython, answered on the receiver (never waits).

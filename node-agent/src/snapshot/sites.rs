@@ -126,6 +126,9 @@ impl Namer {
                             jvm,
                             last,
                         } => {
+                            // Whether it runs HotSpot is read here, off the engine:
+                            // its maps are a tenant's to make large.
+                            let jvm = jvm || sym.maps_file_named(pid, "libjvm.so");
                             let sites = name(&sym, pid, &raw, jvm);
                             if tx.send(Named { pid, sites, last }).is_err() {
                                 return;
@@ -335,7 +338,8 @@ impl SiteTracker {
                             raw: HashMap::new(),
                             sites: Vec::new(),
                             settled: false,
-                            jvm: crate::stacks::maps::maps_jvm(pid),
+                            // Found by the naming thread (see `Namer::spawn`).
+                            jvm: false,
                             naming: 0,
                         },
                     );

@@ -391,10 +391,18 @@ type Answers = Arc<Mutex<HashMap<u32, Arc<PerfMap>>>>;
 pub struct PerfMapRequests {
     /// PIDs this capture has seen: a JVM's start time, None for any other process (its
     /// maps and stat read once per PID).
-    seen: HashMap<u32, Option<u64>>,
+    seen: HashMap<u32, Seen>,
     /// The maps answered, kept only for a capture that asked ([`Self::keep_answers`]):
     /// a profile, named once it ends, by which time a warming JVM has freed code it ran.
     answers: Option<Answers>,
+}
+
+/// What a capture knows of a process it sampled.
+enum Seen {
+    /// Its maps were asked of the reader.
+    Asking(std::sync::mpsc::Receiver<Option<std::sync::Arc<[super::maps::FileMapping]>>>),
+    /// A JVM's start time; None for any other process.
+    Known(Option<u64>),
 }
 
 impl PerfMapRequests {
@@ -406,13 +414,27 @@ impl PerfMapRequests {
         if self.seen.len() >= MAX_PROCESSES && !self.seen.contains_key(&pid) {
             self.seen.clear();
         }
-        // Per sample this is one lookup: only a JVM goes on to the shared registry, and a
-        // process's maps are read once, outside its lock.
-        let Some(start) = *self.seen.entry(pid).or_insert_with(|| {
-            super::maps::maps_jvm(pid)
-                .then(|| crate::procfs::start_ticks(pid))
-                .flatten()
-        }) else {
+        // Per sample this is one lookup: only a JVM goes on to the shared registry. A
+        // process's maps are asked of the reader once and never waited for (a tenant's
+        // maps can be megabytes): until they come, it is not asked.
+        let seen = self
+            .seen
+            .entry(pid)
+            .or_insert_with(|| Seen::Asking(crate::reader::loader().maps_async(pid)));
+        if let Seen::Asking(rx) = seen {
+            match rx.try_recv() {
+                Err(std::sync::mpsc::TryRecvError::Empty) => return,
+                Ok(maps) => {
+                    let jvm = maps.is_some_and(|maps| {
+                        maps.iter()
+                            .any(|m| m.path.rsplit('/').next() == Some("libjvm.so"))
+                    });
+                    *seen = Seen::Known(jvm.then(|| crate::procfs::start_ticks(pid)).flatten());
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => *seen = Seen::Known(None),
+            }
+        }
+        let Seen::Known(Some(start)) = *seen else {
             return;
         };
         let key = (pid, start);
@@ -503,7 +525,10 @@ impl PerfMapRequests {
         let jvms: Vec<(u32, u64)> = self
             .seen
             .drain()
-            .filter_map(|(pid, start)| Some((pid, start?)))
+            .filter_map(|(pid, seen)| match seen {
+                Seen::Known(Some(start)) => Some((pid, start)),
+                _ => None,
+            })
             .collect();
         let (tx, rx) = std::sync::mpsc::channel();
         let mut asked = 0usize;
@@ -686,8 +711,14 @@ mod tests {
             Err(AttachError::NotJvm)
         ));
         let mut r = PerfMapRequests::default();
+        // Its maps are asked of the reader at the first sample, read at a later one.
+        let deadline = Instant::now() + Duration::from_secs(20);
         r.seen(me);
-        assert_eq!(r.seen.get(&me), Some(&None));
+        while matches!(r.seen.get(&me), Some(Seen::Asking(_))) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            r.seen(me);
+        }
+        assert!(matches!(r.seen.get(&me), Some(Seen::Known(None))));
         let known = known().lock().expect("the registry lock");
         assert!(!known.contains_key(&(me, start)));
     }

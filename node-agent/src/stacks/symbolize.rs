@@ -282,6 +282,13 @@ impl Symbolizer {
             .contains(name)
     }
 
+    /// Whether `pid` maps, for execution, a file of exactly this name (anything can be
+    /// named so: what is done with it is bounded).
+    pub fn maps_file_named(&self, pid: u32, name: &str) -> bool {
+        self.maps(pid)
+            .is_some_and(|maps| maps.iter().any(|m| m.path.rsplit('/').next() == Some(name)))
+    }
+
     /// Whether return address `addr` is in an executable file mapping of `pid` (a
     /// plausible code address).
     pub fn in_file(&self, pid: u32, addr: u64) -> bool {
