@@ -202,7 +202,11 @@ pub fn find(pid: u32) -> Option<String> {
 /// counters in place while we read: a torn 64-bit value is at worst one collection stale,
 /// which the detectors' series absorb.
 pub fn read(pid: u32, path: &str) -> Option<Heap> {
-    let file = procfs::open_regular_in_root(pid, path)?;
+    read_file(procfs::open_regular_in_root(pid, path)?)
+}
+
+/// An open hsperfdata file read (in the reader process: `crate::reader`).
+pub fn read_file(file: std::fs::File) -> Option<Heap> {
     if file.metadata().ok()?.len() > MAX_FILE_BYTES {
         return None;
     }
@@ -321,6 +325,14 @@ mod tests {
         let found = find(me).expect("found");
         assert_eq!(found, format!("tmp/hsperfdata_rwtest{me}/{me}"));
         assert_eq!(read(me, &found).map(|h| h.young_collections), Some(7));
+        // The same found by the loader thread and parsed by the reader process, as the
+        // engine asks for it.
+        let (path, heap) = crate::reader::loader()
+            .jvm_heap_async(me, None)
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("answered");
+        assert_eq!(path.as_deref(), Some(found.as_str()));
+        assert_eq!(heap, read(me, &found));
 
         // A sparse file declaring 4 GiB: refused by its size, nothing allocated for it.
         std::fs::remove_file(&file).expect("rm");

@@ -63,6 +63,8 @@ pub enum Kind {
     Symbols = 3,
     /// What CPython detection needs of an interpreter's file.
     Python = 4,
+    /// A JVM's hsperfdata: its heap after the last young collection.
+    Hsperf = 5,
 }
 
 impl Kind {
@@ -72,6 +74,7 @@ impl Kind {
             2 => Kind::Tables,
             3 => Kind::Symbols,
             4 => Kind::Python,
+            5 => Kind::Hsperf,
             _ => return None,
         })
     }
@@ -492,6 +495,12 @@ enum Job {
         pid: u32,
         answer: mpsc::SyncSender<Option<Arc<[FileMapping]>>>,
     },
+    /// A JVM's heap: its hsperfdata file found in its /tmp (when `path` is None), read.
+    Heap {
+        pid: u32,
+        path: Option<String>,
+        answer: mpsc::SyncSender<(Option<String>, Option<crate::leak::jvm::Heap>)>,
+    },
     /// Whether a process runs CPython: its maps, then its interpreter files (at most 4).
     Python {
         pid: u32,
@@ -574,6 +583,23 @@ impl Loader {
     pub fn maps_async(&self, pid: u32) -> mpsc::Receiver<Option<Arc<[FileMapping]>>> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.push(Job::Maps { pid, answer: tx });
+        rx
+    }
+
+    /// A JVM's heap counters: its hsperfdata file (found in its /tmp when `path` is
+    /// None, the loader thread listing the directory) parsed by the reader; answered on
+    /// the receiver with the file's path (never waits).
+    pub fn jvm_heap_async(
+        &self,
+        pid: u32,
+        path: Option<String>,
+    ) -> mpsc::Receiver<(Option<String>, Option<crate::leak::jvm::Heap>)> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.push(Job::Heap {
+            pid,
+            path,
+            answer: tx,
+        });
         rx
     }
 
@@ -679,6 +705,21 @@ impl Loader {
             }
             Job::Symbols { pid, path, answer } => {
                 let _ = answer.send(self.symbols_of(reader, pid, &path));
+                None
+            }
+            Job::Heap { pid, path, answer } => {
+                let path = path.or_else(|| crate::leak::jvm::find(pid));
+                let heap = path.as_deref().and_then(|p| {
+                    let file = crate::procfs::open_regular_in_root(pid, p)?;
+                    let id = FileId::of(&file)?;
+                    let body = self.ask(reader, Kind::Hsperf, &file, id).ok()?;
+                    let mut d = wire::Dec(&body);
+                    Some(crate::leak::jvm::Heap {
+                        retained_bytes: d.u64().ok()?,
+                        young_collections: d.u64().ok()?,
+                    })
+                });
+                let _ = answer.send((path, heap));
                 None
             }
             Job::Python { pid, answer } => {
@@ -816,6 +857,10 @@ pub fn parse(kind: Kind, file: File) -> Option<Vec<u8>> {
         Kind::Symbols => {
             let f = crate::stacks::elf::ElfFile::new(file, crate::stacks::elf::FILE_BUDGET)?;
             Symbols::read(&f)?.encode(&mut e);
+        }
+        Kind::Hsperf => {
+            let heap = crate::leak::jvm::read_file(file)?;
+            e.u64(heap.retained_bytes).u64(heap.young_collections);
         }
         Kind::Python => {
             let f = crate::stacks::elf::ElfFile::new(file, crate::stacks::elf::FILE_BUDGET)?;

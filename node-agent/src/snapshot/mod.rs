@@ -355,6 +355,8 @@ const MAX_EXIT_NAMES: usize = 8192;
 struct JvmProbe {
     /// Inside the process's root (`jvm::find`).
     path: Option<String>,
+    /// The counters asked of the reader (`crate::reader`), answered at a later frame.
+    asked: Option<std::sync::mpsc::Receiver<(Option<String>, Option<jvm::Heap>)>>,
     next_probe_ns: u64,
     backoff_ns: u64,
     collections: Option<u64>,
@@ -874,24 +876,36 @@ impl FrameBuilder {
             live.insert(tgid);
             let probe = self.jvms.entry(tgid).or_insert(JvmProbe {
                 path: None,
+                asked: None,
                 next_probe_ns: now,
                 backoff_ns: JVM_PROBE_FIRST_NS,
                 collections: None,
             });
-            if probe.path.is_none() && now >= probe.next_probe_ns {
-                probe.path = jvm::find(tgid);
-                probe.next_probe_ns = now + probe.backoff_ns;
-                probe.backoff_ns = (probe.backoff_ns * 2).min(JVM_PROBE_MAX_NS);
-            }
-            let heap = match probe.path.as_deref().map(|p| jvm::read(tgid, p)) {
-                None => continue,
-                // Gone (the process exec'd, or its /tmp was cleaned): look for it again.
-                Some(None) => {
-                    probe.path = None;
-                    continue;
-                }
-                Some(Some(heap)) => heap,
+            // Found and read by the loader thread and the reader (a tenant's /tmp and
+            // file), never on the engine: the answer is taken at a later frame.
+            let answer = match probe.asked.as_ref().map(|rx| rx.try_recv()) {
+                Some(Err(std::sync::mpsc::TryRecvError::Empty)) => continue,
+                Some(Ok(answer)) => Some(answer),
+                Some(Err(std::sync::mpsc::TryRecvError::Disconnected)) | None => None,
             };
+            probe.asked = None;
+            let Some((path, heap)) = answer else {
+                if probe.path.is_some() || now >= probe.next_probe_ns {
+                    if probe.path.is_none() {
+                        probe.next_probe_ns = now + probe.backoff_ns;
+                        probe.backoff_ns = (probe.backoff_ns * 2).min(JVM_PROBE_MAX_NS);
+                    }
+                    probe.asked =
+                        Some(crate::reader::loader().jvm_heap_async(tgid, probe.path.clone()));
+                }
+                continue;
+            };
+            let Some(heap) = heap else {
+                // Gone (the process exec'd, or its /tmp was cleaned): look for it again.
+                probe.path = None;
+                continue;
+            };
+            probe.path = path;
             if probe.collections != Some(heap.young_collections) {
                 probe.collections = Some(heap.young_collections);
                 self.leaks.observe_heap(tgid, now, heap.retained_bytes);
