@@ -43,6 +43,21 @@ pub const RECAPTURE_AFTER_NS: u64 = 600_000_000_000;
 const NAME_EVERY_NS: u64 = 5_000_000_000;
 /// Captures at once: the control-word slots the kernel compares (ebpf/include/resourcewatch.h).
 const MAX_CAPTURES: usize = resourcewatch_ebpf::shared::MAX_SITE_CAPTURES;
+/// A capture is ended early for another tenant's leak only after this long (named at
+/// 5 s and 10 s: its sites have settled, as a rule).
+const PREEMPT_AFTER_NS: u64 = 15_000_000_000;
+
+/// Whose a leak is, for sharing the capture slots: its pod, else its cgroup (a process
+/// outside Kubernetes), else the node's own processes together.
+fn tenant_of(row: &LeakRow) -> String {
+    let w = &row.who;
+    w.pod_uid
+        .as_ref()
+        .map(|p| format!("pod:{p}"))
+        .or_else(|| w.cgroup.as_ref().map(|c| format!("cgroup:{c}")))
+        .unwrap_or_else(|| "node".to_owned())
+}
+
 /// Sites kept per process, and frames per site (leaf first).
 pub const SITES_KEPT: usize = 3;
 pub const FRAMES_KEPT: usize = 8;
@@ -60,6 +75,8 @@ pub struct GrowthSite {
 }
 
 struct Capture {
+    /// Whose leak it is (`tenant_of`): slots are shared between tenants.
+    tenant: String,
     started_ns: u64,
     active: bool,
     ended_ns: u64,
@@ -248,16 +265,7 @@ impl SiteTracker {
                 continue;
             };
             if c.active && (!alive || now.saturating_sub(c.started_ns) >= CAPTURE_FOR_NS) {
-                pipes.stop_growth_sites(pid);
-                c.active = false;
-                c.ended_ns = now;
-                c.named_ns = now;
-                if !self.ask(pid, true)
-                    && let Some(c) = self.captures.get_mut(&pid)
-                {
-                    // Never named: shown as they are (none), not waited for.
-                    c.settled = true;
-                }
+                self.end(pipes, pid, now);
             } else if c.active && c.naming == 0 && now.saturating_sub(c.named_ns) >= NAME_EVERY_NS {
                 // One naming at a time per capture: a slow one is not queued behind
                 // itself every 5 s.
@@ -310,6 +318,48 @@ impl SiteTracker {
         all
     }
 
+    /// Ends `pid`'s capture and asks for its last naming.
+    fn end(&mut self, pipes: &mut Pipelines, pid: u32, now: u64) {
+        let Some(c) = self.captures.get_mut(&pid) else {
+            return;
+        };
+        pipes.stop_growth_sites(pid);
+        c.active = false;
+        c.ended_ns = now;
+        c.named_ns = now;
+        if !self.ask(pid, true)
+            && let Some(c) = self.captures.get_mut(&pid)
+        {
+            // Never named: shown as they are (none), not waited for.
+            c.settled = true;
+        }
+    }
+
+    /// With every slot taken, the capture to end for a leak of `tenant`: the oldest of
+    /// the tenant holding the most slots, when it holds at least two more than `tenant`
+    /// and has run `PREEMPT_AFTER_NS` (its sites named twice). One tenant's leaks cannot
+    /// hold every slot while another's wait.
+    fn preemptable(&self, tenant: &str, now: u64) -> Option<u32> {
+        let mut held: HashMap<&str, usize> = HashMap::new();
+        for c in self.captures.values().filter(|c| c.active) {
+            *held.entry(c.tenant.as_str()).or_default() += 1;
+        }
+        let mine = held.get(tenant).copied().unwrap_or(0);
+        let (&top, &n) = held.iter().max_by_key(|&(t, n)| (*n, *t))?;
+        if n < mine + 2 {
+            return None;
+        }
+        self.captures
+            .iter()
+            .filter(|(_, c)| {
+                c.active
+                    && c.tenant == top
+                    && now.saturating_sub(c.started_ns) >= PREEMPT_AFTER_NS
+            })
+            .min_by_key(|(_, c)| c.started_ns)
+            .map(|(pid, _)| *pid)
+    }
+
     fn start(&mut self, pipes: &mut Pipelines, rows: &[LeakRow], now: u64) {
         for row in rows {
             let Some(pid) = row.pid else { continue };
@@ -321,8 +371,12 @@ impl SiteTracker {
             {
                 continue;
             }
+            let tenant = tenant_of(row);
             if self.captures.values().filter(|c| c.active).count() >= MAX_CAPTURES {
-                return;
+                match self.preemptable(&tenant, now) {
+                    Some(victim) => self.end(pipes, victim, now),
+                    None => continue,
+                }
             }
             match pipes.capture_growth_sites(pid) {
                 Ok(()) => {
@@ -335,6 +389,7 @@ impl SiteTracker {
                             named_ns: now,
                             cgroup: row.who.cgroup.clone(),
                             container_id: row.who.container_id.clone(),
+                            tenant,
                             raw: HashMap::new(),
                             sites: Vec::new(),
                             settled: false,
@@ -472,6 +527,7 @@ mod tests {
 
     fn capture() -> Capture {
         Capture {
+            tenant: "pod:a".into(),
             started_ns: 0,
             active: true,
             ended_ns: 0,
@@ -484,6 +540,35 @@ mod tests {
             jvm: false,
             naming: 0,
         }
+    }
+
+    /// With every slot taken by one tenant, another tenant's leak takes the oldest of
+    /// them once it has run long enough; a tenant holding one slot more than another is
+    /// not preempted, nor a capture too young.
+    #[test]
+    fn one_tenant_cannot_hold_every_capture_slot() {
+        let mut t = SiteTracker::new();
+        for pid in 0..MAX_CAPTURES as u32 {
+            let mut c = capture();
+            c.started_ns = u64::from(pid) * 1_000_000_000;
+            t.captures.insert(100 + pid, c);
+        }
+        let young = PREEMPT_AFTER_NS - 1;
+        assert_eq!(t.preemptable("pod:b", young), None, "too young");
+        let now = PREEMPT_AFTER_NS + 10_000_000_000;
+        assert_eq!(t.preemptable("pod:b", now), Some(100), "the oldest of pod:a");
+        assert_eq!(t.preemptable("pod:a", now), None, "its own");
+        // Shared fairly: pod:a 5, pod:b 3 slots; pod:b is not preempted for pod:a, and
+        // pod:c takes one of pod:a's.
+        for pid in 0..3 {
+            t.captures.get_mut(&(100 + pid)).expect("capture").tenant = "pod:b".into();
+        }
+        assert_eq!(t.preemptable("pod:b", now), Some(103));
+        assert_eq!(t.preemptable("pod:c", now), Some(103));
+        for pid in 3..4 {
+            t.captures.get_mut(&(100 + pid)).expect("capture").tenant = "pod:b".into();
+        }
+        assert_eq!(t.preemptable("pod:b", now), None, "4 and 4");
     }
 
     /// A naming that takes 300 ms, as reading a large binary with a cold page cache does
