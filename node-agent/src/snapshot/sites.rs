@@ -352,9 +352,7 @@ impl SiteTracker {
         self.captures
             .iter()
             .filter(|(_, c)| {
-                c.active
-                    && c.tenant == top
-                    && now.saturating_sub(c.started_ns) >= PREEMPT_AFTER_NS
+                c.active && c.tenant == top && now.saturating_sub(c.started_ns) >= PREEMPT_AFTER_NS
             })
             .min_by_key(|(_, c)| c.started_ns)
             .map(|(pid, _)| *pid)
@@ -556,7 +554,11 @@ mod tests {
         let young = PREEMPT_AFTER_NS - 1;
         assert_eq!(t.preemptable("pod:b", young), None, "too young");
         let now = PREEMPT_AFTER_NS + 10_000_000_000;
-        assert_eq!(t.preemptable("pod:b", now), Some(100), "the oldest of pod:a");
+        assert_eq!(
+            t.preemptable("pod:b", now),
+            Some(100),
+            "the oldest of pod:a"
+        );
         assert_eq!(t.preemptable("pod:a", now), None, "its own");
         // Shared fairly: pod:a 5, pod:b 3 slots; pod:b is not preempted for pod:a, and
         // pod:c takes one of pod:a's.

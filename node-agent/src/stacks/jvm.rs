@@ -52,6 +52,54 @@ const MAX_ANSWER: usize = 4096;
 
 /// Requests running now.
 static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Attach requests in flight per tenant (a process's cgroup): one tenant's JVMs that
+/// never answer hold at most this many of the `MAX_IN_FLIGHT`.
+const MAX_IN_FLIGHT_PER_TENANT: usize = 1;
+
+fn in_flight_by_tenant() -> &'static std::sync::Mutex<HashMap<String, usize>> {
+    static BY: std::sync::OnceLock<std::sync::Mutex<HashMap<String, usize>>> =
+        std::sync::OnceLock::new();
+    BY.get_or_init(Default::default)
+}
+
+/// One of the `MAX_IN_FLIGHT` attach requests, held by a tenant; given back when dropped.
+struct Slot {
+    tenant: String,
+}
+
+impl Slot {
+    fn take(pid: u32) -> Option<Self> {
+        let tenant = crate::procfs::cgroup_text(pid).unwrap_or_else(|| format!("pid:{pid}"));
+        let mut by = in_flight_by_tenant()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if by.get(&tenant).copied().unwrap_or(0) >= MAX_IN_FLIGHT_PER_TENANT {
+            return None;
+        }
+        IN_FLIGHT
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_IN_FLIGHT).then_some(n + 1)
+            })
+            .ok()?;
+        *by.entry(tenant.clone()).or_default() += 1;
+        Some(Self { tenant })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        let mut by = in_flight_by_tenant()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = by.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&self.tenant);
+            }
+        }
+    }
+}
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
@@ -438,6 +486,7 @@ impl PerfMapRequests {
             return;
         };
         let key = (pid, start);
+        let slot;
         {
             let mut known = known().lock().unwrap_or_else(|e| e.into_inner());
             if known.len() >= MAX_PROCESSES && !known.contains_key(&key) {
@@ -451,14 +500,10 @@ impl PerfMapRequests {
                 Jvm::Asked { last, busy }
                     if !*busy && !last.is_some_and(|t| t.elapsed() < EVERY) =>
                 {
-                    if IN_FLIGHT
-                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                            (n < MAX_IN_FLIGHT).then_some(n + 1)
-                        })
-                        .is_err()
-                    {
+                    let Some(s) = Slot::take(pid) else {
                         return;
-                    }
+                    };
+                    slot = s;
                     *last = Some(Instant::now());
                     *busy = true;
                 }
@@ -470,7 +515,7 @@ impl PerfMapRequests {
             .name("jvm-perf-map".into())
             .spawn(move || {
                 let outcome = request_perf_map(pid, start);
-                IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+                drop(slot);
                 if let Err(e) = &outcome {
                     tracing::debug!("asking JVM {pid} for its perf map: {e}");
                 }
@@ -484,7 +529,6 @@ impl PerfMapRequests {
                 }
             });
         if spawned.is_err() {
-            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
             known().lock().unwrap_or_else(|e| e.into_inner()).insert(
                 key,
                 Jvm::Asked {
@@ -533,30 +577,23 @@ impl PerfMapRequests {
         let (tx, rx) = std::sync::mpsc::channel();
         let mut asked = 0usize;
         for &(pid, start) in jvms.iter().filter(|_| ENABLED.load(Ordering::Relaxed)) {
-            if IN_FLIGHT
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < MAX_IN_FLIGHT).then_some(n + 1)
-                })
-                .is_err()
-            {
-                break;
-            }
+            let Some(slot) = Slot::take(pid) else {
+                // All taken, or this tenant's: the others may still be asked.
+                continue;
+            };
             let (tx, answers) = (tx.clone(), answers.clone());
             let spawned = std::thread::Builder::new()
                 .name("jvm-perf-map".into())
                 .spawn(move || {
                     let answered = last_request(pid, start, deadline);
-                    IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+                    drop(slot);
                     if answered {
                         keep_answer(&answers, pid);
                     }
                     let _ = tx.send((pid, answered));
                 });
-            match spawned {
-                Ok(_) => asked += 1,
-                Err(_) => {
-                    IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-                }
+            if spawned.is_ok() {
+                asked += 1;
             }
         }
         drop(tx);
@@ -700,6 +737,18 @@ mod tests {
         let out = exchange(ours, b"1\0", Instant::now() + Duration::from_secs(5)).expect("answer");
         assert_eq!(out.len(), MAX_ANSWER);
         peer.join().expect("peer");
+    }
+
+    /// One tenant (a cgroup) holds at most one attach request of the agent's few: its
+    /// JVMs that never answer cannot take them all.
+    #[test]
+    fn one_tenant_holds_one_attach_slot() {
+        let me = std::process::id();
+        let first = Slot::take(me).expect("a free slot");
+        assert!(Slot::take(me).is_none(), "a second for the same cgroup");
+        drop(first);
+        let again = Slot::take(me).expect("given back");
+        drop(again);
     }
 
     #[test]
