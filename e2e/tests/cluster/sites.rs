@@ -214,14 +214,17 @@ pub(crate) async fn agent_restarts(client: &Client) -> (i32, bool) {
 
 /// A tenant attacking the agent through what it reads (hostile.c): crafted ELF
 /// files mapped executable (a sparse file whose .eh_frame declares 1 GiB, a compressed
-/// section declaring 1 TiB, a truncated header), a mapped file truncated under its mapping
-/// and another replaced by a FIFO, a fake JVM with a slow attach socket, a perf map of 3
-/// million lines, JVM counters (hsperfdata) of 4 GiB, sparse, and a chroot where the path of its library is an absolute symlink to a
-/// file of the node (planted here, with a function name found nowhere else). While it
-/// leaks and burns CPU in that library: its leak is listed and its stacks captured, a CPU
-/// profile of it succeeds, a well-behaved leak in another namespace keeps being listed
-/// and its site named, the agent never restarts and is never OOM-killed, and the node
-/// file's function name appears in no status, Event or ConfigMap.
+/// section declaring 1 TiB, a zstd section declaring 4 KiB that inflates to 1 GiB, a
+/// truncated header, 3,000 distinct files with a sparse 16 MiB .eh_frame each), a mapped
+/// file truncated under its mapping and another replaced by a FIFO, a fake JVM with a
+/// slow attach socket, a perf map of 3 million lines, JVM counters (hsperfdata) of 4 GiB,
+/// sparse, and a chroot where the path of its library is an absolute symlink to a file
+/// of the node (planted here, with a function name found nowhere else). While it leaks
+/// and burns CPU in that library: its leak is listed and its stacks captured, a CPU
+/// profile of it succeeds, a well-behaved leak in another namespace, listed before the
+/// attack, keeps its status cadence (each update within twice the watch's 5 s interval)
+/// and has its site named, the agent never restarts and is never OOM-killed, and the
+/// node file's function name appears in no status, Event or ConfigMap.
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_files() {
@@ -246,6 +249,36 @@ async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_
         .expect("bind the profiler role");
     let (restarts_before, _) = agent_restarts(&client).await;
     let rws = harness::watch_app(&client, &n, "w", "hostile").await;
+    // A well-behaved leak elsewhere, listed before the attack starts.
+    let (_, other) = harness::test_namespace("rw-e2e-bystander").await;
+    let o = other.name.clone();
+    let rws2 = harness::watch_app(&client, &o, "w", "leaker").await;
+    harness::c_workload_pod(&client, &o, "leaker", "/leak-c", "1Gi").await;
+    status_where(&rws2, "w", "the bystander's leak listed", 180, |s| {
+        s.leaks.iter().any(|l| l.pod == "leaker")
+    })
+    .await;
+    // Its status updates, sampled every second: 40 s alone (its idle cadence), then from
+    // the attack's start until a minute after the hostile pod's stacks are captured.
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (api, on) = (rws2.clone(), sampling.clone());
+        tokio::spawn(async move {
+            let mut times: Vec<(std::time::Instant, String)> = Vec::new();
+            while on.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(w) = api.get("w").await
+                    && let Some(t) = w.status.and_then(|s| s.last_update_time)
+                    && times.last().map(|(_, l)| l) != Some(&t)
+                {
+                    times.push((std::time::Instant::now(), t));
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            times
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let attack = std::time::Instant::now();
     harness::hostile_pod(
         &client,
         &n,
@@ -254,11 +287,6 @@ async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_
     )
     .await;
     wait_running(&client, &n, &["hostile"]).await;
-    // A well-behaved leak elsewhere, started with the attack.
-    let (_, other) = harness::test_namespace("rw-e2e-bystander").await;
-    let o = other.name.clone();
-    let rws2 = harness::watch_app(&client, &o, "w", "leaker").await;
-    harness::c_workload_pod(&client, &o, "leaker", "/leak-c", "1Gi").await;
     let s = status_where(
         &rws,
         "w",
@@ -280,6 +308,28 @@ async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_
     eprintln!(
         "hostile growth sites: {:?}",
         sites.iter().map(|g| &g.frames).collect::<Vec<_>>()
+    );
+    // The capture's first minute, when its files are read.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let times = sampler.await.expect("sampler");
+    // The longest time between two updates seen, before and after the attack started.
+    let longest = |during: bool| {
+        times
+            .windows(2)
+            .filter(|w| (w[1].0 >= attack) == during)
+            .map(|w| w[1].0.duration_since(w[0].0).as_secs_f64())
+            .fold(0.0, f64::max)
+    };
+    let (idle, attacked) = (longest(false), longest(true));
+    eprintln!(
+        "bystander status updates: {} seen; longest gap {idle:.1} s alone, {attacked:.1} s during the attack",
+        times.len()
+    );
+    assert!(
+        idle > 0.0 && attacked > 0.0 && attacked <= 2.0 * idle.max(5.0),
+        "the bystander's status cadence: {idle:.1} s alone, {attacked:.1} s during the attack: {:?}",
+        times.iter().map(|(_, t)| t).collect::<Vec<_>>()
     );
     annotate(&rws, "pod=hostile,duration=5s").await;
     let p = profile_done(&rws, "the hostile pod's profile done", 120).await;

@@ -683,6 +683,12 @@ mod tests {
     fn compressed_sections_cost_at_most_what_they_declare() {
         let zstd = zstd_rle_bomb(1 << 30);
         assert!(zstd.len() <= 33 << 10);
+        // It is a real bomb: a decoder gives as much as it is let.
+        let mut input = &zstd[..];
+        let d = ruzstd::decoding::StreamingDecoder::new(&mut input).expect("a zstd frame");
+        let n = std::io::copy(&mut std::io::Read::take(d, 8 << 20), &mut std::io::sink())
+            .expect("inflated");
+        assert_eq!(n, 8 << 20);
         let zlib = {
             let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
             z.write_all(&vec![0u8; 8 << 20]).expect("deflate");
