@@ -14,6 +14,11 @@ pub mod snapshot;
 pub mod stacks;
 pub mod top;
 
+/// Unit tests count each thread's allocations (`reader::adversarial`).
+#[cfg(test)]
+#[global_allocator]
+static COUNTING: reader::adversarial::Counting = reader::adversarial::Counting;
+
 /// Entry points for the fuzz targets (`node-agent/fuzz/`): everything the agent reads
 /// from a workload, from bytes. Not an API.
 #[doc(hidden)]

@@ -29,6 +29,8 @@
 //!   channels. The unwinder walks with the tables ready; the naming thread waits for its
 //!   own answers with a deadline.
 
+#[cfg(test)]
+pub(crate) mod adversarial;
 pub mod serve;
 pub mod wire;
 

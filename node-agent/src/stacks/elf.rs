@@ -187,16 +187,32 @@ pub fn section_data<'a, S: ObjectSection<'a>>(s: &S, cap: u64) -> Option<Cow<'a,
             (status == flate2::Status::StreamEnd && out.len() == size).then_some(Cow::Owned(out))
         }
         CompressionFormat::Zstandard => {
+            // Into a buffer of the declared size, never grown, 64 KiB a read (the
+            // decoder buffers all one read asks for: a read of the whole section doubled
+            // the peak, found by reader::adversarial); one byte more than declared
+            // refuses the section.
+            let mut out = vec![0u8; size];
+            let mut filled = 0;
             let mut input = c.data;
-            let mut out = Vec::with_capacity(size);
-            while !input.is_empty() && out.len() <= size {
-                let decoder = ruzstd::decoding::StreamingDecoder::new(&mut input).ok()?;
-                // One byte past what is left tells a stream that lied.
-                let left = (size - out.len()) as u64 + 1;
-                std::io::Read::read_to_end(&mut std::io::Read::take(decoder, left), &mut out)
-                    .ok()?;
+            while !input.is_empty() {
+                let mut decoder = ruzstd::decoding::StreamingDecoder::new(&mut input).ok()?;
+                loop {
+                    if filled == size {
+                        let mut one = [0u8; 1];
+                        if std::io::Read::read(&mut decoder, &mut one).ok()? > 0 {
+                            return None;
+                        }
+                        break;
+                    }
+                    // In small reads: the decoder buffers what one read asks for.
+                    let end = size.min(filled + (64 << 10));
+                    match std::io::Read::read(&mut decoder, &mut out[filled..end]).ok()? {
+                        0 => break,
+                        n => filled += n,
+                    }
+                }
             }
-            (out.len() == size).then_some(Cow::Owned(out))
+            (filled == size).then_some(Cow::Owned(out))
         }
         _ => None,
     }
