@@ -1,6 +1,6 @@
 //! Benchmarks behind node-agent/BENCHMARKS.md and LEAKS.md (root only), one module per
 //! subcommand: `precision`, `cost` (and `profile`), `agent`, `compare`, `leaks` (and
-//! `epochs`), `oom`, `jvm`, `unwind`, `corpus`; `workload` runs the processes they measure.
+//! `epochs`), `oom`, `jvm`, `unwind`, `reader`, `corpus`; `workload` runs the processes they measure.
 //! Each module's own documentation says what it measures.
 
 use std::time::Duration;
@@ -15,6 +15,7 @@ mod jvm;
 mod leaks;
 mod oom;
 mod precision;
+mod reader;
 mod record;
 mod unwind;
 mod workload;
@@ -162,6 +163,14 @@ enum Cmd {
         #[arg(long, default_value_t = 600_000_000)]
         work: u64,
     },
+    /// The reader process's round trip per request kind and file, cold and warm.
+    Reader {
+        /// ELF files to read (their rules and their symbols).
+        #[arg(long, required = true)]
+        file: Vec<String>,
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// Per-sample cost of stacks walked with unwind tables (a 16 KiB copy of the user
     /// stack in the kernel, a walk in user space) against the kernel's frame-pointer walk
     /// alone: each `--cmd` (a shell command, started and killed here) is profiled for
@@ -280,6 +289,7 @@ fn run_benchmark(cmd: Cmd) {
             frequency,
             work,
         } => cost::profile_cost(pairs, frequency, work),
+        Cmd::Reader { file, rounds } => reader::reader_cost(&file, rounds),
         Cmd::Unwind {
             cmd,
             seconds,

@@ -167,7 +167,13 @@ fn elf(r: &mut Rng) -> (&'static str, Vec<u8>) {
         0 => {
             // Many sections whose declared sizes lie.
             let n = r.size(10) as usize;
-            let names = [".eh_frame", ".debug_frame", ".eh_frame_hdr", ".symtab", ".text"];
+            let names = [
+                ".eh_frame",
+                ".debug_frame",
+                ".eh_frame_hdr",
+                ".symtab",
+                ".text",
+            ];
             let body = vec![0u8; r.size(10) as usize];
             let secs: Vec<(&str, u32, u64, &[u8], u64)> = (0..n)
                 .map(|_| {
@@ -220,12 +226,17 @@ fn elf(r: &mut Rng) -> (&'static str, Vec<u8>) {
                 (r.size(6) as usize, r.size(14) as usize)
             };
             let cfi = eh_frame(r, fdes, insns);
-            ("cfi", crafted(&[(".eh_frame", 1, 2, &cfi, cfi.len() as u64)]))
+            (
+                "cfi",
+                crafted(&[(".eh_frame", 1, 2, &cfi, cfi.len() as u64)]),
+            )
         }
         5 => {
             // A symbol table with random entries over a random string table.
             let n = r.size(15) as usize;
-            let strtab: Vec<u8> = (0..r.size(14)).map(|_| r.pick(&[0u8, b'a', b'_', b'Z'])).collect();
+            let strtab: Vec<u8> = (0..r.size(14))
+                .map(|_| r.pick(&[0u8, b'a', b'_', b'Z']))
+                .collect();
             let mut symtab = vec![0u8; 24];
             for _ in 0..n {
                 symtab.extend_from_slice(&(r.below(strtab.len() as u64 + 8) as u32).to_le_bytes());
@@ -323,8 +334,9 @@ fn run(seed: u64, cases: usize, budget: usize) -> (usize, String) {
         if what == "perf map" {
             let (_, peak) = peak_of(|| crate::stacks::perfmap::PerfMap::parse(&bytes));
             check("perf map", peak, &mut largest);
-            let (_, peak) =
-                peak_of(|| crate::stacks::jvm::reply(&String::from_utf8_lossy(&bytes[..bytes.len().min(4096)])));
+            let (_, peak) = peak_of(|| {
+                crate::stacks::jvm::reply(&String::from_utf8_lossy(&bytes[..bytes.len().min(4096)]))
+            });
             check("attach reply", peak, &mut largest);
             continue;
         }
