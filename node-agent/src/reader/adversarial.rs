@@ -204,7 +204,7 @@ fn elf(r: &mut Rng) -> (&'static str, Vec<u8>) {
         }
         2 => {
             // zstd: RLE bombs of any size, declared as anything.
-            let inflated = (r.size(13) as u64) << 17;
+            let inflated = r.size(13) << 17;
             let mut stream = zstd_rle_bomb(inflated);
             if r.below(4) == 0 {
                 stream.truncate(r.below(stream.len() as u64) as usize);
@@ -367,7 +367,7 @@ fn every_generated_hostile_input_parses_within_the_readers_budget() {
     let seed = std::env::var("RW_ADVERSARIAL_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| crate::procfs::realtime_ns());
+        .unwrap_or_else(crate::procfs::realtime_ns);
     let cases = if std::env::var_os("RW_ADVERSARIAL_SEED").is_some() {
         1
     } else {

@@ -285,7 +285,14 @@ fn request_perf_map_by(
     deadline: Instant,
     signal: bool,
 ) -> Result<(), AttachError> {
-    if !super::maps::maps_jvm(pid) {
+    // Its maps parsed by the reader (`crate::reader`); this thread may wait for them.
+    let jvm = crate::reader::loader()
+        .maps(pid, crate::reader::DEADLINE)
+        .is_some_and(|maps| {
+            maps.iter()
+                .any(|m| m.path.rsplit('/').next() == Some("libjvm.so"))
+        });
+    if !jvm {
         return Err(AttachError::NotJvm);
     }
     let nspid = super::perfmap::namespace_pid(pid).unwrap_or(pid);

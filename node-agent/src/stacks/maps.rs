@@ -88,16 +88,6 @@ impl<'a> Mapping<'a> {
     }
 }
 
-/// Whether process `pid` maps HotSpot's `libjvm.so` for execution (a file of that exact
-/// name; anything can be named so, which is why everything done with a JVM is bounded).
-pub fn maps_jvm(pid: u32) -> bool {
-    read(pid).is_some_and(|maps| {
-        executable(&maps)
-            .iter()
-            .any(|m| m.path.rsplit('/').next() == Some("libjvm.so"))
-    })
-}
-
 /// The most executable file mappings of one process kept (a JVM has about 100; a tenant
 /// can make 65,530).
 pub const MAX_FILE_MAPPINGS: usize = 8192;
