@@ -332,7 +332,7 @@ fn run(seed: u64, cases: usize, budget: usize) -> (usize, String) {
             }
         };
         if what == "perf map" {
-            let (_, peak) = peak_of(|| crate::stacks::perfmap::PerfMap::parse(&bytes));
+            let (_, peak) = peak_of(|| super::parse(Kind::PerfMap, memfd(&bytes)));
             check("perf map", peak, &mut largest);
             let (_, peak) = peak_of(|| {
                 crate::stacks::jvm::reply(&String::from_utf8_lossy(&bytes[..bytes.len().min(4096)]))

@@ -67,6 +67,8 @@ pub enum Kind {
     Python = 4,
     /// A JVM's hsperfdata: its heap after the last young collection.
     Hsperf = 5,
+    /// A runtime's perf map (its last 8 MiB): its JIT code's names.
+    PerfMap = 6,
 }
 
 impl Kind {
@@ -77,6 +79,7 @@ impl Kind {
             3 => Kind::Symbols,
             4 => Kind::Python,
             5 => Kind::Hsperf,
+            6 => Kind::PerfMap,
             _ => return None,
         })
     }
@@ -497,6 +500,12 @@ enum Job {
         pid: u32,
         answer: mpsc::SyncSender<Option<Arc<[FileMapping]>>>,
     },
+    /// A file the caller opened, parsed as `kind`.
+    Parse {
+        kind: Kind,
+        file: File,
+        answer: mpsc::SyncSender<Result<Vec<u8>, Refusal>>,
+    },
     /// A JVM's heap: its hsperfdata file found in its /tmp (when `path` is None), read.
     Heap {
         pid: u32,
@@ -605,6 +614,18 @@ impl Loader {
         rx
     }
 
+    /// The answer for `file` (opened by the caller inside a workload's root) parsed as
+    /// `kind`, waiting up to `within` (never the engine), with the file's cool-down.
+    pub fn parse(&self, kind: Kind, file: File, within: Duration) -> Result<Vec<u8>, Refusal> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.push(Job::Parse {
+            kind,
+            file,
+            answer: tx,
+        });
+        rx.recv_timeout(within).unwrap_or(Err(Refusal::Deadline))
+    }
+
     /// Whether `pid` runs CPython, answered on the receiver (never waits).
     pub fn python_async(&self, pid: u32) -> mpsc::Receiver<Option<crate::stacks::python::Runtime>> {
         let (tx, rx) = mpsc::sync_channel(1);
@@ -707,6 +728,14 @@ impl Loader {
             }
             Job::Symbols { pid, path, answer } => {
                 let _ = answer.send(self.symbols_of(reader, pid, &path));
+                None
+            }
+            Job::Parse { kind, file, answer } => {
+                let out = match FileId::of(&file) {
+                    Some(id) => self.ask(reader, kind, &file, id),
+                    None => Err(Refusal::Unusable),
+                };
+                let _ = answer.send(out);
                 None
             }
             Job::Heap { pid, path, answer } => {
@@ -859,6 +888,9 @@ pub fn parse(kind: Kind, file: File) -> Option<Vec<u8>> {
         Kind::Symbols => {
             let f = crate::stacks::elf::ElfFile::new(file, crate::stacks::elf::FILE_BUDGET)?;
             Symbols::read(&f)?.encode(&mut e);
+        }
+        Kind::PerfMap => {
+            crate::stacks::perfmap::parse_file(file)?.encode(&mut e);
         }
         Kind::Hsperf => {
             let heap = crate::leak::jvm::read_file(file)?;

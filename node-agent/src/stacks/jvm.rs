@@ -675,7 +675,8 @@ fn settle(key: (u32, u64), outcome: &Result<(), AttachError>) {
 /// (past it the others are dropped; a map over it alone is not kept) and `MAX_PROCESSES`
 /// JVMs; one map holds at most `MAX_ENTRIES` code objects (`PerfMap::parse`).
 fn keep_answer(answers: &Answers, pid: u32) {
-    let Some(text) = super::perfmap::read_text(pid) else {
+    // Parsed by the reader process; this thread waits for it.
+    let Some(newer) = super::perfmap::read_map(pid) else {
         return;
     };
     let before = answers
@@ -685,8 +686,8 @@ fn keep_answer(answers: &Answers, pid: u32) {
         .cloned();
     // Parsed outside the lock: up to 200,000 entries.
     let merged = match before {
-        Some(before) => before.overlaid(&text),
-        None => PerfMap::parse(&text),
+        Some(before) => before.overlaid_map(&newer),
+        None => newer,
     };
     let mut answers = answers.lock().unwrap_or_else(|e| e.into_inner());
     answers.remove(&pid);

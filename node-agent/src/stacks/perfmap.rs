@@ -107,13 +107,7 @@ impl PerfMap {
     /// writes its whole code cache again at each request, without the code freed since
     /// (a method recompiled, its old code flushed), which stacks sampled before still hold.
     pub fn overlaid(&self, newer: &[u8]) -> PerfMap {
-        use std::fmt::Write as _;
-        let mut text = String::with_capacity(self.names.len() + self.ranges.len() * 40);
-        for &(start, end, offset, len) in &self.ranges {
-            let name = &self.names[offset as usize..(offset + len) as usize];
-            let _ = writeln!(text, "{start:x} {:x} {name}", end - start);
-        }
-        let mut data = text.into_bytes();
+        let mut data = self.text();
         data.extend_from_slice(newer);
         PerfMap::parse(&data)
     }
@@ -131,6 +125,67 @@ impl PerfMap {
 
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
+    }
+
+    /// This map as perf map text (to lay another over it).
+    fn text(&self) -> Vec<u8> {
+        use std::fmt::Write as _;
+        let mut text = String::with_capacity(self.names.len() + self.ranges.len() * 40);
+        for &(start, end, offset, len) in &self.ranges {
+            let name = &self.names[offset as usize..(offset + len) as usize];
+            let _ = writeln!(text, "{start:x} {:x} {name}", end - start);
+        }
+        text.into_bytes()
+    }
+
+    /// `newer` laid over this map (as [`Self::overlaid`]), both already parsed: the
+    /// parse here is of text made from checked maps, not a workload's.
+    pub fn overlaid_map(&self, newer: &PerfMap) -> PerfMap {
+        self.overlaid(&newer.text())
+    }
+
+    pub fn encode(&self, e: &mut crate::reader::wire::Enc) {
+        e.u32(self.ranges.len() as u32);
+        for &(start, end, offset, len) in &self.ranges {
+            e.u64(start).u64(end).u32(offset).u32(len);
+        }
+        e.bytes(self.names.as_bytes());
+    }
+
+    /// Decoded and checked: at most `MAX_ENTRIES` sorted, non-overlapping ranges whose
+    /// names lie in the names at char boundaries.
+    pub fn decode(
+        d: &mut crate::reader::wire::Dec<'_>,
+    ) -> Result<Self, crate::reader::wire::Malformed> {
+        use crate::reader::wire::Malformed;
+        let n = d.count(24)?;
+        if n > MAX_ENTRIES {
+            return Err(Malformed);
+        }
+        let mut ranges = Vec::with_capacity(n);
+        let mut prev_end = 0;
+        for _ in 0..n {
+            let r = (d.u64()?, d.u64()?, d.u32()?, d.u32()?);
+            if r.0 >= r.1 || r.0 < prev_end {
+                return Err(Malformed);
+            }
+            prev_end = r.1;
+            ranges.push(r);
+        }
+        let names = d.bytes()?;
+        if names.len() as u64 > MAX_BYTES * 2 {
+            return Err(Malformed);
+        }
+        let names = std::str::from_utf8(names)
+            .map_err(|_| Malformed)?
+            .to_owned();
+        if ranges
+            .iter()
+            .any(|&(_, _, o, l)| names.get(o as usize..o as usize + l as usize).is_none())
+        {
+            return Err(Malformed);
+        }
+        Ok(Self { ranges, names })
     }
 
     /// Heap bytes held.
@@ -196,7 +251,7 @@ impl PerfMaps {
             c.checked = now;
             return c.map.clone();
         }
-        let map = read(file, stamp.0).map(|data| Arc::new(PerfMap::parse(&data)));
+        let map = parsed(file).map(Arc::new);
         self.cache.remove(&pid);
         let held: usize = self
             .cache
@@ -219,11 +274,28 @@ impl PerfMaps {
     }
 }
 
-/// The text of `pid`'s perf map as it is now (its last [`MAX_BYTES`]); None when it writes
-/// none or it cannot be read.
-pub fn read_text(pid: u32) -> Option<Vec<u8>> {
-    let (file, (len, _)) = open_file(pid)?;
-    read(file, len)
+/// `pid`'s perf map as it is now (its last [`MAX_BYTES`]); None when it writes none or it
+/// cannot be read.
+pub fn read_map(pid: u32) -> Option<PerfMap> {
+    parsed(open_file(pid)?.0)
+}
+
+/// How long a thread waits for the reader's parse of a perf map (never the engine: the
+/// naming thread, a JVM request's, a profile's end).
+const PARSE_WAIT: Duration = Duration::from_secs(10);
+
+/// An open perf map parsed by the reader process (`crate::reader`).
+fn parsed(file: File) -> Option<PerfMap> {
+    let body = crate::reader::loader()
+        .parse(crate::reader::Kind::PerfMap, file, PARSE_WAIT)
+        .ok()?;
+    PerfMap::decode(&mut crate::reader::wire::Dec(&body)).ok()
+}
+
+/// The last [`MAX_BYTES`] of an open perf map, parsed (in the reader).
+pub fn parse_file(file: File) -> Option<PerfMap> {
+    let len = file.metadata().ok()?.len();
+    Some(PerfMap::parse(&read(file, len)?))
 }
 
 /// `pid`'s perf map opened, if it is a regular file, with its length and mtime.
