@@ -379,6 +379,27 @@ fn every_generated_hostile_input_parses_within_the_readers_budget() {
     eprintln!("largest peak {peak} bytes ({case}), budget {budget}");
 }
 
+/// The largest real binary here, Node.js 20's (99 MB, 185,000 function symbols, 7 MiB of
+/// names, 2.6 MiB of CFI), parses within the budget: before its string tables were read
+/// whole and the answer sized exactly, its symbols peaked at 127 MB.
+#[test]
+fn a_large_real_binary_parses_within_the_budget() {
+    let Some(node) = ["/usr/bin/node", "/usr/local/bin/node"]
+        .iter()
+        .find(|p| std::path::Path::new(p).is_file())
+    else {
+        panic!("no Node.js binary on this machine (make deps installs one)");
+    };
+    for kind in [Kind::Tables, Kind::Symbols] {
+        let f = std::fs::File::open(node).expect("node");
+        let (out, peak) = peak_of(|| super::parse(kind, f).map(|b| b.len()));
+        assert!(out.is_some(), "{node} as {kind:?}: nothing read");
+        let budget = super::serve::DATA_BUDGET as usize;
+        assert!(peak < budget, "{node} as {kind:?}: peak {peak} bytes");
+        assert!(out.unwrap_or(0) <= super::MAX_ANSWER);
+    }
+}
+
 /// The counting works: a parse that allocates is seen to.
 #[test]
 fn the_counting_allocator_sees_a_parses_peak() {

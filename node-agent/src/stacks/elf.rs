@@ -33,11 +33,13 @@ use crate::reader::wire::{Dec, Enc, Malformed};
 pub const FILE_BUDGET: u64 = 32 << 20;
 /// The largest section kept, after decompression.
 pub const MAX_SECTION: u64 = 16 << 20;
-/// The most function symbols kept of one file.
-pub const MAX_SYMBOLS: usize = 1 << 19;
-/// The most bytes of distinct symbol names kept of one file (a name shared by many
-/// symbols is kept once: 2^20 symbols naming one 4 KiB string once cost 4 GiB).
-pub const MAX_NAME_BYTES: usize = 4 << 20;
+/// The most function symbols kept of one file (Node.js 20's binary has about 150,000;
+/// with `MAX_NAME_BYTES`, an answer of the reader's `MAX_ANSWER`).
+pub const MAX_SYMBOLS: usize = 1 << 18;
+/// The most bytes of distinct symbol names kept of one file (Node.js 20's: about 7 MiB;
+/// a name shared by many symbols is kept once: 2^20 symbols naming one 4 KiB string
+/// once cost 4 GiB).
+pub const MAX_NAME_BYTES: usize = 10 << 20;
 /// Longest symbol name demangled (cpp_demangle's cost grows with the name).
 const MAX_DEMANGLE: usize = 4096;
 
@@ -52,6 +54,10 @@ struct Inner {
     budget: u64,
     bufs: HashMap<(u64, u64), Box<[u8]>>,
     strings: HashMap<(u64, u8), Box<[u8]>>,
+    /// String tables read whole ([`ElfFile::preload`]): names in them are slices, not
+    /// one allocation and map entry each (Node.js's 300,000 names cost the reader's
+    /// whole budget so).
+    tables: Vec<(u64, Box<[u8]>)>,
 }
 
 impl ElfFile {
@@ -73,8 +79,28 @@ impl ElfFile {
                 budget,
                 bufs: HashMap::new(),
                 strings: HashMap::new(),
+                tables: Vec::new(),
             }),
         })
+    }
+
+    /// Reads the `size` bytes at `offset` whole, charged to the budget, so that strings
+    /// found there are slices of them (a string table); false if refused.
+    pub fn preload(&self, offset: u64, size: u64) -> bool {
+        let inner = &mut *self.inner.borrow_mut();
+        let Some(end) = offset.checked_add(size) else {
+            return false;
+        };
+        let Ok(n) = inner.charge(&(offset..end), size) else {
+            return false;
+        };
+        let mut bytes = vec![0u8; n].into_boxed_slice();
+        if inner.file.read_exact_at(&mut bytes, offset).is_err() {
+            inner.budget += size;
+            return false;
+        }
+        inner.tables.push((offset, bytes));
+        true
     }
 
     /// Bytes left of the budget.
@@ -126,6 +152,20 @@ impl<'a> ReadRef<'a> for &'a ElfFile {
 
     fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
         let inner = &mut *self.inner.borrow_mut();
+        if let Some((at, table)) = inner
+            .tables
+            .iter()
+            .find(|(at, t)| *at <= range.start && range.start < at + t.len() as u64)
+        {
+            let from = (range.start - at) as usize;
+            let end = range.end.min(at + table.len() as u64).saturating_sub(*at) as usize;
+            // Names are short: at most 4 KiB is looked at, as below.
+            let bytes = table.get(from..end.min(from + 4096)).ok_or(())?;
+            let len = bytes.iter().position(|&b| b == delimiter).ok_or(())?;
+            // SAFETY: as below: the table's box is never removed or moved while `self`
+            // lives.
+            return Ok(unsafe { std::mem::transmute::<&[u8], &'a [u8]>(&bytes[..len]) });
+        }
         let buf: &[u8] = match inner.strings.get(&(range.start, delimiter)) {
             Some(b) => b,
             None => {
@@ -289,6 +329,15 @@ impl Symbols {
     /// Reads the symbols of an open file; None if it is not an ELF file or breaks a bound.
     pub fn read(file: &ElfFile) -> Option<Self> {
         let elf = object::File::parse(file).ok()?;
+        // The names' tables read whole, up to a section's bound each.
+        for name in [".strtab", ".dynstr"] {
+            if let Some(s) = elf.section_by_name(name)
+                && let Some((off, size)) = s.file_range()
+                && size <= MAX_SECTION
+            {
+                file.preload(off, size);
+            }
+        }
         let mut sections: HashMap<usize, Range<u64>> = HashMap::new();
         let mut plt = Vec::new();
         for s in elf.sections() {
@@ -301,7 +350,13 @@ impl Symbols {
             }
         }
         let mut funcs = Vec::new();
-        let mut names = String::new();
+        // At most the names' tables' size, bounded: no doubling past what is needed.
+        let table_bytes: u64 = [".strtab", ".dynstr"]
+            .iter()
+            .filter_map(|n| elf.section_by_name(n)?.file_range())
+            .map(|(_, size)| size)
+            .sum();
+        let mut names = String::with_capacity(table_bytes.min(MAX_NAME_BYTES as u64) as usize);
         // Where each distinct name (by where the file's string table holds it: `ElfFile`
         // hands out one buffer per string) already is in `names`.
         let mut placed: HashMap<(usize, usize), (u32, u32)> = HashMap::new();
@@ -428,7 +483,21 @@ impl Symbols {
             .map(|&(off, vaddr, _)| f.start - vaddr + off)
     }
 
+    /// The exact size of [`Self::encode`]'s output.
+    pub fn encoded_len(&self) -> usize {
+        8 + (self.funcs.len() + self.aliases.len()) * 24
+            + 4
+            + self.names.len()
+            + 4
+            + self.loads.len() * 24
+            + 4
+            + self.plt.len() * 16
+            + 4
+            + self.build_id.as_ref().map_or(0, String::len)
+    }
+
     pub fn encode(&self, e: &mut Enc) {
+        e.0.reserve_exact(self.encoded_len());
         for list in [&self.funcs, &self.aliases] {
             e.u32(list.len() as u32);
             for f in list {

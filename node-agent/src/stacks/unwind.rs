@@ -251,6 +251,7 @@ impl Tables {
     }
 
     pub fn encode(&self, e: &mut Enc) {
+        e.0.reserve_exact(8 + self.loads.len() * 24 + self.starts.len() * 16);
         e.u32(self.loads.len() as u32);
         for &(o, v, s) in &self.loads {
             e.u64(o).u64(v).u64(s);
