@@ -49,6 +49,7 @@ tables=(
   "cost-capture-other|cost --runs 0 --capture other"
   "cost-capture-self|cost --runs 0 --capture self"
   "unwind|unwind --seconds 4 --rounds 1"
+  "reader|reader --rounds 5 --file /usr/lib/x86_64-linux-gnu/libc.so.6 --file /usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so --file /usr/bin/node"
   "oom-2mib|oom --limit 256MiB --rate 2MiB/s"
   "precision-churn-50|precision --intervals 30 --churn 50"
   "precision-k100-1000|precision --procs 1000 --intervals 15 --cpu-top 0.04 --cpu-skew 0.97 --mem-top-mib 64 --mem-skew 0.97 --memory-cycle 20s"

@@ -329,6 +329,31 @@ def unwind():
     return rows
 
 
+READER_FILES = [
+    ("maps", "this process's `/proc/PID/maps`", ["Maps"]),
+    ("libc_so_6", "Debian 12's libc.so.6 (2 MB)", ["Tables", "Symbols"]),
+    ("libjvm_so", "OpenJDK 17's libjvm.so (24 MB)", ["Tables", "Symbols"]),
+    ("node", "Node.js 20's node (99 MB)", ["Tables", "Symbols"]),
+]
+
+
+def reader():
+    t = "reader"
+    rows = [
+        "| file | request | round trip, a new reader (ms) | round trip, a warm reader (ms) | answer (KiB) |",
+        "|---|---|---|---|---|",
+    ]
+    for key, name, kinds in READER_FILES:
+        for kind in kinds:
+            v = lambda what: per_run(t, one(f"reader.{key}.{kind}.{what}"))
+            rows.append(
+                f"| {name} | {kind} | {cell(v('cold_ms'))} | {cell(v('warm_ms'), bold=True)} | {cell(v('answer_kib'), digits=0)} |"
+            )
+    rows.append("")
+    rows.append(f"Runs: {len(runs_of(t))}, five rounds each. Conditions: {conditions(t)}.")
+    return rows
+
+
 TABLES = {
     "compare": compare,
     "precision": precision,
@@ -340,6 +365,7 @@ TABLES = {
     "agent": agent,
     "small": small,
     "unwind": unwind,
+    "reader": reader,
 }
 
 MARK = re.compile(r"(<!-- runs: ([a-z0-9-]+) -->\n)(.*?)(<!-- /runs -->)", re.S)

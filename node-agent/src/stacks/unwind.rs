@@ -551,7 +551,13 @@ impl Unwinder {
         self.take_answers();
         if let Some(at) = self.loading.get(&pid) {
             if at.elapsed() < LOAD_AGAIN_AFTER {
-                return Readiness::Loading;
+                // Asked again (a library loaded since): walked with the mappings known
+                // until the new ones come, not held.
+                return if self.procs.contains_key(&pid) {
+                    Readiness::Ready
+                } else {
+                    Readiness::Loading
+                };
             }
             self.loading.remove(&pid);
         }
