@@ -105,10 +105,12 @@ pub enum Refusal {
     Unusable,
     /// The reader could not be started.
     Unavailable,
+    /// The caller stopped waiting for the loader (its queue was long).
+    Busy,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::Deadline,
         Refusal::OverBudget,
         Refusal::Crashed,
@@ -117,6 +119,7 @@ impl Refusal {
         Refusal::Cooling,
         Refusal::Unusable,
         Refusal::Unavailable,
+        Refusal::Busy,
     ];
 
     /// The metric label.
@@ -130,7 +133,15 @@ impl Refusal {
             Refusal::Cooling => "cooling_down",
             Refusal::Unusable => "unusable",
             Refusal::Unavailable => "unavailable",
+            Refusal::Busy => "loader_busy",
         }
+    }
+
+    /// Whether the file's content was refused for what it did to the reader (a frame in
+    /// it is named so, `[libfoo.so: unreadable (over_budget)]`), as opposed to a file
+    /// with nothing usable in it or an answer not waited for.
+    pub fn unreadable(self) -> bool {
+        self.cools_down() || self == Refusal::Cooling
     }
 
     /// Whether the reader failed on the file (it is refused for a cool-down then), as
@@ -494,7 +505,7 @@ enum Job {
     Symbols {
         pid: u32,
         path: Arc<str>,
-        answer: mpsc::SyncSender<Option<Arc<Symbols>>>,
+        answer: mpsc::SyncSender<Result<Arc<Symbols>, Refusal>>,
     },
     Maps {
         pid: u32,
@@ -575,14 +586,14 @@ impl Loader {
 
     /// The symbols of file `path` of `pid`, waiting up to `within` (for the naming
     /// thread and a profile's end, never the engine).
-    pub fn symbols(&self, pid: u32, path: &str, within: Duration) -> Option<Arc<Symbols>> {
+    pub fn symbols(&self, pid: u32, path: &str, within: Duration) -> Result<Arc<Symbols>, Refusal> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.push(Job::Symbols {
             pid,
             path: path.into(),
             answer: tx,
         });
-        rx.recv_timeout(within).ok().flatten()
+        rx.recv_timeout(within).unwrap_or(Err(Refusal::Busy))
     }
 
     /// `pid`'s executable file mappings, waiting up to `within` (as `symbols`).
@@ -855,19 +866,27 @@ impl Loader {
         (t, true)
     }
 
-    fn symbols_of(&self, reader: &mut Reader, pid: u32, path: &str) -> Option<Arc<Symbols>> {
-        let file = crate::procfs::open_regular_in_root(pid, path)?;
-        let id = FileId::of(&file)?;
+    fn symbols_of(
+        &self,
+        reader: &mut Reader,
+        pid: u32,
+        path: &str,
+    ) -> Result<Arc<Symbols>, Refusal> {
+        let file = crate::procfs::open_regular_in_root(pid, path).ok_or(Refusal::Unusable)?;
+        let id = FileId::of(&file).ok_or(Refusal::Unusable)?;
         if let Some(s) = lock(&self.symbols).get(&id) {
-            return s;
+            return s.ok_or(Refusal::Unusable);
         }
         let s = self
             .ask(reader, Kind::Symbols, &file, id)
-            .ok()
-            .and_then(|body| Symbols::decode(&mut wire::Dec(&body)).ok())
+            .and_then(|body| Symbols::decode(&mut wire::Dec(&body)).map_err(|_| Refusal::Malformed))
             .map(Arc::new);
-        let bytes = s.as_ref().map_or(0, |s| s.bytes());
-        lock(&self.symbols).put(id, s.clone(), bytes);
+        match &s {
+            Ok(s) => lock(&self.symbols).put(id, Some(s.clone()), s.bytes()),
+            // Refused for what it did: the cool-down answers until it ends, not the cache.
+            Err(r) if r.unreadable() => {}
+            Err(_) => lock(&self.symbols).put(id, None, 0),
+        }
         s
     }
 }

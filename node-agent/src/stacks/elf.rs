@@ -278,7 +278,7 @@ pub fn mapped_symbol_offsets(
         .map(|m| &m.path)
         .find(|p| is_lib(p.rsplit('/').next().unwrap_or("")))?;
     let file = crate::procfs::open_regular_in_root(pid, path)?;
-    let symbols = loader.symbols(pid, path, within)?;
+    let symbols = loader.symbols(pid, path, within).ok()?;
     let offsets = want
         .iter()
         .map(|w| symbols.offset_of(|n| matches(n, w)))

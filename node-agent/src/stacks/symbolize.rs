@@ -41,6 +41,16 @@ pub const UNKNOWN: &str = "[unknown]";
 /// /proc/kallsyms shows zero addresses).
 pub const KERNEL: &str = "[kernel]";
 
+/// The name of a frame in a file whose content the reader refused: `[libfoo.so:
+/// unreadable (over_budget)]`, from the file's own `[libfoo.so]`.
+fn unreadable(module: &str, why: crate::reader::Refusal) -> String {
+    format!(
+        "{}: unreadable ({})]",
+        module.trim_end_matches(']'),
+        why.reason()
+    )
+}
+
 /// The file a frame was found in: what pprof calls its mapping.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Module {
@@ -86,8 +96,8 @@ pub struct Symbolizer {
     python: std::sync::Mutex<super::python::Names>,
 }
 
-/// A file's symbols as the reader answered (None: nothing usable).
-type NamedFile = Option<Arc<Symbols>>;
+/// A file's symbols as the reader answered, or why there are none.
+type NamedFile = Result<Arc<Symbols>, crate::reader::Refusal>;
 /// A process's executable file mappings, and when they were read.
 type ReadMaps = (std::time::Instant, Arc<[FileMapping]>);
 
@@ -176,16 +186,23 @@ impl Symbolizer {
                     .unwrap_or(&m.path)
             );
             let symbols = self.symbols_of(pid, m);
+            // A file whose content made the reader fail is said to be unreadable, and why.
+            let module = match &symbols {
+                Err(r) if r.unreadable() => unreadable(&module, *r),
+                _ => module,
+            };
             let file = Arc::new(Module {
                 path: m.path.clone(),
                 build_id: symbols
                     .as_ref()
+                    .ok()
                     .and_then(|s| s.build_id.as_deref())
                     .map(Into::into),
             });
             for &(i, offset) in &items {
                 names[i] = symbols
                     .as_ref()
+                    .ok()
                     .and_then(|s| s.name_at(offset))
                     .unwrap_or_else(|| module.clone());
                 modules[i] = Some(file.clone());
@@ -255,7 +272,7 @@ impl Symbolizer {
     }
 
     /// The symbols of the file of mapping `m` of `pid`, as the reader answered.
-    fn symbols_of(&self, pid: u32, m: &FileMapping) -> Option<Arc<Symbols>> {
+    fn symbols_of(&self, pid: u32, m: &FileMapping) -> NamedFile {
         let key = (pid, m.dev, m.inode);
         if let Some(s) = self
             .symbols
@@ -266,6 +283,10 @@ impl Symbolizer {
             return s.clone();
         }
         let symbols = crate::reader::loader().symbols(pid, &m.path, READER_WAIT);
+        if symbols.as_ref().err() == Some(&crate::reader::Refusal::Busy) {
+            // Not waited for this time: asked again at the next naming.
+            return symbols;
+        }
         let mut cache = self.symbols.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= 4096 {
             cache.clear();
@@ -343,6 +364,27 @@ mod tests {
         assert_eq!(names[1], UNKNOWN);
         assert!(s.in_file(me, f + 1));
         assert!(!s.in_file(me, 0x10));
+    }
+
+    #[test]
+    fn a_frame_in_a_refused_file_says_why() {
+        use crate::reader::Refusal;
+        assert_eq!(
+            unreadable("[libfoo.so]", Refusal::OverBudget),
+            "[libfoo.so: unreadable (over_budget)]"
+        );
+        for r in Refusal::ALL {
+            let expected = matches!(
+                r,
+                Refusal::Deadline
+                    | Refusal::OverBudget
+                    | Refusal::Crashed
+                    | Refusal::Forbidden
+                    | Refusal::Malformed
+                    | Refusal::Cooling
+            );
+            assert_eq!(r.unreadable(), expected, "{r:?}");
+        }
     }
 
     #[test]
