@@ -593,7 +593,10 @@ impl Loader {
             path: path.into(),
             answer: tx,
         });
-        rx.recv_timeout(within).unwrap_or(Err(Refusal::Busy))
+        rx.recv_timeout(within).unwrap_or_else(|_| {
+            STATS.refused(Refusal::Busy);
+            Err(Refusal::Busy)
+        })
     }
 
     /// `pid`'s executable file mappings, waiting up to `within` (as `symbols`).
@@ -634,7 +637,10 @@ impl Loader {
             file,
             answer: tx,
         });
-        rx.recv_timeout(within).unwrap_or(Err(Refusal::Deadline))
+        rx.recv_timeout(within).unwrap_or_else(|_| {
+            STATS.refused(Refusal::Busy);
+            Err(Refusal::Busy)
+        })
     }
 
     /// Whether `pid` runs CPython, answered on the receiver (never waits).
