@@ -332,7 +332,11 @@ impl Profiler {
         // a JVM asked for its perf map (one in a profiled cgroup is, at its first sample).
         for &pid in &target.pids {
             self.runtimes.seen_within(pid, Duration::from_secs(5));
+            // Its unwind rules asked for now, and waited for below: its first samples
+            // are walked with them, not held (a profile is not the agent's engine).
+            self.unwinder.refresh(pid, 0);
         }
+        self.unwinder.wait_loaded(Duration::from_secs(10));
         replace_keys(&mut self.bpf, maps::PROFILE_CGROUPS, &target.cgroups)?;
         Ok(())
     }

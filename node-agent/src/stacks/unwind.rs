@@ -648,9 +648,9 @@ impl Unwinder {
 
 /// Samples held until their process's tables are ready: at most this many per process
 /// and in all (each holds a 16 KiB stack copy), and for at most `HOLD_FOR`.
-pub const HOLD_PER_PROCESS: usize = 64;
+pub const HOLD_PER_PROCESS: usize = 256;
 pub const HOLD_TOTAL: usize = 512;
-pub const HOLD_FOR: Duration = Duration::from_millis(1500);
+pub const HOLD_FOR: Duration = Duration::from_secs(5);
 
 /// Items of the stack ring held in order per process while its tables load.
 pub struct Held<T> {
