@@ -321,7 +321,9 @@ fn capture_sites_unchecked(bin: &Path) -> (Vec<Stack>, u64, u64) {
     let named = stacks::name(&raw, &Symbolizer::new(), procfs::comm);
     let total: u64 = named.iter().map(|s| s.value).sum();
     let grew = after.saturating_sub(before);
-    assert!(grew > 16 << 20, "the fixture grew {grew} bytes");
+    // 25 MB in 4 s at the fixtures' rate; on the emulated 6.1 VM they share two slow CPUs
+    // with the reader process reading their libraries, and grew 15.3-16.1 MB.
+    assert!(grew > 12 << 20, "the fixture grew {grew} bytes");
     (named, total, grew)
 }
 
