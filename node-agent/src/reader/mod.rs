@@ -415,31 +415,18 @@ fn read_by(mut sock: &UnixStream, buf: &mut [u8], deadline: Instant) -> Result<(
 
 /// Sends a one-byte request carrying `fd` (SCM_RIGHTS).
 fn send_with_fd(sock: &UnixStream, kind: u8, fd: BorrowedFd<'_>) -> std::io::Result<()> {
-    let mut byte = [kind];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: msghdr is plain data; zeroed then filled.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: the control buffer holds one cmsg of an int, as sized above.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd.as_raw_fd());
-    }
-    // SAFETY: msg points at live buffers for the call's length; MSG_NOSIGNAL: a dead
-    // reader is an error here, not a SIGPIPE for the agent.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    let n = wire::with_fd_message(&mut [kind], |msg| {
+        // SAFETY: the control buffer holds one cmsg of an int (`with_fd_message`);
+        // MSG_NOSIGNAL: a dead reader is an error here, not a SIGPIPE for the agent.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd.as_raw_fd());
+            libc::sendmsg(sock.as_raw_fd(), msg, libc::MSG_NOSIGNAL)
+        }
+    });
     if n != 1 {
         return Err(std::io::Error::last_os_error());
     }
@@ -726,13 +713,11 @@ impl Loader {
 
     fn read_maps(&self, reader: &mut Reader, pid: u32) -> Option<Vec<FileMapping>> {
         let file = File::open(format!("/proc/{pid}/maps")).ok()?;
-        let id = FileId::of(&file)?;
         // A maps file has no identity of its own worth cooling down (its inode is the
         // process's): a failure refuses nothing, the process's stacks stay unnamed.
         let body = reader
             .call(Kind::Maps, std::os::fd::AsFd::as_fd(&file))
             .ok()?;
-        let _ = id;
         FileMapping::decode_all(&mut wire::Dec(&body)).ok()
     }
 

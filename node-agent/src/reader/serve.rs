@@ -184,40 +184,31 @@ fn filters() -> Result<(seccompiler::BpfProgram, seccompiler::BpfProgram), secco
 fn receive(sock: &UnixStream) -> std::io::Result<Option<(u8, Option<File>)>> {
     use std::os::fd::AsRawFd;
     let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: msghdr is plain data.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: buffers live across the call; MSG_CMSG_CLOEXEC keeps received fds private.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if n == 0 {
-        return Ok(None);
-    }
-    let mut file = None;
-    // SAFETY: walking the control messages the kernel wrote into `control`.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>());
-                file = Some(File::from(OwnedFd::from_raw_fd(fd)));
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+    super::wire::with_fd_message(&mut byte, |msg| {
+        // SAFETY: the buffers live across the call (`with_fd_message`);
+        // MSG_CMSG_CLOEXEC keeps received fds private.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
         }
-    }
-    Ok(Some((byte[0], file)))
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut file = None;
+        // SAFETY: walking the control messages the kernel wrote into the message.
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(msg);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                    let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>());
+                    file = Some(File::from(OwnedFd::from_raw_fd(fd)));
+                }
+                cmsg = libc::CMSG_NXTHDR(msg, cmsg);
+            }
+        }
+        Ok(Some(file))
+    })
+    .map(|r| r.map(|file| (byte[0], file)))
 }
 
 /// The reader's life: confined, then serving the stream on standard input until it ends.

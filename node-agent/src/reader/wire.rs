@@ -79,6 +79,26 @@ impl<'a> Dec<'a> {
     }
 }
 
+/// Runs `f` with a message of one byte (`byte`, a request's kind) and room for one
+/// descriptor (SCM_RIGHTS): what the agent sends and the reader receives.
+pub(crate) fn with_fd_message<T>(byte: &mut [u8; 1], f: impl FnOnce(&mut libc::msghdr) -> T) -> T {
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: msghdr is plain data; zeroed then filled.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // `iov` and `control` live until `f` returns.
+    f(&mut msg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
