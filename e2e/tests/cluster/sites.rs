@@ -215,7 +215,8 @@ pub(crate) async fn agent_restarts(client: &Client) -> (i32, bool) {
 /// A tenant attacking the agent through what it reads (hostile.c): crafted ELF
 /// files mapped executable (a sparse file whose .eh_frame declares 1 GiB, a compressed
 /// section declaring 1 TiB, a zstd section declaring 4 KiB that inflates to 1 GiB, a
-/// truncated header, 3,000 distinct files with a sparse 16 MiB .eh_frame each), a mapped
+/// truncated header, 3,000 distinct files with a sparse 16 MiB .eh_frame each, and a copy
+/// of its library on the leak's own stack whose .symtab is a name bomb), a mapped
 /// file truncated under its mapping and another replaced by a FIFO, a fake JVM with a
 /// slow attach socket, a perf map of 3 million lines, JVM counters (hsperfdata) of 4 GiB,
 /// sparse, and a chroot where the path of its library is an absolute symlink to a file

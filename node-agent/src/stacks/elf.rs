@@ -58,7 +58,19 @@ struct Inner {
     /// one allocation and map entry each (Node.js's 300,000 names cost the reader's
     /// whole budget so).
     tables: Vec<(u64, Box<[u8]>)>,
+    /// Bytes left to look through for the end of a string ([`SCAN_BUDGET`]).
+    scan: u64,
+    /// Bytes looked through, refused or not (for tests of the bound).
+    #[cfg(test)]
+    looked: u64,
 }
+
+/// The most bytes looked through for the ends of strings in one file. The reads are
+/// charged to the file's budget, but a string table read once can be looked through
+/// again and again: 2^20 symbols naming one 4 KiB string cost 4 GiB of scanning, seconds
+/// of the reader's deadline (hostile.c's name bomb). Node.js 20's 300,000 names take
+/// about 12 MiB; past the budget a file's remaining names are unread.
+pub const SCAN_BUDGET: u64 = 256 << 20;
 
 impl ElfFile {
     /// The regular file `path` of process `pid`'s mount namespace, opened inside its root.
@@ -80,6 +92,9 @@ impl ElfFile {
                 bufs: HashMap::new(),
                 strings: HashMap::new(),
                 tables: Vec::new(),
+                scan: SCAN_BUDGET,
+                #[cfg(test)]
+                looked: 0,
             }),
         })
     }
@@ -161,7 +176,16 @@ impl<'a> ReadRef<'a> for &'a ElfFile {
             let end = range.end.min(at + table.len() as u64).saturating_sub(*at) as usize;
             // Names are short: at most 4 KiB is looked at, as below.
             let bytes = table.get(from..end.min(from + 4096)).ok_or(())?;
-            let len = bytes.iter().position(|&b| b == delimiter).ok_or(())?;
+            // Never more than what is left of the scan budget.
+            let bytes = &bytes[..bytes.len().min(inner.scan as usize)];
+            let found = memchr::memchr(delimiter, bytes);
+            let looked = found.map_or(bytes.len(), |n| n + 1) as u64;
+            #[cfg(test)]
+            {
+                inner.looked += looked;
+            }
+            inner.scan -= looked;
+            let len = found.ok_or(())?;
             // SAFETY: as below: the table's box is never removed or moved while `self`
             // lives.
             return Ok(unsafe { std::mem::transmute::<&[u8], &'a [u8]>(&bytes[..len]) });
@@ -181,10 +205,15 @@ impl<'a> ReadRef<'a> for &'a ElfFile {
                     .file
                     .read_at(&mut bytes, range.start)
                     .map_err(|_| ())?;
-                let len = bytes[..got]
-                    .iter()
-                    .position(|&b| b == delimiter)
-                    .ok_or(())?;
+                let got = got.min(inner.scan as usize);
+                let found = memchr::memchr(delimiter, &bytes[..got]);
+                let looked = found.map_or(got, |n| n + 1) as u64;
+                #[cfg(test)]
+                {
+                    inner.looked += looked;
+                }
+                inner.scan -= looked;
+                let len = found.ok_or(())?;
                 bytes.truncate(len);
                 // What was not kept goes back to the budget.
                 inner.budget += (n - len) as u64;
@@ -813,6 +842,33 @@ mod tests {
         let syms = Symbols::read(&elf).expect("symbols");
         assert_eq!(syms.funcs.len(), 20_000);
         assert!(syms.names.len() == 4000, "{}", syms.names.len());
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// 2^20 symbols naming one string just under the 4 KiB looked at (hostile.c's name
+    /// bomb): the ends of their names are looked for through at most the scan budget, not
+    /// the 4 GiB it once took (seconds past the reader's deadline), and the names read
+    /// before it ran out are kept.
+    #[test]
+    fn a_name_bomb_is_looked_through_within_the_scan_budget() {
+        let (path, f) = temp("scan", &symbol_name_bomb(1 << 20, 4000));
+        let elf = ElfFile::new(f, FILE_BUDGET).expect("regular");
+        let syms = Symbols::read(&elf).expect("symbols");
+        let looked = elf.inner.borrow().looked;
+        assert!(
+            looked <= SCAN_BUDGET + 4096,
+            "looked through {looked} bytes"
+        );
+        assert!(
+            looked >= SCAN_BUDGET - 4096,
+            "the budget ran out: {looked} bytes"
+        );
+        let named = (SCAN_BUDGET / 4001) as usize;
+        assert!(
+            syms.funcs.len() >= named - 1 && syms.funcs.len() <= named + 1,
+            "{} functions named",
+            syms.funcs.len()
+        );
         let _ = std::fs::remove_file(path);
     }
 
