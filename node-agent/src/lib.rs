@@ -12,6 +12,7 @@ pub mod profile;
 pub mod reader;
 pub mod snapshot;
 pub mod stacks;
+pub mod tenant;
 pub mod top;
 
 /// Unit tests count each thread's allocations (`reader::adversarial`).

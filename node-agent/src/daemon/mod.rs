@@ -380,6 +380,9 @@ async fn session(
             m = inbound.message() => match m? {
                 Some(pb::OperatorMessage { msg: Some(operator_message::Msg::Config(c)) }) => {
                     tracing::info!(version = c.version, targets = c.targets.len(), "configuration received");
+                    crate::tenant::set_watched(
+                        c.targets.iter().map(|p| (p.uid.as_str(), p.namespace.as_str())),
+                    );
                     config_tx.send(c).map_err(|_| RunError::EngineGone)?;
                 }
                 Some(_) => tracing::warn!("ignoring an empty message from the operator"),

@@ -498,8 +498,9 @@ enum Job {
         pid: u32,
         answer: mpsc::SyncSender<Option<Arc<[FileMapping]>>>,
     },
-    /// A file the caller opened, parsed as `kind`.
+    /// A file the caller opened (of process `pid`), parsed as `kind`.
     Parse {
+        pid: u32,
         kind: Kind,
         file: File,
         answer: mpsc::SyncSender<Result<Vec<u8>, Refusal>>,
@@ -517,9 +518,71 @@ enum Job {
     },
 }
 
+impl Job {
+    /// The process the job is for (its tenant's share of the reader).
+    fn pid(&self) -> u32 {
+        match self {
+            Job::Process { pid, .. }
+            | Job::Symbols { pid, .. }
+            | Job::Maps { pid, .. }
+            | Job::Parse { pid, .. }
+            | Job::Heap { pid, .. }
+            | Job::Python { pid, .. } => *pid,
+        }
+    }
+}
+
+/// Jobs queued by tenant (`crate::tenant`), taken one step per tenant in turn: a tenant
+/// with thousands of files to read delays another's next step by one of its own, not by
+/// its whole queue.
+pub struct Fair<T> {
+    queues: HashMap<crate::tenant::Tenant, VecDeque<T>>,
+    turns: VecDeque<crate::tenant::Tenant>,
+}
+
+impl<T> Default for Fair<T> {
+    fn default() -> Self {
+        Self {
+            queues: HashMap::new(),
+            turns: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> Fair<T> {
+    pub fn push(&mut self, tenant: crate::tenant::Tenant, item: T) {
+        let q = self.queues.entry(tenant.clone()).or_default();
+        if q.is_empty() {
+            self.turns.push_back(tenant);
+        }
+        q.push_back(item);
+    }
+
+    /// The next tenant's first item.
+    pub fn pop(&mut self) -> Option<(crate::tenant::Tenant, T)> {
+        let tenant = self.turns.pop_front()?;
+        let q = self.queues.get_mut(&tenant)?;
+        let item = q.pop_front()?;
+        if q.is_empty() {
+            self.queues.remove(&tenant);
+        } else {
+            self.turns.push_back(tenant.clone());
+        }
+        Some((tenant, item))
+    }
+
+    pub fn len(&self) -> usize {
+        self.queues.values().map(VecDeque::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.turns.is_empty()
+    }
+}
+
 /// The one thread that talks to the reader, and what it keeps of the answers.
 pub struct Loader {
-    queue: Mutex<VecDeque<Job>>,
+    queue: Mutex<Fair<Job>>,
     wake: Condvar,
     tables: Mutex<Cache<Tables>>,
     symbols: Mutex<Cache<Symbols>>,
@@ -528,7 +591,7 @@ pub struct Loader {
 
 static LOADER: LazyLock<Arc<Loader>> = LazyLock::new(|| {
     let l = Arc::new(Loader {
-        queue: Mutex::new(VecDeque::new()),
+        queue: Mutex::new(Fair::default()),
         wake: Condvar::new(),
         tables: Mutex::new(Cache::new(crate::stacks::unwind::MAX_TABLE_BYTES)),
         symbols: Mutex::new(Cache::new(MAX_SYMBOL_BYTES)),
@@ -555,7 +618,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Loader {
     fn push(&self, job: Job) {
-        lock(&self.queue).push_back(job);
+        let tenant = crate::tenant::of_pid(job.pid());
+        lock(&self.queue).push(tenant, job);
         self.wake.notify_one();
     }
 
@@ -617,9 +681,16 @@ impl Loader {
 
     /// The answer for `file` (opened by the caller inside a workload's root) parsed as
     /// `kind`, waiting up to `within` (never the engine), with the file's cool-down.
-    pub fn parse(&self, kind: Kind, file: File, within: Duration) -> Result<Vec<u8>, Refusal> {
+    pub fn parse(
+        &self,
+        pid: u32,
+        kind: Kind,
+        file: File,
+        within: Duration,
+    ) -> Result<Vec<u8>, Refusal> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.push(Job::Parse {
+            pid,
             kind,
             file,
             answer: tx,
@@ -650,18 +721,19 @@ impl Loader {
     fn run(&self) {
         let mut reader = Reader::default();
         loop {
-            let job = {
+            let (tenant, job) = {
                 let mut q = lock(&self.queue);
                 loop {
-                    if let Some(j) = q.pop_front() {
+                    if let Some(j) = q.pop() {
                         break j;
                     }
                     q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
                 }
             };
             if let Some(job) = self.step(&mut reader, job) {
-                // Its next step after every other job's: round robin.
-                lock(&self.queue).push_back(job);
+                // Its next step after its tenant's other jobs, and every other tenant's
+                // next step.
+                lock(&self.queue).push(tenant, job);
             }
         }
     }
@@ -732,7 +804,9 @@ impl Loader {
                 let _ = answer.send(self.symbols_of(reader, pid, &path));
                 None
             }
-            Job::Parse { kind, file, answer } => {
+            Job::Parse {
+                kind, file, answer, ..
+            } => {
                 let out = match FileId::of(&file) {
                     Some(id) => self.ask(reader, kind, &file, id),
                     None => Err(Refusal::Unusable),
@@ -1018,12 +1092,35 @@ mod tests {
         assert_eq!(head[4], 1, "refused: nothing was parsed");
     }
 
+    /// One tenant's thousand queued jobs delay another tenant's job by one step, and a
+    /// job's next step goes after every other tenant's.
+    #[test]
+    fn the_readers_time_is_shared_by_tenant() {
+        let mut q = Fair::default();
+        for i in 0..1000 {
+            q.push("ns:attacker".to_owned(), i);
+        }
+        q.push("ns:bystander".to_owned(), -1);
+        q.push("ns:other".to_owned(), -2);
+        let order: Vec<i32> = (0..4).filter_map(|_| q.pop()).map(|(_, j)| j).collect();
+        assert_eq!(order, [0, -1, -2, 1]);
+        // A job put back (its next step) waits for the other tenants' turns.
+        q.push("ns:bystander".to_owned(), -3);
+        q.push("ns:attacker".to_owned(), 1000);
+        let (t, j) = q.pop().expect("a job");
+        assert_eq!((t.as_str(), j), ("ns:attacker", 2));
+        assert_eq!(q.pop().map(|(_, j)| j), Some(-3));
+        assert_eq!(q.len(), 998);
+        while q.pop().is_some() {}
+        assert!(q.is_empty());
+    }
+
     /// A file the reader fails on is refused for the cool-down, by the identity of what
     /// was opened: the same bytes at another path are refused too, other files are not.
     #[test]
     fn a_file_that_fails_the_reader_is_refused_by_identity() {
         let loader = Loader {
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Fair::default()),
             wake: Condvar::new(),
             tables: Mutex::new(Cache::new(1 << 20)),
             symbols: Mutex::new(Cache::new(1 << 20)),

@@ -47,15 +47,10 @@ const MAX_CAPTURES: usize = resourcewatch_ebpf::shared::MAX_SITE_CAPTURES;
 /// 5 s and 10 s: its sites have settled, as a rule).
 const PREEMPT_AFTER_NS: u64 = 15_000_000_000;
 
-/// Whose a leak is, for sharing the capture slots: its pod, else its cgroup (a process
-/// outside Kubernetes), else the node's own processes together.
+/// Whose a leak is, for sharing the capture slots: its pod's namespace (or the pod, or
+/// the cgroup, or the node's own processes together: `tenant::of`).
 fn tenant_of(row: &LeakRow) -> String {
-    let w = &row.who;
-    w.pod_uid
-        .as_ref()
-        .map(|p| format!("pod:{p}"))
-        .or_else(|| w.cgroup.as_ref().map(|c| format!("cgroup:{c}")))
-        .unwrap_or_else(|| "node".to_owned())
+    crate::tenant::of(row.who.pod_uid.as_deref(), row.who.cgroup.as_deref())
 }
 
 /// Sites kept per process, and frames per site (leaf first).

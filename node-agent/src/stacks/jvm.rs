@@ -52,7 +52,7 @@ const MAX_ANSWER: usize = 4096;
 
 /// Requests running now.
 static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-/// Attach requests in flight per tenant (a process's cgroup): one tenant's JVMs that
+/// Attach requests in flight per tenant (its pod's namespace: `tenant::of_pid`): one tenant's JVMs that
 /// never answer hold at most this many of the `MAX_IN_FLIGHT`.
 const MAX_IN_FLIGHT_PER_TENANT: usize = 1;
 
@@ -69,7 +69,7 @@ struct Slot {
 
 impl Slot {
     fn take(pid: u32) -> Option<Self> {
-        let tenant = crate::procfs::cgroup_text(pid).unwrap_or_else(|| format!("pid:{pid}"));
+        let tenant = crate::tenant::of_pid(pid);
         let mut by = in_flight_by_tenant()
             .lock()
             .unwrap_or_else(|e| e.into_inner());

@@ -251,7 +251,7 @@ impl PerfMaps {
             c.checked = now;
             return c.map.clone();
         }
-        let map = parsed(file).map(Arc::new);
+        let map = parsed(pid, file).map(Arc::new);
         self.cache.remove(&pid);
         let held: usize = self
             .cache
@@ -277,17 +277,17 @@ impl PerfMaps {
 /// `pid`'s perf map as it is now (its last [`MAX_BYTES`]); None when it writes none or it
 /// cannot be read.
 pub fn read_map(pid: u32) -> Option<PerfMap> {
-    parsed(open_file(pid)?.0)
+    parsed(pid, open_file(pid)?.0)
 }
 
 /// How long a thread waits for the reader's parse of a perf map (never the engine: the
 /// naming thread, a JVM request's, a profile's end).
 const PARSE_WAIT: Duration = Duration::from_secs(10);
 
-/// An open perf map parsed by the reader process (`crate::reader`).
-fn parsed(file: File) -> Option<PerfMap> {
+/// `pid`'s open perf map parsed by the reader process (`crate::reader`).
+fn parsed(pid: u32, file: File) -> Option<PerfMap> {
     let body = crate::reader::loader()
-        .parse(crate::reader::Kind::PerfMap, file, PARSE_WAIT)
+        .parse(pid, crate::reader::Kind::PerfMap, file, PARSE_WAIT)
         .ok()?;
     PerfMap::decode(&mut crate::reader::wire::Dec(&body)).ok()
 }
