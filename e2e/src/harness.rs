@@ -310,11 +310,22 @@ pub async fn c_workload_pod_on(
 }
 
 /// The hostile workload (node-agent/tests/fixtures/hostile/hostile.c, in the c-workloads
-/// image) as root in its container (it chroots), its chroot symlink pointing at `secret`.
-pub async fn hostile_pod(client: &Client, ns: &str, name: &str, secret: &str) -> Pod {
-    let container =
-        serde_json::json!({"image": C_WORKLOADS_IMAGE, "command": ["/hostile", secret]});
-    bare_pod(
+/// image) as root in its container (it chroots), its chroot symlink pointing at `secret`,
+/// mapping `files` crafted files, on `node`.
+pub async fn hostile_pod(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    secret: &str,
+    files: u32,
+    node: Placement,
+) -> Pod {
+    let container = serde_json::json!({
+        "image": C_WORKLOADS_IMAGE,
+        "command": ["/hostile", secret, files.to_string()],
+    });
+    let spec = node.pod_spec_fields();
+    bare_pod_placed(
         client,
         ns,
         name,
@@ -322,6 +333,7 @@ pub async fn hostile_pod(client: &Client, ns: &str, name: &str, secret: &str) ->
         container,
         "1Gi",
         serde_json::json!({}),
+        spec,
     )
     .await
 }

@@ -138,11 +138,13 @@ mod tests {
         }
         let m = list_pod_logs(&dir);
         assert_eq!(
-            m.get("0b7c1f1e-1111-4a4a-9b9b-000000000001").map(String::as_str),
+            m.get("0b7c1f1e-1111-4a4a-9b9b-000000000001")
+                .map(String::as_str),
             Some("team-a")
         );
         assert_eq!(
-            m.get("0b7c1f1e-2222-4a4a-9b9b-000000000002").map(String::as_str),
+            m.get("0b7c1f1e-2222-4a4a-9b9b-000000000002")
+                .map(String::as_str),
             Some("kube-system")
         );
         assert_eq!(m.len(), 2);
@@ -156,7 +158,10 @@ mod tests {
         set_watched([("uid-watched-1", "team-b")]);
         assert_eq!(of(Some("uid-watched-1"), Some("/x")), "ns:team-b");
         assert_eq!(of(Some("uid-nowhere-9"), Some("/x")), "pod:uid-nowhere-9");
-        assert_eq!(of(None, Some("/system.slice/a.service")), "cgroup:/system.slice/a.service");
+        assert_eq!(
+            of(None, Some("/system.slice/a.service")),
+            "cgroup:/system.slice/a.service"
+        );
         assert_eq!(of(None, None), "node");
         // This test process: not in a pod.
         assert!(!of_pid(std::process::id()).starts_with("pod:"));

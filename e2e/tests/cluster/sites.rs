@@ -229,6 +229,21 @@ pub(crate) async fn agent_restarts(client: &Client) -> (i32, bool) {
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_files() {
+    hostile_attack(harness::Placement::Host, 3000).await;
+}
+
+/// The same on the VM node (Linux 6.1, cgroup v2, emulated: two slow CPUs), with 300
+/// mapped files and no node file planted (the test cannot write into the VM): the jail's
+/// symlink points at a path the VM does not have.
+#[tokio::test]
+#[ignore = "needs the e2e cluster with its VM node: make e2e"]
+async fn on_the_cgroup_v2_node_a_hostile_workload_neither_crashes_nor_blinds_the_agent() {
+    hostile_attack(harness::Placement::Vm, 300).await;
+}
+
+async fn hostile_attack(node: harness::Placement, files: u32) {
+    let vm = matches!(node, harness::Placement::Vm);
+    let tag = if vm { "-v2" } else { "" };
     let secret_fn = format!("rw_node_secret_{}", std::process::id());
     let dir = format!("/var/tmp/rw-hostile-{}", std::process::id());
     std::fs::create_dir_all(&dir).expect("secret dir");
@@ -244,17 +259,17 @@ async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_
         .status()
         .expect("cc");
     assert!(built.success(), "building the node's secret file");
-    let (client, ns) = harness::test_namespace("rw-e2e-hostile").await;
+    let (client, ns) = harness::test_namespace(&format!("rw-e2e-hostile{tag}")).await;
     let n = ns.name.clone();
     harness::bind_to_operator(&n, "resourcewatch-profiler", SYSTEM)
         .expect("bind the profiler role");
     let (restarts_before, _) = agent_restarts(&client).await;
     let rws = harness::watch_app(&client, &n, "w", "hostile").await;
     // A well-behaved leak elsewhere, listed before the attack starts.
-    let (_, other) = harness::test_namespace("rw-e2e-bystander").await;
+    let (_, other) = harness::test_namespace(&format!("rw-e2e-bystander{tag}")).await;
     let o = other.name.clone();
     let rws2 = harness::watch_app(&client, &o, "w", "leaker").await;
-    harness::c_workload_pod(&client, &o, "leaker", "/leak-c", "1Gi").await;
+    harness::c_workload_pod_on(&client, &o, "leaker", "/leak-c", "1Gi", node).await;
     status_where(&rws2, "w", "the bystander's leak listed", 180, |s| {
         s.leaks.iter().any(|l| l.pod == "leaker")
     })
@@ -280,13 +295,12 @@ async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_
     };
     tokio::time::sleep(Duration::from_secs(40)).await;
     let attack = std::time::Instant::now();
-    harness::hostile_pod(
-        &client,
-        &n,
-        "hostile",
-        &format!("/proc/1/root{dir}/secret.so"),
-    )
-    .await;
+    let secret = if vm {
+        "/proc/1/root/nonexistent/secret.so".to_owned()
+    } else {
+        format!("/proc/1/root{dir}/secret.so")
+    };
+    harness::hostile_pod(&client, &n, "hostile", &secret, files, node).await;
     wait_running(&client, &n, &["hostile"]).await;
     let s = status_where(
         &rws,
