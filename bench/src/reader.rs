@@ -63,6 +63,27 @@ pub(crate) fn reader_cost(files: &[String], rounds: usize) {
         crate::record::figure(&format!("{key}.warm_ms"), w, "ms");
         crate::record::figure(&format!("{key}.answer_kib"), bytes as f64 / 1024.0, "KiB");
     }
+    // A reader at rest: started, confined, and one maps request answered (what stays of
+    // it beside an idle agent; one that passed 24 MiB after an answer is restarted).
+    let mut idle = Reader::default();
+    let f = std::fs::File::open(format!("/proc/{me}/maps")).unwrap_or_else(|e| fail(&e));
+    if let Err(e) = idle.call(Kind::Maps, std::os::fd::AsFd::as_fd(&f)) {
+        fail(&format!("a maps request: refused ({})", e.reason()));
+    }
+    let idle_rss = idle
+        .pid()
+        .and_then(resourcewatch_agent::procfs::resident_pages)
+        .unwrap_or_else(|| fail(&"the reader is gone after a maps request"))
+        * resourcewatch_agent::procfs::page_size();
+    println!(
+        "a reader at rest (one maps request answered): {:.1} MiB resident",
+        idle_rss as f64 / f64::from(1 << 20)
+    );
+    crate::record::figure(
+        "reader.idle_rss_mib",
+        idle_rss as f64 / f64::from(1 << 20),
+        "MiB",
+    );
     let rss = resourcewatch_agent::procfs::resident_pages(me).unwrap_or(0)
         * resourcewatch_agent::procfs::page_size();
     println!(

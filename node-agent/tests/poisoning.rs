@@ -11,7 +11,9 @@ use std::{
 use resourcewatch_agent::stacks::symbolize::Symbolizer;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hostile")
+        .join(name)
 }
 
 fn cc(args: &[&str], out: &Path, source: &Path) {
@@ -73,7 +75,8 @@ impl Drop for Tenant {
 /// whichever order, and the jailed tenant's own frame is named from what it shows.
 #[test]
 fn a_chrooted_tenant_cannot_poison_another_tenants_names() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("poisoning-{}", std::process::id()));
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("poisoning-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let base = dir.join("base");
     std::fs::create_dir_all(&base).expect("base dir");
@@ -101,7 +104,10 @@ fn a_chrooted_tenant_cannot_poison_another_tenants_names() {
             .map(|l| l.split_whitespace().nth(4).unwrap_or_default().to_owned())
     };
     assert_eq!(inode_in_maps(attacker.pid()), inode_in_maps(victim.pid()));
-    assert!(inode_in_maps(victim.pid()).is_some(), "the library is mapped");
+    assert!(
+        inode_in_maps(victim.pid()).is_some(),
+        "the library is mapped"
+    );
 
     // The attacker's frame first (what would fill a cache keyed by path or maps inode).
     let name = |t: &Tenant| Symbolizer::new().user(t.pid(), &[t.1], false);
@@ -114,7 +120,11 @@ fn a_chrooted_tenant_cannot_poison_another_tenants_names() {
     assert_eq!(v, ["tenant_leak_and_burn"], "the victim's frame");
     // And again, the other way round, with both files known.
     assert_eq!(name(&victim), ["tenant_leak_and_burn"]);
-    assert!(name(&attacker).iter().any(|f| f.contains("poisoned_by_the_jail")));
+    assert!(
+        name(&attacker)
+            .iter()
+            .any(|f| f.contains("poisoned_by_the_jail"))
+    );
     drop((attacker, victim));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -223,6 +223,10 @@ pub const COOL_DOWN: Duration = Duration::from_secs(600);
 /// The reader is restarted after an answer when its resident memory passed this (what it
 /// holds after a large file stays with its allocator otherwise).
 const RESTART_ABOVE_RSS: u64 = 24 << 20;
+/// The reader is ended after this long without a request, so that an idle agent holds
+/// none of it (the bench's reader at rest: 4.2 MiB; after a large answer, up to
+/// `RESTART_ABOVE_RSS`).
+const REST_AFTER: Duration = Duration::from_secs(30);
 /// Exit code of a reader whose allocation failed (its allocator's budget, `serve`).
 pub const EXIT_OVER_BUDGET: i32 = 75;
 
@@ -236,6 +240,20 @@ struct Child {
 #[derive(Default)]
 pub struct Reader {
     child: Option<Child>,
+}
+
+impl Reader {
+    /// The reader process's PID, while one runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.proc.id())
+    }
+
+    /// Ends the reader, if one runs (not a failure: the next request starts another).
+    pub fn rest(&mut self) {
+        if self.child.is_some() {
+            let _ = self.end(Some(Refusal::Unavailable));
+        }
+    }
 }
 
 /// The executable to start as the reader: this binary, unless it is a test harness.
@@ -727,7 +745,16 @@ impl Loader {
                     if let Some(j) = q.pop() {
                         break j;
                     }
-                    q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+                    let (guard, waited) = self
+                        .wake
+                        .wait_timeout(q, REST_AFTER)
+                        .unwrap_or_else(|e| e.into_inner());
+                    q = guard;
+                    if waited.timed_out() && q.is_empty() {
+                        // Idle: what the reader holds after its last answer (up to
+                        // RESTART_ABOVE_RSS) goes; a new one starts in about 2 ms.
+                        reader.rest();
+                    }
                 }
             };
             if let Some(job) = self.step(&mut reader, job) {
@@ -1090,6 +1117,23 @@ mod tests {
         let mut head = [0u8; 5];
         assert!(read_by(&child.sock, &mut head, Instant::now() + DEADLINE).is_ok());
         assert_eq!(head[4], 1, "refused: nothing was parsed");
+    }
+
+    /// A reader at rest is ended (and reaped), and the next request starts another.
+    #[test]
+    fn a_reader_at_rest_is_ended_and_started_again_on_demand() {
+        let mut r = Reader::default();
+        let maps = File::open("/proc/self/maps").expect("maps");
+        assert!(r.call(Kind::Maps, std::os::fd::AsFd::as_fd(&maps)).is_ok());
+        let first = r.pid().expect("a reader runs");
+        r.rest();
+        assert_eq!(r.pid(), None);
+        assert!(
+            !std::path::Path::new(&format!("/proc/{first}")).exists(),
+            "the reader at rest was reaped"
+        );
+        assert!(r.call(Kind::Maps, std::os::fd::AsFd::as_fd(&maps)).is_ok());
+        assert!(r.pid().is_some_and(|p| p != first));
     }
 
     /// One tenant's thousand queued jobs delay another tenant's job by one step, and a
