@@ -219,13 +219,16 @@ pub(crate) async fn agent_restarts(client: &Client) -> (i32, bool) {
 /// of its library on the leak's own stack whose .symtab is a name bomb), a mapped
 /// file truncated under its mapping and another replaced by a FIFO, a fake JVM with a
 /// slow attach socket, a perf map of 3 million lines, JVM counters (hsperfdata) of 4 GiB,
-/// sparse, and a chroot where the path of its library is an absolute symlink to a file
-/// of the node (planted here, with a function name found nowhere else). While it leaks
+/// sparse, a chroot where the path of its library is an absolute symlink to a file of the
+/// node (planted here, with a function name found nowhere else), and, in that chroot, a
+/// crafted file at the path of the image's libc (which the bystander's pod maps from the
+/// same base layer) naming every address `rw_jail_poison`. While it leaks
 /// and burns CPU in that library: its leak is listed and its stacks captured, a CPU
 /// profile of it succeeds, a well-behaved leak in another namespace, listed before the
 /// attack, keeps its status cadence (each update within twice the watch's 5 s interval)
-/// and has its site named, the agent never restarts and is never OOM-killed, and the
-/// node file's function name appears in no status, Event or ConfigMap.
+/// and has its site named, the agent never restarts and is never OOM-killed, the
+/// node file's function name appears in no status, Event or ConfigMap, and the crafted
+/// libc's name appears in the hostile namespace's (its own frames) and not the other's.
 #[tokio::test]
 #[ignore = "needs the e2e cluster with resourcewatch installed: make e2e"]
 async fn a_hostile_workload_neither_crashes_nor_blinds_the_agent_nor_reads_node_files() {
@@ -373,9 +376,12 @@ async fn hostile_attack(node: harness::Placement, files: u32) {
         "the agent restarted during the attack"
     );
     assert!(!oom, "the agent was OOM-killed");
-    // Nothing read from the node's file reached anything a tenant can read.
+    // Nothing read from the node's file reached anything a tenant can read, and nothing
+    // read from the jail's crafted libc reached the other namespace.
     let mut seen = String::new();
+    let mut seen_by_ns = Vec::new();
     for (api, ns) in [(&rws, &n), (&rws2, &o)] {
+        let from = seen.len();
         let w = api.get("w").await.expect("watch");
         seen.push_str(&serde_json::to_string(&w.status).unwrap_or_default());
         let events = Api::<Event>::namespaced(client.clone(), ns)
@@ -388,7 +394,19 @@ async fn hostile_attack(node: harness::Placement, files: u32) {
             .await
             .expect("configmaps");
         seen.push_str(&serde_json::to_string(&cms.items).unwrap_or_default());
+        seen_by_ns.push(seen[from..].to_owned());
     }
+    // The attack reached the agent: the hostile pod's own libc frames were read from its
+    // jail's crafted copy...
+    assert!(
+        seen_by_ns[0].contains("rw_jail_poison"),
+        "the hostile pod's libc frames are not named from its jail's copy: {sites:?}"
+    );
+    // ...and the bystander's, from the same base layer's libc, were not.
+    assert!(
+        !seen_by_ns[1].contains("rw_jail_poison"),
+        "the jail's crafted libc named another namespace's frames"
+    );
     assert!(
         seen.contains("libtenant"),
         "the tenant's own library is in what was read"
