@@ -334,9 +334,7 @@ fn run(seed: u64, cases: usize, budget: usize) -> (usize, String) {
         if what == "perf map" {
             let (_, peak) = peak_of(|| super::parse(Kind::PerfMap, memfd(&bytes)));
             check("perf map", peak, &mut largest);
-            let (_, peak) = peak_of(|| {
-                crate::stacks::jvm::reply(&String::from_utf8_lossy(&bytes[..bytes.len().min(4096)]))
-            });
+            let (_, peak) = peak_of(|| super::parse(Kind::AttachReply, memfd(&bytes)));
             check("attach reply", peak, &mut largest);
             continue;
         }

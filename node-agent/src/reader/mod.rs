@@ -69,6 +69,9 @@ pub enum Kind {
     Hsperf = 5,
     /// A runtime's perf map (its last 8 MiB): its JIT code's names.
     PerfMap = 6,
+    /// A JVM's answer on its attach socket (at most 4 KiB, read by the agent into a
+    /// memfd): whether the command ran, and the refusal's first words.
+    AttachReply = 7,
 }
 
 impl Kind {
@@ -80,6 +83,7 @@ impl Kind {
             4 => Kind::Python,
             5 => Kind::Hsperf,
             6 => Kind::PerfMap,
+            7 => Kind::AttachReply,
             _ => return None,
         })
     }
@@ -1008,6 +1012,20 @@ pub fn parse(kind: Kind, file: File) -> Option<Vec<u8>> {
         }
         Kind::PerfMap => {
             crate::stacks::perfmap::parse_file(file)?.encode(&mut e);
+        }
+        Kind::AttachReply => {
+            use std::io::Read;
+            let mut bytes = Vec::new();
+            file.take(crate::stacks::jvm::MAX_ANSWER as u64)
+                .read_to_end(&mut bytes)
+                .ok()?;
+            match crate::stacks::jvm::reply(&String::from_utf8_lossy(&bytes)) {
+                Ok(()) => e.u8(0),
+                Err(crate::stacks::jvm::AttachError::Refused(words)) => {
+                    e.u8(1).bytes(words.as_bytes())
+                }
+                Err(other) => e.u8(1).bytes(other.to_string().as_bytes()),
+            };
         }
         Kind::Hsperf => {
             let heap = crate::leak::jvm::read_file(file)?;

@@ -48,7 +48,7 @@ const MAX_PROCESSES: usize = 1024;
 /// JVM met while all are busy is asked on a later sample.
 const MAX_IN_FLIGHT: usize = 4;
 /// The most bytes of an answer read (a success is "0\n" and a line or two).
-const MAX_ANSWER: usize = 4096;
+pub const MAX_ANSWER: usize = 4096;
 
 /// Requests running now.
 static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -122,6 +122,8 @@ pub enum AttachError {
     Gone,
     #[error("the JVM answered {0:?}")]
     Refused(String),
+    #[error("the JVM's answer was not read: {0}")]
+    Unread(&'static str),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -318,7 +320,37 @@ fn request_perf_map_by(
         }
     };
     let answer = exchange(stream, b"1\0jcmd\0Compiler.perfmap\0\0\0", deadline)?;
-    reply(&answer)
+    read_reply(pid, &answer, deadline)
+}
+
+/// What the JVM's `answer` says, read by the reader process like every other thing a
+/// workload writes: the bytes go to it in a memfd.
+fn read_reply(pid: u32, answer: &[u8], deadline: Instant) -> Result<(), AttachError> {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    // SAFETY: a NUL-terminated name and close-on-exec.
+    let fd = unsafe { libc::memfd_create(c"rw-attach-reply".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: the kernel just gave this descriptor to us alone.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    f.write_all(answer)?;
+    std::io::Seek::rewind(&mut f)?;
+    let within = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_secs(1));
+    let body = crate::reader::loader()
+        .parse(pid, crate::reader::Kind::AttachReply, f, within)
+        .map_err(|r| AttachError::Unread(r.reason()))?;
+    let mut d = crate::reader::wire::Dec(&body);
+    match d.u8() {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(AttachError::Refused(
+            String::from_utf8_lossy(d.bytes().unwrap_or_default()).into_owned(),
+        )),
+        Err(_) => Err(AttachError::Unread("malformed_answer")),
+    }
 }
 
 /// What an attach answer says: HotSpot starts it with the command's result code, `0`
@@ -336,7 +368,7 @@ pub fn reply(answer: &str) -> Result<(), AttachError> {
 /// Sends `request` and reads the answer (at most `MAX_ANSWER` bytes, until the peer
 /// closes) before `deadline`, whatever the peer does: each read and write waits only for
 /// what is left of the time.
-fn exchange(mut s: UnixStream, request: &[u8], deadline: Instant) -> Result<String, AttachError> {
+fn exchange(mut s: UnixStream, request: &[u8], deadline: Instant) -> Result<Vec<u8>, AttachError> {
     let left = || {
         deadline
             .checked_duration_since(Instant::now())
@@ -370,7 +402,7 @@ fn exchange(mut s: UnixStream, request: &[u8], deadline: Instant) -> Result<Stri
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(String::from_utf8_lossy(&answer).into_owned())
+    Ok(answer)
 }
 
 /// SIGQUIT to `pid` if it is still the process that started at `start`: through a pidfd,
@@ -730,6 +762,24 @@ mod tests {
         );
         assert!(took < Duration::from_secs(2), "held for {took:?}");
         peer.join().expect("peer");
+    }
+
+    /// The answer is read by the reader process: a success, a refusal with its first
+    /// words, and bytes that are not text.
+    #[test]
+    fn an_attach_answer_is_read_by_the_reader() {
+        let me = std::process::id();
+        let by = Instant::now() + Duration::from_secs(20);
+        assert!(read_reply(me, b"0\n", by).is_ok());
+        match read_reply(me, b"-1\nCompiler.perfmap is not supported", by) {
+            Err(AttachError::Refused(s)) => assert!(s.contains("not supported"), "{s}"),
+            other => panic!("{other:?}"),
+        }
+        let junk: Vec<u8> = (0..MAX_ANSWER).map(|i| (i * 7 % 256) as u8).collect();
+        match read_reply(me, &junk, by) {
+            Err(AttachError::Refused(s)) => assert!(s.chars().count() <= 200, "{s:?}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// An answer that never ends is read up to its bound, then the request ends.
