@@ -324,7 +324,22 @@ def cmd_values_file(a):
     env = {e["name"]: e.get("value") for e in opc["env"]}
     agent_env = {e["name"]: e.get("value") for e in agc["env"]}
     expect = [
-        ("operator image", opc["image"], "registry.example.com:5000/rw/operator:1.2.3"),
+        ("operator image (registry, digest)", opc["image"],
+         "registry.example.com:5000/rw/operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
+        ("operator podLabels", dep["spec"]["template"]["metadata"]["labels"].get("example.com/team"), "sre"),
+        ("operator extraArgs", opc["args"][-1], "--reconcile-interval=1m"),
+        ("operator extraEnv", [e for e in opc["env"] if e["name"] == "RESOURCEWATCH_SECRET_REF"],
+         [{"name": "RESOURCEWATCH_SECRET_REF", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]),
+        ("agent podLabels (the selector's kept)",
+         {k: v for k, v in ds["spec"]["template"]["metadata"]["labels"].items() if k.startswith(("example.com", "app.kubernetes.io/name"))},
+         {"example.com/cost-center": "42", "app.kubernetes.io/name": "resourcewatch-agent"}),
+        ("agent extraArgs", agc["args"], ["run", "--metrics-addr=off"]),
+        ("agent extraEnv", agent_env.get("RESOURCEWATCH_EXTRA"), "1"),
+        ("agent affinity", ag.get("affinity", {}).get("nodeAffinity", {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms"),
+         [{"matchExpressions": [{"key": "example.com/pool", "operator": "NotIn", "values": ["gpu"]}]}]),
+        ("agent updateStrategy", ds["spec"]["updateStrategy"],
+         {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}),
         ("operator pullPolicy", opc["imagePullPolicy"], "Always"),
         ("agent image", agc["image"], "registry.example.com:5000/rw/agent:0.1.0"),
         ("agent pullPolicy", agc["imagePullPolicy"], "Never"),
@@ -338,7 +353,7 @@ def cmd_values_file(a):
                                                    "limits": {"memory": "512Mi"}}),
         ("agent tolerations", ag.get("tolerations"),
          [{"key": "dedicated", "operator": "Equal", "value": "monitoring", "effect": "NoSchedule"}]),
-        ("agent nodeSelector", ag.get("nodeSelector"), {"kubernetes.io/os": "linux"}),
+        ("agent nodeSelector", ag.get("nodeSelector"), {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}),
         ("operator nodeSelector", op.get("nodeSelector"), {"node-role.kubernetes.io/control-plane": ""}),
         ("agent podAnnotations", ds["spec"]["template"]["metadata"].get("annotations"),
          {"example.com/team": "sre"}),
@@ -354,9 +369,10 @@ def cmd_values_file(a):
         if got != want:
             fail(f"values file: {what} is {got!r}, want {want!r}")
     if not failures:
-        ok(f"values file: {len(expect)} overrides reached the objects (images, pull policies, "
-           "replicas, logLevels, logFormat, agentGrace, resources, tolerations, nodeSelectors, annotations, "
-           "pull secrets, release name and namespace)")
+        ok(f"values file: {len(expect)} overrides reached the objects (images by registry, tag and "
+           "digest, pull policies, replicas, logLevels, logFormat, agentGrace, resources, tolerations, "
+           "nodeSelectors, affinity, annotations, pod labels, extra args and env, the agents' update "
+           "strategy, pull secrets, release name and namespace)")
     finish()
 
 

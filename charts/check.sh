@@ -49,9 +49,16 @@ cat >"$TMP/custom-values.yaml" <<'EOF'
 logFormat: json
 operator:
   image:
-    repository: registry.example.com:5000/rw/operator
+    registry: registry.example.com:5000
+    repository: rw/operator
     tag: "1.2.3"
+    digest: sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
     pullPolicy: Always
+  podLabels: {example.com/team: sre}
+  extraArgs: [--reconcile-interval=1m]
+  extraEnv:
+    - name: RESOURCEWATCH_SECRET_REF
+      valueFrom: {secretKeyRef: {name: s, key: k}}
   replicas: 2
   logLevel: debug
   agentGrace: 45s
@@ -67,8 +74,18 @@ agent:
     pullPolicy: Never
   tolerations:
     - {key: dedicated, operator: Equal, value: monitoring, effect: NoSchedule}
-  nodeSelector: {kubernetes.io/os: linux}
+  nodeSelector: {kubernetes.io/os: linux, kubernetes.io/arch: amd64}
   podAnnotations: {example.com/team: sre}
+  podLabels: {example.com/cost-center: "42", app.kubernetes.io/name: ignored}
+  extraArgs: [--metrics-addr=off]
+  extraEnv:
+    - {name: RESOURCEWATCH_EXTRA, value: "1"}
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+          - matchExpressions: [{key: example.com/pool, operator: NotIn, values: [gpu]}]
+  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 10%}}
 imagePullSecrets:
   - name: regcred
 EOF

@@ -66,8 +66,14 @@ app.kubernetes.io/part-of: {{ include "resourcewatch.name" . }}
 {{ include "resourcewatch.helmLabels" . }}
 {{- end }}
 
-{{/* repository:tag, the tag defaulting to the chart's appVersion. Call with an image dict and the root: (dict "image" .Values.operator.image "root" .) */}}
+{{/* [registry/]repository@digest when a digest is set, else [registry/]repository:tag, the tag defaulting to the chart's appVersion. Call with an image dict and the root: (dict "image" .Values.operator.image "root" .) */}}
 {{- define "resourcewatch.image" -}}
+{{- $repo := required "image.repository is required" .image.repository -}}
+{{- if .image.registry }}{{ $repo = printf "%s/%s" .image.registry $repo }}{{ end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repo .image.digest -}}
+{{- else -}}
 {{- $tag := .image.tag | default .root.Chart.AppVersion | toString -}}
-{{- printf "%s:%s" (required "image.repository is required" .image.repository) $tag -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
 {{- end }}
