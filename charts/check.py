@@ -9,6 +9,7 @@ checked and exits 1 on a failure.
   values-file RENDER               the custom values file reached the objects
   crd CHART_DIR REPO_CRD RENDER    files/crds/ is a verbatim copy, rendered by templates/crds.yaml
   monitoring RENDER                metrics.* objects render, with their labels and the dashboard
+  monitoring-settings RENDER       monitors' authorization and relabelings, alerts' switches and labels
   podsecurity RENDER NAMESPACE     operator 'restricted', agent's namespace 'privileged'
   renamed RENDER PREFIX            fullnameOverride=PREFIX renames every object, and every
                                    reference to one (flags, env, RBAC, monitors, rules)
@@ -455,6 +456,43 @@ def cmd_monitoring(a):
     finish()
 
 
+def cmd_monitoring_settings(a):
+    """The monitors' and alerts' settings reach the objects: a token from a Secret in place
+    of the file (what arbitraryFSAccessThroughSMs.deny requires), relabelings, alerts off by
+    name, labels on every alert, the runbooks' address."""
+    objs = {o["kind"]: o for _, o in load_objects(a.render)}
+    sm = objs.get("ServiceMonitor", {}).get("spec", {}).get("endpoints", [{}])[0]
+    pm = objs.get("PodMonitor", {}).get("spec", {}).get("podMetricsEndpoints", [{}])[0]
+    rules = [r for g in objs.get("PrometheusRule", {}).get("spec", {}).get("groups", [])
+             for r in g.get("rules", []) if "alert" in r]
+    names = {r["alert"] for r in rules}
+    expect = [
+        ("ServiceMonitor authorization", sm.get("authorization"),
+         {"type": "Bearer", "credentials": {"name": "prom-token", "key": "token"}}),
+        ("no bearerTokenFile with authorization", "bearerTokenFile" in sm, False),
+        ("ServiceMonitor relabelings", sm.get("relabelings"),
+         [{"targetLabel": "cluster", "replacement": "east"}]),
+        ("ServiceMonitor metricRelabelings", sm.get("metricRelabelings"),
+         [{"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}]),
+        ("PodMonitor relabelings (node kept first)", pm.get("relabelings"),
+         [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"},
+          {"targetLabel": "cluster", "replacement": "east"}]),
+        ("disabled alerts left out", names & {"ResourceWatchAgentLosingSamples", "ResourceWatchAPIServerErrors"}, set()),
+        ("other alerts kept", "ResourceWatchPredictedOOMSoon" in names and len(names) >= 8, True),
+        ("additionalLabels on every alert", all(r.get("labels", {}).get("team") == "sre" for r in rules), True),
+        ("alerts' own labels kept", all("severity" in r.get("labels", {}) for r in rules), True),
+        ("runbook URLs", sorted({r["annotations"]["runbook_url"].split("#")[0] for r in rules}),
+         ["https://runbooks.example.com/resourcewatch"]),
+    ]
+    for what, got, want in expect:
+        if got != want:
+            fail(f"monitoring settings: {what} is {got!r}, want {want!r}")
+    if not failures:
+        ok(f"monitoring settings: {len(expect)} checks (authorization from a Secret, relabelings, "
+           "alerts off by name, added labels, runbook address)")
+    finish()
+
+
 # ---- Pod Security -------------------------------------------------------------------------
 
 def restricted_violations(pod_spec):
@@ -666,6 +704,8 @@ def main():
     s.add_argument("render"); s.set_defaults(f=cmd_crd)
     s = sub.add_parser("monitoring"); s.add_argument("render")
     s.set_defaults(f=cmd_monitoring)
+    s = sub.add_parser("monitoring-settings"); s.add_argument("render")
+    s.set_defaults(f=cmd_monitoring_settings)
     s = sub.add_parser("production"); s.add_argument("one"); s.add_argument("two"); s.add_argument("user")
     s.set_defaults(f=cmd_production)
     s = sub.add_parser("renamed"); s.add_argument("render"); s.add_argument("prefix")

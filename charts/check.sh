@@ -196,6 +196,25 @@ R --namespace "$NS" --set metrics.serviceMonitor.enabled=true --set metrics.podM
   --set metrics.grafanaDashboard.enabled=true \
   >"$TMP/monitoring.yaml" 2>/dev/null || failed "render with metrics.* enabled"
 "${CHECK[@]}" monitoring "$TMP/monitoring.yaml" || failed "metrics.* objects"
+cat >"$TMP/monitoring-values.yaml" <<'EOF'
+metrics:
+  serviceMonitor:
+    enabled: true
+    authorization: {secretName: prom-token, key: token}
+    relabelings: [{targetLabel: cluster, replacement: east}]
+    metricRelabelings: [{sourceLabels: [__name__], regex: go_.*, action: drop}]
+  podMonitor:
+    enabled: true
+    relabelings: [{targetLabel: cluster, replacement: east}]
+  prometheusRule:
+    enabled: true
+    disabled: [ResourceWatchAgentLosingSamples, ResourceWatchAPIServerErrors]
+    additionalLabels: {team: sre}
+    runbookBaseURL: https://runbooks.example.com/resourcewatch/
+EOF
+R --namespace "$NS" -f "$TMP/monitoring-values.yaml" >"$TMP/monitoring-settings.yaml" 2>"$TMP/monitoring-settings.err" ||
+  failed "render with the monitoring settings: $(head -c 300 "$TMP/monitoring-settings.err")"
+"${CHECK[@]}" monitoring-settings "$TMP/monitoring-settings.yaml" || failed "monitoring settings"
 "${CHECK[@]}" podsecurity "$TMP/default.yaml" "$REPO/config/namespace.yaml" || failed "Pod Security"
 R --namespace "$NS" --set operator.replicas=2 --set operator.priorityClassName=system-cluster-critical \
   --set agent.priorityClassName=system-node-critical >"$TMP/two.yaml" 2>/dev/null || failed "render with 2 replicas"
