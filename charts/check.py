@@ -10,6 +10,7 @@ checked and exits 1 on a failure.
   crd CHART_DIR REPO_CRD RENDER    files/crds/ is a verbatim copy, rendered by templates/crds.yaml
   monitoring RENDER                metrics.* objects render, with their labels and the dashboard
   monitoring-settings RENDER       monitors' authorization and relabelings, alerts' switches and labels
+  accounts NAMED NORBAC            serviceAccount.create/name and rbac.create
   podsecurity RENDER NAMESPACE     operator 'restricted', agent's namespace 'privileged'
   renamed RENDER PREFIX            fullnameOverride=PREFIX renames every object, and every
                                    reference to one (flags, env, RBAC, monitors, rules)
@@ -493,6 +494,37 @@ def cmd_monitoring_settings(a):
     finish()
 
 
+def cmd_accounts(a):
+    """serviceAccount.create/name and rbac.create: the workloads run as the accounts named,
+    the bindings name them, the operator accepts the agents' tokens for the agents' account,
+    and nothing of RBAC renders when it is off."""
+    def objs(path):
+        return {key(o)[0] + "/" + key(o)[2]: o for _, o in load_objects(path)}
+    named, norbac = objs(a.named), objs(a.norbac)
+    dep = named["Deployment/resourcewatch-operator"]["spec"]["template"]["spec"]
+    ds = named["DaemonSet/resourcewatch-agent"]["spec"]["template"]["spec"]
+    sas = sorted(k for k in named if k.startswith("ServiceAccount/"))
+    subjects = {s["name"] for k, o in named.items() if k.startswith(("ClusterRoleBinding/", "RoleBinding/"))
+                for s in o.get("subjects", []) if s.get("kind") == "ServiceAccount"}
+    rbac_left = sorted(k for k in norbac if k.split("/")[0] in
+                       ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"))
+    expect = [
+        ("operator's account", dep.get("serviceAccountName"), "ops"),
+        ("agents' account", ds.get("serviceAccountName"), "node-agents"),
+        ("ServiceAccounts made", sas, ["ServiceAccount/node-agents"]),
+        ("binding subjects", subjects, {"ops"}),
+        ("--agent-service-account", "--agent-service-account=node-agents" in dep["containers"][0]["args"], True),
+        ("RBAC objects with rbac.create=false", rbac_left, []),
+        ("workloads still rendered without RBAC", "Deployment/resourcewatch-operator" in norbac, True),
+    ]
+    for what, got, want in expect:
+        if got != want:
+            fail(f"accounts: {what} is {got!r}, want {want!r}")
+    if not failures:
+        ok(f"accounts: {len(expect)} checks (serviceAccount.create/name for both, rbac.create)")
+    finish()
+
+
 # ---- Pod Security -------------------------------------------------------------------------
 
 def restricted_violations(pod_spec):
@@ -704,6 +736,8 @@ def main():
     s.add_argument("render"); s.set_defaults(f=cmd_crd)
     s = sub.add_parser("monitoring"); s.add_argument("render")
     s.set_defaults(f=cmd_monitoring)
+    s = sub.add_parser("accounts"); s.add_argument("named"); s.add_argument("norbac")
+    s.set_defaults(f=cmd_accounts)
     s = sub.add_parser("monitoring-settings"); s.add_argument("render")
     s.set_defaults(f=cmd_monitoring_settings)
     s = sub.add_parser("production"); s.add_argument("one"); s.add_argument("two"); s.add_argument("user")

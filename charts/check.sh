@@ -215,6 +215,10 @@ EOF
 R --namespace "$NS" -f "$TMP/monitoring-values.yaml" >"$TMP/monitoring-settings.yaml" 2>"$TMP/monitoring-settings.err" ||
   failed "render with the monitoring settings: $(head -c 300 "$TMP/monitoring-settings.err")"
 "${CHECK[@]}" monitoring-settings "$TMP/monitoring-settings.yaml" || failed "monitoring settings"
+R --namespace "$NS" --set operator.serviceAccount.create=false --set operator.serviceAccount.name=ops \
+  --set agent.serviceAccount.name=node-agents >"$TMP/accounts.yaml" 2>/dev/null || failed "render with named accounts"
+R --namespace "$NS" --set rbac.create=false >"$TMP/norbac.yaml" 2>/dev/null || failed "render with rbac.create=false"
+"${CHECK[@]}" accounts "$TMP/accounts.yaml" "$TMP/norbac.yaml" || failed "accounts and RBAC switches"
 "${CHECK[@]}" podsecurity "$TMP/default.yaml" "$REPO/config/namespace.yaml" || failed "Pod Security"
 R --namespace "$NS" --set operator.replicas=2 --set operator.priorityClassName=system-cluster-critical \
   --set agent.priorityClassName=system-node-critical >"$TMP/two.yaml" 2>/dev/null || failed "render with 2 replicas"

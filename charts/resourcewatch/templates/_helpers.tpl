@@ -15,6 +15,9 @@ token audience (resourcewatch-operator) name the product, not objects: they stay
 {{- define "resourcewatch.renamed" -}}{{ if ne (include "resourcewatch.fullname" .) "resourcewatch" }}true{{ end }}{{- end }}
 {{- define "resourcewatch.operator.name" -}}{{ include "resourcewatch.fullname" . }}-operator{{- end }}
 {{- define "resourcewatch.agent.name" -}}{{ include "resourcewatch.fullname" . }}-agent{{- end }}
+{{/* The ServiceAccounts: <x>.serviceAccount.name, else the workload's name. */}}
+{{- define "resourcewatch.operator.serviceAccount" -}}{{ .Values.operator.serviceAccount.name | default (include "resourcewatch.operator.name" .) }}{{- end }}
+{{- define "resourcewatch.agent.serviceAccount" -}}{{ .Values.agent.serviceAccount.name | default (include "resourcewatch.agent.name" .) }}{{- end }}
 {{- define "resourcewatch.caSecret" -}}{{ include "resourcewatch.fullname" . }}-ca{{- end }}
 {{- define "resourcewatch.agentSecret" -}}{{ include "resourcewatch.fullname" . }}-agent-tls{{- end }}
 {{- define "resourcewatch.metricsClientSecret" -}}{{ include "resourcewatch.fullname" . }}-metrics-client{{- end }}
