@@ -350,6 +350,12 @@ def reader():
                 f"| {name} | {kind} | {cell(v('cold_ms'))} | {cell(v('warm_ms'), bold=True)} | {cell(v('answer_kib'), digits=0)} |"
             )
     rows.append("")
+    rows.append(
+        f"A reader at rest (started, confined, one maps request answered): "
+        f"{cell(per_run(t, one('reader.idle_rss_mib')))} MiB resident; the loader ends it after "
+        "30 s without a request, so an idle agent holds none of it."
+    )
+    rows.append("")
     rows.append(f"Runs: {len(runs_of(t))}, five rounds each. Conditions: {conditions(t)}.")
     return rows
 
