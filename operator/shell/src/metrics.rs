@@ -76,6 +76,9 @@ pub struct Metrics {
     pub oom_kills: Family<Labels, Counter>,
     /// How long before each predicted kill the first warning came.
     pub oom_warning_seconds: Histogram,
+    /// The watches (namespace, name) whose kill counters exist: their series go when the
+    /// watch does (a tenant recreating watches under new names would grow them forever).
+    oom_watches: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
 }
 
 impl Default for Metrics {
@@ -133,6 +136,7 @@ impl Default for Metrics {
             tasks: Tasks::default(),
             findings,
             oom_kills,
+            oom_watches: Default::default(),
             oom_warning_seconds,
             registry: Registry::default(),
         };
@@ -346,6 +350,10 @@ impl Metrics {
     /// that appears at 1 sees nothing, and the unpredicted-kill alert would miss a
     /// watch's first kill.
     pub fn oom_series(&self, namespace: &str, watch: &str) {
+        self.oom_watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((namespace.to_owned(), watch.to_owned()));
         for predicted in [false, true] {
             for scope in ["Cgroup", "System"] {
                 let _ = self
@@ -353,6 +361,23 @@ impl Metrics {
                     .get_or_create(&Self::oom_labels(namespace, watch, predicted, scope));
             }
         }
+    }
+
+    /// Removes the kill counters of every watch `live` does not keep.
+    pub fn retain_oom_series(&self, live: impl Fn(&str, &str) -> bool) {
+        let mut watches = self.oom_watches.lock().unwrap_or_else(|e| e.into_inner());
+        watches.retain(|(namespace, watch)| {
+            if live(namespace, watch) {
+                return true;
+            }
+            for predicted in [false, true] {
+                for scope in ["Cgroup", "System"] {
+                    self.oom_kills
+                        .remove(&Self::oom_labels(namespace, watch, predicted, scope));
+                }
+            }
+            false
+        });
     }
 
     /// A kill a status now holds that the stored one did not.
@@ -847,6 +872,23 @@ mod tests {
                 .contains(r#"resourcewatch_operator_profiles_total{state="Succeeded"} 1"#),
             "{}",
             m.render()
+        );
+    }
+
+    /// A deleted watch's kill counters go with it; another watch's stay.
+    #[test]
+    fn a_deleted_watchs_kill_series_are_removed() {
+        let m = Metrics::default();
+        m.oom_series("shop", "api");
+        m.oom_series("shop", "old");
+        m.retain_oom_series(|_, watch| watch == "api");
+        let text = m.render();
+        assert!(!text.contains(r#"resourcewatch="old""#), "{text}");
+        assert_eq!(
+            text.matches(r#"resourcewatch_oom_kills_total{namespace="shop",resourcewatch="api""#)
+                .count(),
+            4,
+            "{text}"
         );
     }
 

@@ -518,6 +518,12 @@ fn forget_deleted(ctx: &Context) {
         .collect();
     ctx.metrics.watches.set(live.len() as i64);
     ctx.metrics.findings.retain(|k| live.contains(k));
+    ctx.metrics.retain_oom_series(|namespace, name| {
+        live.contains(&WatchKey {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+    });
     for k in ctx.hub.watch_keys() {
         if !live.contains(&k) {
             ctx.hub.remove_watch(&k);
