@@ -449,7 +449,18 @@ def cmd_monitoring(a):
         except (ValueError, TypeError, KeyError) as e:
             fail(f"the dashboard's ConfigMap holds no dashboard: {e!r}")
         else:
-            ok(f"the dashboard renders with {len(panels)} panels")
+            # Every query follows the cluster variable; every query of series that carry a
+            # namespace follows the namespace variable (the agents' own series do not).
+            node_level = ("Agent", "Kernel time", "Memory samples lost")
+            for panel in panels:
+                for t in panel.get("targets", []):
+                    expr = t.get("expr", "")
+                    if '$cluster' not in expr:
+                        fail(f"dashboard panel {panel.get('title')!r} ignores $cluster: {expr}")
+                    if not panel.get("title", "").startswith(node_level) and '$namespace' not in expr:
+                        fail(f"dashboard panel {panel.get('title')!r} ignores $namespace: {expr}")
+            ok(f"the dashboard renders with {len(panels)} panels, each following $cluster and, "
+               "where its series have a namespace, $namespace")
     rule = objs.get("PrometheusRule", {})
     if rule.get("metadata", {}).get("labels", {}).get("release") != "kps":
         fail("metrics.prometheusRule.labels are not on the PrometheusRule")

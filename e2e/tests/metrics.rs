@@ -414,6 +414,8 @@ async fn prometheus_scrapes_the_time_to_oom_and_the_alert_fires_for_the_leak_onl
         for target in panel["targets"].as_array().into_iter().flatten() {
             let expr = target["expr"].as_str().expect("expr");
             let q = expr
+                // All clusters: `.*` matches the series of a Prometheus that adds none.
+                .replace("$cluster", ".*")
                 .replace("$namespace", &n)
                 .replace("$resourcewatch", ".*")
                 // Grafana's: four of the slowest scrape interval (the PodMonitor's 30 s).

@@ -74,8 +74,9 @@ pub struct Metrics {
     /// OOM kills of watched containers, by namespace, watch, whether a leak was listed
     /// before (at the watch's minConfidence) and scope (`resourcewatch_oom_kills_total`).
     pub oom_kills: Family<Labels, Counter>,
-    /// How long before each predicted kill the first warning came.
-    pub oom_warning_seconds: Histogram,
+    /// How long before each predicted kill the first warning came, by the watch's
+    /// namespace.
+    pub oom_warning_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     /// The watches (namespace, name) whose kill counters exist: their series go when the
     /// watch does (a tenant recreating watches under new names would grow them forever).
     oom_watches: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
@@ -87,9 +88,12 @@ impl Default for Metrics {
         let findings = Arc::new(WatchSeries::default());
         root.register_collector(Box::new(findings.clone()));
         let oom_kills = Family::<Labels, Counter>::default();
-        let oom_warning_seconds = Histogram::new([
-            5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0,
-        ]);
+        let oom_warning_seconds: Family<Labels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| {
+                Histogram::new([
+                    5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0,
+                ])
+            });
         // Named like the findings (resourcewatch_*), not the operator's own series: they
         // are about the cluster's workloads.
         root.register(
@@ -99,7 +103,7 @@ impl Default for Metrics {
         );
         root.register(
             "resourcewatch_oom_kill_warning_lead_seconds",
-            "How long before a predicted OOM kill its first warning came",
+            "How long before a predicted OOM kill its first warning came, by the watch's namespace",
             oom_warning_seconds.clone(),
         );
         // process_* and resourcewatch_operator_build_info, named as the agents' are.
@@ -214,7 +218,7 @@ impl Metrics {
         );
         registry.register("profiles", "CPU profile requests (the resourcewatch.io/profile annotation) by the state each reached: Pending when taken, then Succeeded, Failed or Expired; Refused", self.profiles.clone());
         registry.register("otlp_exports", "Profiles sent to the OTLP collector the Secret resourcewatch-otlp names, by result (sent, failed: unreachable or timed out, refused by the collector, misconfigured: the Secret, unreadable: the profile)", self.otlp_exports.clone());
-        registry.register("remediations", "Remediation decisions recorded in status, by reason (Decided, Evicted, PodDisruptionBudget, Gone, DryRun, Cooldown, MaxRestarts, NotAuthorized, NamespaceNotOptedIn, ...), each once; LedgerConflict when another watch decided first", self.remediations.clone());
+        registry.register("remediations", "Remediation decisions recorded in status, by the watch's namespace and reason (Decided, Evicted, PodDisruptionBudget, Gone, DryRun, Cooldown, MaxRestarts, NotAuthorized, NamespaceNotOptedIn, ...), each once; LedgerConflict when another watch decided first", self.remediations.clone());
         self.register_api(registry);
     }
 
@@ -309,9 +313,13 @@ impl Metrics {
             .inc();
     }
 
-    pub fn remediation(&self, reason: &str) {
+    /// A remediation record of a watch in `namespace` (each decision once).
+    pub fn remediation(&self, namespace: &str, reason: &str) {
         self.remediations
-            .get_or_create(&vec![("reason", reason.to_string())])
+            .get_or_create(&vec![
+                ("namespace", namespace.to_string()),
+                ("reason", reason.to_string()),
+            ])
             .inc();
     }
 
@@ -391,7 +399,9 @@ impl Metrics {
             ))
             .inc();
         if let Some(s) = k.warned_seconds_before {
-            self.oom_warning_seconds.observe(s);
+            self.oom_warning_seconds
+                .get_or_create(&vec![("namespace", namespace.to_owned())])
+                .observe(s);
         }
     }
 
@@ -927,7 +937,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(r#"resourcewatch_oom_kill_warning_lead_seconds_bucket{le="60.0"} 1"#),
+            text.contains(r#"resourcewatch_oom_kill_warning_lead_seconds_bucket{le="60.0",namespace="shop"} 1"#),
             "{text}"
         );
     }

@@ -54,11 +54,12 @@ pub(super) async fn evict_and_record(
 /// repeat it.
 pub(super) fn count_remediations(
     ctx: &Context,
+    namespace: &str,
     old: &[RemediationRecord],
     new: &[RemediationRecord],
 ) {
     for r in decide::new_records(old, new) {
-        ctx.metrics.remediation(r.reason.as_str());
+        ctx.metrics.remediation(namespace, r.reason.as_str());
     }
 }
 

@@ -308,7 +308,7 @@ async fn carry_out(
     // and a conflict means another watch decided for the workload meanwhile.
     for change in &plan.ledger {
         if apply_ledger(ctx, change, &mut versions).await?.is_err() {
-            ctx.metrics.remediation("LedgerConflict");
+            ctx.metrics.remediation(ns, "LedgerConflict");
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
     }
@@ -348,7 +348,7 @@ async fn carry_out(
             evict_and_record(run, ev, &mut status, &mut versions, &mut events).await?;
         }
         write_status(ctx, ns, &run.key.name, &status).await?;
-        count_remediations(ctx, &before, &status.remediations);
+        count_remediations(ctx, ns, &before, &status.remediations);
     }
     for e in &events {
         publish(ctx, run.rw, run.selected, e).await;
@@ -425,7 +425,7 @@ fn status_written(run: &Run<'_>, step: &profile::Step, status: &ResourceWatchSta
         ctx.hub.forget_profile_result(&p.id);
     }
     let old_records = old.map_or(&[][..], |s| &s.remediations[..]);
-    count_remediations(ctx, old_records, &status.remediations);
+    count_remediations(ctx, &run.key.namespace, old_records, &status.remediations);
     let old_kills = old.map_or(&[][..], |s| &s.oom_kills[..]);
     ctx.metrics.oom_series(&run.key.namespace, &run.key.name);
     for k in &status.oom_kills {
