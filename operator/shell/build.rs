@@ -5,7 +5,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/opentelemetry/proto/collector/profiles/v1development/profiles_service.proto";
     println!("cargo:rerun-if-changed=proto");
     tonic_prost_build::configure()
-        .build_server(false)
+        // The server only for the exporter's tests (a collector that fails, then answers).
+        .build_server(true)
         .build_client(true)
         .compile_protos(&[service], &["proto"])?;
     Ok(())

@@ -217,7 +217,7 @@ impl Metrics {
             self.leader.clone(),
         );
         registry.register("profiles", "CPU profile requests (the resourcewatch.io/profile annotation) by the state each reached: Pending when taken, then Succeeded, Failed or Expired; Refused", self.profiles.clone());
-        registry.register("otlp_exports", "Profiles sent to the OTLP collector the Secret resourcewatch-otlp names, by result (sent, failed: unreachable or timed out, refused by the collector, misconfigured: the Secret, unreadable: the profile)", self.otlp_exports.clone());
+        registry.register("otlp_exports", "Profiles sent to the OTLP collector the Secret resourcewatch-otlp names, by result (sent, partial: the collector kept part (its partial_success), failed: unreachable or timed out after the retries, refused by the collector, misconfigured: the Secret, unreadable: the profile)", self.otlp_exports.clone());
         registry.register("remediations", "Remediation decisions recorded in status, by the watch's namespace and reason (Decided, Evicted, PodDisruptionBudget, Gone, DryRun, Cooldown, MaxRestarts, NotAuthorized, NamespaceNotOptedIn, ...), each once; LedgerConflict when another watch decided first", self.remediations.clone());
         self.register_api(registry);
     }

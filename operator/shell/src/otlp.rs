@@ -10,9 +10,13 @@
 //! | `headers` | one `name: value` per line (e.g. `authorization: Bearer ...`) |
 //!
 //! The Secret is read at each export, so creating, changing or deleting it takes effect
-//! from the next profile, without a restart; without it nothing is sent. A send is
-//! bounded in time, never delays a reconcile, and is counted by result in
-//! `resourcewatch_operator_otlp_exports_total`.
+//! from the next profile, without a restart; without it nothing is sent. One connection
+//! is kept while the Secret is unchanged. Requests are gzipped. An export a collector
+//! could take later (unreachable, UNAVAILABLE, DEADLINE_EXCEEDED and the other codes
+//! OTLP calls retryable) is tried again after 1, 2, 4 and 8 s, within a minute: a
+//! collector's restart loses nothing. A send never delays a reconcile, and is counted by
+//! result in `resourcewatch_operator_otlp_exports_total` (a collector keeping only part
+//! of it, its `partial_success`, as `partial`).
 //!
 //! So are each leak's growth sites, once a site is announced (`LeakDetected` or
 //! `LeakSiteFound`), as a memory profile: the resident bytes each stack added
@@ -73,7 +77,8 @@ pub mod opentelemetry {
 
 use opentelemetry::proto::{
     collector::profiles::v1development::{
-        ExportProfilesServiceRequest, profiles_service_client::ProfilesServiceClient,
+        ExportProfilesServiceRequest, ExportProfilesServiceResponse,
+        profiles_service_client::ProfilesServiceClient,
     },
     common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value},
     profiles::v1development as otlp,
@@ -82,8 +87,17 @@ use opentelemetry::proto::{
 
 /// The Secret naming the collector, in the operator's namespace.
 pub const SECRET: &str = "resourcewatch-otlp";
-/// How long one export may take, connecting included.
+/// How long one attempt may take, connecting included.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an export may take, its retries included.
+const EXPORT_DEADLINE: Duration = Duration::from_secs(60);
+/// The waits before the second, third... attempt.
+const RETRY_AFTER: [Duration; 4] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
 /// The largest profile translated (inflated pprof bytes): the agent's are far smaller.
 const MAX_PPROF_BYTES: u64 = 16 << 20;
 
@@ -117,7 +131,7 @@ pub enum ExportError {
     },
     #[error("the collector refused the profile")]
     Refused(#[source] tonic::Status),
-    #[error("the collector took over {EXPORT_TIMEOUT:?}")]
+    #[error("the collector did not take the profile within {EXPORT_DEADLINE:?}")]
     Timeout,
     #[error("the profile cannot be read: {0}")]
     Profile(String),
@@ -139,6 +153,18 @@ impl ExportError {
 pub struct Exporter {
     secrets: Api<Secret>,
     metrics: Arc<Metrics>,
+    sender: Sender,
+}
+
+/// What a collector said of a profile it took.
+#[derive(Debug, PartialEq)]
+enum Delivered {
+    All,
+    /// Its `partial_success`: how many profiles it dropped, and why.
+    Part {
+        rejected: i64,
+        message: String,
+    },
 }
 
 impl Exporter {
@@ -146,6 +172,7 @@ impl Exporter {
         Self {
             secrets: Api::namespaced(client, namespace),
             metrics,
+            sender: Sender::default(),
         }
     }
 
@@ -154,15 +181,19 @@ impl Exporter {
         let this = self.clone();
         tokio::spawn(async move {
             let result =
-                match tokio::time::timeout(EXPORT_TIMEOUT, this.export(profile, &pod)).await {
+                match tokio::time::timeout(EXPORT_DEADLINE, this.export(profile, &pod)).await {
                     Ok(r) => r,
                     Err(_) => Err(ExportError::Timeout),
                 };
             match result {
                 Ok(None) => {}
-                Ok(Some(endpoint)) => {
+                Ok(Some((endpoint, Delivered::All))) => {
                     tracing::info!(%endpoint, pod = %pod.pod, "sent a profile over OTLP");
                     this.metrics.otlp_export("sent");
+                }
+                Ok(Some((endpoint, Delivered::Part { rejected, message }))) => {
+                    tracing::warn!(%endpoint, pod = %pod.pod, rejected, %message, "the OTLP collector kept part of a profile");
+                    this.metrics.otlp_export("partial");
                 }
                 Err(e) => {
                     tracing::warn!(pod = %pod.pod, error = %resourcewatch_runtime::error_chain(&e), "could not send a profile over OTLP");
@@ -172,8 +203,13 @@ impl Exporter {
         });
     }
 
-    /// The endpoint it was sent to; None when no collector is configured.
-    async fn export(&self, profile: Source, pod: &PodRef) -> Result<Option<String>, ExportError> {
+    /// The endpoint it was sent to and what the collector said; None when no collector is
+    /// configured.
+    async fn export(
+        &self,
+        profile: Source,
+        pod: &PodRef,
+    ) -> Result<Option<(String, Delivered)>, ExportError> {
         let Some(secret) = self
             .secrets
             .get_opt(SECRET)
@@ -183,11 +219,36 @@ impl Exporter {
             return Ok(None);
         };
         let config = Config::of(&secret)?;
+        let version = secret.metadata.resource_version.clone().unwrap_or_default();
         let profile = match profile {
             Source::Pprof(gz) => pprof::read(&gz, MAX_PPROF_BYTES).map_err(ExportError::Profile)?,
             Source::Profile(p) => p,
         };
         let request = translate(&profile, pod, profile_id());
+        let delivered = self.sender.deliver(&config, &version, request).await?;
+        Ok(Some((config.endpoint, delivered)))
+    }
+}
+
+/// The connection to the collector, kept while its Secret is unchanged (by its
+/// resourceVersion), and the retries of an export.
+#[derive(Clone, Default)]
+struct Sender {
+    channel: Arc<tokio::sync::Mutex<Option<(String, tonic::transport::Channel)>>>,
+}
+
+impl Sender {
+    async fn channel(
+        &self,
+        config: &Config,
+        version: &str,
+    ) -> Result<tonic::transport::Channel, ExportError> {
+        let mut kept = self.channel.lock().await;
+        if let Some((v, c)) = kept.as_ref()
+            && v == version
+        {
+            return Ok(c.clone());
+        }
         let channel =
             config
                 .endpoint()?
@@ -197,16 +258,90 @@ impl Exporter {
                     endpoint: config.endpoint.clone(),
                     source,
                 })?;
-        let headers = config.headers.clone();
-        let mut client =
-            ProfilesServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-                for (k, v) in &headers {
-                    req.metadata_mut().insert(k.clone(), v.clone());
+        *kept = Some((version.to_owned(), channel.clone()));
+        Ok(channel)
+    }
+
+    /// Sends `request`, trying again after `RETRY_AFTER` while what failed may pass later.
+    async fn deliver(
+        &self,
+        config: &Config,
+        version: &str,
+        request: ExportProfilesServiceRequest,
+    ) -> Result<Delivered, ExportError> {
+        let mut waits = RETRY_AFTER.iter();
+        loop {
+            let err = match self.attempt(config, version, request.clone()).await {
+                Ok(r) => {
+                    return Ok(match r.partial_success {
+                        Some(p) if p.rejected_profiles > 0 || !p.error_message.is_empty() => {
+                            Delivered::Part {
+                                rejected: p.rejected_profiles,
+                                message: p.error_message.chars().take(300).collect(),
+                            }
+                        }
+                        _ => Delivered::All,
+                    });
                 }
-                Ok(req)
-            });
-        client.export(request).await.map_err(ExportError::Refused)?;
-        Ok(Some(config.endpoint))
+                Err(e) => e,
+            };
+            let retryable = match &err {
+                // Not connected: a new connection next time.
+                ExportError::Transport { .. } | ExportError::Timeout => {
+                    *self.channel.lock().await = None;
+                    true
+                }
+                // OTLP's retryable codes (RESOURCE_EXHAUSTED only with a RetryInfo, which
+                // is not read here: not retried).
+                ExportError::Refused(s) => matches!(
+                    s.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::DeadlineExceeded
+                        | tonic::Code::Aborted
+                        | tonic::Code::Cancelled
+                        | tonic::Code::OutOfRange
+                        | tonic::Code::DataLoss
+                ),
+                _ => false,
+            };
+            match waits.next() {
+                Some(wait) if retryable => {
+                    tracing::debug!(endpoint = %config.endpoint, error = %resourcewatch_runtime::error_chain(&err), "OTLP export: trying again in {wait:?}");
+                    tokio::time::sleep(*wait).await;
+                }
+                _ => return Err(err),
+            }
+        }
+    }
+
+    async fn attempt(
+        &self,
+        config: &Config,
+        version: &str,
+        request: ExportProfilesServiceRequest,
+    ) -> Result<ExportProfilesServiceResponse, ExportError> {
+        let once = async {
+            let channel = self.channel(config, version).await?;
+            let headers = config.headers.clone();
+            let mut client = ProfilesServiceClient::with_interceptor(
+                channel,
+                move |mut req: tonic::Request<()>| {
+                    for (k, v) in &headers {
+                        req.metadata_mut().insert(k.clone(), v.clone());
+                    }
+                    Ok(req)
+                },
+            )
+            .send_compressed(tonic::codec::CompressionEncoding::Gzip);
+            client
+                .export(request)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(ExportError::Refused)
+        };
+        tokio::time::timeout(EXPORT_TIMEOUT, once)
+            .await
+            .unwrap_or(Err(ExportError::Timeout))
     }
 }
 
@@ -565,6 +700,170 @@ impl Dictionary {
 #[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests {
     use super::*;
+
+    use opentelemetry::proto::collector::profiles::v1development::{
+        ExportProfilesPartialSuccess,
+        profiles_service_server::{ProfilesService, ProfilesServiceServer},
+    };
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A collector that answers UNAVAILABLE `fail` times (a restart), then takes the
+    /// profile, keeping `reject` of it; it counts calls, connections and gzipped requests.
+    #[derive(Clone, Default)]
+    struct Collector {
+        fail: usize,
+        reject: i64,
+        code: Option<tonic::Code>,
+        calls: Arc<AtomicUsize>,
+        gzipped: Arc<AtomicUsize>,
+        connections: Arc<AtomicUsize>,
+    }
+
+    #[tonic::async_trait]
+    impl ProfilesService for Collector {
+        async fn export(
+            &self,
+            req: tonic::Request<ExportProfilesServiceRequest>,
+        ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
+            if req
+                .metadata()
+                .get("grpc-encoding")
+                .is_some_and(|v| v == "gzip")
+            {
+                self.gzipped.fetch_add(1, Ordering::SeqCst);
+            }
+            if n < self.fail {
+                let code = self.code.unwrap_or(tonic::Code::Unavailable);
+                return Err(tonic::Status::new(code, "restarting"));
+            }
+            Ok(tonic::Response::new(ExportProfilesServiceResponse {
+                partial_success: (self.reject > 0).then(|| ExportProfilesPartialSuccess {
+                    rejected_profiles: self.reject,
+                    error_message: "too many samples".into(),
+                }),
+            }))
+        }
+    }
+
+    async fn serve(c: Collector) -> Config {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = c.connections.clone();
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            move |conn| {
+                connections.fetch_add(1, Ordering::SeqCst);
+                conn
+            },
+        );
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(
+                    ProfilesServiceServer::new(c)
+                        .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                )
+                .serve_with_incoming(incoming),
+        );
+        let secret = Secret {
+            data: Some(
+                [(
+                    "endpoint".to_owned(),
+                    k8s_openapi::ByteString(format!("http://{addr}").into_bytes()),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        Config::of(&secret).unwrap()
+    }
+
+    /// A collector restarting (two UNAVAILABLE answers) loses nothing: the export is tried
+    /// again, gzipped each time, over the one connection kept while the Secret is
+    /// unchanged; a second export reuses it.
+    #[tokio::test]
+    async fn an_export_outlives_a_collector_restart_over_one_kept_connection() {
+        tokio::time::pause();
+        let c = Collector {
+            fail: 2,
+            ..Default::default()
+        };
+        let config = serve(c.clone()).await;
+        let sender = Sender::default();
+        let req = ExportProfilesServiceRequest::default();
+        assert_eq!(
+            sender.deliver(&config, "1", req.clone()).await.unwrap(),
+            Delivered::All
+        );
+        assert_eq!(c.calls.load(Ordering::SeqCst), 3);
+        assert_eq!(c.gzipped.load(Ordering::SeqCst), 3, "every request gzipped");
+        assert_eq!(
+            sender.deliver(&config, "1", req.clone()).await.unwrap(),
+            Delivered::All
+        );
+        assert_eq!(
+            c.connections.load(Ordering::SeqCst),
+            1,
+            "one connection kept"
+        );
+        // A changed Secret (another resourceVersion): a new connection.
+        assert_eq!(
+            sender.deliver(&config, "2", req).await.unwrap(),
+            Delivered::All
+        );
+        assert_eq!(c.connections.load(Ordering::SeqCst), 2);
+    }
+
+    /// A collector keeping part of a profile says so (its partial_success); one refusing
+    /// it for good (INVALID_ARGUMENT) is not asked again; one never back is given up on
+    /// after the retries.
+    #[tokio::test]
+    async fn partial_success_and_refusals_are_told_apart() {
+        tokio::time::pause();
+        let partial = Collector {
+            reject: 3,
+            ..Default::default()
+        };
+        let config = serve(partial.clone()).await;
+        let req = ExportProfilesServiceRequest::default();
+        assert_eq!(
+            Sender::default()
+                .deliver(&config, "1", req.clone())
+                .await
+                .unwrap(),
+            Delivered::Part {
+                rejected: 3,
+                message: "too many samples".into()
+            }
+        );
+        let invalid = Collector {
+            fail: usize::MAX,
+            code: Some(tonic::Code::InvalidArgument),
+            ..Default::default()
+        };
+        let config = serve(invalid.clone()).await;
+        let err = Sender::default()
+            .deliver(&config, "1", req.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(err.result(), "refused");
+        assert_eq!(invalid.calls.load(Ordering::SeqCst), 1, "not retried");
+        let down = Collector {
+            fail: usize::MAX,
+            ..Default::default()
+        };
+        let config = serve(down.clone()).await;
+        let err = Sender::default()
+            .deliver(&config, "1", req)
+            .await
+            .unwrap_err();
+        assert_eq!(err.result(), "refused");
+        assert_eq!(
+            down.calls.load(Ordering::SeqCst),
+            RETRY_AFTER.len() + 1,
+            "tried once and after each wait"
+        );
+    }
 
     /// A pprof as the agent makes it (two stacks, a file with its build ID, labels) read
     /// back from OTLP's tables: the same stacks, leaf first, the same functions and files,
