@@ -629,6 +629,18 @@ static LOADER: LazyLock<Arc<Loader>> = LazyLock::new(|| {
     l
 });
 
+/// The answer on `rx` by `deadline`, else `Busy` (counted).
+pub fn wait_for<T>(
+    rx: &mpsc::Receiver<Result<T, Refusal>>,
+    deadline: Instant,
+) -> Result<T, Refusal> {
+    rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        .unwrap_or_else(|_| {
+            STATS.refused(Refusal::Busy);
+            Err(Refusal::Busy)
+        })
+}
+
 /// The agent's loader (started at first use).
 pub fn loader() -> &'static Loader {
     &LOADER
@@ -660,16 +672,24 @@ impl Loader {
     /// The symbols of file `path` of `pid`, waiting up to `within` (for the naming
     /// thread and a profile's end, never the engine).
     pub fn symbols(&self, pid: u32, path: &str, within: Duration) -> Result<Arc<Symbols>, Refusal> {
+        wait_for(&self.symbols_async(pid, path), Instant::now() + within)
+    }
+
+    /// The symbols of file `path` of `pid`, answered on the receiver (never waits): a
+    /// stack's files are asked together and waited for by one deadline
+    /// ([`wait_for`]); an answer no one waited for is still kept in the cache.
+    pub fn symbols_async(
+        &self,
+        pid: u32,
+        path: &str,
+    ) -> mpsc::Receiver<Result<Arc<Symbols>, Refusal>> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.push(Job::Symbols {
             pid,
             path: path.into(),
             answer: tx,
         });
-        rx.recv_timeout(within).unwrap_or_else(|_| {
-            STATS.refused(Refusal::Busy);
-            Err(Refusal::Busy)
-        })
+        rx
     }
 
     /// `pid`'s executable file mappings, waiting up to `within` (as `symbols`).

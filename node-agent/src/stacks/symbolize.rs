@@ -175,6 +175,18 @@ impl Symbolizer {
             }
         }
         self.name_jit(pid, &lookup, &outside_files, &mut names);
+        // Every file's symbols asked at once and waited for by one deadline: a stack
+        // through many files (a tenant's to choose) costs one wait, not one per file.
+        let deadline = std::time::Instant::now() + READER_WAIT;
+        let asked: HashMap<usize, _> = by_file
+            .keys()
+            .filter_map(|&at| {
+                let m = &mappings[at];
+                self.known_symbols(pid, m)
+                    .is_none()
+                    .then(|| (at, crate::reader::loader().symbols_async(pid, &m.path)))
+            })
+            .collect();
         for (at, items) in by_file {
             let m = &mappings[at];
             let module = format!(
@@ -185,7 +197,10 @@ impl Symbolizer {
                     .filter(|n| !n.is_empty())
                     .unwrap_or(&m.path)
             );
-            let symbols = self.symbols_of(pid, m);
+            let symbols = match asked.get(&at) {
+                Some(rx) => self.keep_symbols(pid, m, crate::reader::wait_for(rx, deadline)),
+                None => self.symbols_of(pid, m),
+            };
             // A file whose content made the reader fail is said to be unreadable, and why.
             let module = match &symbols {
                 Err(r) if r.unreadable() => unreadable(&module, *r),
@@ -273,16 +288,24 @@ impl Symbolizer {
 
     /// The symbols of the file of mapping `m` of `pid`, as the reader answered.
     fn symbols_of(&self, pid: u32, m: &FileMapping) -> NamedFile {
-        let key = (pid, m.dev, m.inode);
-        if let Some(s) = self
-            .symbols
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
-            return s.clone();
+        if let Some(s) = self.known_symbols(pid, m) {
+            return s;
         }
         let symbols = crate::reader::loader().symbols(pid, &m.path, READER_WAIT);
+        self.keep_symbols(pid, m, symbols)
+    }
+
+    /// What this symboliser already holds of the file of mapping `m` of `pid`.
+    fn known_symbols(&self, pid: u32, m: &FileMapping) -> Option<NamedFile> {
+        self.symbols
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(pid, m.dev, m.inode))
+            .cloned()
+    }
+
+    /// Keeps the reader's answer for the file of mapping `m` of `pid`, and returns it.
+    fn keep_symbols(&self, pid: u32, m: &FileMapping, symbols: NamedFile) -> NamedFile {
         if symbols.as_ref().err() == Some(&crate::reader::Refusal::Busy) {
             // Not waited for this time: asked again at the next naming.
             return symbols;
@@ -291,7 +314,7 @@ impl Symbolizer {
         if cache.len() >= 4096 {
             cache.clear();
         }
-        cache.insert(key, symbols.clone());
+        cache.insert((pid, m.dev, m.inode), symbols.clone());
         symbols
     }
 
