@@ -52,8 +52,8 @@ pub const MAX_ANSWER: usize = 4096;
 
 /// Requests running now.
 static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-/// Attach requests in flight per tenant (its pod's namespace: `tenant::of_pid`): one tenant's JVMs that
-/// never answer hold at most this many of the `MAX_IN_FLIGHT`.
+/// Attach requests in flight per tenant (its pod's namespace: `tenant::of_pid`): one
+/// tenant's JVMs that never answer hold at most this many of the `MAX_IN_FLIGHT`.
 const MAX_IN_FLIGHT_PER_TENANT: usize = 1;
 
 fn in_flight_by_tenant() -> &'static std::sync::Mutex<HashMap<String, usize>> {
@@ -797,7 +797,7 @@ mod tests {
         peer.join().expect("peer");
     }
 
-    /// One tenant (a cgroup) holds at most one attach request of the agent's few: its
+    /// One tenant (a namespace) holds at most one attach request of the agent's few: its
     /// JVMs that never answer cannot take them all.
     #[test]
     fn one_tenant_holds_one_attach_slot() {
