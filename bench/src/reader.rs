@@ -75,24 +75,19 @@ pub(crate) fn reader_cost(files: &[String], rounds: usize) {
         .and_then(resourcewatch_agent::procfs::resident_pages)
         .unwrap_or_else(|| fail(&"the reader is gone after a maps request"))
         * resourcewatch_agent::procfs::page_size();
-    println!(
-        "a reader at rest (one maps request answered): {:.1} MiB resident",
-        idle_rss as f64 / f64::from(1 << 20)
-    );
-    crate::record::figure(
+    report_mib(
+        "a reader at rest (one maps request answered)",
         "reader.idle_rss_mib",
-        idle_rss as f64 / f64::from(1 << 20),
-        "MiB",
+        idle_rss,
     );
     let rss = resourcewatch_agent::procfs::resident_pages(me).unwrap_or(0)
         * resourcewatch_agent::procfs::page_size();
-    println!(
-        "this process's RSS after: {:.1} MiB",
-        rss as f64 / f64::from(1 << 20)
-    );
-    crate::record::figure(
-        "reader.bench_rss_mib",
-        rss as f64 / f64::from(1 << 20),
-        "MiB",
-    );
+    report_mib("this process after", "reader.bench_rss_mib", rss);
+}
+
+/// Prints `bytes` resident as MiB and records it as the figure `key`.
+fn report_mib(what: &str, key: &str, bytes: u64) {
+    let mib = bytes as f64 / f64::from(1 << 20);
+    println!("{what}: {mib:.1} MiB resident");
+    crate::record::figure(key, mib, "MiB");
 }

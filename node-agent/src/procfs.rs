@@ -194,9 +194,18 @@ pub fn kib_field(text: &str, key: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Text of `/proc/PID/cgroup`.
+/// Text of `/proc/PID/cgroup`, its first 64 KiB: one line per hierarchy, each a path a
+/// process's owner may make deep (a cgroup namespace's tenant creates its own), so the
+/// read is bounded like any other of another process's files.
 pub fn cgroup_text(pid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
+    use std::io::Read;
+    let mut text = String::new();
+    fs::File::open(format!("/proc/{pid}/cgroup"))
+        .ok()?
+        .take(64 << 10)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
 }
 
 /// Fills `buf` from process `pid`'s memory at `addr`; false unless all of it was read.

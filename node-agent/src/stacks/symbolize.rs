@@ -178,13 +178,15 @@ impl Symbolizer {
         // Every file's symbols asked at once and waited for by one deadline: a stack
         // through many files (a tenant's to choose) costs one wait, not one per file.
         let deadline = std::time::Instant::now() + READER_WAIT;
-        let asked: HashMap<usize, _> = by_file
+        // Per file: what this symboliser holds already, or the reader's coming answer.
+        let mut pending: HashMap<usize, Result<NamedFile, _>> = by_file
             .keys()
-            .filter_map(|&at| {
+            .map(|&at| {
                 let m = &mappings[at];
-                self.known_symbols(pid, m)
-                    .is_none()
-                    .then(|| (at, crate::reader::loader().symbols_async(pid, &m.path)))
+                let held = self
+                    .known_symbols(pid, m)
+                    .ok_or_else(|| crate::reader::loader().symbols_async(pid, &m.path));
+                (at, held)
             })
             .collect();
         for (at, items) in by_file {
@@ -197,9 +199,10 @@ impl Symbolizer {
                     .filter(|n| !n.is_empty())
                     .unwrap_or(&m.path)
             );
-            let symbols = match asked.get(&at) {
-                Some(rx) => self.keep_symbols(pid, m, crate::reader::wait_for(rx, deadline)),
-                None => self.symbols_of(pid, m),
+            let symbols = match pending.remove(&at) {
+                Some(Ok(held)) => held,
+                Some(Err(rx)) => self.keep_symbols(pid, m, crate::reader::wait_for(&rx, deadline)),
+                None => Err(crate::reader::Refusal::Busy),
             };
             // A file whose content made the reader fail is said to be unreadable, and why.
             let module = match &symbols {
@@ -284,15 +287,6 @@ impl Symbolizer {
         }
         cache.insert(pid, (std::time::Instant::now(), maps.clone()));
         Some(maps)
-    }
-
-    /// The symbols of the file of mapping `m` of `pid`, as the reader answered.
-    fn symbols_of(&self, pid: u32, m: &FileMapping) -> NamedFile {
-        if let Some(s) = self.known_symbols(pid, m) {
-            return s;
-        }
-        let symbols = crate::reader::loader().symbols(pid, &m.path, READER_WAIT);
-        self.keep_symbols(pid, m, symbols)
     }
 
     /// What this symboliser already holds of the file of mapping `m` of `pid`.
