@@ -24,10 +24,11 @@
 //!   refuses the file that caused it (its identity from `fstat`) for a cool-down, and
 //!   counts the refusal by reason (`resourcewatch_agent_reader_refusals_total`).
 //! - **The engine never waits on it**: requests go through the loader (`loader`), one
-//!   thread of the agent that alone talks to the reader, takes jobs round robin (a
-//!   process with thousands of files gets one file's turn at a time), and answers over
-//!   channels. The unwinder walks with the tables ready; the naming thread waits for its
-//!   own answers with a deadline.
+//!   thread of the agent that alone talks to the reader, takes one step of each tenant's
+//!   jobs in turn (`Fair`: a namespace with thousands of files gets one file's turn at a
+//!   time), and answers over channels. The reader is ended after `REST_AFTER` without a
+//!   request. The unwinder walks with the tables ready; the naming thread asks for a
+//!   stack's files together and waits for them under one deadline.
 
 #[cfg(test)]
 pub(crate) mod adversarial;
